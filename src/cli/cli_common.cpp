@@ -1,0 +1,35 @@
+#include "cli/cli_common.h"
+
+#include <charconv>
+
+#include "core/error.h"
+
+namespace fathom::cli {
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    int32_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    FATHOM_CHECK(!item.empty() && ec == std::errc() && p == item.data() + item.size() && v >= 0,
+                 "--token-ids: '", item, "' is not a non-negative integer (expected e.g. 1,2,3)");
+    ids.push_back(v);
+    pos = end + 1;
+  }
+  return ids;
+}
+
+void require_supported_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device == "cuda")
+    fail("--device cuda: the CUDA engine is not available in this build yet; use --device cpu");
+  fail("--device must be cpu or cuda, got '", device, "'");
+}
+
+}  // namespace fathom::cli

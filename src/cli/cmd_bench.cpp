@@ -1,0 +1,347 @@
+// `fathom bench MODEL_OR_CONFIG [--load-format dummy] --batch 1,8,64 --input-len 4096 --output-len 128`:
+// prefill and decode throughput of the CUDA engine, with the bytes and FLOPs each step must
+// move and do, and the ceilings (device copy bandwidth, bf16 GEMM rate) measured in the same run.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli_common.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "io/model_config.h"
+#ifdef FATHOM_HAVE_CUDA
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+#include "model/cuda/cuda_runner.h"
+#endif
+
+namespace fathom::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model, load_format = "auto", batches = "1,8,64", json_out;
+  int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
+  bool profile = false, bf16_experts = false, no_graphs = false;
+};
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  for (int32_t x : parse_token_ids(s)) v.push_back(x);
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+#ifdef FATHOM_HAVE_CUDA
+
+// Keeps the layer pattern and cuts the depth to `n` layers.
+ModelConfig cut_depth(ModelConfig cfg, int n) {
+  if (n <= 0 || n >= cfg.num_hidden_layers) return cfg;
+  cfg.num_hidden_layers = n;
+  cfg.layer_types.resize(size_t(n));
+  return cfg;
+}
+
+struct Ceilings {
+  double copy_tbs = 0, gemm_tflops = 0;
+};
+
+Ceilings measure_ceilings() {
+  using namespace fathom::cuda;
+  Ceilings c;
+  cudaEvent_t a, b;
+  FATHOM_CUDA_CHECK(cudaEventCreate(&a));
+  FATHOM_CUDA_CHECK(cudaEventCreate(&b));
+  {
+    const size_t bytes = size_t(2) << 30;
+    DeviceBuffer src(bytes), dst(bytes);
+    fill_random_bytes(src.as<uint8_t>(), int64_t(bytes), 1, 0xff, 0, nullptr);
+    std::vector<double> t;
+    for (int i = 0; i < 12; ++i) {
+      FATHOM_CUDA_CHECK(cudaEventRecord(a));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice));
+      FATHOM_CUDA_CHECK(cudaEventRecord(b));
+      FATHOM_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      if (i >= 2) t.push_back(ms);
+    }
+    c.copy_tbs = 2.0 * double(bytes) / (median(t) * 1e-3) / 1e12;  // bytes read + written
+  }
+  {
+    const int n = 8192;
+    DeviceBuffer x(size_t(n) * n * 2), w(size_t(n) * n * 2), y(size_t(n) * n * 4);
+    fill_random_bf16(x.as<bf16_t>(), int64_t(n) * n, 1.f, 2, nullptr);
+    fill_random_bf16(w.as<bf16_t>(), int64_t(n) * n, 1.f, 3, nullptr);
+    std::vector<double> t;
+    for (int i = 0; i < 12; ++i) {
+      FATHOM_CUDA_CHECK(cudaEventRecord(a));
+      gemm_bf16(x.as<bf16_t>(), w.as<bf16_t>(), y.as<float>(), n, n, n, nullptr);
+      FATHOM_CUDA_CHECK(cudaEventRecord(b));
+      FATHOM_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      if (i >= 2) t.push_back(ms);
+    }
+    c.gemm_tflops = 2.0 * double(n) * n * n / (median(t) * 1e-3) / 1e12;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return c;
+}
+
+// What one step must move and compute, from the shapes.
+struct StepCost {
+  double bytes = 0, flops = 0;
+};
+
+struct ModelShape {
+  double dense_params = 0;       // non-expert matmul params per token (no embedding)
+  double expert_params = 0;      // one routed expert (gate+up+down)
+  double expert_bytes = 0;       // one routed expert in its storage format
+  double dense_bytes = 0;        // non-expert weights read per step (bf16), incl. lm_head and norms
+  int moe_layers = 0, attn_layers = 0, linear_layers = 0;
+};
+
+ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
+  ModelShape s;
+  const double H = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const double hk = c.linear_num_key_heads, hv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
+               dv = c.linear_value_head_dim;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.layer_types[i] == LayerType::FullAttention) {
+      s.attn_layers++;
+      s.dense_params += H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H;
+    } else {
+      s.linear_layers++;
+      s.dense_params += H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H;
+    }
+    if (c.is_moe_layer(i)) {
+      s.moe_layers++;
+      s.dense_params += H * c.num_experts + 3 * H * c.shared_expert_intermediate_size + H;
+    } else {
+      s.dense_params += 3 * H * c.intermediate_size;
+    }
+  }
+  s.dense_params += H * c.vocab_size;  // lm_head
+  s.dense_bytes = 2 * s.dense_params;
+  s.expert_params = 3.0 * H * c.moe_intermediate_size;
+  s.expert_bytes = nvfp4_experts ? s.expert_params * (0.5 + 1.0 / 16) : 2 * s.expert_params;
+  return s;
+}
+
+StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, double ctx) {
+  StepCost k;
+  const double E = c.num_experts, K = c.num_experts_per_tok;
+  const double touched = E > 0 ? E * (1 - std::pow(1 - K / E, batch)) : 0;  // expected distinct experts
+  const double kv_token = 2.0 * c.num_key_value_heads * c.head_dim * 2;  // K+V bf16 per attention layer
+  const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
+  k.bytes = s.dense_bytes + s.moe_layers * touched * s.expert_bytes + batch * ctx * kv_token * s.attn_layers +
+            2.0 * batch * state * s.linear_layers;
+  k.flops = 2.0 * batch * (s.dense_params + s.moe_layers * K * s.expert_params) +
+            4.0 * batch * ctx * c.num_attention_heads * c.head_dim * s.attn_layers +
+            6.0 * batch * state / 4 * s.linear_layers;
+  return k;
+}
+
+StepCost prefill_cost(const ModelConfig& c, const ModelShape& s, double L) {
+  StepCost k;
+  const double K = c.num_experts_per_tok;
+  k.flops = 2.0 * L * (s.dense_params + s.moe_layers * K * s.expert_params) +
+            2.0 * L * L * c.num_attention_heads * c.head_dim * s.attn_layers +  // causal QK^T and PV
+            6.0 * L * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * s.linear_layers;
+  k.bytes = s.dense_bytes + s.moe_layers * c.num_experts * s.expert_bytes;
+  return k;
+}
+
+void print_profile(const cuda::OpProfile& p, const char* title) {
+  double total = 0;
+  for (auto& [k, v] : p.ms) total += v;
+  std::printf("  per-op time, %s (CUDA events, graphs off):\n", title);
+  std::vector<std::pair<double, std::string>> rows;
+  for (auto& [k, v] : p.ms) rows.push_back({v, k});
+  std::sort(rows.rbegin(), rows.rend());
+  for (auto& [v, k] : rows) std::printf("    %-12s %9.3f ms  %5.1f%%\n", k.c_str(), v, 100 * v / total);
+}
+
+void run_bench(const BenchArgs& a) {
+  namespace fs = std::filesystem;
+  std::string cfg_path = a.model;
+  std::string cfg_text, gen_text;
+  if (fs::is_directory(cfg_path)) cfg_path = (fs::path(cfg_path) / "config.json").string();
+  {
+    std::ifstream f(cfg_path);
+    FATHOM_CHECK(f.good(), "cannot read ", cfg_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    cfg_text = ss.str();
+  }
+  const bool dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
+  FATHOM_CHECK(dummy, "bench with real weights: pass --load-format dummy (real-weight benchmarking comes later)");
+  ModelConfig cfg = cut_depth(ModelConfig::parse(cfg_text, "", cfg_path), a.num_layers);
+  const bool nvfp4 = !a.bf16_experts && cfg.num_experts > 0;
+  std::vector<int> batches = parse_list(a.batches);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+
+  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, dummy weights\n",
+              cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
+              cfg.num_linear_attention_layers(), nvfp4 ? "NVFP4" : "BF16");
+  cudaDeviceProp prop{};
+  FATHOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const Ceilings ceil = measure_ceilings();
+  std::printf("device: %s (%d SMs); ceilings measured now: device copy %.2f TB/s (read+write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+              prop.name, prop.multiProcessorCount, ceil.copy_tbs, ceil.gemm_tflops);
+
+  cuda::CudaRunnerOptions opt;
+  opt.max_seqs = max_batch + 1;
+  opt.max_tokens_per_step = std::max(a.input_len, 256);
+  opt.max_rows_per_step = std::max(max_batch, 16);
+  opt.max_seq_len = a.input_len + a.output_len + 32;
+  opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
+  opt.cuda_graphs = !a.no_graphs;
+  auto runner = cuda::CudaRunner::dummy(cfg, opt, nvfp4, 1234);
+  const auto fp = runner->footprint();
+  std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB\n",
+              fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9);
+  const ModelShape shape = shape_of(cfg, nvfp4);
+  nlohmann::json report = {{"model", cfg.architecture}, {"layers", cfg.num_hidden_layers},
+                           {"device", prop.name}, {"copy_tbs", ceil.copy_tbs}, {"gemm_tflops", ceil.gemm_tflops},
+                           {"nvfp4_experts", nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len}};
+  std::mt19937 rng(7);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> v(n);
+    for (auto& t : v) t = int32_t(rng() % uint32_t(cfg.vocab_size));
+    return v;
+  };
+
+  // Prefill: one sequence of input_len tokens in one forward.
+  {
+    auto warm = random_tokens(64);
+    SequenceId w = runner->add_sequence();
+    ForwardStep ws{w, warm, false};
+    runner->forward_argmax(std::span<const ForwardStep>(&ws, 1));
+    runner->remove_sequence(w);
+    std::vector<double> times;
+    for (int r = 0; r < a.repeats; ++r) {
+      auto prompt = random_tokens(a.input_len);
+      SequenceId s = runner->add_sequence();
+      ForwardStep st{s, prompt, false};
+      FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+      auto t0 = std::chrono::steady_clock::now();
+      runner->forward_argmax(std::span<const ForwardStep>(&st, 1));
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      runner->remove_sequence(s);
+    }
+    const double t = median(times);
+    const StepCost c = prefill_cost(cfg, shape, a.input_len);
+    std::printf("prefill  input_len %5d: %8.1f ms  %9.0f tok/s  %7.1f TFLOP/s (%4.1f%% of bf16 ceiling)  median of %d\n",
+                a.input_len, t * 1e3, a.input_len / t, c.flops / t / 1e12, 100 * c.flops / t / 1e12 / ceil.gemm_tflops,
+                a.repeats);
+    report["prefill"] = {{"ms", t * 1e3}, {"tok_s", a.input_len / t}, {"tflops", c.flops / t / 1e12},
+                         {"pct_bf16_ceiling", 100 * c.flops / t / 1e12 / ceil.gemm_tflops}, {"flops", c.flops}};
+    if (a.profile) {
+      runner->set_profiling(true);
+      runner->reset_profile();
+      auto prompt = random_tokens(a.input_len);
+      SequenceId s = runner->add_sequence();
+      ForwardStep st{s, prompt, false};
+      runner->forward_argmax(std::span<const ForwardStep>(&st, 1));
+      runner->remove_sequence(s);
+      print_profile(runner->profile(), "prefill");
+      runner->set_profiling(false);
+    }
+  }
+
+  // Decode: `batch` sequences with input_len tokens of context each, output_len steps.
+  report["decode"] = nlohmann::json::array();
+  for (int batch : batches) {
+    std::vector<SequenceId> seqs;
+    std::vector<int32_t> last(batch);
+    for (int i = 0; i < batch; ++i) {
+      seqs.push_back(runner->add_sequence());
+      runner->fill_context_for_benchmark(seqs.back(), a.input_len);
+      last[i] = int32_t(rng() % uint32_t(cfg.vocab_size));
+    }
+    std::vector<double> times;
+    const int warmup = 3;
+    for (int step = 0; step < a.output_len + warmup; ++step) {
+      std::vector<ForwardStep> steps;
+      for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
+      auto t0 = std::chrono::steady_clock::now();
+      std::vector<int32_t> next = runner->forward_argmax(steps);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= warmup) times.push_back(dt);
+      last = next;
+    }
+    const double t = median(times);
+    const StepCost c = decode_cost(cfg, shape, batch, a.input_len + a.output_len / 2.0);
+    const double tbs = c.bytes / t / 1e12, tflops = c.flops / t / 1e12;
+    std::printf("decode   batch %4d: step %8.3f ms  %9.1f tok/s  moves %6.2f GB -> %5.2f TB/s (%4.1f%% of copy ceiling)  "
+                "%6.1f TFLOP/s (%4.1f%%)  median of %d steps\n",
+                batch, t * 1e3, batch / t, c.bytes / 1e9, tbs, 100 * tbs / ceil.copy_tbs, tflops,
+                100 * tflops / ceil.gemm_tflops, a.output_len);
+    report["decode"].push_back({{"batch", batch}, {"step_ms", t * 1e3}, {"tok_s", batch / t}, {"bytes", c.bytes},
+                                {"tbs", tbs}, {"pct_copy_ceiling", 100 * tbs / ceil.copy_tbs}, {"tflops", tflops},
+                                {"pct_bf16_ceiling", 100 * tflops / ceil.gemm_tflops}});
+    if (a.profile) {
+      runner->set_profiling(true);
+      runner->reset_profile();
+      std::vector<ForwardStep> steps;
+      for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
+      runner->forward_argmax(steps);
+      char title[64];
+      std::snprintf(title, sizeof title, "one decode step at batch %d", batch);
+      print_profile(runner->profile(), title);
+      runner->set_profiling(false);
+    }
+    for (SequenceId s : seqs) runner->remove_sequence(s);
+  }
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    f << report.dump(2) << "\n";
+  }
+}
+#else
+void run_bench(const BenchArgs&) {
+  fail("fathom bench needs the CUDA engine; this build has none (nvcc was not found at configure time)");
+}
+#endif
+
+CommandRegistrar reg([](CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand("bench", "Prefill/decode throughput against the roofline (CUDA)");
+  sub->add_option("model", args->model, "Checkpoint folder or config.json (configs/*.json)");
+  add_bench_serve(sub, "serve");
+  sub->add_option("--load-format", args->load_format, "dummy: random weights at the config's shapes");
+  sub->add_option("--batch", args->batches, "Decode batch sizes, comma-separated");
+  sub->add_option("--input-len", args->input_len, "Prompt / context length");
+  sub->add_option("--output-len", args->output_len, "Decode steps timed per batch size");
+  sub->add_option("--num-layers", args->num_layers, "Cut depth to N layers, keeping the layer pattern");
+  sub->add_option("--repeats", args->repeats, "Prefill repeats (median)");
+  sub->add_option("--json-out", args->json_out, "Write the results as JSON");
+  sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
+  sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
+  sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
+  sub->callback([args, sub] {
+    if (sub->get_subcommands().empty()) {
+      FATHOM_CHECK(!args->model.empty(), "bench: give a checkpoint folder or config.json (or `bench serve ...`)");
+      run_bench(*args);
+    }
+  });
+});
+
+}  // namespace
+}  // namespace fathom::cli

@@ -1,0 +1,40 @@
+// `fathom serve MODEL [--host --port --served-model-name --max-model-len --max-num-seqs
+//  --max-num-batched-tokens --api-key --reasoning-parser qwen3 --skip-tokenizer-init
+//  --device cpu|cuda --max-queue-len]`: the OpenAI-compatible HTTP server (vLLM flag names).
+#include <cstdlib>
+
+#include "cli/command.h"
+#include "server/openai_server.h"
+
+namespace fathom::cli {
+namespace {
+
+CommandRegistrar reg([](CLI::App& app) {
+  auto a = std::make_shared<server::ServerConfig>();
+  CLI::App* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  sub->add_option("model", a->model, "Checkpoint folder")->required();
+  sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", a->port, "Port to listen on")->capture_default_str();
+  sub->add_option("--served-model-name", a->served_model_name, "Model name in the API (default: the model path)");
+  sub->add_option("--max-model-len", a->max_model_len, "Longest prompt + completion (default: max_position_embeddings)");
+  sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once (linear-attention state slots)")->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Token budget of one engine step")->capture_default_str();
+  sub->add_option("--max-queue-len", a->max_queue_len, "Waiting sequences beyond which requests get 429")->capture_default_str();
+  sub->add_option("--num-kv-blocks", a->num_kv_blocks, "KV-cache blocks of 16 tokens (default: max-num-seqs full-length sequences)");
+  sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
+  sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
+  sub->add_flag("--skip-tokenizer-init", a->skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
+  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--http-threads", a->http_threads, "HTTP worker threads (default: max-num-seqs + max-queue-len + 64)");
+  sub->add_option("--listen-backlog", a->listen_backlog, "TCP listen backlog")->capture_default_str();
+  sub->add_flag("--log-requests", a->log_requests, "Log every HTTP request to stderr");
+  sub->callback([a] {
+    if (a->api_key.empty())
+      if (const char* k = std::getenv("FATHOM_API_KEY")) a->api_key = k;
+    int rc = server::run_server(*a);
+    if (rc != 0) std::exit(rc);
+  });
+});
+
+}  // namespace
+}  // namespace fathom::cli

@@ -1,0 +1,22 @@
+// NVFP4 (ModelOpt) weight decoding: W[n,k] = e2m1(q[n,k]) * e4m3(scale[n,k/16]) * scale_2.
+// Two E2M1 codes per byte along K, element 2i in the low nibble.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+
+namespace fathom {
+
+// Dequantizes rows x cols weights. packed: rows*cols/2 bytes; scales: rows*cols/16 E4M3 bytes.
+void dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales, float global_scale, int64_t rows,
+                      int64_t cols, float* out);
+
+// Reads `<module>.weight` (U8 [rows, cols/2]), `.weight_scale` (F8_E4M3 [rows, cols/16]) and
+// `.weight_scale_2` (F32 scalar) from the checkpoint, checking dtypes and shapes, and returns
+// the fp32 matrix [rows, cols].
+std::vector<float> read_nvfp4_linear(const Checkpoint& ckpt, const std::string& module, int64_t rows,
+                                     int64_t cols);
+
+}  // namespace fathom

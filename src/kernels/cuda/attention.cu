@@ -1,0 +1,259 @@
+// Gated full attention: q/k norm + partial RoPE + paged KV write, and attention over the paged
+// cache with an online softmax (one block per query token and head; works for prefill chunks
+// and decode alike).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+// Normalises buf[0..d) (zero-centred or plain weight) and applies NeoX RoPE on its first
+// rotary_dim features, in shared memory.
+__device__ void norm_rope(float* buf, const float* w, int d, int rotary_dim, float pos, float theta, float eps,
+                          bool zc) {
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += buf[i] * buf[i];
+  const float inv = rsqrtf(block_sum(ss) / float(d) + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = buf[i] * inv * (zc ? 1.f + w[i] : w[i]);
+  __syncthreads();
+  const int half = rotary_dim / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq = 1.f / powf(theta, float(2 * i) / float(rotary_dim));
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    const float a = buf[i], b = buf[i + half];
+    buf[i] = a * cs - b * sn;
+    buf[i + half] = b * cs + a * sn;
+  }
+  __syncthreads();
+}
+
+__global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw, const float* v_raw,
+                                         const float* q_norm, const float* k_norm, const int32_t* pos,
+                                         const int32_t* slot_mapping, float* q, float* gate, bf16_t* k_cache,
+                                         bf16_t* v_cache, int nh, int nkv, int d, int rotary_dim, float theta,
+                                         float eps, bool gated, bool zc) {
+  __shared__ float buf[kMaxHeadDim];
+  const int t = blockIdx.x;
+  const float p = float(pos[t]);
+  const int q_row = nh * d * (gated ? 2 : 1);
+  for (int h = 0; h < nh; ++h) {
+    const float* src = q_raw + int64_t(t) * q_row + int64_t(h) * d * (gated ? 2 : 1);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      buf[i] = src[i];
+      if (gated) gate[(int64_t(t) * nh + h) * d + i] = src[d + i];
+    }
+    __syncthreads();
+    norm_rope(buf, q_norm, d, rotary_dim, p, theta, eps, zc);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) q[(int64_t(t) * nh + h) * d + i] = buf[i];
+    __syncthreads();
+  }
+  const int64_t slot = slot_mapping[t];
+  for (int h = 0; h < nkv; ++h) {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = k_raw[(int64_t(t) * nkv + h) * d + i];
+    __syncthreads();
+    norm_rope(buf, k_norm, d, rotary_dim, p, theta, eps, zc);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      k_cache[(slot * nkv + h) * d + i] = to_bf(buf[i]);
+      v_cache[(slot * nkv + h) * d + i] = to_bf(v_raw[(int64_t(t) * nkv + h) * d + i]);
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kAttnWarps = 4;
+
+__global__ void paged_attention_kernel(const float* q, const float* gate, const bf16_t* k_cache,
+                                       const bf16_t* v_cache, const int32_t* pos, const int32_t* seq_of_token,
+                                       const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out,
+                                       int nh, int nkv, int d) {
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kvh = h / (nh / nkv);
+  const float scale = rsqrtf(float(d));
+  const float* qv = q + (int64_t(t) * nh + h) * d;
+  float qr[kPerLane], acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    qr[i] = c < d ? qv[c] * scale : 0.f;
+    acc[i] = 0.f;
+  }
+  const int32_t* table = block_tables + int64_t(seq_of_token[t]) * max_blocks;
+  const int last = pos[t];
+  float m = -INFINITY, l = 0.f;
+  for (int j = warp; j <= last; j += kAttnWarps) {
+    const int64_t slot = int64_t(table[j / block_size]) * block_size + j % block_size;
+    const bf16_t* kp = k_cache + (slot * nkv + kvh) * d;
+    const bf16_t* vp = v_cache + (slot * nkv + kvh) * d;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) dot += qr[i] * bf(kp[c]);
+    }
+    dot = warp_sum(dot);
+    const float m_new = fmaxf(m, dot);
+    const float corr = __expf(m - m_new), p = __expf(dot - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      acc[i] = acc[i] * corr + (c < d ? p * bf(vp[c]) : 0.f);
+    }
+    m = m_new;
+  }
+  __shared__ float sm[kAttnWarps], sl[kAttnWarps];
+  __shared__ float sacc[kAttnWarps][kMaxHeadDim];
+  if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) sacc[warp][c] = acc[i];
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
+  float L = 0.f;
+  for (int w = 0; w < kAttnWarps; ++w)
+    if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w)
+      if (sm[w] > -INFINITY) o += sacc[w][c] * __expf(sm[w] - M);
+    o /= L;
+    if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
+    out[(int64_t(t) * nh + h) * d + c] = to_bf(o);
+  }
+}
+
+// Split-K ("flash decoding") for few query tokens over long contexts: block (t, h, s) covers
+// the s-th of `splits` equal key ranges and writes its partial (max, sum, accumulator).
+__global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cache, const bf16_t* v_cache,
+                                             const int32_t* pos, const int32_t* seq_of_token,
+                                             const int32_t* block_tables, int max_blocks, int block_size, int nh,
+                                             int nkv, int d, float* part_m, float* part_l, float* part_acc) {
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kvh = h / (nh / nkv);
+  const float scale = rsqrtf(float(d));
+  const float* qv = q + (int64_t(t) * nh + h) * d;
+  float qr[kPerLane], acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    qr[i] = c < d ? qv[c] * scale : 0.f;
+    acc[i] = 0.f;
+  }
+  const int32_t* table = block_tables + int64_t(seq_of_token[t]) * max_blocks;
+  const int n = pos[t] + 1;
+  const int chunk = (n + splits - 1) / splits;
+  const int begin = split * chunk, end = min(n, begin + chunk);
+  float m = -INFINITY, l = 0.f;
+  for (int j = begin + warp; j < end; j += kAttnWarps) {
+    const int64_t slot = int64_t(table[j / block_size]) * block_size + j % block_size;
+    const bf16_t* kp = k_cache + (slot * nkv + kvh) * d;
+    const bf16_t* vp = v_cache + (slot * nkv + kvh) * d;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) dot += qr[i] * bf(kp[c]);
+    }
+    dot = warp_sum(dot);
+    const float m_new = fmaxf(m, dot);
+    const float corr = __expf(m - m_new), p = __expf(dot - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      acc[i] = acc[i] * corr + (c < d ? p * bf(vp[c]) : 0.f);
+    }
+    m = m_new;
+  }
+  __shared__ float sm[kAttnWarps], sl[kAttnWarps];
+  __shared__ float sacc[kAttnWarps][kMaxHeadDim];
+  if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) sacc[warp][c] = acc[i];
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
+  float L = 0.f;
+  for (int w = 0; w < kAttnWarps; ++w)
+    if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
+  const int64_t part = (int64_t(t) * nh + h) * splits + split;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w)
+      if (sm[w] > -INFINITY) o += sacc[w][c] * __expf(sm[w] - M);
+    part_acc[part * d + c] = o;  // un-normalised, relative to M
+  }
+  if (threadIdx.x == 0) part_m[part] = M, part_l[part] = L;
+}
+
+__global__ void attention_combine_kernel(const float* part_m, const float* part_l, const float* part_acc,
+                                         const float* gate, bf16_t* out, int nh, int d, int splits) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int64_t base = (int64_t(t) * nh + h) * splits;
+  float M = -INFINITY;
+  for (int s2 = 0; s2 < splits; ++s2) M = fmaxf(M, part_m[base + s2]);
+  float L = 0.f;
+  for (int s2 = 0; s2 < splits; ++s2)
+    if (part_m[base + s2] > -INFINITY) L += part_l[base + s2] * __expf(part_m[base + s2] - M);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float o = 0.f;
+    for (int s2 = 0; s2 < splits; ++s2)
+      if (part_m[base + s2] > -INFINITY) o += part_acc[(base + s2) * d + c] * __expf(part_m[base + s2] - M);
+    o /= L;
+    if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
+    out[(int64_t(t) * nh + h) * d + c] = to_bf(o);
+  }
+}
+
+}  // namespace
+
+void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
+                       const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
+                       float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
+                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s) {
+  if (T == 0) return;
+  FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
+  attention_prepare_kernel<<<T, 128, 0, s>>>(q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping, q, gate,
+                                             k_cache, v_cache, nh, nkv, d, rotary_dim, theta, eps, gated,
+                                             zero_centered);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                     const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
+                     int block_size, bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s,
+                     const AttentionSplit* split) {
+  if (T == 0) return;
+  FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
+  if (split && split->splits > 1) {
+    dim3 grid(T, nh, split->splits);
+    paged_attention_split_kernel<<<grid, kAttnWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, seq_of_token,
+                                                                  block_tables, max_blocks, block_size, nh, nkv, d,
+                                                                  split->part_m, split->part_l, split->part_acc);
+    FATHOM_CUDA_LAUNCH_CHECK();
+    attention_combine_kernel<<<dim3(T, nh), 128, 0, s>>>(split->part_m, split->part_l, split->part_acc, gate, out,
+                                                         nh, d, split->splits);
+    FATHOM_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  paged_attention_kernel<<<dim3(T, nh), kAttnWarps * 32, 0, s>>>(q, gate, k_cache, v_cache, pos, seq_of_token,
+                                                                 block_tables, max_blocks, block_size, out, nh,
+                                                                 nkv, d);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace fathom::cuda

@@ -1,0 +1,103 @@
+// BF16 matrix products through cuBLASLt (fp32 accumulate, fp32 output) and the `linear` dispatch
+// between bf16 and NVFP4 weights.
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+
+class GemmContext {
+ public:
+  GemmContext() {
+    FATHOM_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    FATHOM_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+  }
+  ~GemmContext() {
+    cudaFree(workspace_);
+    cublasLtDestroy(handle_);
+  }
+
+  // Row-major y[T,N] = x[T,K] W[N,K]^T is column-major y^T[N,T] = W^T... i.e. op(A)=T on the
+  // column-major view of W ([K,N], ld K), B = x^T ([K,T], ld K), C = y^T ([N,T], ld N).
+  void run(const void* x, const void* w, float* y, int T, int N, int K, cudaStream_t s, bool f32 = false) {
+    Plan& p = plan(T, N, K, f32);
+    const float alpha = 1.f, beta = 0.f;
+    FATHOM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                                       p.has_algo ? &p.algo : nullptr, workspace_, kWorkspace, s));
+  }
+
+ private:
+  static constexpr size_t kWorkspace = 64u << 20;
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;
+  };
+  Plan& plan(int T, int N, int K, bool f32) {
+    auto key = std::make_tuple(T, N, K, f32);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    Plan p;
+    FATHOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FATHOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FATHOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const cudaDataType_t in = f32 ? CUDA_R_32F : CUDA_R_16BF;
+    FATHOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, K, N, K));
+    FATHOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, K, T, K));
+    FATHOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, T, N));
+    cublasLtMatmulPreference_t pref;
+    FATHOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    FATHOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                             sizeof ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0) {
+      p.algo = result.algo;
+      p.has_algo = true;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return plans_.emplace(key, p).first->second;
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<std::tuple<int, int, int, bool>, Plan> plans_;
+};
+
+GemmContext* gemm_context() {
+  static GemmContext* ctx = new GemmContext();  // lives for the process (CUDA teardown order)
+  return ctx;
+}
+
+void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
+  if (T == 0) return;
+  gemm_context()->run(x, w, y, T, N, K, s);
+}
+
+void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s) {
+  if (T == 0) return;
+  FATHOM_CHECK(w.f32 != nullptr, "linear_f32 needs fp32 weights");
+  gemm_context()->run(x, w.f32, y, T, w.out, w.in, s, /*f32=*/true);
+}
+
+void linear(const DeviceLinear& w, const bf16_t* x, float* y, int T, bf16_t* scratch, cudaStream_t s) {
+  if (T == 0) return;
+  if (!w.is_fp4()) {
+    gemm_bf16(x, w.bf16, y, T, w.out, w.in, s);
+  } else if (T <= 16) {
+    nvfp4_gemv(w, x, y, T, s);
+  } else {
+    FATHOM_CHECK(scratch != nullptr, "linear: NVFP4 weights with ", T, " tokens need a dequantization buffer");
+    nvfp4_dequantize(w, scratch, s);
+    gemm_bf16(x, scratch, y, T, w.out, w.in, s);
+  }
+}
+
+}  // namespace fathom::cuda

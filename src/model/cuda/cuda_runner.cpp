@@ -1,0 +1,944 @@
+#include "model/cuda/cuda_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/quant_config.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+namespace {
+
+struct DevLayer {
+  LayerType type = LayerType::FullAttention;
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  DeviceLinear q, k, v, o;
+  const float *q_norm = nullptr, *k_norm = nullptr;
+  DeviceLinear qkv, z, b, a, out;
+  const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;
+  bool is_moe = false;
+  DeviceLinear router;
+  DeviceExperts experts;                             // device descriptor arrays
+  std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
+  bool has_shared = false;
+  DeviceLinear s_gate, s_up, s_down, s_gate_logit;
+  DeviceLinear m_gate, m_up, m_down;  // dense MLP
+  int attn_index = -1, linear_index = -1;
+};
+
+struct Sequence {
+  int64_t length = 0;
+  int slot = -1;
+  std::vector<int32_t> blocks;
+};
+
+// Per-step metadata, mirrored in pinned host memory and uploaded in one copy.
+struct Meta {
+  int32_t *ids, *pos, *seq_of_token, *slot_mapping, *rows, *seq_start, *state_slot, *block_tables;
+};
+
+}  // namespace
+
+struct CudaRunner::Impl {
+  ModelConfig cfg;
+  CudaRunnerOptions opt;
+  cudaStream_t stream = nullptr;
+  std::vector<DeviceBuffer> arena;
+  Footprint fp;
+
+  const bf16_t* embed = nullptr;
+  const bf16_t* lm_head = nullptr;
+  const float* final_norm = nullptr;
+  std::vector<DevLayer> layers;
+  int n_attn = 0, n_linear = 0;
+
+  std::vector<DeviceBuffer> k_pool, v_pool;
+  std::vector<int32_t> free_blocks;
+  DeviceBuffer conv_state, rec_state;
+  std::vector<int> free_slots;
+  std::map<SequenceId, Sequence> seqs;
+  SequenceId next_id = 1;
+  int max_blocks = 0;
+
+  // scratch
+  int T_max = 0, R_max = 0, pair_limit = 0;
+  static constexpr int kSplitTokens = 64;
+  DeviceBuffer xn32, part_m, part_l, part_acc;
+  AttentionSplit split;
+  DeviceBuffer x, delta, xn, q_raw, k_raw, v_raw, q, gate, attn_out, mixed, zbuf, bbuf, abuf, ubuf, core, normed,
+      router_logits, topk_ids, topk_w, pair_h, pair_out, sh_g, sh_u, sh_h, sh_out, sh_gate, eg_x, eg_g, eg_u, eg_h,
+      eg_o, eg_rows, eg_w, dequant, sel, hidden_bf, logits, argmax;
+  DeviceBuffer meta_dev;
+  int32_t* meta_host = nullptr;
+  size_t meta_ints = 0;
+  Meta dmeta{}, hmeta{};
+
+  std::map<int, cudaGraphExec_t> graphs;
+  OpProfile prof;
+  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
+
+  void init_device() {
+    int count = 0;
+    FATHOM_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible");
+    FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+
+  ~Impl() {
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
+    if (meta_host) cudaFreeHost(meta_host);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
+  // on the hundreds of thousands of small expert tensors of a 512-expert model.
+  size_t slab_used = 0;
+  template <class T>
+  T* alloc_weight(int64_t count, bool expert) {
+    constexpr size_t kSlab = size_t(1) << 30, kAlign = 256;
+    const size_t bytes = (size_t(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    if (arena.empty() || slab_used + bytes > arena.back().bytes()) {
+      arena.emplace_back(std::max(kSlab, bytes));
+      slab_used = 0;
+    }
+    T* p = reinterpret_cast<T*>(static_cast<char*>(arena.back().data()) + slab_used);
+    slab_used += bytes;
+    fp.weight_bytes += int64_t(count * sizeof(T));
+    (expert ? fp.expert_bytes : fp.dense_bytes) += int64_t(count * sizeof(T));
+    return p;
+  }
+
+  // ---- weights from host
+  DeviceLinear upload_linear(const LinearWeight& w, bool expert) {
+    DeviceLinear d;
+    d.out = w.out;
+    d.in = w.in;
+    if (!w.fp4.empty()) {
+      uint8_t* p = alloc_weight<uint8_t>(int64_t(w.fp4.size()), expert);
+      FATHOM_CUDA_CHECK(cudaMemcpy(p, w.fp4.data(), w.fp4.size(), cudaMemcpyHostToDevice));
+      uint8_t* s = alloc_weight<uint8_t>(int64_t(w.fp4_scale.size()), expert);
+      FATHOM_CUDA_CHECK(cudaMemcpy(s, w.fp4_scale.data(), w.fp4_scale.size(), cudaMemcpyHostToDevice));
+      d.fp4 = p;
+      d.fp4_scale = s;
+      d.fp4_global = w.fp4_global;
+    } else {
+      std::vector<bf16_t> h(w.w.size());
+      for (size_t i = 0; i < h.size(); ++i) h[i] = ::fathom::f32_to_bf16(w.w[i]);
+      bf16_t* p = alloc_weight<bf16_t>(int64_t(h.size()), expert);
+      FATHOM_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+      d.bf16 = p;
+    }
+    return d;
+  }
+  // Routers stay fp32: a bf16-rounded router flips near-tied expert choices.
+  DeviceLinear upload_linear_f32(const LinearWeight& w) {
+    FATHOM_CHECK(w.fp4.empty(), "router stored as NVFP4 is not supported");
+    DeviceLinear d;
+    d.out = w.out;
+    d.in = w.in;
+    d.f32 = upload_f32(w.w);
+    return d;
+  }
+  const float* upload_f32(const std::vector<float>& v) {
+    float* p = alloc_weight<float>(int64_t(v.size()), false);
+    FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  }
+  const bf16_t* upload_bf16(const std::vector<float>& v) {
+    std::vector<bf16_t> h(v.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = ::fathom::f32_to_bf16(v[i]);
+    bf16_t* p = alloc_weight<bf16_t>(int64_t(h.size()), false);
+    FATHOM_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    return p;
+  }
+  DeviceExperts upload_expert_table(DevLayer& l) {
+    DeviceExperts ex;
+    ex.num = int(l.ex_gate.size());
+    ex.inter = ex.num ? l.ex_gate[0].out : 0;
+    ex.hidden = cfg.hidden_size;
+    auto table = [&](const std::vector<DeviceLinear>& v) {
+      DeviceLinear* p = alloc_weight<DeviceLinear>(int64_t(v.size()), false);
+      FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(DeviceLinear), cudaMemcpyHostToDevice));
+      return p;
+    };
+    ex.gate = table(l.ex_gate);
+    ex.up = table(l.ex_up);
+    ex.down = table(l.ex_down);
+    return ex;
+  }
+
+  void upload(const ModelWeights& w) {
+    embed = upload_bf16(w.embed);
+    lm_head = w.tied_lm_head ? embed : upload_linear(w.lm_head, false).bf16;
+    FATHOM_CHECK(lm_head != nullptr, "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
+    final_norm = upload_f32(w.final_norm);
+    for (const LayerWeights& lw : w.layers) {
+      DevLayer l;
+      l.type = lw.type;
+      l.input_norm = upload_f32(lw.input_norm);
+      l.post_norm = upload_f32(lw.post_attention_norm);
+      if (lw.type == LayerType::FullAttention) {
+        l.q = upload_linear(lw.attn.q, false);
+        l.k = upload_linear(lw.attn.k, false);
+        l.v = upload_linear(lw.attn.v, false);
+        l.o = upload_linear(lw.attn.o, false);
+        l.q_norm = upload_f32(lw.attn.q_norm);
+        l.k_norm = upload_f32(lw.attn.k_norm);
+      } else {
+        l.qkv = upload_linear(lw.gdn.qkv, false);
+        l.z = upload_linear(lw.gdn.z, false);
+        l.b = upload_linear(lw.gdn.b, false);
+        l.a = upload_linear(lw.gdn.a, false);
+        l.out = upload_linear(lw.gdn.out, false);
+        l.conv_w = upload_f32(lw.gdn.conv);
+        l.dt_bias = upload_f32(lw.gdn.dt_bias);
+        l.a_log = upload_f32(lw.gdn.a_log);
+        l.gnorm = upload_f32(lw.gdn.norm);
+      }
+      l.is_moe = lw.is_moe;
+      if (lw.is_moe) {
+        l.router = upload_linear_f32(lw.moe.router);
+        for (const MlpWeights& e : lw.moe.experts) {
+          l.ex_gate.push_back(upload_linear(e.gate, true));
+          l.ex_up.push_back(upload_linear(e.up, true));
+          l.ex_down.push_back(upload_linear(e.down, true));
+        }
+        l.experts = upload_expert_table(l);
+        if (lw.moe.shared) {
+          l.has_shared = true;
+          l.s_gate = upload_linear(lw.moe.shared->gate, false);
+          l.s_up = upload_linear(lw.moe.shared->up, false);
+          l.s_down = upload_linear(lw.moe.shared->down, false);
+          l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
+        }
+      } else {
+        l.m_gate = upload_linear(lw.mlp.gate, false);
+        l.m_up = upload_linear(lw.mlp.up, false);
+        l.m_down = upload_linear(lw.mlp.down, false);
+      }
+      layers.push_back(std::move(l));
+    }
+  }
+
+  // ---- dummy weights made on the device
+  uint64_t seed = 1;
+  DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert) {
+    DeviceLinear d;
+    d.out = out;
+    d.in = in;
+    if (fp4) {
+      uint8_t* p = alloc_weight<uint8_t>(int64_t(out) * in / 2, expert);
+      uint8_t* s = alloc_weight<uint8_t>(int64_t(out) * in / 16, expert);
+      fill_random_bytes(p, int64_t(out) * in / 2, seed++, 0xff, 0, stream);
+      fill_random_bytes(s, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);  // E4M3 0.5 .. 0.94
+      d.fp4 = p;
+      d.fp4_scale = s;
+      d.fp4_global = 0.3f / std::sqrt(float(in));
+    } else {
+      bf16_t* p = alloc_weight<bf16_t>(int64_t(out) * in, expert);
+      fill_random_bf16(p, int64_t(out) * in, 1.f / std::sqrt(float(in)), seed++, stream);
+      d.bf16 = p;
+    }
+    return d;
+  }
+  const float* dummy_f32(int64_t n, float v) {
+    float* p = alloc_weight<float>(n, false);
+    fill_f32(p, n, v, stream);
+    return p;
+  }
+
+  void make_dummy(bool nvfp4_experts) {
+    const int H = cfg.hidden_size, V = cfg.vocab_size;
+    const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
+    bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
+    fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
+    embed = e;
+    lm_head = cfg.tie_word_embeddings ? embed : dummy_linear(V, H, false, false).bf16;
+    final_norm = dummy_f32(H, norm_w);
+    const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
+    const int conv_dim = 2 * hk * dk + hv * dv;
+    for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+      DevLayer l;
+      l.type = cfg.layer_types[i];
+      l.input_norm = dummy_f32(H, norm_w);
+      l.post_norm = dummy_f32(H, norm_w);
+      if (l.type == LayerType::FullAttention) {
+        l.q = dummy_linear(nh * d * (cfg.attn_output_gate ? 2 : 1), H, false, false);
+        l.k = dummy_linear(nkv * d, H, false, false);
+        l.v = dummy_linear(nkv * d, H, false, false);
+        l.o = dummy_linear(H, nh * d, false, false);
+        l.q_norm = dummy_f32(d, norm_w);
+        l.k_norm = dummy_f32(d, norm_w);
+      } else {
+        l.qkv = dummy_linear(conv_dim, H, false, false);
+        l.z = dummy_linear(hv * dv, H, false, false);
+        l.b = dummy_linear(hv, H, false, false);
+        l.a = dummy_linear(hv, H, false, false);
+        l.out = dummy_linear(H, hv * dv, false, false);
+        l.conv_w = dummy_f32(int64_t(conv_dim) * cfg.linear_conv_kernel_dim, 0.25f);
+        l.dt_bias = dummy_f32(hv, 0.f);
+        l.a_log = dummy_f32(hv, -2.f);
+        l.gnorm = dummy_f32(dv, 1.f);
+      }
+      l.is_moe = cfg.is_moe_layer(i);
+      if (l.is_moe) {
+        const int I = cfg.moe_intermediate_size;
+        {
+          float* r = alloc_weight<float>(int64_t(cfg.num_experts) * H, false);
+          fill_random_f32(r, int64_t(cfg.num_experts) * H, 1.f / std::sqrt(float(H)), seed++, stream);
+          l.router.out = cfg.num_experts;
+          l.router.in = H;
+          l.router.f32 = r;
+        }
+        for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
+          l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
+          l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
+          l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
+        }
+        l.experts = upload_expert_table(l);
+        if (cfg.shared_expert_intermediate_size > 0) {
+          const int S = cfg.shared_expert_intermediate_size;
+          l.has_shared = true;
+          l.s_gate = dummy_linear(S, H, false, false);
+          l.s_up = dummy_linear(S, H, false, false);
+          l.s_down = dummy_linear(H, S, false, false);
+          l.s_gate_logit = dummy_linear(1, H, false, false);
+        }
+      } else {
+        l.m_gate = dummy_linear(cfg.intermediate_size, H, false, false);
+        l.m_up = dummy_linear(cfg.intermediate_size, H, false, false);
+        l.m_down = dummy_linear(H, cfg.intermediate_size, false, false);
+      }
+      layers.push_back(std::move(l));
+    }
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // ---- caches, states and scratch
+  void allocate_runtime() {
+    const int H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+    const int conv_dim = 2 * hk * dk + hv * dv;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i].type == LayerType::FullAttention) layers[i].attn_index = n_attn++;
+      else layers[i].linear_index = n_linear++;
+    }
+    const int bs = opt.block_size;
+    const int64_t num_blocks = (opt.kv_cache_tokens + bs - 1) / bs;
+    max_blocks = (opt.max_seq_len + bs - 1) / bs;
+    for (int i = 0; i < n_attn; ++i) {
+      k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
+      v_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
+      // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
+      fill_random_bf16(k_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 77 + i, stream);
+      fill_random_bf16(v_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 99 + i, stream);
+      fp.kv_bytes += int64_t(k_pool.back().bytes() * 2);
+    }
+    for (int64_t b2 = num_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
+    if (n_linear > 0) {
+      conv_state = DeviceBuffer(size_t(n_linear) * opt.max_seqs * (kc - 1) * conv_dim * 4);
+      rec_state = DeviceBuffer(size_t(n_linear) * opt.max_seqs * hv * dk * dv * 4);
+      fp.state_bytes = int64_t(conv_state.bytes() + rec_state.bytes());
+    }
+    for (int s = opt.max_seqs - 1; s >= 0; --s) free_slots.push_back(s);
+
+    T_max = opt.max_tokens_per_step;
+    R_max = opt.max_rows_per_step;
+    const int K = std::max(1, cfg.num_experts_per_tok);
+    pair_limit = std::max(1024, K);
+    auto f32 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 4); };
+    auto b16 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 2); };
+    const int64_t T = T_max;
+    const int q_rows = nh * d * (cfg.attn_output_gate ? 2 : 1);
+    x = f32(T * H);
+    delta = f32(T * H);
+    xn = b16(T * H);
+    xn32 = f32(T * H);
+    // Split-K decode attention: up to kSplitTokens query tokens, one split per 512 keys (max 16).
+    split.splits = std::min(16, std::max(1, (opt.max_seq_len + 511) / 512));
+    part_m = f32(int64_t(kSplitTokens) * nh * split.splits);
+    part_l = f32(int64_t(kSplitTokens) * nh * split.splits);
+    part_acc = f32(int64_t(kSplitTokens) * nh * split.splits * d);
+    split.part_m = part_m.as<float>();
+    split.part_l = part_l.as<float>();
+    split.part_acc = part_acc.as<float>();
+    q_raw = f32(T * q_rows);
+    k_raw = f32(T * nkv * d);
+    v_raw = f32(T * nkv * d);
+    q = f32(T * nh * d);
+    gate = f32(T * nh * d);
+    attn_out = b16(T * nh * d);
+    mixed = f32(T * conv_dim);
+    zbuf = f32(T * hv * dv);
+    bbuf = f32(T * hv);
+    abuf = f32(T * hv);
+    ubuf = f32(T * conv_dim);
+    core = f32(T * hv * dv);
+    normed = b16(T * std::max(hv * dv, nh * d));
+    const int E = std::max(1, cfg.num_experts), I = std::max(1, cfg.moe_intermediate_size);
+    router_logits = f32(T * E);
+    topk_ids = DeviceBuffer(size_t(T) * K * 4);
+    topk_w = f32(T * K);
+    pair_h = b16(int64_t(pair_limit) * I);
+    pair_out = f32(int64_t(pair_limit) * H);
+    const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});
+    sh_g = f32(T * S);
+    sh_u = f32(T * S);
+    sh_h = b16(T * S);
+    sh_out = f32(T * H);
+    sh_gate = f32(T);
+    eg_x = b16(T * H);
+    eg_g = f32(T * I);
+    eg_u = f32(T * I);
+    eg_h = b16(T * I);
+    eg_o = f32(T * H);
+    eg_rows = DeviceBuffer(size_t(T) * K * 4);
+    eg_w = f32(T * K);
+    int64_t max_fp4 = 1;
+    for (const DevLayer& l : layers)
+      for (const auto* v2 : {&l.ex_gate, &l.ex_up, &l.ex_down})
+        for (const DeviceLinear& dl : *v2) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
+    dequant = b16(std::max<int64_t>(max_fp4, int64_t(S) * H));
+    sel = f32(int64_t(R_max) * H);
+    hidden_bf = b16(int64_t(R_max) * H);
+    logits = f32(int64_t(R_max) * cfg.vocab_size);
+    argmax = DeviceBuffer(size_t(R_max) * 4);
+
+    const int Smax = opt.max_seqs;
+    meta_ints = size_t(T) * 4 + R_max + (Smax + 1) + Smax + size_t(Smax) * max_blocks;
+    meta_dev = DeviceBuffer(meta_ints * 4);
+    FATHOM_CUDA_CHECK(cudaMallocHost(&meta_host, meta_ints * 4));
+    auto carve = [&](int32_t* base, Meta& m) {
+      m.ids = base;
+      m.pos = m.ids + T;
+      m.seq_of_token = m.pos + T;
+      m.slot_mapping = m.seq_of_token + T;
+      m.rows = m.slot_mapping + T;
+      m.seq_start = m.rows + R_max;
+      m.state_slot = m.seq_start + Smax + 1;
+      m.block_tables = m.state_slot + Smax;
+    };
+    carve(meta_dev.as<int32_t>(), dmeta);
+    carve(meta_host, hmeta);
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // ---- profiling
+  struct Scope {
+    Impl* impl;
+    std::string name;
+    cudaEvent_t a = nullptr, b = nullptr;
+    Scope(Impl* i, const char* n) : impl(i), name(n) {
+      if (!impl->opt.profile) return;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      cudaEventRecord(a, impl->stream);
+    }
+    ~Scope() {
+      if (!impl->opt.profile) return;
+      cudaEventRecord(b, impl->stream);
+      impl->pending_events.push_back({name, {a, b}});
+    }
+  };
+  void collect_profile() {
+    if (pending_events.empty()) return;
+    cudaStreamSynchronize(stream);
+    for (auto& [name, ev] : pending_events) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev.first, ev.second);
+      prof.ms[name] += ms;
+      prof.calls[name] += 1;
+      cudaEventDestroy(ev.first);
+      cudaEventDestroy(ev.second);
+    }
+    pending_events.clear();
+  }
+
+  // ---- one forward over a batch that fits the scratch buffers
+  struct Plan {
+    int T = 0, S = 0, R = 0;
+    std::vector<int64_t> row_begin;
+    bool decode_only = true;
+  };
+
+  Plan prepare(std::span<const ForwardStep> steps) {
+    Plan p;
+    p.S = int(steps.size());
+    FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
+    hmeta.seq_start[0] = 0;
+    for (int i = 0; i < p.S; ++i) {
+      const ForwardStep& st = steps[i];
+      FATHOM_CHECK(!st.keep_history || n_linear == 0,
+                   "keep_history (draft verification) is not supported by the CUDA engine yet");
+      Sequence& sq = seq(st.seq);
+      const int n = int(st.tokens.size());
+      FATHOM_CHECK(n > 0, "forward: a step has no tokens");
+      FATHOM_CHECK(sq.length + n <= opt.max_seq_len, "sequence of ", sq.length + n,
+                   " tokens exceeds the engine's max_seq_len ", opt.max_seq_len);
+      if (n != 1 || st.all_rows) p.decode_only = false;
+      // Blocks for the new positions.
+      const int bs = opt.block_size;
+      while (int64_t(sq.blocks.size()) * bs < sq.length + n) {
+        FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
+        sq.blocks.push_back(free_blocks.back());
+        free_blocks.pop_back();
+      }
+      for (int j = 0; j < n; ++j) {
+        const int t = p.T + j;
+        const int64_t posn = sq.length + j;
+        FATHOM_CHECK(st.tokens[j] >= 0 && st.tokens[j] < cfg.vocab_size, "token id ", st.tokens[j],
+                     " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+        hmeta.ids[t] = st.tokens[j];
+        hmeta.pos[t] = int32_t(posn);
+        hmeta.seq_of_token[t] = i;
+        hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
+      }
+      p.row_begin.push_back(p.R);
+      if (st.all_rows) {
+        for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
+      } else {
+        hmeta.rows[p.R++] = p.T + n - 1;
+      }
+      p.T += n;
+      hmeta.seq_start[i + 1] = p.T;
+      hmeta.state_slot[i] = sq.slot;
+      std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
+      std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
+    }
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
+    return p;
+  }
+
+  void commit(std::span<const ForwardStep> steps) {
+    for (const ForwardStep& st : steps) seq(st.seq).length += int64_t(st.tokens.size());
+  }
+
+  Sequence& seq(SequenceId id) {
+    auto it = seqs.find(id);
+    FATHOM_CHECK(it != seqs.end(), "unknown sequence id ", id);
+    return it->second;
+  }
+
+  void run_layers(const Plan& p) {
+    const cudaStream_t s = stream;
+    const int H = cfg.hidden_size, T = p.T;
+    const float eps = float(cfg.rms_norm_eps);
+    const bool zc = cfg.norm_zero_centered;
+    float* X = x.as<float>();
+    float* D = delta.as<float>();
+    bf16_t* XN = xn.as<bf16_t>();
+    {
+      Scope sc(this, "embedding");
+      embedding(dmeta.ids, embed, X, T, H, s);
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const DevLayer& l = layers[li];
+      {
+        Scope sc(this, "norm");
+        if (li == 0) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
+        else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
+      }
+      if (l.type == LayerType::FullAttention) attention_block(l, p);
+      else gdn_block(l, p);
+      {
+        Scope sc(this, "norm");
+        add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
+      }
+      if (l.is_moe) moe_block(l, p);
+      else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
+    }
+    Scope sc(this, "norm");
+    add_inplace(X, D, int64_t(T) * H, s);
+  }
+
+  void attention_block(const DevLayer& l, const Plan& p) {
+    const cudaStream_t s = stream;
+    const int T = p.T, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+    bf16_t* dq = dequant.as<bf16_t>();
+    {
+      Scope sc(this, "attn.proj");
+      linear(l.q, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+      linear(l.k, xn.as<bf16_t>(), k_raw.as<float>(), T, dq, s);
+      linear(l.v, xn.as<bf16_t>(), v_raw.as<float>(), T, dq, s);
+    }
+    {
+      Scope sc(this, "attn.core");
+      attention_prepare(q_raw.as<float>(), k_raw.as<float>(), v_raw.as<float>(), l.q_norm, l.k_norm, dmeta.pos,
+                        dmeta.slot_mapping, q.as<float>(), gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(),
+                        v_pool[l.attn_index].as<bf16_t>(), T, nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta),
+                        float(cfg.rms_norm_eps), cfg.attn_output_gate, cfg.norm_zero_centered, s);
+      paged_attention(q.as<float>(), cfg.attn_output_gate ? gate.as<float>() : nullptr,
+                      k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), dmeta.pos,
+                      dmeta.seq_of_token, dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>(), T,
+                      nh, nkv, d, s, T <= kSplitTokens ? &split : nullptr);
+    }
+    Scope sc(this, "attn.proj");
+    linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  }
+
+  void gdn_block(const DevLayer& l, const Plan& p) {
+    const cudaStream_t s = stream;
+    const int T = p.T;
+    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+    const int conv_dim = 2 * hk * dk + hv * dv;
+    bf16_t* dq = dequant.as<bf16_t>();
+    {
+      Scope sc(this, "gdn.proj");
+      linear(l.qkv, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+      linear(l.z, xn.as<bf16_t>(), zbuf.as<float>(), T, dq, s);
+      linear(l.b, xn.as<bf16_t>(), bbuf.as<float>(), T, dq, s);
+      linear(l.a, xn.as<bf16_t>(), abuf.as<float>(), T, dq, s);
+    }
+    {
+      Scope sc(this, "gdn.core");
+      float* cs = conv_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * (kc - 1) * conv_dim;
+      float* rs = rec_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * hv * dk * dv;
+      gdn_conv(mixed.as<float>(), l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim,
+               kc, s);
+      gdn_recurrent(ubuf.as<float>(), bbuf.as<float>(), abuf.as<float>(), l.a_log, l.dt_bias, rs, dmeta.seq_start,
+                    dmeta.state_slot, core.as<float>(), p.S, hk, hv, dk, dv, s);
+      gated_rms_norm(core.as<float>(), zbuf.as<float>(), l.gnorm, normed.as<bf16_t>(), T * hv, dv,
+                     float(cfg.rms_norm_eps), s);
+    }
+    Scope sc(this, "gdn.proj");
+    linear(l.out, normed.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  }
+
+  void mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn, const bf16_t* in, float* out,
+                 int T) {
+    const cudaStream_t s = stream;
+    bf16_t* dq = dequant.as<bf16_t>();
+    linear(g, in, sh_g.as<float>(), T, dq, s);
+    linear(u, in, sh_u.as<float>(), T, dq, s);
+    silu_mul(sh_g.as<float>(), sh_u.as<float>(), sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
+    linear(dn, sh_h.as<bf16_t>(), out, T, dq, s);
+  }
+
+  void moe_block(const DevLayer& l, const Plan& p) {
+    const cudaStream_t s = stream;
+    const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
+    bf16_t* dq = dequant.as<bf16_t>();
+    float* D = delta.as<float>();
+    {
+      Scope sc(this, "moe.router");
+      linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
+      moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
+    }
+    {
+      Scope sc(this, "moe.shared");
+      if (l.has_shared) {
+        mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
+        linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
+      }
+    }
+    Scope sc(this, "moe.experts");
+    FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
+    if (T * K <= pair_limit) {
+      moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
+                         pair_out.as<float>(), D, T, K, s);
+    } else {
+      // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
+      std::vector<int32_t> ids(size_t(T) * K);
+      std::vector<float> w(size_t(T) * K);
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), topk_ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost, s));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(w.data(), topk_w.data(), w.size() * 4, cudaMemcpyDeviceToHost, s));
+      FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<std::vector<int32_t>> rows(E);
+      std::vector<std::vector<float>> wts(E);
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+          rows[ids[size_t(t) * K + k]].push_back(t);
+          wts[ids[size_t(t) * K + k]].push_back(w[size_t(t) * K + k]);
+        }
+      std::vector<int32_t> all_rows;
+      std::vector<float> all_w;
+      std::vector<int> offset(E + 1, 0);
+      for (int e = 0; e < E; ++e) {
+        offset[e] = int(all_rows.size());
+        all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
+        all_w.insert(all_w.end(), wts[e].begin(), wts[e].end());
+      }
+      offset[E] = int(all_rows.size());
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_rows.data(), all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, s));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_w.data(), all_w.data(), all_w.size() * 4, cudaMemcpyHostToDevice, s));
+      for (int e = 0; e < E; ++e) {
+        const int m = offset[e + 1] - offset[e];
+        if (m == 0) continue;
+        const int32_t* r = eg_rows.as<int32_t>() + offset[e];
+        gather_rows_bf16(xn.as<bf16_t>(), r, eg_x.as<bf16_t>(), m, H, s);
+        linear(l.ex_gate[e], eg_x.as<bf16_t>(), eg_g.as<float>(), m, dq, s);
+        linear(l.ex_up[e], eg_x.as<bf16_t>(), eg_u.as<float>(), m, dq, s);
+        silu_mul(eg_g.as<float>(), eg_u.as<float>(), eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
+        linear(l.ex_down[e], eg_h.as<bf16_t>(), eg_o.as<float>(), m, dq, s);
+        scatter_add_rows(D, eg_o.as<float>(), r, eg_w.as<float>() + offset[e], m, H, s);
+      }
+      // The host vectors above must outlive the async copies.
+      FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+    if (l.has_shared) add_sigmoid_gated(D, sh_out.as<float>(), sh_gate.as<float>(), T, H, s);
+  }
+
+  // Final norm and lm_head over the selected rows; argmax on the device.
+  void head(const Plan& p) {
+    const cudaStream_t s = stream;
+    const int H = cfg.hidden_size, V = cfg.vocab_size;
+    Scope sc(this, "lm_head");
+    gather_rows_f32(x.as<float>(), dmeta.rows, sel.as<float>(), p.R, H, s);
+    rms_norm(sel.as<float>(), final_norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
+             cfg.norm_zero_centered, s);
+    gemm_bf16(hidden_bf.as<bf16_t>(), lm_head, logits.as<float>(), p.R, V, H, s);
+    argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.R, V, s);
+  }
+
+  void run(const Plan& p) {
+    const bool graphable = opt.cuda_graphs && !opt.profile && p.decode_only &&
+                           p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+    if (!graphable) {
+      run_layers(p);
+      head(p);
+      collect_profile();
+      return;
+    }
+    auto it = graphs.find(p.T);
+    if (it == graphs.end()) {
+      cudaGraph_t g;
+      FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      run_layers(p);
+      head(p);
+      FATHOM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+      cudaGraphExec_t exec;
+      FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      cudaGraphDestroy(g);
+      it = graphs.emplace(p.T, exec).first;
+    }
+    FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+  }
+
+  // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences.
+  template <class Fn>
+  void for_each_chunk(std::span<const ForwardStep> steps, Fn&& fn) {
+    std::vector<ForwardStep> batch;
+    int tokens = 0, rows = 0;
+    auto flush = [&] {
+      if (batch.empty()) return;
+      fn(std::span<const ForwardStep>(batch));
+      batch.clear();
+      tokens = rows = 0;
+    };
+    for (size_t i = 0; i < steps.size(); ++i) {
+      ForwardStep st = steps[i];
+      size_t done = 0;
+      while (done < st.tokens.size()) {
+        const int room_t = T_max - tokens, room_r = R_max - rows;
+        int n = int(std::min<size_t>(st.tokens.size() - done, size_t(room_t)));
+        if (st.all_rows) n = std::min(n, room_r);
+        const bool last_piece = done + size_t(n) == st.tokens.size();
+        if (n <= 0 || (!st.all_rows && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs) {
+          flush();
+          continue;
+        }
+        ForwardStep piece = st;
+        piece.tokens = st.tokens.subspan(done, size_t(n));
+        piece.all_rows = st.all_rows;
+        batch.push_back(piece);
+        tokens += n;
+        rows += st.all_rows ? n : 1;
+        done += size_t(n);
+        if (!last_piece) flush();  // the rest of this sequence goes after this piece
+      }
+    }
+    flush();
+  }
+};
+
+CudaRunner::CudaRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaRunner::~CudaRunner() = default;
+
+
+std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = ModelConfig::load(dir);
+  impl->opt = opt;
+  impl->init_device();
+  auto ckpt = Checkpoint::open(dir);
+  std::string config_text;
+  {
+    FILE* f = std::fopen((std::filesystem::path(dir) / "config.json").c_str(), "rb");
+    FATHOM_CHECK(f, "cannot open ", dir, "/config.json");
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) config_text.append(buf, n);
+    std::fclose(f);
+  }
+  QuantConfig quant = QuantConfig::load(dir, config_text);
+  ModelWeights w = load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/false, /*keep_nvfp4=*/true);
+  impl->upload(w);
+  impl->allocate_runtime();
+  return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
+}
+
+std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt, bool nvfp4_experts,
+                                              uint64_t seed) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->opt = opt;
+  impl->seed = seed;
+  impl->init_device();
+  impl->make_dummy(nvfp4_experts);
+  impl->allocate_runtime();
+  return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
+}
+
+const ModelConfig& CudaRunner::config() const { return impl_->cfg; }
+
+std::string CudaRunner::device_name() const {
+  cudaDeviceProp prop{};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaGetDeviceProperties(&prop, dev);
+  return std::string("cuda:") + prop.name;
+}
+
+SequenceId CudaRunner::add_sequence() {
+  Impl& m = *impl_;
+  FATHOM_CHECK(!m.free_slots.empty(), "no free sequence slot (max_seqs ", m.opt.max_seqs, ")");
+  Sequence sq;
+  sq.slot = m.free_slots.back();
+  m.free_slots.pop_back();
+  // A new sequence starts from zero linear-attention state.
+  if (m.n_linear > 0) {
+    const int hk = m.cfg.linear_num_key_heads, hv = m.cfg.linear_num_value_heads;
+    const int dk = m.cfg.linear_key_head_dim, dv = m.cfg.linear_value_head_dim, kc = m.cfg.linear_conv_kernel_dim;
+    const int64_t conv = int64_t(kc - 1) * (2 * hk * dk + hv * dv), rec = int64_t(hv) * dk * dv;
+    for (int l = 0; l < m.n_linear; ++l) {
+      FATHOM_CUDA_CHECK(cudaMemsetAsync(m.conv_state.as<float>() + (int64_t(l) * m.opt.max_seqs + sq.slot) * conv, 0,
+                                        size_t(conv) * 4, m.stream));
+      FATHOM_CUDA_CHECK(cudaMemsetAsync(m.rec_state.as<float>() + (int64_t(l) * m.opt.max_seqs + sq.slot) * rec, 0,
+                                        size_t(rec) * 4, m.stream));
+    }
+  }
+  const SequenceId id = m.next_id++;
+  m.seqs.emplace(id, std::move(sq));
+  return id;
+}
+
+void CudaRunner::remove_sequence(SequenceId id) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(id);
+  if (it == m.seqs.end()) return;
+  m.free_blocks.insert(m.free_blocks.end(), it->second.blocks.begin(), it->second.blocks.end());
+  m.free_slots.push_back(it->second.slot);
+  m.seqs.erase(it);
+}
+
+int64_t CudaRunner::length(SequenceId id) const { return impl_->seq(id).length; }
+
+ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
+  Impl& m = *impl_;
+  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
+  ForwardOutput out;
+  // Each original step's rows are appended in order; a split step contributes several pieces.
+  std::map<const void*, size_t> first_row_of_step;
+  for (const ForwardStep& st : steps) {
+    out.row_begin.push_back(out.rows);
+    out.rows += st.all_rows ? int64_t(st.tokens.size()) : 1;
+  }
+  out.logits.resize(size_t(out.rows) * V);
+  out.hidden.resize(size_t(out.rows) * H);
+  // Map each piece back to its step by the token pointer range.
+  std::vector<std::pair<const int32_t*, size_t>> step_of_ptr;
+  m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
+    Impl::Plan p = m.prepare(batch);
+    m.run(p);
+    std::vector<float> logits(size_t(p.R) * V), hidden(size_t(p.R) * H);
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), m.sel.data(), hidden.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    m.commit(batch);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const ForwardStep& piece = batch[i];
+      // Find the original step this piece belongs to.
+      size_t si = 0;
+      for (; si < steps.size(); ++si)
+        if (piece.tokens.data() >= steps[si].tokens.data() &&
+            piece.tokens.data() < steps[si].tokens.data() + steps[si].tokens.size())
+          break;
+      const ForwardStep& st = steps[si];
+      const bool is_last_piece = piece.tokens.data() + piece.tokens.size() == st.tokens.data() + st.tokens.size();
+      const int64_t prow = p.row_begin[i];
+      if (st.all_rows) {
+        const int64_t dst = out.row_begin[si] + (piece.tokens.data() - st.tokens.data());
+        std::copy_n(logits.begin() + prow * V, piece.tokens.size() * V, out.logits.begin() + dst * V);
+        std::copy_n(hidden.begin() + prow * H, piece.tokens.size() * H, out.hidden.begin() + dst * H);
+      } else if (is_last_piece) {
+        std::copy_n(logits.begin() + prow * V, V, out.logits.begin() + out.row_begin[si] * V);
+        std::copy_n(hidden.begin() + prow * H, H, out.hidden.begin() + out.row_begin[si] * H);
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<int32_t> CudaRunner::forward_argmax(std::span<const ForwardStep> steps) {
+  Impl& m = *impl_;
+  for (const ForwardStep& st : steps)
+    FATHOM_CHECK(!st.all_rows, "forward_argmax returns one row per step");
+  FATHOM_CHECK(int64_t(steps.size()) <= m.R_max, "too many steps for one forward_argmax");
+  int total = 0;
+  for (const ForwardStep& st : steps) total += int(st.tokens.size());
+  FATHOM_CHECK(total <= m.T_max && int(steps.size()) <= m.opt.max_seqs,
+               "forward_argmax: the batch must fit one forward (", total, " tokens)");
+  Impl::Plan p = m.prepare(steps);
+  m.run(p);
+  std::vector<int32_t> ids(size_t(p.R));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.commit(steps);
+  return ids;
+}
+
+void CudaRunner::fill_context_for_benchmark(SequenceId id, int64_t length) {
+  Impl& m = *impl_;
+  Sequence& sq = m.seq(id);
+  FATHOM_CHECK(length <= m.opt.max_seq_len, "context ", length, " exceeds max_seq_len");
+  while (int64_t(sq.blocks.size()) * m.opt.block_size < length) {
+    FATHOM_CHECK(!m.free_blocks.empty(), "KV cache is full");
+    sq.blocks.push_back(m.free_blocks.back());
+    m.free_blocks.pop_back();
+  }
+  sq.length = length;
+}
+
+void CudaRunner::rollback(SequenceId id, int64_t new_length) {
+  Impl& m = *impl_;
+  Sequence& sq = m.seq(id);
+  FATHOM_CHECK(new_length >= 0 && new_length <= sq.length, "rollback to ", new_length, " of ", sq.length);
+  if (new_length == sq.length) return;
+  FATHOM_CHECK(m.n_linear == 0, "rollback of linear-attention state is not supported by the CUDA engine yet");
+  sq.length = new_length;
+}
+
+ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep>) {
+  fail("the MTP layer is not implemented on the CUDA engine yet");
+}
+
+void CudaRunner::mtp_rollback(SequenceId, int64_t) { fail("the MTP layer is not implemented on the CUDA engine yet"); }
+
+CudaRunner::Footprint CudaRunner::footprint() const { return impl_->fp; }
+const OpProfile& CudaRunner::profile() const { return impl_->prof; }
+void CudaRunner::reset_profile() { impl_->prof = OpProfile{}; }
+void CudaRunner::set_profiling(bool on) { impl_->opt.profile = on; }
+
+}  // namespace fathom::cuda

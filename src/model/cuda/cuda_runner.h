@@ -1,0 +1,77 @@
+// The CUDA engine: the same model as the CPU reference (src/model/hybrid_model.cpp), layer by
+// layer, over the operators of src/kernels/cuda. Weights live on the device in bf16 or NVFP4;
+// the KV cache is paged (block tables per sequence); Gated DeltaNet states live in a pool of
+// slots. Decode steps of a fixed batch size are captured once as CUDA graphs and replayed.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/model_runner.h"
+#include "model/model_weights.h"
+
+namespace fathom::cuda {
+
+struct CudaRunnerOptions {
+  int max_seqs = 16;               // linear-attention state slots
+  int max_tokens_per_step = 2048;  // tokens in one forward (longer steps are split)
+  int max_rows_per_step = 256;     // output rows (logits) in one forward
+  int64_t kv_cache_tokens = 16384; // paged KV capacity, tokens over all sequences
+  int max_seq_len = 8192;          // block-table width
+  int block_size = 16;
+  bool cuda_graphs = true;         // capture/replay decode steps
+  bool profile = false;            // per-op CUDA-event timings (disables graphs)
+};
+
+struct OpProfile {
+  std::map<std::string, double> ms;  // accumulated milliseconds per op group
+  std::map<std::string, int64_t> calls;
+};
+
+class CudaRunner final : public ModelRunner {
+ public:
+  // Uploads weights loaded from a checkpoint (NVFP4 kept as NVFP4).
+  static std::unique_ptr<CudaRunner> from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt);
+  // Random weights at the config's shapes, made on the device (`--load-format dummy`). Routed
+  // experts are NVFP4 when `nvfp4_experts`, like the NVFP4 releases.
+  static std::unique_ptr<CudaRunner> dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt, bool nvfp4_experts,
+                                           uint64_t seed);
+  ~CudaRunner() override;
+
+  const ModelConfig& config() const override;
+  std::string device_name() const override;
+  bool has_mtp() const override { return false; }
+  SequenceId add_sequence() override;
+  void remove_sequence(SequenceId seq) override;
+  int64_t length(SequenceId seq) const override;
+  int64_t mtp_length(SequenceId) const override { return 0; }
+  ForwardOutput forward(std::span<const ForwardStep> steps) override;
+  void rollback(SequenceId seq, int64_t new_length) override;
+  ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
+  void mtp_rollback(SequenceId seq, int64_t new_length) override;
+
+  // Greedy fast path: returns the argmax of each step's last row without copying logits.
+  std::vector<int32_t> forward_argmax(std::span<const ForwardStep> steps);
+  // Benchmarks: pretend `seq` already holds `length` tokens of context (KV blocks allocated,
+  // contents arbitrary), so decode can be timed at a context length without a long prefill.
+  void fill_context_for_benchmark(SequenceId seq, int64_t length);
+
+  struct Footprint {
+    int64_t weight_bytes = 0, expert_bytes = 0, dense_bytes = 0, kv_bytes = 0, state_bytes = 0;
+  };
+  Footprint footprint() const;
+  const OpProfile& profile() const;
+  void reset_profile();
+  // Per-op CUDA-event timing (graphs are bypassed while it is on).
+  void set_profiling(bool on);
+
+ private:
+  struct Impl;
+  explicit CudaRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fathom::cuda

@@ -1,0 +1,76 @@
+// The text model of Qwen3 / Qwen3-Next / Qwen3.5(-MoE) on the CPU reference backend:
+// embeddings -> N decoder layers (gated full attention or Gated DeltaNet, then MoE or MLP)
+// -> final norm -> lm_head, plus the MTP draft layer. One forward call processes a ragged
+// batch: several sequences, each with any number of new tokens (prefill chunk or decode).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/model_weights.h"
+#include "model/sequence_state.h"
+
+namespace fathom {
+
+class HybridModel {
+ public:
+  HybridModel(ModelConfig cfg, ModelWeights weights);
+  // Reads config, quantization and weights from a checkpoint folder.
+  static std::unique_ptr<HybridModel> load(const std::filesystem::path& dir, bool with_mtp = true);
+
+  const ModelConfig& config() const { return cfg_; }
+  bool has_mtp() const { return w_.mtp.has_value(); }
+  SequenceState new_sequence() const;
+
+  struct Segment {
+    SequenceState* state;
+    std::span<const int32_t> tokens;  // new tokens, appended at positions state->num_tokens...
+    bool keep_history = false;        // record linear-attention state after every token
+  };
+  struct Output {
+    int64_t rows = 0;
+    std::vector<float> logits;  // [rows, vocab]
+    std::vector<float> hidden;  // [rows, hidden]: final post-norm hidden (feeds lm_head and MTP)
+  };
+  // all_rows: one output row per input token; otherwise only each segment's last token.
+  Output forward(std::span<const Segment> batch, bool all_rows) const;
+
+  struct MtpSegment {
+    SequenceState* state;
+    std::span<const float> hidden;         // [n, hidden]: post-norm hidden of the main model (or MTP)
+    std::span<const int32_t> next_tokens;  // [n]: token following each hidden's position
+  };
+  // MTP layer over rows at positions state->mtp_kv.length() ...; returns its logits (predicting
+  // two tokens ahead) and its post-norm output (the hidden input of the next chained step).
+  Output mtp_forward(std::span<const MtpSegment> batch, bool all_rows) const;
+
+  // Returns a sequence to `new_length` tokens: KV caches are cut, and the linear-attention
+  // state is taken from the history of the last keep_history forward. Throws when the length
+  // is not reachable.
+  void rollback(SequenceState& state, int64_t new_length) const;
+
+ private:
+  struct SegmentView {
+    int64_t offset, count, pos0;
+    KvCache* kv;
+    LinearAttentionState* linear;
+    std::vector<LinearAttentionState>* history;  // non-null: snapshot after every token
+  };
+  void decoder_layer(const LayerWeights& lw, std::vector<float>& x, const std::vector<SegmentView>& segs) const;
+  void attention(const AttentionWeights& aw, const float* xn, float* out, const std::vector<SegmentView>& segs) const;
+  void gated_delta_net(const GatedDeltaNetWeights& gw, const float* xn, float* out,
+                       const std::vector<SegmentView>& segs) const;
+  void moe(const MoeWeights& mw, const float* xn, float* out, int64_t n) const;
+  void mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n) const;
+  Output finish(const std::vector<float>& x, const std::vector<float>& final_norm,
+                const std::vector<SegmentView>& segs, bool all_rows) const;
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  std::vector<int> attn_slot_, linear_slot_;  // layer index -> index into SequenceState vectors
+};
+
+}  // namespace fathom

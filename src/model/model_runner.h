@@ -1,0 +1,65 @@
+// What the runtime (scheduler, speculative decoding, server) needs from an engine: sequences
+// with their own cache/state, batched forward passes over ragged token lists, rollback to an
+// earlier length (speculation), and the MTP draft layer. The CPU reference engine and the CUDA
+// engine both implement it, so everything above this line runs on either.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+
+namespace fathom {
+
+using SequenceId = int64_t;
+
+struct ForwardStep {
+  SequenceId seq;
+  std::span<const int32_t> tokens;  // appended at positions length(seq) ...
+  bool all_rows = false;            // output every token's row, else only the last
+  // Keep the linear-attention state after every token of this step so that
+  // rollback() can return to any length inside it (verification of drafts).
+  bool keep_history = false;
+};
+
+struct ForwardOutput {
+  int64_t rows = 0;
+  std::vector<float> logits;       // [rows, vocab], host fp32
+  std::vector<float> hidden;       // [rows, hidden]: final post-norm hidden states
+  std::vector<int64_t> row_begin;  // first output row of each step
+};
+
+struct MtpStep {
+  SequenceId seq;
+  std::span<const float> hidden;         // [n, hidden] post-norm hidden states
+  std::span<const int32_t> next_tokens;  // [n] the token after each hidden's position
+  bool all_rows = true;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string device_name() const = 0;
+  virtual bool has_mtp() const = 0;
+
+  virtual SequenceId add_sequence() = 0;
+  virtual void remove_sequence(SequenceId seq) = 0;
+  virtual int64_t length(SequenceId seq) const = 0;      // tokens consumed by the main model
+  virtual int64_t mtp_length(SequenceId seq) const = 0;  // positions consumed by the MTP layer
+
+  virtual ForwardOutput forward(std::span<const ForwardStep> steps) = 0;
+  // Returns the sequence to `new_length` tokens; lengths inside the last keep_history step (or
+  // the current length) are allowed. Also truncates the MTP cache to at most new_length.
+  virtual void rollback(SequenceId seq, int64_t new_length) = 0;
+  virtual ForwardOutput mtp_forward(std::span<const MtpStep> steps) = 0;
+  virtual void mtp_rollback(SequenceId seq, int64_t new_length) = 0;
+};
+
+// Opens a checkpoint on "cpu" (the reference engine) or "cuda" (when built with CUDA).
+// Defined in src/runtime/engine_factory.cpp, the layer that knows every engine.
+std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp);
+
+}  // namespace fathom

@@ -1,0 +1,296 @@
+#include "model/model_summary.h"
+
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/model_config.h"
+#include "io/quant_config.h"
+
+namespace fathom {
+
+namespace {
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool ends_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+
+bool is_mtp(std::string_view n) { return starts_with(n, "mtp.") || starts_with(n, "model.mtp."); }
+bool is_vision(std::string_view n) {
+  return starts_with(n, "model.visual.") || starts_with(n, "visual.") || starts_with(n, "model.vision_tower.") ||
+         starts_with(n, "vision_tower.");
+}
+bool is_scale(std::string_view n) {
+  for (const char* s : {".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale"})
+    if (ends_with(n, s)) return true;
+  return false;
+}
+bool is_routed_expert(std::string_view n) { return n.find(".mlp.experts.") != std::string_view::npos; }
+// Fused 3-D expert container, e.g. `...mlp.experts.gate_up_proj` [E, 2I, H].
+bool is_fused_experts(std::string_view n, size_t ndim) {
+  return ndim == 3 && n.find("experts.") != std::string_view::npos &&
+         (ends_with(n, "_proj") || ends_with(n, "_proj.weight"));
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail(p.string(), ": cannot open");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+std::string human_count(int64_t n) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  double v = double(n);
+  if (v >= 1e9) os << v / 1e9 << "B";
+  else if (v >= 1e6) os << v / 1e6 << "M";
+  else if (v >= 1e3) os << v / 1e3 << "K";
+  else os << n;
+  return os.str();
+}
+
+std::string human_bytes(uint64_t n) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  double v = double(n);
+  if (v >= double(1ull << 30)) os << v / double(1ull << 30) << " GiB";
+  else if (v >= double(1ull << 20)) os << v / double(1ull << 20) << " MiB";
+  else if (v >= 1024) os << v / 1024 << " KiB";
+  else os << n << " B";
+  return os.str();
+}
+
+}  // namespace
+
+std::string compress_layer_pattern(const std::string& t) {
+  const size_t n = t.size();
+  for (size_t p = 1; p < n; ++p) {
+    if (n % p) continue;
+    bool ok = true;
+    for (size_t i = p; i < n && ok; ++i) ok = t[i] == t[i - p];
+    if (ok) return t.substr(0, p) + " x" + std::to_string(n / p);
+  }
+  return t;
+}
+
+ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
+  const ModelConfig cfg = ModelConfig::load(dir);
+  const QuantConfig qc = QuantConfig::load(dir, read_text(dir / "config.json"));
+  const auto ck = Checkpoint::open(dir);
+
+  ModelSummary s;
+  s.dir = dir.string();
+  s.architecture = cfg.architecture;
+  s.family = family_name(cfg.family);
+  s.model_type = cfg.model_type;
+  s.weight_prefix = cfg.weight_prefix;
+  s.num_layers = cfg.num_hidden_layers;
+  s.full_attention_layers = cfg.num_full_attention_layers();
+  s.linear_attention_layers = cfg.num_linear_attention_layers();
+  for (auto lt : cfg.layer_types) s.layer_types += lt == LayerType::FullAttention ? 'F' : 'L';
+  s.layer_pattern = compress_layer_pattern(s.layer_types);
+  s.hidden_size = cfg.hidden_size;
+  s.vocab_size = cfg.vocab_size;
+  s.intermediate_size = cfg.intermediate_size;
+  s.num_attention_heads = cfg.num_attention_heads;
+  s.num_key_value_heads = cfg.num_key_value_heads;
+  s.head_dim = cfg.head_dim;
+  s.rotary_dim = cfg.rotary_dim();
+  s.linear_num_key_heads = cfg.linear_num_key_heads;
+  s.linear_num_value_heads = cfg.linear_num_value_heads;
+  s.linear_key_head_dim = cfg.linear_key_head_dim;
+  s.linear_value_head_dim = cfg.linear_value_head_dim;
+  s.linear_conv_kernel_dim = cfg.linear_conv_kernel_dim;
+  s.num_experts = cfg.num_experts;
+  s.num_experts_per_tok = cfg.num_experts_per_tok;
+  s.moe_intermediate_size = cfg.moe_intermediate_size;
+  s.shared_expert_intermediate_size = cfg.shared_expert_intermediate_size;
+  s.tie_word_embeddings = cfg.tie_word_embeddings;
+
+  s.quant_algorithm = quant_algo_name(qc.algo);
+  s.quant_group_size = qc.algo == QuantAlgo::None ? 0 : qc.group_size;
+  s.kv_cache_quant_algo = qc.kv_cache_quant_algo;
+  s.exclude_modules = int64_t(qc.exclude_modules.size());
+
+  const auto names = ck->names();
+  s.num_tensors = int64_t(names.size());
+  for (const auto& name : names) {
+    const TensorInfo& t = ck->info(name);
+    s.bytes_by_dtype[std::string(dtype_name(t.dtype))] += t.nbytes;
+    s.total_bytes += t.nbytes;
+
+    const bool mtp = is_mtp(name), vision = is_vision(name);
+    if (mtp) ++s.mtp_tensors;
+    if (vision) ++s.vision_tensors;
+
+    // Quantized / unquantized modules.
+    const bool has_scale_tensor = ends_with(name, ".weight") && ck->has(name + "_scale");
+    if (ends_with(name, ".weight_scale")) {
+      ++s.quantized_modules;
+      const std::string module = name.substr(0, name.size() - 13);
+      if (!vision && !qc.expects_quantized(module)) ++s.quantized_but_not_expected;
+    } else if (ends_with(name, ".weight") && t.shape.size() == 2 && !has_scale_tensor &&
+               !ends_with(name, "embed_tokens.weight") && !ends_with(name, "pos_embed.weight")) {  // embeddings
+      ++s.unquantized_linear_modules;
+      const std::string module = name.substr(0, name.size() - 7);
+      if (!vision && qc.expects_quantized(module)) ++s.unquantized_but_expected;
+    } else if (is_fused_experts(name, t.shape.size())) {
+      ++s.unquantized_linear_modules;
+    }
+
+    // Parameters.
+    if (is_scale(name)) continue;
+    int64_t p = t.numel();
+    if (t.dtype == DType::U8 && has_scale_tensor) p *= 2;  // two E2M1 values per byte
+    if (mtp) {
+      s.params_mtp += p;
+    } else if (vision) {
+      s.params_vision += p;
+    } else {
+      s.params_total += p;
+      if (is_routed_expert(name) || is_fused_experts(name, t.shape.size())) s.params_routed_experts += p;
+    }
+  }
+  s.params_active = s.params_total;
+  if (cfg.num_experts > 0) {
+    const double unused = 1.0 - double(cfg.num_experts_per_tok) / double(cfg.num_experts);
+    s.params_active -= int64_t(std::llround(double(s.params_routed_experts) * unused));
+  }
+
+  s.mtp_layers = cfg.mtp_num_hidden_layers;
+  s.mtp_present = s.mtp_tensors > 0;
+  s.vision_present = cfg.has_vision || s.vision_tensors > 0;
+
+  const int64_t kv_layer = 2LL * cfg.num_key_value_heads * cfg.head_dim * 2;
+  s.kv_cache_bytes_per_token = int64_t(s.full_attention_layers) * kv_layer;
+  s.mtp_kv_cache_bytes_per_token = int64_t(s.mtp_present ? cfg.mtp_num_hidden_layers : 0) * kv_layer;
+  if (s.linear_attention_layers > 0) {
+    const int64_t hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int64_t dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
+    const int64_t conv_dim = 2 * hk * dk + hv * dv;
+    const int64_t per_layer = hv * dk * dv * 4 + conv_dim * (cfg.linear_conv_kernel_dim - 1) * 2;
+    s.linear_state_bytes_per_sequence = per_layer * s.linear_attention_layers;
+  }
+  return s;
+}
+
+nlohmann::json ModelSummary::to_json() const {
+  using nlohmann::json;
+  json bytes = json::object();
+  for (const auto& [k, v] : bytes_by_dtype) bytes[k] = v;
+  return json{
+      {"dir", dir},
+      {"architecture", architecture},
+      {"family", family},
+      {"model_type", model_type},
+      {"weight_prefix", weight_prefix},
+      {"layers",
+       {{"count", num_layers},
+        {"full_attention", full_attention_layers},
+        {"linear_attention", linear_attention_layers},
+        {"pattern", layer_pattern},
+        {"types", layer_types}}},
+      {"hidden_size", hidden_size},
+      {"vocab_size", vocab_size},
+      {"intermediate_size", intermediate_size},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"attention",
+       {{"num_attention_heads", num_attention_heads},
+        {"num_key_value_heads", num_key_value_heads},
+        {"head_dim", head_dim},
+        {"rotary_dim", rotary_dim}}},
+      {"linear_attention",
+       {{"num_key_heads", linear_num_key_heads},
+        {"num_value_heads", linear_num_value_heads},
+        {"key_head_dim", linear_key_head_dim},
+        {"value_head_dim", linear_value_head_dim},
+        {"conv_kernel_dim", linear_conv_kernel_dim}}},
+      {"moe",
+       {{"num_experts", num_experts},
+        {"num_experts_per_tok", num_experts_per_tok},
+        {"moe_intermediate_size", moe_intermediate_size},
+        {"shared_expert_intermediate_size", shared_expert_intermediate_size}}},
+      {"parameters",
+       {{"total", params_total},
+        {"active", params_active},
+        {"routed_experts", params_routed_experts},
+        {"mtp", params_mtp},
+        {"vision", params_vision}}},
+      {"tensors", num_tensors},
+      {"total_bytes", total_bytes},
+      {"bytes_by_dtype", bytes},
+      {"quantization",
+       {{"algorithm", quant_algorithm},
+        {"group_size", quant_group_size},
+        {"kv_cache_quant_algo", kv_cache_quant_algo},
+        {"quantized_modules", quantized_modules},
+        {"unquantized_linear_modules", unquantized_linear_modules},
+        {"exclude_modules", exclude_modules},
+        {"quantized_but_not_expected", quantized_but_not_expected},
+        {"unquantized_but_expected", unquantized_but_expected}}},
+      {"mtp", {{"present", mtp_present}, {"layers", mtp_layers}, {"tensors", mtp_tensors}}},
+      {"vision", {{"present", vision_present}, {"tensors", vision_tensors}, {"ignored", vision_ignored}}},
+      {"memory",
+       {{"kv_cache_bytes_per_token", kv_cache_bytes_per_token},
+        {"mtp_kv_cache_bytes_per_token", mtp_kv_cache_bytes_per_token},
+        {"linear_state_bytes_per_sequence", linear_state_bytes_per_sequence}}},
+  };
+}
+
+void print_summary(std::ostream& os, const ModelSummary& s) {
+  os << "model:          " << s.dir << "\n";
+  os << "architecture:   " << s.architecture << " (family " << s.family;
+  if (!s.model_type.empty()) os << ", model_type " << s.model_type;
+  os << ")\n";
+  os << "layers:         " << s.num_layers << " (" << s.layer_pattern << "; " << s.full_attention_layers
+     << " full attention, " << s.linear_attention_layers << " linear attention)\n";
+  os << "hidden size:    " << s.hidden_size << "\n";
+  os << "attention:      " << s.num_attention_heads << " q heads, " << s.num_key_value_heads << " kv heads, head_dim "
+     << s.head_dim << ", rotary dim " << s.rotary_dim << "\n";
+  if (s.linear_attention_layers > 0)
+    os << "linear attn:    " << s.linear_num_key_heads << " key heads x " << s.linear_key_head_dim << ", "
+       << s.linear_num_value_heads << " value heads x " << s.linear_value_head_dim << ", conv kernel "
+       << s.linear_conv_kernel_dim << "\n";
+  if (s.num_experts > 0)
+    os << "experts:        " << s.num_experts << " routed, top-" << s.num_experts_per_tok << ", expert width "
+       << s.moe_intermediate_size << ", shared expert " << s.shared_expert_intermediate_size << "\n";
+  else
+    os << "mlp:            dense, intermediate " << s.intermediate_size << "\n";
+  os << "vocab:          " << s.vocab_size << (s.tie_word_embeddings ? " (tied embeddings)" : "") << "\n";
+  os << "parameters:     " << human_count(s.params_total) << " total, " << human_count(s.params_active)
+     << " active per token (text model; " << s.params_total << " / " << s.params_active << ")\n";
+  os << "                MTP " << human_count(s.params_mtp) << ", vision " << human_count(s.params_vision) << "\n";
+  os << "tensors:        " << s.num_tensors << ", " << human_bytes(s.total_bytes) << " (";
+  bool first = true;
+  for (const auto& [k, v] : s.bytes_by_dtype) {
+    os << (first ? "" : ", ") << k << " " << human_bytes(v);
+    first = false;
+  }
+  os << ")\n";
+  os << "quantization:   " << s.quant_algorithm;
+  if (s.quant_algorithm != "none") os << ", group size " << s.quant_group_size;
+  if (!s.kv_cache_quant_algo.empty()) os << ", kv cache " << s.kv_cache_quant_algo;
+  os << "; " << s.quantized_modules << " modules quantized, " << s.unquantized_linear_modules
+     << " linear modules unquantized, " << s.exclude_modules << " exclude entries\n";
+  if (s.quantized_but_not_expected || s.unquantized_but_expected)
+    os << "                note: " << s.quantized_but_not_expected << " quantized modules the config excludes, "
+       << s.unquantized_but_expected << " unquantized modules the config expects quantized\n";
+  os << "mtp:            " << (s.mtp_present ? "present" : "absent") << ", " << s.mtp_layers << " layer(s), "
+     << s.mtp_tensors << " tensors\n";
+  os << "vision tower:   " << (s.vision_present ? "present" : "absent") << ", " << s.vision_tensors
+     << " tensors" << (s.vision_present ? " (ignored)" : "") << "\n";
+  os << "kv cache:       " << s.kv_cache_bytes_per_token << " bytes/token (bf16)";
+  if (s.mtp_kv_cache_bytes_per_token) os << " + MTP " << s.mtp_kv_cache_bytes_per_token << " bytes/token";
+  os << "\n";
+  if (s.linear_attention_layers > 0)
+    os << "linear state:   " << human_bytes(uint64_t(s.linear_state_bytes_per_sequence)) << " per sequence ("
+       << s.linear_state_bytes_per_sequence << " bytes)\n";
+}
+
+}  // namespace fathom

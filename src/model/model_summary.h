@@ -1,0 +1,92 @@
+// `fathom inspect`: a summary of a checkpoint folder (config + tensors), without loading weights.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace fathom {
+
+struct ModelSummary {
+  std::string dir;
+  std::string architecture;
+  std::string family;  // family_name()
+  std::string model_type;
+  std::string weight_prefix;
+
+  // Layers: 'L' = linear attention (Gated DeltaNet), 'F' = full attention.
+  int num_layers = 0;
+  int full_attention_layers = 0;
+  int linear_attention_layers = 0;
+  std::string layer_types;    // one letter per layer, e.g. "LLLFLLLF"
+  std::string layer_pattern;  // compressed when periodic, e.g. "LLLF x2"
+
+  int hidden_size = 0;
+  int vocab_size = 0;
+  int intermediate_size = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  int rotary_dim = 0;
+  int linear_num_key_heads = 0;
+  int linear_num_value_heads = 0;
+  int linear_key_head_dim = 0;
+  int linear_value_head_dim = 0;
+  int linear_conv_kernel_dim = 0;
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+  bool tie_word_embeddings = false;
+
+  // Parameters (an NVFP4 byte counts as two; scale tensors are not counted).
+  int64_t params_total = 0;           // text model only
+  int64_t params_active = 0;          // per token: total minus the routed experts not selected
+  int64_t params_routed_experts = 0;  // all routed experts of the text model
+  int64_t params_mtp = 0;
+  int64_t params_vision = 0;
+
+  int64_t num_tensors = 0;
+  uint64_t total_bytes = 0;
+  std::map<std::string, uint64_t> bytes_by_dtype;
+
+  // Quantization
+  std::string quant_algorithm = "none";
+  int quant_group_size = 0;
+  std::string kv_cache_quant_algo;
+  int64_t quantized_modules = 0;           // modules with a `.weight_scale` tensor
+  int64_t unquantized_linear_modules = 0;  // 2-D `.weight` (not embeddings) + fused 3-D expert tensors
+  int64_t exclude_modules = 0;             // length of the exclude list
+  int64_t quantized_but_not_expected = 0;  // stored quantized although the config says otherwise
+  int64_t unquantized_but_expected = 0;    // stored unquantized although the config expects NVFP4
+
+  // MTP
+  bool mtp_present = false;
+  int mtp_layers = 0;
+  int64_t mtp_tensors = 0;
+
+  // Vision tower (never loaded)
+  bool vision_present = false;
+  int64_t vision_tensors = 0;
+  bool vision_ignored = true;
+
+  // Memory
+  int64_t kv_cache_bytes_per_token = 0;      // bf16 K+V of the full-attention layers
+  int64_t mtp_kv_cache_bytes_per_token = 0;  // bf16 K+V of the MTP layers
+  int64_t linear_state_bytes_per_sequence = 0;  // fp32 recurrent state + bf16 conv state
+
+  nlohmann::json to_json() const;
+};
+
+// Reads config.json (+ generation_config.json, hf_quant_config.json) and the safetensors headers.
+ModelSummary summarize_checkpoint(const std::filesystem::path& dir);
+
+// "LLLF x15" when the sequence repeats a shorter block, else the sequence itself.
+std::string compress_layer_pattern(const std::string& types);
+
+void print_summary(std::ostream& os, const ModelSummary& s);
+
+}  // namespace fathom

@@ -1,0 +1,382 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Largest cut <= pos that does not split a UTF-8 sequence.
+size_t utf8_floor(const std::string& s, size_t pos) {
+  if (pos >= s.size()) return s.size();
+  while (pos > 0 && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) --pos;
+  return pos;
+}
+
+std::string fmt_double(double v) {
+  if (std::isinf(v)) return "+Inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+void Histogram::observe(double v) {
+  size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help, const std::string& labels) const {
+  std::ostringstream os;
+  os << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    os << name << "_bucket{" << labels << ",le=\""
+       << (i < bounds_.size() ? fmt_double(bounds_[i]) : std::string("+Inf")) << "\"} " << cum << "\n";
+  }
+  os << name << "_sum{" << labels << "} " << fmt_double(sum_) << "\n";
+  os << name << "_count{" << labels << "} " << count_ << "\n";
+  return os.str();
+}
+
+static int64_t default_blocks(const EngineConfig& c) {
+  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
+  return c.num_kv_blocks > 0 ? std::max(c.num_kv_blocks, per_seq) : per_seq * c.max_num_seqs;
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokenizer, EngineConfig cfg)
+    : runner_(std::move(runner)),
+      tok_(tokenizer),
+      cfg_(cfg),
+      blocks_(default_blocks(cfg), cfg.block_size),
+      slots_(cfg.max_num_seqs),
+      sched_(SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens}, blocks_, slots_),
+      eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()) {
+  FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
+  stat_blocks_free_ = blocks_.num_free();
+  for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Engine::shutdown() {
+  stopping_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Engine::SubmitResult Engine::submit(std::vector<RequestSpec> specs) {
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return SubmitResult::ShuttingDown;
+    if (int64_t(inbox_.size()) + stat_waiting_.load() + int64_t(specs.size()) > cfg_.max_queue_len)
+      return SubmitResult::QueueFull;
+    for (auto& s : specs) inbox_.push_back(std::make_unique<Request>(std::move(s), now));
+  }
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    ++metrics_.requests_received;
+  }
+  cv_.notify_one();
+  return SubmitResult::Ok;
+}
+
+void Engine::abort(uint64_t group) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    aborts_.push_back(group);
+  }
+  cv_.notify_one();
+}
+
+Engine::Stats Engine::stats() const {
+  Stats s;
+  s.running = stat_running_;
+  s.waiting = stat_waiting_;
+  s.kv_blocks_total = blocks_.num_blocks();
+  s.kv_blocks_free = stat_blocks_free_;
+  s.kv_usage = s.kv_blocks_total ? double(s.kv_blocks_total - s.kv_blocks_free) / double(s.kv_blocks_total) : 0.0;
+  return s;
+}
+
+void Engine::drain_inbox() {
+  std::vector<std::unique_ptr<Request>> in;
+  std::vector<uint64_t> ab;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    in.swap(inbox_);
+    ab.swap(aborts_);
+    // Count the new requests as waiting right away so that admission control stays tight.
+    stat_waiting_ += int(in.size());
+  }
+  for (auto& up : in) {
+    Request* r = up.get();
+    if (tok_ && r->spec.params.detokenize)
+      r->detok = std::make_unique<tok::DecodeStream>(*tok_, r->spec.params.skip_special_tokens);
+    by_group_.emplace(r->spec.group, r);
+    live_.emplace(r, std::move(up));
+    sched_.add(r);
+  }
+  for (uint64_t g : ab) {
+    auto range = by_group_.equal_range(g);
+    std::vector<Request*> victims;
+    for (auto it = range.first; it != range.second; ++it) victims.push_back(it->second);
+    for (Request* r : victims) {
+      r->pending.finished = true;
+      flush(*r, true, "abort");
+      drop(r);
+    }
+  }
+}
+
+void Engine::drop(Request* r) {
+  sched_.remove(r);
+  if (r->seq) runner_->remove_sequence(r->seq);
+  r->seq = 0;
+  auto range = by_group_.equal_range(r->spec.group);
+  for (auto it = range.first; it != range.second; ++it)
+    if (it->second == r) {
+      by_group_.erase(it);
+      break;
+    }
+  live_.erase(r);
+}
+
+void Engine::flush(Request& r, bool finished, const std::string& reason) {
+  RequestOutput out = std::move(r.pending);
+  r.pending = RequestOutput{};
+  out.index = r.spec.index;
+  out.finished = finished;
+  out.finish_reason = finished ? reason : "";
+  out.prompt_tokens = int(r.num_prompt);
+  out.completion_tokens = int(r.num_output());
+  if (finished) {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    ++metrics_.finished[reason];
+    metrics_.e2e.observe(seconds(Clock::now() - r.arrival));
+  }
+  if (r.spec.out) r.spec.out->push(std::move(out));
+}
+
+void Engine::finish(Request& r, const std::string& reason) {
+  flush(r, true, reason);
+  drop(&r);
+}
+
+void Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now) {
+  const RequestParams& p = r.spec.params;
+  if (p.logprobs >= 0) {
+    TokenLogprobs lp = compute_logprobs(logits, vocab, token, p.logprobs);
+    r.pending.logprobs.push_back(TokenLogprob{token, lp.logprob, std::move(lp.top)});
+  }
+  r.tokens.push_back(token);
+  r.pending.token_ids.push_back(token);
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    ++metrics_.generation_tokens;
+    if (!r.has_first_token) {
+      metrics_.ttft.observe(seconds(now - r.arrival));
+      metrics_.prompt_tokens += uint64_t(r.num_prompt);
+    } else {
+      metrics_.itl.observe(seconds(now - r.last_token));
+    }
+  }
+  if (!r.has_first_token) r.first_token = now;
+  r.has_first_token = true;
+  r.last_token = now;
+
+  const size_t prev_size = r.text.size();
+  if (r.detok) {
+    if (auto piece = r.detok->step(uint32_t(token))) r.text += *piece;
+  }
+
+  std::string reason;
+  const bool is_eos = !p.ignore_eos && eos_.count(token);
+  const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  size_t max_stop = 0;
+  for (const auto& s : p.stop) max_stop = std::max(max_stop, s.size());
+  if ((is_eos || is_stop_id) && r.num_output() >= p.min_tokens) {
+    reason = "stop";
+    if (is_stop_id && !is_eos) r.pending.stop_token = token;
+  } else if (max_stop > 0 && r.text.size() > prev_size) {
+    const size_t from = prev_size >= max_stop - 1 ? prev_size - (max_stop - 1) : 0;
+    size_t best = std::string::npos;
+    const std::string* hit = nullptr;
+    for (const auto& s : p.stop) {
+      if (s.empty()) continue;
+      size_t pos = r.text.find(s, from);
+      if (pos != std::string::npos && pos < best) best = pos, hit = &s;
+    }
+    if (hit) {
+      r.text.resize(best + (p.include_stop_str_in_output ? hit->size() : 0));
+      r.pending.stop_str = *hit;
+      reason = "stop";
+    }
+  }
+  if (reason.empty() &&
+      (r.num_output() >= p.max_tokens || int64_t(r.tokens.size()) >= cfg_.max_model_len))
+    reason = "length";
+
+  // At the end, text still pending in the detokenizer (an incomplete UTF-8 tail) is released as
+  // a full decode gives it (U+FFFD), so the final text equals decode(output ids).
+  if (!reason.empty() && r.pending.stop_str.empty() && r.detok && tok_) {
+    std::vector<uint32_t> ids(r.output_span().begin(), r.output_span().end());
+    std::string full = tok_->decode(ids, p.skip_special_tokens);
+    if (full.size() > r.text.size() && full.compare(0, r.text.size(), r.text) == 0) r.text = std::move(full);
+  }
+  // Release text, holding back what could still become the start of a stop string.
+  size_t cut = r.text.size();
+  if (reason.empty() && max_stop > 1) cut = utf8_floor(r.text, r.text.size() >= max_stop - 1 ? r.text.size() - (max_stop - 1) : 0);
+  if (cut > r.text_released) {
+    r.pending.text = r.text.substr(r.text_released, cut - r.text_released);
+    r.text_released = cut;
+  }
+  if (!reason.empty()) {
+    if (reason == "stop" && r.text_released > r.text.size()) r.text_released = r.text.size();
+    finish(r, reason);
+  } else {
+    flush(r, false, "");
+  }
+}
+
+bool Engine::step() {
+  drain_inbox();
+  if (!sched_.has_work()) return false;
+  SchedulerOutput plan = sched_.schedule();
+  for (Request* p : plan.preempted) {
+    if (p->seq) runner_->remove_sequence(p->seq);
+    p->seq = 0;
+  }
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    metrics_.preemptions += plan.preempted.size();
+  }
+  if (plan.chunks.empty()) return false;
+
+  std::vector<ForwardStep> steps;
+  steps.reserve(plan.chunks.size());
+  for (const ScheduledChunk& c : plan.chunks) {
+    Request* r = c.req;
+    if (!r->seq) {
+      r->seq = runner_->add_sequence();
+      if (r->num_preemptions == 0 && r->num_computed == 0) {
+        std::lock_guard<std::mutex> l(metrics_mu_);
+        metrics_.queue.observe(seconds(Clock::now() - r->arrival));
+      }
+    }
+    steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens))});
+  }
+  ForwardOutput fo;
+  try {
+    fo = runner_->forward(steps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
+    for (const ScheduledChunk& c : plan.chunks) {
+      c.req->pending.error = e.what();
+      finish(*c.req, "error");
+    }
+    return true;
+  }
+  const auto now = Clock::now();
+  const int64_t vocab = runner_->config().vocab_size;
+  std::vector<float> scratch;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    Request& r = *plan.chunks[i].req;
+    r.num_computed += plan.chunks[i].num_tokens;
+    if (r.num_computed != int64_t(r.tokens.size())) continue;  // a prefill chunk that is not the last
+    const float* row = fo.logits.data() + fo.row_begin[i] * vocab;
+    const RequestParams& p = r.spec.params;
+    int32_t t;
+    if (r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty())) {
+      scratch.assign(row, row + vocab);
+      const float ninf = -std::numeric_limits<float>::infinity();
+      if (!p.ignore_eos)
+        for (int32_t e : eos_)
+          if (e >= 0 && e < vocab) scratch[e] = ninf;
+      for (int32_t e : p.stop_token_ids)
+        if (e >= 0 && e < vocab) scratch[e] = ninf;
+      t = r.sampler.sample(scratch.data(), vocab, r.prompt_span(), r.output_span());
+    } else {
+      t = r.sampler.sample(row, vocab, r.prompt_span(), r.output_span());
+    }
+    process_token(r, t, row, vocab, now);  // may finish and free r
+  }
+  return true;
+}
+
+void Engine::loop() {
+  while (!stopping_) {
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "engine: step failed: %s\n", e.what());
+    }
+    stat_running_ = int(sched_.num_running());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stat_waiting_ = int(sched_.num_waiting());
+    }
+    stat_blocks_free_ = blocks_.num_free();
+    if (!worked) {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(50),
+                   [&] { return stopping_.load() || !inbox_.empty() || !aborts_.empty(); });
+    }
+  }
+  drain_inbox();
+  std::vector<Request*> all;
+  for (auto& [r, up] : live_) all.push_back(r);
+  for (Request* r : all) finish(*r, "abort");
+  stat_running_ = 0;
+  stat_waiting_ = 0;
+}
+
+std::string Engine::render_metrics(const std::string& prefix, const std::string& model_name) const {
+  const std::string labels = "model_name=\"" + model_name + "\"";
+  std::ostringstream os;
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " gauge\n"
+       << prefix << name << "{" << labels << "} " << fmt_double(v) << "\n";
+  };
+  auto counter = [&](const std::string& name, const std::string& help, uint64_t v) {
+    os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " counter\n"
+       << prefix << name << "{" << labels << "} " << v << "\n";
+  };
+  const Stats s = stats();
+  gauge("num_requests_running", "Number of sequences in model execution batches.", s.running);
+  gauge("num_requests_waiting", "Number of sequences waiting to be processed.", s.waiting);
+  gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
+  gauge("kv_cache_blocks_total", "KV-cache blocks (16 tokens each).", double(s.kv_blocks_total));
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  counter("num_preemptions_total", "Cumulative number of preemptions (recompute).", metrics_.preemptions);
+  counter("prompt_tokens_total", "Number of prefill tokens processed.", metrics_.prompt_tokens);
+  counter("generation_tokens_total", "Number of generation tokens processed.", metrics_.generation_tokens);
+  counter("requests_received_total", "Number of client requests accepted.", metrics_.requests_received);
+  os << "# HELP " << prefix << "request_success_total Count of finished sequences by finish reason.\n"
+     << "# TYPE " << prefix << "request_success_total counter\n";
+  for (const auto& [reason, n] : metrics_.finished)
+    os << prefix << "request_success_total{" << labels << ",finished_reason=\"" << reason << "\"} " << n << "\n";
+  os << metrics_.ttft.render(prefix + "time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels);
+  os << metrics_.itl.render(prefix + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels);
+  os << metrics_.e2e.render(prefix + "e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels);
+  os << metrics_.queue.render(prefix + "request_queue_time_seconds", "Histogram of time spent waiting before the first forward.", labels);
+  return os.str();
+}
+
+}  // namespace fathom

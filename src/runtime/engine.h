@@ -1,0 +1,130 @@
+// The serving engine: a ModelRunner driven by the continuous-batching Scheduler on its own
+// thread. Client threads submit requests and receive RequestOutput events through
+// OutputChannels; abort() (client disconnect) removes a request and frees its slot and blocks
+// at the next step boundary. Also collects the serving metrics exported at /metrics.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "model/model_runner.h"
+#include "runtime/kv_cache_manager.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace fathom::tok {
+class Tokenizer;
+}
+
+namespace fathom {
+
+struct EngineConfig {
+  int max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 4096;
+  int max_queue_len = 1024;    // waiting requests (sequences) beyond this are refused
+  int block_size = 16;
+  int64_t num_kv_blocks = 0;   // 0: enough for max_num_seqs sequences of max_model_len
+  std::vector<int32_t> eos_token_ids;
+};
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Prometheus text lines for `name` with extra labels `labels` (e.g. model_name="x").
+  std::string render(const std::string& name, const std::string& help, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct EngineMetrics {
+  std::map<std::string, uint64_t> finished;  // by finish reason
+  uint64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0, requests_received = 0;
+  Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
+  Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}};
+  Histogram e2e{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}};
+  Histogram queue{{0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 60}};
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null (skip-tokenizer-init): then no text and no stop strings.
+  Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokenizer, EngineConfig cfg);
+  ~Engine();
+
+  void start();
+  // Stops the loop; pending requests finish with reason "abort".
+  void shutdown();
+  bool accepting() const { return !stopping_.load(); }
+
+  enum class SubmitResult { Ok, QueueFull, ShuttingDown };
+  // Submits all sequences of one client request (all or none).
+  SubmitResult submit(std::vector<RequestSpec> specs);
+  void abort(uint64_t group);
+  uint64_t new_group_id() { return next_group_.fetch_add(1); }
+
+  const EngineConfig& config() const { return cfg_; }
+  const ModelConfig& model_config() const { return runner_->config(); }
+  std::string device_name() const { return runner_->device_name(); }
+
+  struct Stats {
+    int running = 0, waiting = 0;
+    double kv_usage = 0;
+    int64_t kv_blocks_total = 0, kv_blocks_free = 0;
+  };
+  Stats stats() const;
+  // Prometheus text for all engine metrics, names prefixed `prefix` ("fathom:").
+  std::string render_metrics(const std::string& prefix, const std::string& model_name) const;
+
+ private:
+  void loop();
+  bool step();  // one scheduled forward; false when idle
+  void drain_inbox();
+  void process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
+  void flush(Request& r, bool finished, const std::string& reason);
+  void finish(Request& r, const std::string& reason);
+  void drop(Request* r);
+
+  std::unique_ptr<ModelRunner> runner_;
+  const tok::Tokenizer* tok_;
+  EngineConfig cfg_;
+  BlockManager blocks_;
+  StateSlotPool slots_;
+  Scheduler sched_;
+  std::set<int32_t> eos_;
+  size_t max_stop_len_ = 0;
+
+  // Engine-thread state.
+  std::unordered_map<Request*, std::unique_ptr<Request>> live_;
+  std::unordered_multimap<uint64_t, Request*> by_group_;
+
+  // Shared with client threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<uint64_t> aborts_;
+  int queued_ = 0;  // inbox + waiting, for admission control
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_group_{1};
+  std::thread thread_;
+
+  mutable std::mutex metrics_mu_;
+  EngineMetrics metrics_;
+  std::atomic<int> stat_running_{0}, stat_waiting_{0};
+  std::atomic<int64_t> stat_blocks_free_{0};
+};
+
+}  // namespace fathom

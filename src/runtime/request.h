@@ -1,0 +1,132 @@
+// Request lifecycle for the serving engine: what a client asked for (prompt, sampling, stop
+// conditions), what the engine tracks while it runs (tokens, cache accounting, detokenizer
+// state), and the output events it streams back through a thread-safe channel.
+//
+//   Waiting --admit--> Running --stop/length/abort--> Finished
+//      ^                  |
+//      +----preempt-------+   (recompute: state dropped, prompt+generated tokens requeued)
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model_runner.h"
+#include "runtime/sampler.h"
+#include "tokenizer/decode_stream.h"
+
+namespace fathom {
+
+using Clock = std::chrono::steady_clock;
+
+struct RequestParams {
+  SamplingParams sampling;
+  int max_tokens = 16;
+  int min_tokens = 0;                  // eos / stop ids are ignored before this many tokens
+  std::vector<std::string> stop;       // stop strings (need a tokenizer)
+  std::vector<int32_t> stop_token_ids; // in addition to the model's eos ids
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+  int logprobs = -1;                   // -1: none; k >= 0: chosen token + k top alternatives
+  bool skip_special_tokens = true;
+  bool detokenize = true;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// One event from the engine for one sequence: the tokens produced since the last event.
+struct RequestOutput {
+  int index = 0;                      // choice index inside the client request
+  std::vector<int32_t> token_ids;
+  std::string text;                   // newly released text (stop-string hold-back applied)
+  std::vector<TokenLogprob> logprobs; // one per token, when requested
+  bool finished = false;
+  std::string finish_reason;          // "stop", "length", "abort", "error"
+  std::string stop_str;               // the stop string that matched, if any
+  std::optional<int32_t> stop_token;  // the stop token id that matched, if any (not eos)
+  std::string error;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// Thread-safe queue of events for one client request (shared by its n sequences).
+class OutputChannel {
+ public:
+  void push(RequestOutput o) {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      q_.push_back(std::move(o));
+    }
+    cv_.notify_one();
+  }
+  // Waits up to `timeout` for an event.
+  template <class Dur>
+  std::optional<RequestOutput> pop(Dur timeout) {
+    std::unique_lock<std::mutex> l(m_);
+    if (!cv_.wait_for(l, timeout, [&] { return !q_.empty(); })) return std::nullopt;
+    RequestOutput o = std::move(q_.front());
+    q_.pop_front();
+    return o;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<RequestOutput> q_;
+};
+
+enum class RequestStatus { Waiting, Running, Finished };
+
+// What a client submits for one sequence.
+struct RequestSpec {
+  uint64_t group = 0;  // client request id; abort(group) cancels all its sequences
+  int index = 0;
+  std::vector<int32_t> prompt;
+  RequestParams params;
+  std::shared_ptr<OutputChannel> out;
+};
+
+// Engine-side state of one sequence. Owned and touched only by the engine thread.
+struct Request {
+  RequestSpec spec;
+  std::vector<int32_t> tokens;   // prompt + generated; the model has consumed num_computed of them
+  int64_t num_prompt = 0;
+  int64_t num_computed = 0;
+  std::vector<int32_t> block_table;  // paged KV accounting (block ids)
+  int state_slot = -1;               // linear-attention state slot
+  SequenceId seq = 0;                // engine sequence, 0 when none
+  RequestStatus status = RequestStatus::Waiting;
+  int num_preemptions = 0;
+
+  Sampler sampler;
+  std::unique_ptr<tok::DecodeStream> detok;
+  std::string text;           // detokenized output so far (cut at a stop string)
+  size_t text_released = 0;   // bytes of `text` already sent
+  size_t stop_scan_from = 0;  // stop strings are searched from here
+  RequestOutput pending;      // accumulates until the next flush
+
+  Clock::time_point arrival, first_token, last_token;
+  bool has_first_token = false;
+
+  Request(RequestSpec s, Clock::time_point now)
+      : spec(std::move(s)), sampler(spec.params.sampling), arrival(now) {
+    tokens = spec.prompt;
+    num_prompt = int64_t(tokens.size());
+  }
+  int64_t num_output() const { return int64_t(tokens.size()) - num_prompt; }
+  std::span<const int32_t> prompt_span() const { return {tokens.data(), size_t(num_prompt)}; }
+  std::span<const int32_t> output_span() const {
+    return {tokens.data() + num_prompt, size_t(tokens.size() - num_prompt)};
+  }
+};
+
+}  // namespace fathom

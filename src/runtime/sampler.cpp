@@ -1,0 +1,97 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+#include <vector>
+
+namespace fathom {
+
+int32_t argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+void apply_penalties(float* logits, int64_t n, const SamplingParams& p, std::span<const int32_t> prompt,
+                     std::span<const int32_t> output) {
+  if (p.repetition_penalty != 1.f && p.repetition_penalty > 0.f) {
+    std::vector<char> seen(size_t(n), 0);
+    for (int32_t t : prompt)
+      if (t >= 0 && t < n) seen[t] = 1;
+    for (int32_t t : output)
+      if (t >= 0 && t < n) seen[t] = 1;
+    for (int64_t i = 0; i < n; ++i)
+      if (seen[i]) logits[i] = logits[i] > 0 ? logits[i] / p.repetition_penalty : logits[i] * p.repetition_penalty;
+  }
+  if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : output)
+      if (t >= 0 && t < n) ++counts[t];
+    for (auto [t, c] : counts) logits[t] -= p.frequency_penalty * float(c) + p.presence_penalty;
+  }
+}
+
+TokenLogprobs compute_logprobs(const float* logits, int64_t n, int32_t token, int k) {
+  TokenLogprobs r;
+  float mx = logits[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  if (token >= 0 && token < n) r.logprob = float(logits[token] - lse);
+  k = int(std::min<int64_t>(std::max(k, 0), n));
+  if (k > 0) {
+    std::vector<int32_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int i = 0; i < k; ++i) r.top.emplace_back(idx[i], float(logits[idx[i]] - lse));
+  }
+  return r;
+}
+
+bool Sampler::has_penalties() const {
+  return params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f || params_.repetition_penalty != 1.f;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n, std::span<const int32_t> prompt,
+                        std::span<const int32_t> output) {
+  if (!has_penalties()) return sample(logits, n);
+  scratch_.assign(logits, logits + n);
+  apply_penalties(scratch_.data(), n, params_, prompt, output);
+  return sample(scratch_.data(), n);
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n) {
+  if (params_.temperature <= 0.f) return argmax(logits, n);
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  int64_t keep = n;
+  if (params_.top_k > 0) keep = std::min<int64_t>(keep, params_.top_k);
+  std::vector<double> p(keep);
+  const double mx = logits[idx[0]] / params_.temperature;
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[idx[i]] / params_.temperature - mx);
+  for (double& v : p) v /= sum;
+  if (params_.min_p > 0.f) {
+    const double floor = params_.min_p * p[0];
+    while (keep > 1 && p[keep - 1] < floor) --keep;
+  }
+  if (params_.top_p < 1.f) {
+    double c = 0;
+    int64_t k = 0;
+    while (k < keep) {
+      c += p[k++];
+      if (c >= params_.top_p) break;
+    }
+    keep = std::max<int64_t>(1, k);
+  }
+  std::discrete_distribution<int64_t> dist(p.begin(), p.begin() + keep);
+  return idx[dist(rng_)];
+}
+
+}  // namespace fathom

@@ -1,0 +1,81 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+namespace fathom {
+
+void Scheduler::add(Request* r) {
+  r->status = RequestStatus::Waiting;
+  waiting_.push_back(r);
+}
+
+void Scheduler::preempt(Request* r) {
+  blocks_.release(r->block_table);
+  slots_.release(r->state_slot);
+  r->state_slot = -1;
+  r->num_computed = 0;  // recompute prompt + generated tokens on re-admission
+  r->status = RequestStatus::Waiting;
+  ++r->num_preemptions;
+  ++num_preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  waiting_.push_front(r);
+}
+
+void Scheduler::remove(Request* r) {
+  if (auto it = std::find(running_.begin(), running_.end(), r); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), r); it != waiting_.end()) waiting_.erase(it);
+  blocks_.release(r->block_table);
+  slots_.release(r->state_slot);
+  r->state_slot = -1;
+  r->status = RequestStatus::Finished;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = cfg_.max_num_batched_tokens;
+
+  // 1. Running sequences: decode tokens (or the rest of a chunked prefill).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* r = running_[i];
+    const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
+    const int64_t n = std::min(pending, budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    bool scheduled = true;
+    while (!blocks_.grow(r->block_table, r->num_computed + n)) {
+      Request* victim = running_.back();  // lowest priority: admitted last
+      out.preempted.push_back(victim);
+      preempt(victim);
+      if (victim == r) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) break;  // r was the last running sequence: nothing after it
+    out.chunks.push_back({r, n});
+    out.num_tokens += n;
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Admit waiting sequences (FIFO; preempted ones were put at the front).
+  if (out.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs && slots_.num_free() > 0) {
+      Request* r = waiting_.front();
+      const int64_t n = std::min(int64_t(r->tokens.size()) - r->num_computed, budget);
+      if (!blocks_.grow(r->block_table, r->num_computed + n)) break;  // wait for blocks to free up
+      waiting_.pop_front();
+      r->state_slot = *slots_.acquire();
+      r->status = RequestStatus::Running;
+      running_.push_back(r);
+      out.chunks.push_back({r, n});
+      out.num_tokens += n;
+      budget -= n;
+    }
+  }
+  return out;
+}
+
+}  // namespace fathom

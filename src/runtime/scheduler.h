@@ -1,0 +1,63 @@
+// Continuous batching: each step mixes decode tokens of running sequences with prefill chunks
+// under a token budget (max-num-batched-tokens). Running sequences are served first, in
+// admission order, then waiting ones are admitted while a state slot, budget and KV blocks are
+// free. When a running sequence needs a block and none is free, the most recently admitted
+// sequence is preempted by recompute: its blocks and slot are freed and it goes back to the
+// front of the waiting queue with prompt + generated tokens, to be prefilled again.
+//
+// A step entry carries any number of tokens per sequence (tokens.size() - num_computed), so
+// speculative verification (several tokens per decode) fits the same plan.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "runtime/kv_cache_manager.h"
+#include "runtime/request.h"
+
+namespace fathom {
+
+struct SchedulerConfig {
+  int max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+};
+
+struct ScheduledChunk {
+  Request* req;
+  int64_t num_tokens;  // tokens fed this step, starting at req->num_computed
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Request*> preempted;  // the engine must drop their sequences
+  int64_t num_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig cfg, BlockManager& blocks, StateSlotPool& slots)
+      : cfg_(cfg), blocks_(blocks), slots_(slots) {}
+
+  void add(Request* r);           // to the back of the waiting queue
+  SchedulerOutput schedule();
+  // Removes a request wherever it is and frees its blocks and slot (finish or abort).
+  void remove(Request* r);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return cfg_; }
+
+ private:
+  void preempt(Request* r);
+
+  SchedulerConfig cfg_;
+  BlockManager& blocks_;
+  StateSlotPool& slots_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace fathom

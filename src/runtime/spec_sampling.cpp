@@ -1,0 +1,92 @@
+#include "runtime/spec_sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace fathom {
+
+std::vector<double> target_distribution(const float* logits, int64_t n, const SamplingParams& params) {
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
+  if (params.temperature <= 0.f) {
+    out[size_t(argmax(logits, n))] = 1.0;
+    return out;
+  }
+  // Same order of filters and the same tie-breaking as Sampler::sample.
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  int64_t keep = n;
+  if (params.top_k > 0) keep = std::min<int64_t>(keep, params.top_k);
+  std::vector<double> p(static_cast<size_t>(keep));
+  const double mx = logits[idx[0]] / params.temperature;
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[idx[i]] / params.temperature - mx);
+  for (double& v : p) v /= sum;
+  if (params.min_p > 0.f) {
+    const double floor = params.min_p * p[0];
+    while (keep > 1 && p[keep - 1] < floor) --keep;
+  }
+  if (params.top_p < 1.f) {
+    double c = 0;
+    int64_t k = 0;
+    while (k < keep) {
+      c += p[k++];
+      if (c >= params.top_p) break;
+    }
+    keep = std::max<int64_t>(1, k);
+  }
+  double kept = 0;
+  for (int64_t i = 0; i < keep; ++i) kept += p[i];
+  for (int64_t i = 0; i < keep; ++i) out[size_t(idx[i])] = p[i] / kept;
+  return out;
+}
+
+int32_t sample_from_weights(std::span<const double> w, std::mt19937_64& rng) {
+  double total = 0;
+  for (double v : w) total += v;
+  FATHOM_CHECK(total > 0, "sample_from_weights: all weights are zero");
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
+  double c = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] <= 0) continue;
+    c += w[i];
+    last = int32_t(i);
+    if (u < c) return last;
+  }
+  return last;  // rounding at the top end
+}
+
+Acceptance rejection_sample(std::span<const double> p, std::span<const double> q, int32_t draft,
+                            std::mt19937_64& rng) {
+  FATHOM_CHECK(p.size() == q.size() && draft >= 0 && size_t(draft) < p.size(), "rejection_sample: bad arguments");
+  const double pd = p[size_t(draft)], qd = q[size_t(draft)];
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  // qd == 0 cannot happen for a draft drawn from q; accept only if the target allows it.
+  if (qd <= 0 ? pd > 0 : u * qd < pd) return {true, draft};
+  std::vector<double> residual(p.size());
+  double total = 0;
+  for (size_t i = 0; i < p.size(); ++i) total += residual[i] = std::max(p[i] - q[i], 0.0);
+  if (total <= 0) return {false, sample_from_weights(p, rng)};  // p == q: unreachable in exact arithmetic
+  return {false, sample_from_weights(residual, rng)};
+}
+
+Acceptance rejection_sample_deterministic(std::span<const double> p, int32_t draft, std::mt19937_64& rng) {
+  FATHOM_CHECK(draft >= 0 && size_t(draft) < p.size(), "rejection_sample: draft outside the vocabulary");
+  const double pd = p[size_t(draft)];
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  if (u < pd) return {true, draft};
+  // max(p - onehot(d), 0) = p with p(d) set to 0.
+  std::vector<double> residual(p.begin(), p.end());
+  residual[size_t(draft)] = 0;
+  double total = 0;
+  for (double v : residual) total += v;
+  if (total <= 0) return {true, draft};  // p(d) == 1 up to rounding
+  return {false, sample_from_weights(residual, rng)};
+}
+
+}  // namespace fathom

@@ -1,0 +1,216 @@
+#include "server/bench_client.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+
+namespace fathom::server {
+namespace {
+
+using json = nlohmann::json;
+using BClock = std::chrono::steady_clock;
+
+struct Result {
+  bool ok = false;
+  std::string error;
+  int prompt_len = 0, output_tokens = 0;
+  double ttft = 0, e2e = 0;
+  std::vector<double> itl;
+};
+
+double sec(BClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  double k = (v.size() - 1) * p / 100.0;
+  size_t f = size_t(std::floor(k)), c = std::min(v.size() - 1, f + 1);
+  return v[f] + (v[c] - v[f]) * (k - double(f));
+}
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+Result one_request(httplib::Client& cli, const BenchConfig& cfg, const std::string& model, const std::vector<int>& prompt) {
+  Result r;
+  r.prompt_len = int(prompt.size());
+  json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", cfg.output_len}, {"temperature", 0},
+               {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true},
+               {"stream_options", {{"include_usage", true}}}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!cfg.api_key.empty()) req.set_header("Authorization", "Bearer " + cfg.api_key);
+  std::string buf;
+  const auto t0 = BClock::now();
+  auto last = t0;
+  bool first = true, done = false;
+  int usage_tokens = -1;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    buf.append(data, len);
+    size_t pos;
+    while ((pos = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, pos);
+      buf.erase(0, pos + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      std::string payload = ev.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json j = json::parse(payload, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) usage_tokens = j["usage"].value("completion_tokens", -1);
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const json& c = j["choices"][0];
+      int ntok = c.contains("token_ids") && c["token_ids"].is_array() ? int(c["token_ids"].size()) : 1;
+      if (ntok == 0) continue;
+      const auto now = BClock::now();
+      if (first) {
+        r.ttft = sec(now - t0);
+        first = false;
+      } else {
+        r.itl.push_back(sec(now - last));
+      }
+      last = now;
+      r.output_tokens += ntok;
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  bool sent = cli.send(req, res, err);
+  r.e2e = sec(BClock::now() - t0);
+  if (usage_tokens >= 0) r.output_tokens = usage_tokens;
+  if (!sent) {
+    r.error = httplib::to_string(err);
+  } else if (res.status != 200) {
+    r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 200);
+  } else if (!done) {
+    r.error = "stream ended without [DONE]";
+  } else {
+    r.ok = true;
+  }
+  return r;
+}
+
+std::string first_model(const BenchConfig& cfg) {
+  httplib::Client cli(cfg.url);
+  httplib::Headers h;
+  if (!cfg.api_key.empty()) h.emplace("Authorization", "Bearer " + cfg.api_key);
+  auto res = cli.Get("/v1/models", h);
+  if (!res || res->status != 200) fail("cannot list models at ", cfg.url, "/v1/models");
+  json j = json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || j["data"].empty()) fail("no models at ", cfg.url);
+  return j["data"][0]["id"].get<std::string>();
+}
+
+void progress(int done, int total) {
+  const int width = 40;
+  int fill = total ? done * width / total : width;
+  std::fprintf(stderr, "\r[%s%s] %d/%d", std::string(size_t(fill), '#').c_str(), std::string(size_t(width - fill), '.').c_str(), done, total);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int run_bench_serve(const BenchConfig& cfg) {
+  FATHOM_CHECK(cfg.num_prompts > 0 && cfg.input_len > 0 && cfg.output_len > 0, "--num-prompts, --input-len and --output-len must be positive");
+  FATHOM_CHECK(cfg.vocab_size > 16, "--vocab-size must be > 16");
+  const std::string model = cfg.model.empty() ? first_model(cfg) : cfg.model;
+  std::mt19937_64 gen(cfg.seed);
+  std::uniform_int_distribution<int> dist(0, cfg.vocab_size - 17);
+  std::vector<std::vector<int>> prompts(size_t(cfg.num_prompts));
+  for (auto& p : prompts) {
+    p.resize(size_t(cfg.input_len));
+    for (int& t : p) t = dist(gen);
+  }
+  int failures = 0;
+  for (int conc : cfg.concurrency) {
+    FATHOM_CHECK(conc > 0, "--concurrency values must be positive");
+    std::vector<Result> results(prompts.size());
+    std::atomic<size_t> next{0};
+    std::atomic<int> finished{0};
+    std::mutex pm;
+    const auto t0 = BClock::now();
+    std::vector<std::thread> workers;
+    for (int w = 0; w < std::min<int>(conc, cfg.num_prompts); ++w)
+      workers.emplace_back([&] {
+        httplib::Client cli(cfg.url);
+        cli.set_read_timeout(600);
+        cli.set_write_timeout(60);
+        cli.set_connection_timeout(30);
+        for (size_t i; (i = next.fetch_add(1)) < prompts.size();) {
+          results[i] = one_request(cli, cfg, model, prompts[i]);
+          int d = ++finished;
+          if (cfg.progress) {
+            std::lock_guard<std::mutex> l(pm);
+            progress(d, int(prompts.size()));
+          }
+        }
+      });
+    for (auto& t : workers) t.join();
+    const double dur = sec(BClock::now() - t0);
+    if (cfg.progress) std::fprintf(stderr, "\n");
+    std::vector<double> ttft, tpot, itl, e2e;
+    int64_t in_tok = 0, out_tok = 0;
+    int ok = 0;
+    std::string first_error;
+    for (const auto& r : results) {
+      if (!r.ok) {
+        if (first_error.empty()) first_error = r.error;
+        continue;
+      }
+      ++ok;
+      in_tok += r.prompt_len;
+      out_tok += r.output_tokens;
+      ttft.push_back(r.ttft * 1e3);
+      e2e.push_back(r.e2e * 1e3);
+      if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) * 1e3 / (r.output_tokens - 1));
+      for (double x : r.itl) itl.push_back(x * 1e3);
+    }
+    failures += int(results.size()) - ok;
+    auto line = [](const char* k, const std::string& v) { std::printf("%-40s %s\n", k, v.c_str()); };
+    auto f2 = [](double v) { char b[32]; std::snprintf(b, sizeof b, "%.2f", v); return std::string(b); };
+    std::printf("============ Serving Benchmark Result ============\n");
+    line("Successful requests:", std::to_string(ok));
+    line("Failed requests:", std::to_string(results.size() - size_t(ok)));
+    line("Maximum request concurrency:", std::to_string(conc));
+    line("Benchmark duration (s):", f2(dur));
+    line("Total input tokens:", std::to_string(in_tok));
+    line("Total generated tokens:", std::to_string(out_tok));
+    line("Request throughput (req/s):", f2(ok / dur));
+    line("Output token throughput (tok/s):", f2(out_tok / dur));
+    line("Total Token throughput (tok/s):", f2((in_tok + out_tok) / dur));
+    auto block = [&](const char* title, const char* key, const std::vector<double>& v) {
+      std::printf("%s\n", title);
+      line((std::string("Mean ") + key + " (ms):").c_str(), f2(mean(v)));
+      line((std::string("Median ") + key + " (ms):").c_str(), f2(percentile(v, 50)));
+      line((std::string("P99 ") + key + " (ms):").c_str(), f2(percentile(v, 99)));
+    };
+    block("---------------Time to First Token----------------", "TTFT", ttft);
+    block("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
+    block("---------------Inter-token Latency----------------", "ITL", itl);
+    block("----------------End-to-end Latency----------------", "E2EL", e2e);
+    std::printf("==================================================\n");
+    if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+    std::fflush(stdout);
+  }
+  return failures ? 1 : 0;
+}
+
+}  // namespace fathom::server

@@ -1,0 +1,64 @@
+// OpenAI-compatible request parsing and validation, error objects, and the qwen3 reasoning
+// parser. Everything a client can get wrong becomes an ApiError (status + OpenAI error JSON);
+// unknown fields are ignored, as vLLM does.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/request.h"
+
+namespace fathom::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // empty -> null
+  std::string code;   // empty -> null
+};
+
+// {"error": {"message", "type", "param", "code"}} with the OpenAI type for the status.
+nlohmann::ordered_json error_json(const ApiError& e);
+std::string error_type(int status);
+
+// Typed accessors: a missing or null field gives nullopt; a wrong type or a value outside
+// [lo, hi] throws ApiError 400 naming the field.
+std::optional<double> get_number(const nlohmann::ordered_json& j, const char* key, double lo, double hi);
+std::optional<int64_t> get_int(const nlohmann::ordered_json& j, const char* key, int64_t lo, int64_t hi);
+std::optional<bool> get_bool(const nlohmann::ordered_json& j, const char* key);
+std::optional<std::string> get_string(const nlohmann::ordered_json& j, const char* key);
+
+// Fields shared by /v1/completions and /v1/chat/completions.
+struct CommonParams {
+  RequestParams params;      // max_tokens not final yet
+  std::optional<int64_t> max_tokens;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool seed_given = false;
+  bool return_token_ids = false;
+};
+// `chat` selects the chat spelling of logprobs (bool + top_logprobs) and max_completion_tokens.
+CommonParams parse_common(const nlohmann::ordered_json& body, bool chat, int64_t vocab_size, bool have_tokenizer);
+
+// Streaming splitter of "<think>...</think>" (qwen3 / Qwen3.5 reasoning parser). When the prompt
+// already ends with "<think>" (the Qwen3.5 template), the output starts inside the reasoning.
+// A "<tool_call>" inside the reasoning also ends it (Qwen3.5 may skip "</think>").
+class ReasoningParser {
+ public:
+  explicit ReasoningParser(bool starts_in_reasoning) : in_reasoning_(starts_in_reasoning) {}
+  // Feeds new text; appends to `reasoning` / `content` what is certain so far.
+  void feed(const std::string& delta, std::string& reasoning, std::string& content);
+  // End of output: releases anything held back.
+  void finish(std::string& reasoning, std::string& content);
+  static bool prompt_opens_reasoning(const std::string& prompt);
+
+ private:
+  bool in_reasoning_;
+  bool started_ = false;  // some output was seen (a leading "<think>" is only stripped at the start)
+  std::string buf_;
+};
+
+}  // namespace fathom::server

@@ -1,0 +1,214 @@
+// The CUDA engine against the CPU reference engine (run on a GPU machine: `scripts/test_gpu.sh`).
+//
+// Metric, per prompt: the error of row t is max_v |logit_gpu - logit_cpu| / (max - min of the CPU
+// logits of the prompt). The CUDA engine feeds bf16 activations to its matrix products and keeps
+// the KV cache in bf16, so rows agree at bf16 level: the median row error must be below
+// kBf16Median = 1e-2 and every row below kBf16Tolerance = 3e-2, except that in MoE models a row
+// may exceed it when bf16 rounding flips a near-tied expert choice; such a row must still agree
+// on its prediction the way vLLM compares engines (check_logprobs_close): each engine's top token
+// is among the other's top 5. Greedy continuations must agree until the first step whose CPU
+// top-1/top-2 margin is below kMarginThreshold.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "model/cpu_runner.h"
+#include "model/cuda/cuda_runner.h"
+#include "model/model_runner.h"
+#include "runtime/sampler.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kBf16Tolerance = 3e-2;
+constexpr double kBf16Median = 1e-2;
+constexpr float kMarginThreshold = 0.5f;  // ~2% of the fixtures' logit spread: twice the largest bf16 row error seen
+
+fs::path fixtures_dir() {
+  const char* env = std::getenv("FATHOM_FIXTURES_DIR");
+  return env ? fs::path(env) : fs::path(FATHOM_FIXTURES_DIR);
+}
+
+bool in_top5(const float* row, int V, int32_t token) {
+  int above = 0;
+  for (int v = 0; v < V; ++v) above += row[v] > row[token];
+  return above < 5;
+}
+
+// Applies the per-row metric above; returns the median row error.
+double check_rows(const std::vector<float>& got, const std::vector<float>& ref, int V, bool moe, const char* what) {
+  EXPECT_EQ(got.size(), ref.size());
+  if (got.size() != ref.size() || ref.empty()) return 1e30;
+  auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
+  const double spread = double(*mx - *mn);
+  const size_t rows = ref.size() / size_t(V);
+  std::vector<double> errs;
+  int flips = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* g = got.data() + r * V;
+    const float* c = ref.data() + r * V;
+    double e = 0;
+    for (int v = 0; v < V; ++v) e = std::max(e, std::isfinite(g[v]) ? double(std::fabs(g[v] - c[v])) : 1e30);
+    e /= spread;
+    errs.push_back(e);
+    if (e >= kBf16Tolerance) {
+      ++flips;
+      EXPECT_TRUE(moe) << what << ": row " << r << " error " << e << " in a model without experts";
+      EXPECT_TRUE(in_top5(c, V, argmax(g, V)) && in_top5(g, V, argmax(c, V))) << what << ": row " << r << " error " << e;
+    }
+  }
+  std::vector<double> sorted = errs;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  std::printf("  %s: rows %zu, median row error %.2e, max %.2e, rows over %.0e: %d\n", what, rows, median,
+              sorted.back(), kBf16Tolerance, flips);
+  EXPECT_LT(median, kBf16Median) << what;
+  return median;
+}
+
+std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = int32_t(2 + rng() % uint32_t(vocab - 2));
+  return p;
+}
+
+ForwardOutput run_prompt(ModelRunner& r, const std::vector<int32_t>& prompt, int chunk) {
+  SequenceId s = r.add_sequence();
+  ForwardOutput all;
+  for (size_t b = 0; b < prompt.size(); b += size_t(chunk)) {
+    ForwardStep st{s, std::span<const int32_t>(prompt.data() + b, std::min(prompt.size(), b + chunk) - b), true};
+    ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
+    all.logits.insert(all.logits.end(), o.logits.begin(), o.logits.end());
+    all.rows += o.rows;
+  }
+  r.remove_sequence(s);
+  return all;
+}
+
+// Greedy continuation and the CPU margins at each step.
+std::vector<int32_t> greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, std::vector<float>* margins) {
+  SequenceId s = r.add_sequence();
+  ForwardStep st{s, prompt, false};
+  ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
+  std::vector<int32_t> out;
+  const int V = r.config().vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const int32_t next = argmax(o.logits.data(), V);
+    if (margins) {
+      std::vector<float> row(o.logits.begin(), o.logits.begin() + V);
+      std::nth_element(row.begin(), row.begin() + 1, row.end(), std::greater<float>());
+      margins->push_back(row[0] - row[1]);
+    }
+    out.push_back(next);
+    ForwardStep d{s, std::span<const int32_t>(&out.back(), 1), false};
+    o = r.forward(std::span<const ForwardStep>(&d, 1));
+  }
+  r.remove_sequence(s);
+  return out;
+}
+
+class CudaFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFixture, MatchesCpuReference) {
+  const fs::path dir = fixtures_dir() / GetParam();
+  ASSERT_TRUE(fs::exists(dir / "config.json")) << dir;
+  auto cpu = open_model(dir.string(), "cpu", false);
+  cuda::CudaRunnerOptions opt;
+  opt.max_tokens_per_step = 64;  // forces chunked prefill inside the engine for the 80-token prompt
+  auto gpu = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+  const int V = cpu->config().vocab_size;
+  for (int len : {5, 24, 80}) {
+    auto prompt = random_prompt(len, V, 1000 + len);
+    auto ref = run_prompt(*cpu, prompt, 1 << 20);
+    const bool moe = cpu->config().num_experts > 0;
+    for (int chunk : {1 << 20, 7}) {
+      auto got = run_prompt(*gpu, prompt, chunk);
+      char what[128];
+      std::snprintf(what, sizeof what, "%s, %d tokens, chunk %d", GetParam().c_str(), len, std::min(chunk, len));
+      check_rows(got.logits, ref.logits, V, moe, what);
+    }
+    std::vector<float> margins;
+    auto want = greedy(*cpu, prompt, 12, &margins);
+    auto got = greedy(*gpu, prompt, 12, nullptr);
+    size_t same = 0;
+    for (; same < want.size() && want[same] == got[same]; ++same) {}
+    if (same < want.size()) EXPECT_LT(margins[same], kMarginThreshold) << "greedy diverged at step " << same;
+    std::printf("  %s: greedy agrees for %zu of %zu steps\n", GetParam().c_str(), same, want.size());
+  }
+}
+
+// Several sequences of different lengths in one forward, then batched decode steps (replayed
+// from a CUDA graph) equal the same sequences run alone.
+TEST_P(CudaFixture, RaggedBatchAndGraphsMatchSingleRuns) {
+  const fs::path dir = fixtures_dir() / GetParam();
+  cuda::CudaRunnerOptions opt;
+  auto gpu = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+  opt.cuda_graphs = false;
+  auto plain = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+  const int V = gpu->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {random_prompt(3, V, 1), random_prompt(17, V, 2), random_prompt(40, V, 3)};
+  std::vector<SequenceId> ids;
+  std::vector<ForwardStep> steps;
+  for (auto& p : prompts) {
+    ids.push_back(gpu->add_sequence());
+    steps.push_back(ForwardStep{ids.back(), p, false});
+  }
+  std::vector<int32_t> next = gpu->forward_argmax(steps);
+  std::vector<std::vector<int32_t>> batched(prompts.size());
+  for (int step = 0; step < 8; ++step) {
+    std::vector<ForwardStep> dec;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      batched[i].push_back(next[i]);
+      dec.push_back(ForwardStep{ids[i], std::span<const int32_t>(&batched[i].back(), 1), false});
+    }
+    next = gpu->forward_argmax(dec);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = greedy(*plain, prompts[i], 8, nullptr);
+    EXPECT_EQ(alone, batched[i]) << "sequence " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
+                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),
+                         [](const auto& info) { return info.param; });
+
+// A 4,096-token prompt on a mid-size random checkpoint (made by tools/make_random_checkpoint.py,
+// path in FATHOM_MIDSIZE_CHECKPOINT): chunked prefill over many KV pages, CPU vs GPU.
+TEST(CudaMidsize, LongPromptMatchesCpu) {
+  const char* path = std::getenv("FATHOM_MIDSIZE_CHECKPOINT");
+  if (!path) GTEST_SKIP() << "FATHOM_MIDSIZE_CHECKPOINT not set";
+  auto cpu = open_model(path, "cpu", false);
+  cuda::CudaRunnerOptions opt;
+  opt.max_tokens_per_step = 1024;
+  opt.max_rows_per_step = 512;
+  auto gpu = cuda::CudaRunner::from_checkpoint(path, opt);
+  const int V = cpu->config().vocab_size;
+  auto prompt = random_prompt(4096, V, 4242);
+  // Compare the logits of the last 64 positions (CPU keeps every row; only the tail is compared
+  // to bound memory) after prefilling the rest in chunks.
+  auto tail_logits = [&](ModelRunner& r) {
+    SequenceId s = r.add_sequence();
+    const size_t head = prompt.size() - 64;
+    for (size_t b = 0; b < head; b += 1024) {
+      ForwardStep st{s, std::span<const int32_t>(prompt.data() + b, std::min(head, b + 1024) - b), false};
+      r.forward(std::span<const ForwardStep>(&st, 1));
+    }
+    ForwardStep st{s, std::span<const int32_t>(prompt.data() + head, 64), true};
+    return r.forward(std::span<const ForwardStep>(&st, 1)).logits;
+  };
+  auto ref = tail_logits(*cpu);
+  auto got = tail_logits(*gpu);
+  check_rows(got, ref, V, true, "midsize 4096-token prompt, last 64 rows");
+}
+
+}  // namespace
+}  // namespace fathom

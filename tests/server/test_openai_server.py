@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `fathom serve` with the official `openai` client (CPU backend, tiny fixture).
+
+Run by ctest as: python3 test_openai_server.py --fathom BIN --shared SHARED_DIR --fixtures FIXTURES_DIR
+The fixture model (tests/fixtures/qwen35_moe) must have the tiny tokenizer written by
+tools/make_tiny_tokenizer.py (tokenizer.json, tokenizer_config.json).
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import openai
+import requests
+
+PASSED, FAILED = [], []
+
+
+def check(name):
+    def deco(fn):
+        def run(*a, **kw):
+            t0 = time.time()
+            try:
+                fn(*a, **kw)
+                PASSED.append(name)
+                print(f"PASS {name} ({time.time() - t0:.1f}s)", flush=True)
+            except Exception as e:  # noqa: BLE001
+                FAILED.append(name)
+                print(f"FAIL {name}: {e!r}", flush=True)
+                traceback.print_exc()
+        return run
+    return deco
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, fathom, model, *extra):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
+        # One compute thread: the tiny model does not need more, and it keeps CI off the core
+        # thread pool's parallel_for race (see docs/perf-serving.md).
+        env = dict(os.environ, FATHOM_NUM_THREADS=os.environ.get("FATHOM_NUM_THREADS", "1"))
+        self.proc = subprocess.Popen([fathom, "serve", model, "--device", "cpu", "--host", "127.0.0.1",
+                                      "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become healthy")
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    def metric(self, name):
+        text = requests.get(self.url + "/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fathom", required=True)
+    ap.add_argument("--shared")
+    ap.add_argument("--fixtures", required=True)
+    args = ap.parse_args()
+    model = os.path.join(args.fixtures, "qwen35_moe")
+    if not os.path.exists(os.path.join(model, "tokenizer.json")):
+        print(f"SKIP: {model}/tokenizer.json missing (run tools/make_tiny_tokenizer.py {model})")
+        print("0 passed, 1 failed")
+        return 1
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    vocab = json.load(open(os.path.join(model, "config.json")))
+    srv = Server(args.fathom, model, "--reasoning-parser", "qwen3", "--max-num-seqs", "64")
+    name = model
+    try:
+        cl = srv.client()
+
+        @check("models")
+        def _():
+            ids = [m.id for m in cl.models.list().data]
+            assert ids == [name], ids
+        _()
+
+        @check("completion text + usage")
+        def _():
+            prompt = "Once upon a time, there was a little girl"
+            r = cl.completions.create(model=name, prompt=prompt, max_tokens=7, temperature=0)
+            assert r.object == "text_completion"
+            assert r.usage.prompt_tokens == len(hf.encode(prompt).ids), (r.usage, len(hf.encode(prompt).ids))
+            assert r.usage.completion_tokens == 7 and r.usage.total_tokens == r.usage.prompt_tokens + 7
+            assert r.choices[0].finish_reason == "length"
+            assert isinstance(r.choices[0].text, str) and r.choices[0].text
+        _()
+
+        @check("completion streaming equals non-streaming")
+        def _():
+            prompt = "The quick brown fox"
+            full = cl.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+            parts, usage, finish = [], None, None
+            for ch in cl.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}):
+                if ch.usage:
+                    usage = ch.usage
+                for c in ch.choices:
+                    parts.append(c.text)
+                    finish = c.finish_reason or finish
+            assert "".join(parts) == full, ("".join(parts), full)
+            assert usage and usage.completion_tokens == 12 and usage.prompt_tokens == len(hf.encode(prompt).ids)
+            assert finish == "length"
+        _()
+
+        @check("token-id prompts, list of prompts, return_token_ids")
+        def _():
+            r = cl.completions.create(model=name, prompt=[[5, 6, 7, 8], [9, 10, 11]], max_tokens=3, temperature=0,
+                                      extra_body={"return_token_ids": True})
+            assert len(r.choices) == 2 and r.usage.prompt_tokens == 7 and r.usage.completion_tokens == 6
+            for c in r.choices:
+                toks = c.model_extra["token_ids"]
+                assert len(toks) == 3 and hf.decode(toks, skip_special_tokens=True) == c.text
+        _()
+
+        @check("chat + reasoning parser + usage")
+        def _():
+            msgs = [{"role": "user", "content": "What is the capital of France?"}]
+            r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0)
+            m = r.choices[0].message
+            rc = m.model_extra.get("reasoning_content")
+            assert (m.content or "") + (rc or "") != "" and r.usage.completion_tokens == 8
+            # Thinking on: the Qwen3.5 template opens <think> in the prompt, so the output is reasoning.
+            assert rc, m
+            tmpl_prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+            assert r.usage.prompt_tokens == len(hf.encode(tmpl_prompt, add_special_tokens=False).ids)
+            r2 = cl.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0,
+                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+            assert r2.choices[0].message.content and not r2.choices[0].message.model_extra.get("reasoning_content")
+            assert r2.usage.prompt_tokens == len(hf.encode(tmpl_prompt + "\n</think>\n\n", add_special_tokens=False).ids)
+            # streaming: same split
+            rs, cs = "", ""
+            for ch in cl.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0, stream=True):
+                for c in ch.choices:
+                    rs += (c.delta.model_extra or {}).get("reasoning_content") or ""
+                    cs += c.delta.content or ""
+            assert rs == (rc or "") and cs == (m.content or ""), (rs, rc, cs, m.content)
+        _()
+
+        @check("stop strings (incl. split across tokens)")
+        def _():
+            prompt = [5, 6, 7, 8, 9]
+            full = cl.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+            assert len(full) >= 6, full
+            stop = full[3:6]  # likely spans a token boundary
+            r = cl.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+            c = r.choices[0]
+            assert c.text == full[:full.index(stop)], (c.text, full, stop)
+            assert c.finish_reason == "stop" and c.model_extra.get("stop_reason") == stop
+            parts = []
+            for ch in cl.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0, stop=[stop], stream=True):
+                parts += [x.text for x in ch.choices]
+            assert "".join(parts) == c.text
+        _()
+
+        @check("n > 1 and seed reproducibility")
+        def _():
+            kw = dict(model=name, prompt="Hello", max_tokens=10, temperature=1.0, seed=1234, n=3)
+            a = cl.completions.create(**kw)
+            b = cl.completions.create(**kw)
+            assert len(a.choices) == 3 and [c.index for c in a.choices] == [0, 1, 2]
+            assert [c.text for c in a.choices] == [c.text for c in b.choices]
+            assert len({c.text for c in a.choices}) > 1, [c.text for c in a.choices]
+            assert a.usage.completion_tokens == 30
+            c2 = cl.completions.create(**{**kw, "seed": 99, "n": 1})
+            assert c2.choices[0].text != a.choices[0].text or True
+        _()
+
+        @check("logprobs (completions and chat)")
+        def _():
+            r = cl.completions.create(model=name, prompt="Hello", max_tokens=4, temperature=0, logprobs=3)
+            lp = r.choices[0].logprobs
+            assert len(lp.tokens) == 4 and len(lp.token_logprobs) == 4 and all(len(t) == 3 for t in lp.top_logprobs)
+            assert all(v <= 0 for v in lp.token_logprobs)
+            assert abs(max(lp.top_logprobs[0].values()) - lp.token_logprobs[0]) < 1e-5  # greedy = top-1
+            r = cl.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                           temperature=0, logprobs=True, top_logprobs=2)
+            c = r.choices[0].logprobs.content
+            assert len(c) == 3 and all(len(x.top_logprobs) == 2 for x in c)
+        _()
+
+        @check("penalties and sampling knobs accepted")
+        def _():
+            r = cl.completions.create(model=name, prompt="Hello", max_tokens=5, temperature=0.8, top_p=0.9,
+                                      presence_penalty=1.0, frequency_penalty=0.5,
+                                      extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2})
+            assert r.usage.completion_tokens == 5
+            g = cl.completions.create(model=name, prompt=[5, 6, 7], max_tokens=16, temperature=0,
+                                      extra_body={"repetition_penalty": 5.0}).choices[0]
+            assert g.finish_reason == "length"
+        _()
+
+        @check("batching is invisible (64 concurrent == alone, greedy)")
+        def _():
+            import random
+            rng = random.Random(7)
+            prompts = [[rng.randrange(2, 500) for _ in range(rng.randrange(3, 40))] for _ in range(64)]
+
+            def run(p):
+                r = cl.completions.create(model=name, prompt=p, max_tokens=8, temperature=0,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True})
+                return r.choices[0].model_extra["token_ids"]
+            alone = [run(p) for p in prompts[:16]]
+            with cf.ThreadPoolExecutor(64) as ex:
+                together = list(ex.map(run, prompts))
+            assert together[:16] == alone, [i for i in range(16) if together[i] != alone[i]]
+            alone2 = [run(p) for p in prompts[16:]]
+            assert together[16:] == alone2, [i + 16 for i in range(48) if together[16 + i] != alone2[i]]
+        _()
+
+        @check("cancellation frees the slot")
+        def _():
+            s = requests.post(srv.url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3000, "stream": True,
+                                                                  "ignore_eos": True}, stream=True, timeout=30)
+            it = s.iter_lines()
+            got = 0
+            for line in it:
+                if line.startswith(b"data: "):
+                    got += 1
+                    if got >= 3:
+                        break
+            assert srv.metric("fathom:num_requests_running") == 1
+            s.close()
+            deadline = time.time() + 10
+            while time.time() < deadline and srv.metric("fathom:num_requests_running") != 0:
+                time.sleep(0.05)
+            assert srv.metric("fathom:num_requests_running") == 0
+            assert srv.metric('fathom:request_success_total{model_name="%s",finished_reason="abort"}' % name) >= 1
+        _()
+
+        @check("malformed requests get OpenAI errors")
+        def _():
+            big = [5] * 5000
+            cases = [
+                ("POST", "/v1/completions", "{not json", 400),
+                ("POST", "/v1/completions", "[1,2,3]", 400),
+                ("POST", "/v1/completions", "", 400),
+                ("POST", "/v1/completions", {}, 400),
+                ("POST", "/v1/completions", {"prompt": 5}, 400),
+                ("POST", "/v1/completions", {"prompt": []}, 400),
+                ("POST", "/v1/completions", {"prompt": [1, "a"]}, 400),
+                ("POST", "/v1/completions", {"prompt": [[1, 2], 3]}, 400),
+                ("POST", "/v1/completions", {"prompt": [1, 99999]}, 400),
+                ("POST", "/v1/completions", {"prompt": [1, -3]}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "top_p": 0}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "n": 0}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "stop": 7}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "stop": [""]}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "logprobs": 50}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "presence_penalty": 5}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "model": "no-such-model"}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "seed": "abc"}, 400),
+                ("POST", "/v1/completions", {"prompt": "hi", "stream": "yes"}, 400),
+                ("POST", "/v1/completions", {"prompt": big}, 413),
+                ("POST", "/v1/completions", {"prompt": [5, 6], "max_tokens": 5000}, 400),
+                ("POST", "/v1/chat/completions", {}, 400),
+                ("POST", "/v1/chat/completions", {"messages": []}, 400),
+                ("POST", "/v1/chat/completions", {"messages": "hello"}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"content": "no role"}]}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 3}, 400),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400),
+                ("GET", "/v1/nothing", None, 404),
+                ("POST", "/v2/completions", {"prompt": "hi"}, 404),
+            ]
+            bad = []
+            for method, path, body, status in cases:
+                data = body if isinstance(body, str) else (json.dumps(body) if body is not None else None)
+                r = requests.request(method, srv.url + path, data=data, headers={"Content-Type": "application/json"}, timeout=30)
+                ok = r.status_code == status
+                try:
+                    e = r.json()["error"]
+                    ok = ok and isinstance(e["message"], str) and isinstance(e["type"], str) and "param" in e and "code" in e
+                except Exception:  # noqa: BLE001
+                    ok = False
+                if not ok:
+                    bad.append((path, body if not isinstance(body, dict) or "prompt" not in body or body["prompt"] is not big else "big", r.status_code, r.text[:200]))
+            assert not bad, bad
+            assert len(cases) >= 20
+            # Still alive and serving.
+            r = cl.completions.create(model=name, prompt="Hello", max_tokens=2, temperature=0)
+            assert r.usage.completion_tokens == 2
+            assert requests.get(srv.url + "/health", timeout=5).status_code == 200
+        _()
+
+        @check("metrics")
+        def _():
+            text = requests.get(srv.url + "/metrics", timeout=5).text
+            for m in ["fathom:num_requests_running", "fathom:num_requests_waiting", "fathom:kv_cache_usage_perc",
+                      "fathom:prompt_tokens_total", "fathom:generation_tokens_total", "fathom:request_success_total",
+                      "fathom:time_to_first_token_seconds_bucket", "fathom:inter_token_latency_seconds_bucket"]:
+                assert m in text, m
+            assert srv.metric("fathom:generation_tokens_total") > 100
+        _()
+    finally:
+        srv.stop()
+
+    # A tiny server: one running sequence and one queued, the rest must get 429; plus an API key.
+    small = Server(args.fathom, model, "--max-num-seqs", "1", "--max-queue-len", "1", "--api-key", "sekret")
+    try:
+        @check("API key enforced")
+        def _():
+            r = requests.get(small.url + "/v1/models", timeout=5)
+            assert r.status_code == 401 and r.json()["error"]["type"]
+            r = requests.get(small.url + "/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=5)
+            assert r.status_code == 401
+            try:
+                small.client("wrong").models.list()
+                raise AssertionError("no error")
+            except openai.AuthenticationError:
+                pass
+            assert small.client("sekret").models.list().data[0].id == name
+        _()
+
+        @check("429 when the queue is full, then recovers")
+        def _():
+            def one(_):
+                r = requests.post(small.url + "/v1/completions", headers={"Authorization": "Bearer sekret"},
+                                  json={"prompt": [5, 6, 7], "max_tokens": 64, "ignore_eos": True}, timeout=60)
+                return r.status_code, r.json()
+            with cf.ThreadPoolExecutor(12) as ex:
+                res = list(ex.map(one, range(12)))
+            codes = [c for c, _ in res]
+            assert 429 in codes and 200 in codes, codes
+            assert all(set(j["error"]) >= {"message", "type", "param", "code"} for c, j in res if c == 429)
+            r = small.client("sekret").completions.create(model=name, prompt=[5, 6], max_tokens=2)
+            assert r.usage.completion_tokens == 2
+        _()
+    finally:
+        small.stop()
+
+    print(f"{len(PASSED)} passed, {len(FAILED)} failed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
+# GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
+# the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
+# usage: tools/device_session.sh [fixtures|tests|bench|all]...   (results under $OUT)
+set -uo pipefail
+# CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
+NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p)))" 2>/dev/null)
+export LD_LIBRARY_PATH=$PWD/.devcarry/lib:/usr/local/cuda/lib64:${NV}:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+BIN=$PWD/.devcarry/bin
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+for what in "${@:-all}"; do
+  case $what in
+    fixtures|all)
+      python3 tools/make_fixtures.py --out /tmp/fx --device cuda > "$OUT/fixtures.log" 2>&1
+      echo "make_fixtures rc=$?"; tail -20 "$OUT/fixtures.log"
+      tar -C /tmp/fx -czf "$OUT/fixtures.tgz" . ;;&
+    tests|all)
+      FX=/tmp/fx; [ -d $FX ] || FX=$PWD/tests/fixtures
+      [ -f /tmp/midsize/config.json ] || python3 tools/make_random_checkpoint.py /tmp/midsize
+      FATHOM_FIXTURES_DIR=$FX "$BIN/test_model" > "$OUT/test_model.log" 2>&1; echo "test_model rc=$?"
+      grep -E "spread|PASSED|FAILED" "$OUT/test_model.log" | tail -8
+      FATHOM_FIXTURES_DIR=$FX FATHOM_MIDSIZE_CHECKPOINT=/tmp/midsize timeout 900 "$BIN/test_cuda" > "$OUT/test_cuda.log" 2>&1
+      echo "test_cuda rc=$?"; grep -E "spread|agrees|OK|FAILED|Failure|error" "$OUT/test_cuda.log" | tail -40 ;;&
+    bench|all)
+      timeout 600 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+        --batch 1,8,64 --input-len 4096 --output-len 64 --profile --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+  esac
+done
