@@ -6,9 +6,6 @@
 #include "server/bench_client.h"
 
 namespace fathom::cli {
-namespace {
-
-}  // namespace
 
 void add_bench_serve(CLI::App* parent, const std::string& name) {
   auto a = std::make_shared<server::BenchConfig>();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
@@ -12,10 +13,6 @@
 
 namespace fathom {
 namespace {
-
-void linear(const float* x, const LinearWeight& w, float* y, int64_t n) {
-  cpu::matmul_nt(x, w.w.data(), y, n, w.in, w.out);
-}
 
 std::string read_text_file(const std::filesystem::path& p) {
   FILE* f = std::fopen(p.c_str(), "rb");
@@ -29,6 +26,22 @@ std::string read_text_file(const std::filesystem::path& p) {
 }
 
 }  // namespace
+
+void HybridModel::round_activations(float* p, size_t n) const {
+  if (!bf16_activations_) return;
+  for (size_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+}
+
+void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed) const {
+  if (bf16_activations_ && w.quantized && !routed && n > 16) {
+    // The CUDA engine dequantizes NVFP4 to bf16 for batches above its GEMV size.
+    std::vector<float> rounded(w.w);
+    round_activations(rounded.data(), rounded.size());
+    cpu::matmul_nt(x, rounded.data(), y, n, w.in, w.out);
+    return;
+  }
+  cpu::matmul_nt(x, w.w.data(), y, n, w.in, w.out);
+}
 
 HybridModel::HybridModel(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
   int a = 0, l = 0;
@@ -129,6 +142,7 @@ HybridModel::Output HybridModel::mtp_forward(std::span<const MtpSegment> batch, 
     }
   }
   std::vector<float> x(size_t(total) * H);
+  round_activations(cat.data(), cat.size());
   linear(cat.data(), m.fc, x.data(), total);
   decoder_layer(m.layer, x, segs);
   return finish(x, m.norm, segs, all_rows);
@@ -152,7 +166,9 @@ HybridModel::Output HybridModel::finish(const std::vector<float>& x, const std::
     cpu::rms_norm(x.data() + rows[r] * H, final_norm.data(), out.hidden.data() + r * H, 1, H,
                   float(cfg_.rms_norm_eps), cfg_.norm_zero_centered);
   out.logits.resize(size_t(out.rows) * V);
-  cpu::matmul_nt(out.hidden.data(), w_.lm_head_data(), out.logits.data(), out.rows, H, V);
+  std::vector<float> head_in(out.hidden);
+  round_activations(head_in.data(), head_in.size());
+  cpu::matmul_nt(head_in.data(), w_.lm_head_data(), out.logits.data(), out.rows, H, V);
   return out;
 }
 
@@ -163,16 +179,21 @@ void HybridModel::decoder_layer(const LayerWeights& lw, std::vector<float>& x,
   const float eps = float(cfg_.rms_norm_eps);
   std::vector<float> xn(x.size()), mix(x.size());
   cpu::rms_norm(x.data(), lw.input_norm.data(), xn.data(), n, H, eps, cfg_.norm_zero_centered);
+  round_activations(xn.data(), xn.size());
   if (lw.type == LayerType::FullAttention)
     attention(lw.attn, xn.data(), mix.data(), segs);
   else
     gated_delta_net(lw.gdn, xn.data(), mix.data(), segs);
   for (size_t i = 0; i < x.size(); ++i) x[i] += mix[i];
   cpu::rms_norm(x.data(), lw.post_attention_norm.data(), xn.data(), n, H, eps, cfg_.norm_zero_centered);
-  if (lw.is_moe)
-    moe(lw.moe, xn.data(), mix.data(), n);
-  else
+  if (lw.is_moe) {
+    std::vector<float> xn_router(xn);  // routers read the unrounded activations
+    round_activations(xn.data(), xn.size());
+    moe(lw.moe, xn.data(), xn_router.data(), mix.data(), n);
+  } else {
+    round_activations(xn.data(), xn.size());
     mlp(lw.mlp, xn.data(), mix.data(), n);
+  }
   for (size_t i = 0; i < x.size(); ++i) x[i] += mix[i];
 }
 
@@ -209,6 +230,8 @@ void HybridModel::attention(const AttentionWeights& aw, const float* xn, float* 
     }
     FATHOM_CHECK(s.kv->length() == s.pos0, "KV cache holds ", s.kv->length(), " positions, expected ", s.pos0);
     const size_t row = size_t(nkv) * d;
+    round_activations(k.data() + s.offset * row, size_t(s.count) * row);
+    round_activations(v.data() + s.offset * row, size_t(s.count) * row);
     s.kv->k.insert(s.kv->k.end(), k.begin() + s.offset * row, k.begin() + (s.offset + s.count) * row);
     s.kv->v.insert(s.kv->v.end(), v.begin() + s.offset * row, v.begin() + (s.offset + s.count) * row);
     cpu::causal_attention(q.data() + s.offset * nh * d, s.kv->k.data(), s.kv->v.data(),
@@ -217,6 +240,7 @@ void HybridModel::attention(const AttentionWeights& aw, const float* xn, float* 
   }
   if (gated)
     for (size_t i = 0; i < attn.size(); ++i) attn[i] *= cpu::sigmoid(gate[i]);
+  round_activations(attn.data(), attn.size());
   linear(attn.data(), aw.o, out, n);
 }
 
@@ -294,6 +318,7 @@ void HybridModel::gated_delta_net(const GatedDeltaNetWeights& gw, const float* x
   }
   std::vector<float> normed(core.size());
   cpu::gated_rms_norm(core.data(), z.data(), gw.norm.data(), normed.data(), n * hv, dv, eps);
+  round_activations(normed.data(), normed.size());
   linear(normed.data(), gw.out, out, n);
 }
 
@@ -312,19 +337,20 @@ void HybridModel::rollback(SequenceState& st, int64_t new_length) const {
   st.num_tokens = new_length;
 }
 
-void HybridModel::mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n) const {
+void HybridModel::mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n, bool routed) const {
   const int inter = mw.gate.out;
   std::vector<float> g(size_t(n) * inter), u(size_t(n) * inter);
-  linear(xn, mw.gate, g.data(), n);
-  linear(xn, mw.up, u.data(), n);
+  linear(xn, mw.gate, g.data(), n, routed);
+  linear(xn, mw.up, u.data(), n, routed);
   for (size_t i = 0; i < g.size(); ++i) g[i] = cpu::silu(g[i]) * u[i];
-  linear(g.data(), mw.down, out, n);
+  round_activations(g.data(), g.size());
+  linear(g.data(), mw.down, out, n, routed);
 }
 
-void HybridModel::moe(const MoeWeights& mw, const float* xn, float* out, int64_t n) const {
+void HybridModel::moe(const MoeWeights& mw, const float* xn, const float* xn_router, float* out, int64_t n) const {
   const int H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   std::vector<float> probs(size_t(n) * E);
-  linear(xn, mw.router, probs.data(), n);
+  linear(xn_router, mw.router, probs.data(), n);
   // softmax over all experts, then top-k, then (optionally) renormalise the k weights.
   std::vector<std::vector<std::pair<int64_t, float>>> per_expert(E);  // (token, weight)
   std::vector<int> idx(E);
@@ -347,7 +373,7 @@ void HybridModel::moe(const MoeWeights& mw, const float* xn, float* out, int64_t
     xs.resize(size_t(m) * H);
     ys.resize(size_t(m) * H);
     for (int64_t i = 0; i < m; ++i) std::copy_n(xn + list[i].first * H, H, xs.data() + i * H);
-    mlp(mw.experts[e], xs.data(), ys.data(), m);
+    mlp(mw.experts[e], xs.data(), ys.data(), m, /*routed=*/true);
     for (int64_t i = 0; i < m; ++i) {
       float* o = out + list[i].first * H;
       const float wgt = list[i].second;

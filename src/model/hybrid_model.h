@@ -22,6 +22,12 @@ class HybridModel {
   static std::unique_ptr<HybridModel> load(const std::filesystem::path& dir, bool with_mtp = true);
 
   const ModelConfig& config() const { return cfg_; }
+
+  // Rounds activations to bf16 wherever the CUDA engine stores them in bf16 (matrix-product
+  // inputs except routers, the KV cache; NVFP4 weights of non-expert layers when a batch is
+  // dequantized for cuBLAS). With it the CPU engine reproduces the CUDA engine's arithmetic up to
+  // summation order, which lets tests/cuda compare the two tightly.
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
   bool has_mtp() const { return w_.mtp.has_value(); }
   SequenceState new_sequence() const;
 
@@ -63,13 +69,16 @@ class HybridModel {
   void attention(const AttentionWeights& aw, const float* xn, float* out, const std::vector<SegmentView>& segs) const;
   void gated_delta_net(const GatedDeltaNetWeights& gw, const float* xn, float* out,
                        const std::vector<SegmentView>& segs) const;
-  void moe(const MoeWeights& mw, const float* xn, float* out, int64_t n) const;
-  void mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n) const;
+  void moe(const MoeWeights& mw, const float* xn, const float* xn_router, float* out, int64_t n) const;
+  void mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n, bool routed = false) const;
+  void linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed = false) const;
+  void round_activations(float* p, size_t n) const;
   Output finish(const std::vector<float>& x, const std::vector<float>& final_norm,
                 const std::vector<SegmentView>& segs, bool all_rows) const;
 
   ModelConfig cfg_;
   ModelWeights w_;
+  bool bf16_activations_ = false;
   std::vector<int> attn_slot_, linear_slot_;  // layer index -> index into SequenceState vectors
 };
 

@@ -19,6 +19,19 @@ TEST(ThreadPool, EveryIndexExactlyOnce) {
   }
 }
 
+// Many short regions back to back: a worker that is late for one region must never take chunks
+// of the next (each index of every region exactly once, and every region returns).
+TEST(ThreadPool, BackToBackRegionsStayApart) {
+  for (int round = 0; round < 5000; ++round) {
+    const int64_t n = 1 + round % 37;
+    std::vector<std::atomic<int>> hits(n);
+    parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "round " << round << " index " << i;
+  }
+}
+
 TEST(ThreadPool, NestedCallsRunSerially) {
   std::atomic<int64_t> sum{0};
   parallel_for(16, 1, [&](int64_t b, int64_t e) {

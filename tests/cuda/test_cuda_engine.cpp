@@ -1,13 +1,17 @@
 // The CUDA engine against the CPU reference engine (run on a GPU machine: `scripts/test_gpu.sh`).
 //
-// Metric, per prompt: the error of row t is max_v |logit_gpu - logit_cpu| / (max - min of the CPU
-// logits of the prompt). The CUDA engine feeds bf16 activations to its matrix products and keeps
-// the KV cache in bf16, so rows agree at bf16 level: the median row error must be below
-// kBf16Median = 1e-2 and every row below kBf16Tolerance = 3e-2, except that in MoE models a row
-// may exceed it when bf16 rounding flips a near-tied expert choice; such a row must still agree
-// on its prediction the way vLLM compares engines (check_logprobs_close): each engine's top token
-// is among the other's top 5. Greedy continuations must agree until the first step whose CPU
-// top-1/top-2 margin is below kMarginThreshold.
+// Two comparisons per fixture, rows pooled over three prompts (5, 24, 80 tokens), each run in one
+// chunk and in chunks of 7. The error of a row is max_v |logit_gpu - logit_cpu| / (max - min of
+// the CPU logits of that prompt).
+//  1. Against the CPU engine emulating the CUDA engine's bf16 storage points
+//     (HybridModel::set_bf16_activations): the same arithmetic up to summation order (which can
+//     still move a value across a bf16 rounding boundary), so the 99th-percentile row error must
+//     be below kTight = 5e-3 (measured: about 2e-3) and the largest below kTightMax = 5e-2.
+//  2. Against the fp32 CPU reference (the transformers-checked engine): bf16 activations and
+//     KV cache. The median row error must be below kBf16Median = 1e-2; rows above kBf16Tolerance =
+//     3e-2 are allowed only in MoE models, where bf16 rounding flips near-tied expert choices,
+//     and only for at most 5% of rows. Greedy continuations must agree until the first step
+//     whose CPU top-1/top-2 margin is below kMarginThreshold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "model/cpu_runner.h"
+#include "model/hybrid_model.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/model_runner.h"
 #include "runtime/sampler.h"
@@ -29,6 +34,8 @@ namespace {
 namespace fs = std::filesystem;
 constexpr double kBf16Tolerance = 3e-2;
 constexpr double kBf16Median = 1e-2;
+constexpr double kTight = 5e-3;
+constexpr double kTightMax = 5e-2;
 constexpr float kMarginThreshold = 0.5f;  // ~2% of the fixtures' logit spread: twice the largest bf16 row error seen
 
 fs::path fixtures_dir() {
@@ -36,41 +43,34 @@ fs::path fixtures_dir() {
   return env ? fs::path(env) : fs::path(FATHOM_FIXTURES_DIR);
 }
 
-bool in_top5(const float* row, int V, int32_t token) {
-  int above = 0;
-  for (int v = 0; v < V; ++v) above += row[v] > row[token];
-  return above < 5;
-}
-
-// Applies the per-row metric above; returns the median row error.
-double check_rows(const std::vector<float>& got, const std::vector<float>& ref, int V, bool moe, const char* what) {
-  EXPECT_EQ(got.size(), ref.size());
-  if (got.size() != ref.size() || ref.empty()) return 1e30;
+// Appends the error of each row (see the metric above) to `errs`.
+void row_errors(const std::vector<float>& got, const std::vector<float>& ref, int V, std::vector<double>& errs) {
+  ASSERT_EQ(got.size(), ref.size());
   auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
   const double spread = double(*mx - *mn);
-  const size_t rows = ref.size() / size_t(V);
-  std::vector<double> errs;
-  int flips = 0;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* g = got.data() + r * V;
-    const float* c = ref.data() + r * V;
+  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
     double e = 0;
-    for (int v = 0; v < V; ++v) e = std::max(e, std::isfinite(g[v]) ? double(std::fabs(g[v] - c[v])) : 1e30);
-    e /= spread;
-    errs.push_back(e);
-    if (e >= kBf16Tolerance) {
-      ++flips;
-      EXPECT_TRUE(moe) << what << ": row " << r << " error " << e << " in a model without experts";
-      EXPECT_TRUE(in_top5(c, V, argmax(g, V)) && in_top5(g, V, argmax(c, V))) << what << ": row " << r << " error " << e;
+    for (int v = 0; v < V; ++v) {
+      const float g = got[r * V + v];
+      e = std::max(e, std::isfinite(g) ? double(std::fabs(g - ref[r * V + v])) : 1e30);  // NaN never passes
     }
+    errs.push_back(e / spread);
   }
-  std::vector<double> sorted = errs;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  std::printf("  %s: rows %zu, median row error %.2e, max %.2e, rows over %.0e: %d\n", what, rows, median,
-              sorted.back(), kBf16Tolerance, flips);
-  EXPECT_LT(median, kBf16Median) << what;
-  return median;
+}
+
+struct RowStats {
+  double median = 0, p99 = 0, max = 0, frac_over_bf16 = 0;
+};
+
+RowStats stats(std::vector<double> errs) {
+  std::sort(errs.begin(), errs.end());
+  RowStats st;
+  st.median = errs[errs.size() / 2];
+  st.p99 = errs[std::min(errs.size() - 1, size_t(double(errs.size()) * 0.99))];
+  st.max = errs.back();
+  st.frac_over_bf16 = double(std::count_if(errs.begin(), errs.end(), [](double e) { return e >= kBf16Tolerance; })) /
+                      double(errs.size());
+  return st;
 }
 
 std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
@@ -121,19 +121,25 @@ TEST_P(CudaFixture, MatchesCpuReference) {
   const fs::path dir = fixtures_dir() / GetParam();
   ASSERT_TRUE(fs::exists(dir / "config.json")) << dir;
   auto cpu = open_model(dir.string(), "cpu", false);
+  auto emulating_model = HybridModel::load(dir, false);
+  emulating_model->set_bf16_activations(true);
+  CpuRunner emulating(std::move(emulating_model));
   cuda::CudaRunnerOptions opt;
   opt.max_tokens_per_step = 64;  // forces chunked prefill inside the engine for the 80-token prompt
   auto gpu = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
   const int V = cpu->config().vocab_size;
+  const bool moe = cpu->config().num_experts > 0;
+  std::vector<double> tight, loose;
   for (int len : {5, 24, 80}) {
     auto prompt = random_prompt(len, V, 1000 + len);
     auto ref = run_prompt(*cpu, prompt, 1 << 20);
-    const bool moe = cpu->config().num_experts > 0;
     for (int chunk : {1 << 20, 7}) {
       auto got = run_prompt(*gpu, prompt, chunk);
-      char what[128];
-      std::snprintf(what, sizeof what, "%s, %d tokens, chunk %d", GetParam().c_str(), len, std::min(chunk, len));
-      check_rows(got.logits, ref.logits, V, moe, what);
+      // The engine's arithmetic depends on the batch size (NVFP4 GEMV vs dequantize + GEMM), so
+      // the emulating CPU engine runs the same chunks, split at the engine's 64-token steps.
+      auto emu = run_prompt(emulating, prompt, std::min(chunk, 64));
+      row_errors(got.logits, emu.logits, V, tight);
+      row_errors(got.logits, ref.logits, V, loose);
     }
     std::vector<float> margins;
     auto want = greedy(*cpu, prompt, 12, &margins);
@@ -141,8 +147,17 @@ TEST_P(CudaFixture, MatchesCpuReference) {
     size_t same = 0;
     for (; same < want.size() && want[same] == got[same]; ++same) {}
     if (same < want.size()) EXPECT_LT(margins[same], kMarginThreshold) << "greedy diverged at step " << same;
-    std::printf("  %s: greedy agrees for %zu of %zu steps\n", GetParam().c_str(), same, want.size());
+    std::printf("  %s, %d tokens: greedy agrees for %zu of %zu steps\n", GetParam().c_str(), len, same, want.size());
   }
+  const RowStats t = stats(tight), l = stats(loose);
+  std::printf("  %s vs bf16-emulating CPU: %zu rows, median %.2e, p99 %.2e, max %.2e\n", GetParam().c_str(),
+              tight.size(), t.median, t.p99, t.max);
+  std::printf("  %s vs fp32 CPU reference: %zu rows, median %.2e, p99 %.2e, max %.2e, rows over %.0e: %.1f%%\n",
+              GetParam().c_str(), loose.size(), l.median, l.p99, l.max, kBf16Tolerance, 100 * l.frac_over_bf16);
+  EXPECT_LT(t.p99, kTight);
+  EXPECT_LT(t.max, kTightMax);
+  EXPECT_LT(l.median, kBf16Median);
+  EXPECT_LE(l.frac_over_bf16, moe ? 0.05 : 0.0);
 }
 
 // Several sequences of different lengths in one forward, then batched decode steps (replayed
@@ -207,7 +222,12 @@ TEST(CudaMidsize, LongPromptMatchesCpu) {
   };
   auto ref = tail_logits(*cpu);
   auto got = tail_logits(*gpu);
-  check_rows(got, ref, V, true, "midsize 4096-token prompt, last 64 rows");
+  std::vector<double> errs;
+  row_errors(got, ref, V, errs);
+  const RowStats l = stats(errs);
+  std::printf("  midsize 4096-token prompt, last 64 rows vs fp32 CPU: median %.2e, max %.2e\n", l.median, l.max);
+  EXPECT_LT(l.median, kBf16Median);
+  EXPECT_LE(l.frac_over_bf16, 0.05);
 }
 
 }  // namespace

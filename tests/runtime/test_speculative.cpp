@@ -34,11 +34,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kOracle = "qwen35_moe_mtp_oracle";
 
-// One CPU thread unless FATHOM_NUM_THREADS says otherwise: these tests run thousands of tiny
-// forwards, and with several threads core/thread_pool.cpp's parallel_for can (rarely) run a chunk
-// of one region inside the next (a worker's stale next_.fetch_add compared against the next
-// region's chunks_), which crashed this binary about once in five runs. Set before the pool starts.
-const bool kSingleThreaded = [] { return setenv("FATHOM_NUM_THREADS", "1", /*overwrite=*/0) == 0; }();
 
 // FATHOM_FIXTURES_DIR in the environment overrides the checked-in fixtures; a fixture missing
 // there is looked up in the checked-in folder.

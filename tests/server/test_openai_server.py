@@ -48,9 +48,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
-        # One compute thread: the tiny model does not need more, and it keeps CI off the core
-        # thread pool's parallel_for race (see docs/perf-serving.md).
-        env = dict(os.environ, FATHOM_NUM_THREADS=os.environ.get("FATHOM_NUM_THREADS", "1"))
+        env = dict(os.environ)
         self.proc = subprocess.Popen([fathom, "serve", model, "--device", "cpu", "--host", "127.0.0.1",
                                       "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 60

@@ -31,17 +31,18 @@ __device__ void norm_rope(float* buf, const float* w, int d, int rotary_dim, flo
   __syncthreads();
 }
 
+// Block (t, j): j < nh is query head j, j >= nh is key/value head j - nh.
 __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw, const float* v_raw,
                                          const float* q_norm, const float* k_norm, const int32_t* pos,
                                          const int32_t* slot_mapping, float* q, float* gate, bf16_t* k_cache,
                                          bf16_t* v_cache, int nh, int nkv, int d, int rotary_dim, float theta,
                                          float eps, bool gated, bool zc) {
   __shared__ float buf[kMaxHeadDim];
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, j = blockIdx.y;
   const float p = float(pos[t]);
-  const int q_row = nh * d * (gated ? 2 : 1);
-  for (int h = 0; h < nh; ++h) {
-    const float* src = q_raw + int64_t(t) * q_row + int64_t(h) * d * (gated ? 2 : 1);
+  if (j < nh) {
+    const int h = j;
+    const float* src = q_raw + int64_t(t) * nh * d * (gated ? 2 : 1) + int64_t(h) * d * (gated ? 2 : 1);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       buf[i] = src[i];
       if (gated) gate[(int64_t(t) * nh + h) * d + i] = src[d + i];
@@ -49,10 +50,9 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
     __syncthreads();
     norm_rope(buf, q_norm, d, rotary_dim, p, theta, eps, zc);
     for (int i = threadIdx.x; i < d; i += blockDim.x) q[(int64_t(t) * nh + h) * d + i] = buf[i];
-    __syncthreads();
-  }
-  const int64_t slot = slot_mapping[t];
-  for (int h = 0; h < nkv; ++h) {
+  } else {
+    const int h = j - nh;
+    const int64_t slot = slot_mapping[t];
     for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = k_raw[(int64_t(t) * nkv + h) * d + i];
     __syncthreads();
     norm_rope(buf, k_norm, d, rotary_dim, p, theta, eps, zc);
@@ -60,7 +60,6 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
       k_cache[(slot * nkv + h) * d + i] = to_bf(buf[i]);
       v_cache[(slot * nkv + h) * d + i] = to_bf(v_raw[(int64_t(t) * nkv + h) * d + i]);
     }
-    __syncthreads();
   }
 }
 
@@ -227,7 +226,7 @@ void attention_prepare(const float* q_raw, const float* k_raw, const float* v_ra
                        int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s) {
   if (T == 0) return;
   FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
-  attention_prepare_kernel<<<T, 128, 0, s>>>(q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping, q, gate,
+  attention_prepare_kernel<<<dim3(T, nh + nkv), 128, 0, s>>>(q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping, q, gate,
                                              k_cache, v_cache, nh, nkv, d, rotary_dim, theta, eps, gated,
                                              zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();

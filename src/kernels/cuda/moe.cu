@@ -1,5 +1,7 @@
 // Mixture of experts: softmax + top-k routing, and the decode path that runs each selected
 // (token, expert) pair directly off the expert weights (bf16 or NVFP4) with SwiGLU fused.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
@@ -62,47 +64,73 @@ __global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weight
 __constant__ float kE2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                 -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-// Dot product of one weight row with a bf16 vector, by a whole warp; the result is in every lane.
-// `lut` is the E2M1 table in shared memory (constant memory would serialise divergent lookups).
-__device__ float warp_row_dot(const DeviceLinear& L, int row, const bf16_t* x, const float* lut) {
-  float sum = 0.f;
+// Dot products of R consecutive weight rows (row0 ..) with one bf16 vector, by a whole warp; the
+// results are in every lane. Each lane loads its slice of x once and reuses it for the R rows,
+// so x traffic stays below weight traffic. `lut` is the E2M1 table in shared memory (constant
+// memory would serialise divergent lookups).
+template <int R>
+__device__ void warp_rows_dot(const DeviceLinear& L, int row0, const bf16_t* x, const float* lut, float* out) {
+  float sum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) sum[r] = 0.f;
   const int lane = threadIdx.x % 32;
   if (L.fp4) {
-    const uint8_t* w = L.fp4 + int64_t(row) * (L.in / 2);
-    const uint8_t* sc = L.fp4_scale + int64_t(row) * (L.in / 16);
+    const int64_t row_bytes = L.in / 2;
     for (int byte0 = lane * 16; byte0 < L.in / 2; byte0 += 32 * 16) {
-      const uint4 wv = *reinterpret_cast<const uint4*>(w + byte0);
       const int k0 = byte0 * 2;
-      const float s0 = e4m3_to_f32(sc[k0 / 16]) * L.fp4_global, s1 = e4m3_to_f32(sc[k0 / 16 + 1]) * L.fp4_global;
-      const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+      float xf[32];
       const uint4* xp = reinterpret_cast<const uint4*>(x + k0);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const uint4 xv = xp[q];
         const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-        const float s = q < 2 ? s0 : s1;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const uint32_t b = (words[q] >> (8 * e)) & 0xff;
-          sum += lut[b & 0xf] * s * __uint_as_float(xw[e] << 16);
-          sum += lut[b >> 4] * s * __uint_as_float(xw[e] & 0xffff0000u);
+          xf[q * 8 + e * 2] = __uint_as_float(xw[e] << 16);
+          xf[q * 8 + e * 2 + 1] = __uint_as_float(xw[e] & 0xffff0000u);
         }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (row >= L.out) break;
+        const uint4 wv = *reinterpret_cast<const uint4*>(L.fp4 + row * row_bytes + byte0);
+        const uint8_t* sc = L.fp4_scale + int64_t(row) * (L.in / 16) + k0 / 16;
+        const float s0 = e4m3_to_f32(sc[0]) * L.fp4_global, s1 = e4m3_to_f32(sc[1]) * L.fp4_global;
+        const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t b = (words[q] >> (8 * e)) & 0xff;
+            const float v = lut[b & 0xf] * xf[q * 8 + e * 2] + lut[b >> 4] * xf[q * 8 + e * 2 + 1];
+            if (q < 2) a0 += v; else a1 += v;
+          }
+        }
+        sum[r] += a0 * s0 + a1 * s1;
       }
     }
   } else {
-    const bf16_t* w = L.bf16 + int64_t(row) * L.in;
     for (int k0 = lane * 8; k0 < L.in; k0 += 32 * 8) {
-      const uint4 wv = *reinterpret_cast<const uint4*>(w + k0);
       const uint4 xv = *reinterpret_cast<const uint4*>(x + k0);
-      const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
+      const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sum += __uint_as_float(ww[e] << 16) * __uint_as_float(xw[e] << 16);
-        sum += __uint_as_float(ww[e] & 0xffff0000u) * __uint_as_float(xw[e] & 0xffff0000u);
+      for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (row >= L.out) break;
+        const uint4 wv = *reinterpret_cast<const uint4*>(L.bf16 + int64_t(row) * L.in + k0);
+        const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sum[r] += __uint_as_float(ww[e] << 16) * __uint_as_float(xw[e] << 16);
+          sum[r] += __uint_as_float(ww[e] & 0xffff0000u) * __uint_as_float(xw[e] & 0xffff0000u);
+        }
       }
     }
   }
-  return warp_sum(sum);
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = warp_sum(sum[r]);
 }
 
 constexpr int kWarps = 4;
@@ -112,17 +140,28 @@ __device__ __forceinline__ void load_lut(float* lut) {
   __syncthreads();
 }
 
+constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+
 __global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* ids, bf16_t* h, int K) {
   __shared__ float lut[16];
   load_lut(lut);
   const int p = blockIdx.y, t = p / K;
-  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (r >= ex.inter) return;
+  const int r0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (r0 >= ex.inter) return;
   const int e = ids[p];
   const bf16_t* xt = x + int64_t(t) * ex.hidden;
-  const float g = warp_row_dot(ex.gate[e], r, xt, lut);
-  const float u = warp_row_dot(ex.up[e], r, xt, lut);
-  if (threadIdx.x % 32 == 0) h[int64_t(p) * ex.inter + r] = to_bf(silu_f(g) * u);
+  float g[kRowsPerWarp], u[kRowsPerWarp];
+  warp_rows_dot<kRowsPerWarp>(ex.gate[e], r0, xt, lut, g);
+  warp_rows_dot<kRowsPerWarp>(ex.up[e], r0, xt, lut, u);
+  const int lane = threadIdx.x % 32;
+  if (lane < kRowsPerWarp && r0 + lane < ex.inter) {
+    float gv = 0.f, uv = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+      if (r == lane) gv = g[r], uv = u[r];
+    h[int64_t(p) * ex.inter + r0 + lane] = to_bf(silu_f(gv) * uv);
+  }
 }
 
 __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int32_t* ids, const float* w,
@@ -130,10 +169,94 @@ __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int3
   __shared__ float lut[16];
   load_lut(lut);
   const int p = blockIdx.y;
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (n >= ex.hidden) return;
-  const float v = warp_row_dot(ex.down[ids[p]], n, h + int64_t(p) * ex.inter, lut);
-  if (threadIdx.x % 32 == 0) pair_out[int64_t(p) * ex.hidden + n] = v * w[p];
+  const int n0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (n0 >= ex.hidden) return;
+  float v[kRowsPerWarp];
+  warp_rows_dot<kRowsPerWarp>(ex.down[ids[p]], n0, h + int64_t(p) * ex.inter, lut, v);
+  const int lane = threadIdx.x % 32;
+  if (lane < kRowsPerWarp && n0 + lane < ex.hidden) {
+    float vv = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+      if (r == lane) vv = v[r];
+    pair_out[int64_t(p) * ex.hidden + n0 + lane] = vv * w[p];
+  }
+}
+
+// Groups the (token, k) pairs by expert (counting sort in one block) so that each selected
+// expert's weights are read from memory once per step, whatever the number of its tokens.
+__global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sorted_pairs, int32_t* expert_start,
+                                 int32_t* active, int32_t* num_active) {
+  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+  int32_t* cursor = counts + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&counts[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0, n_active = 0;
+    for (int e = 0; e < E; ++e) {
+      expert_start[e] = run;
+      cursor[e] = run;
+      if (counts[e] > 0) active[n_active++] = e;
+      run += counts[e];
+    }
+    expert_start[E] = run;
+    *num_active = n_active;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
+}
+
+// Block (row block, a): the a-th active expert, every pair routed to it.
+__global__ void expert_gate_up_grouped_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* sorted_pairs,
+                                              const int32_t* expert_start, const int32_t* active,
+                                              const int32_t* num_active, bf16_t* h, int K) {
+  __shared__ float lut[16];
+  load_lut(lut);
+  if (int(blockIdx.y) >= *num_active) return;
+  const int e = active[blockIdx.y];
+  const int r0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (r0 >= ex.inter) return;
+  const int lane = threadIdx.x % 32;
+  for (int i = expert_start[e]; i < expert_start[e + 1]; ++i) {
+    const int p = sorted_pairs[i], t = p / K;
+    const bf16_t* xt = x + int64_t(t) * ex.hidden;
+    float g[kRowsPerWarp], u[kRowsPerWarp];
+    warp_rows_dot<kRowsPerWarp>(ex.gate[e], r0, xt, lut, g);  // rows stay in L1 across the pairs
+    warp_rows_dot<kRowsPerWarp>(ex.up[e], r0, xt, lut, u);
+    if (lane < kRowsPerWarp && r0 + lane < ex.inter) {
+      float gv = 0.f, uv = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        if (r == lane) gv = g[r], uv = u[r];
+      h[int64_t(p) * ex.inter + r0 + lane] = to_bf(silu_f(gv) * uv);
+    }
+  }
+}
+
+__global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, const int32_t* sorted_pairs,
+                                           const int32_t* expert_start, const int32_t* active,
+                                           const int32_t* num_active, const float* w, float* pair_out) {
+  __shared__ float lut[16];
+  load_lut(lut);
+  if (int(blockIdx.y) >= *num_active) return;
+  const int e = active[blockIdx.y];
+  const int n0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (n0 >= ex.hidden) return;
+  const int lane = threadIdx.x % 32;
+  for (int i = expert_start[e]; i < expert_start[e + 1]; ++i) {
+    const int p = sorted_pairs[i];
+    float v[kRowsPerWarp];
+    warp_rows_dot<kRowsPerWarp>(ex.down[e], n0, h + int64_t(p) * ex.inter, lut, v);
+    if (lane < kRowsPerWarp && n0 + lane < ex.hidden) {
+      float vv = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        if (r == lane) vv = v[r];
+      pair_out[int64_t(p) * ex.hidden + n0 + lane] = vv * w[p];
+    }
+  }
 }
 
 __global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int K, int hidden) {
@@ -176,14 +299,29 @@ void moe_topk(const float* logits, int32_t* topk_ids, float* topk_w, int T, int 
 }
 
 void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
-                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s) {
+                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s, const MoeGroupScratch* g) {
   if (T == 0) return;
   const int P = T * K;
-  expert_gate_up_kernel<<<dim3((ex.inter + kWarps - 1) / kWarps, P), kWarps * 32, 0, s>>>(ex, x, topk_ids, h, K);
-  FATHOM_CUDA_LAUNCH_CHECK();
-  expert_down_kernel<<<dim3((ex.hidden + kWarps - 1) / kWarps, P), kWarps * 32, 0, s>>>(ex, h, topk_ids, topk_w,
-                                                                                         pair_out);
-  FATHOM_CUDA_LAUNCH_CHECK();
+  if (g) {
+    moe_group_kernel<<<1, 512, 2 * ex.num * sizeof(int32_t), s>>>(topk_ids, P, ex.num, g->sorted_pairs,
+                                                                 g->expert_start, g->active, g->num_active);
+    FATHOM_CUDA_LAUNCH_CHECK();
+    const int max_active = std::min(ex.num, P);
+    expert_gate_up_grouped_kernel<<<dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32, 0,
+                                    s>>>(ex, x, g->sorted_pairs, g->expert_start, g->active, g->num_active, h, K);
+    FATHOM_CUDA_LAUNCH_CHECK();
+    expert_down_grouped_kernel<<<dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32, 0,
+                                 s>>>(ex, h, g->sorted_pairs, g->expert_start, g->active, g->num_active, topk_w,
+                                      pair_out);
+    FATHOM_CUDA_LAUNCH_CHECK();
+  } else {
+    expert_gate_up_kernel<<<dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s>>>(
+        ex, x, topk_ids, h, K);
+    FATHOM_CUDA_LAUNCH_CHECK();
+    expert_down_kernel<<<dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s>>>(
+        ex, h, topk_ids, topk_w, pair_out);
+    FATHOM_CUDA_LAUNCH_CHECK();
+  }
   combine_pairs_kernel<<<grid_for(int64_t(T) * ex.hidden), 256, 0, s>>>(pair_out, y, T, K, ex.hidden);
   FATHOM_CUDA_LAUNCH_CHECK();
 }

@@ -103,10 +103,17 @@ struct DeviceExperts {
   const DeviceLinear* up = nullptr;
   const DeviceLinear* down = nullptr;
 };
+// Scratch for grouping pairs by expert: sorted_pairs [max pairs], expert_start [E+1], active [E],
+// num_active [1].
+struct MoeGroupScratch {
+  int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
+};
 // For each (token, k) pair p = t*K + k: h[p] = silu(x_t G^T) * (x_t U^T) (bf16 [T*K, inter]),
-// then y[t] += sum_k w[t,k] * (h[p] D^T). `y` is accumulated into (not cleared).
+// then y[t] += sum_k w[t,k] * (h[p] D^T). `y` is accumulated into (not cleared). With `group`,
+// pairs are grouped by expert first so each selected expert's weights are read once.
 void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
-                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s);
+                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s,
+                        const MoeGroupScratch* group = nullptr);
 // y[t] += sigmoid(gate_logit[t]) * shared[t]
 void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int T, int hidden, cudaStream_t s);
 // Gathers rows: out[i] = x[rows[i]] (bf16, width n); scatter: y[rows[i]] += w[i] * src[i].

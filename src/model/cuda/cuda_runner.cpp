@@ -71,7 +71,8 @@ struct CudaRunner::Impl {
   // scratch
   int T_max = 0, R_max = 0, pair_limit = 0;
   static constexpr int kSplitTokens = 64;
-  DeviceBuffer xn32, part_m, part_l, part_acc;
+  DeviceBuffer xn32, part_m, part_l, part_acc, group_buf;
+  MoeGroupScratch group;
   AttentionSplit split;
   DeviceBuffer x, delta, xn, q_raw, k_raw, v_raw, q, gate, attn_out, mixed, zbuf, bbuf, abuf, ubuf, core, normed,
       router_logits, topk_ids, topk_w, pair_h, pair_out, sh_g, sh_u, sh_h, sh_out, sh_gate, eg_x, eg_g, eg_u, eg_h,
@@ -391,6 +392,11 @@ struct CudaRunner::Impl {
     topk_ids = DeviceBuffer(size_t(T) * K * 4);
     topk_w = f32(T * K);
     pair_h = b16(int64_t(pair_limit) * I);
+    group_buf = DeviceBuffer(size_t(pair_limit + 2 * E + 2) * 4);
+    group.sorted_pairs = group_buf.as<int32_t>();
+    group.expert_start = group.sorted_pairs + pair_limit;
+    group.active = group.expert_start + E + 1;
+    group.num_active = group.active + E;
     pair_out = f32(int64_t(pair_limit) * H);
     const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});
     sh_g = f32(T * S);
@@ -647,7 +653,7 @@ struct CudaRunner::Impl {
     FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
     if (T * K <= pair_limit) {
       moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
-                         pair_out.as<float>(), D, T, K, s);
+                         pair_out.as<float>(), D, T, K, s, T >= 4 ? &group : nullptr);  // grouping pays off once experts repeat
     } else {
       // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
       std::vector<int32_t> ids(size_t(T) * K);
