@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|all]...   (results under $OUT)
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|all]...   (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
 NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p)))" 2>/dev/null)
@@ -28,5 +28,22 @@ for what in "${@:-all}"; do
     bench|all)
       timeout 600 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
         --batch 1,8,64 --input-len 4096 --output-len 64 --profile --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+    serve|all)
+      # OpenAI server on the CUDA engine (dummy 397B-shape weights, token-id prompts) driven by
+      # `fathom bench serve` at concurrency 1, 16 and 64.
+      "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
+        --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18600 > "$OUT/serve.log" 2>&1 &
+      SRV=$!
+      python3 - <<'PY'
+import time, urllib.request
+for _ in range(600):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:18600/health", timeout=2); break
+    except Exception:
+        time.sleep(1)
+PY
+      timeout 420 "$BIN/fathom" bench serve --url http://127.0.0.1:18600 --concurrency 1,16,64 --input-len 512 \
+        --output-len 64 --num-prompts 64 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve.log"
+      kill $SRV; wait $SRV; tail -5 "$OUT/serve.log" ;;
   esac
 done

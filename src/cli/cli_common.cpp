@@ -25,11 +25,5 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
-void require_supported_device(const std::string& device) {
-  if (device == "cpu") return;
-  if (device == "cuda")
-    fail("--device cuda: the CUDA engine is not available in this build yet; use --device cpu");
-  fail("--device must be cpu or cuda, got '", device, "'");
-}
 
 }  // namespace fathom::cli

@@ -9,7 +9,4 @@ namespace fathom::cli {
 // Parses "1,2,3" into token ids; throws fathom::Error on anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text);
 
-// Validates --device. Only "cpu" runs today; "cuda" reports whether the CUDA backend exists.
-void require_supported_device(const std::string& device);
-
 }  // namespace fathom::cli

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "io/model_config.h"
+#include "io/text_file.h"
 #ifdef FATHOM_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -34,6 +34,8 @@ struct BenchArgs {
   bool profile = false, bf16_experts = false, no_graphs = false;
 };
 
+#ifdef FATHOM_HAVE_CUDA
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   for (int32_t x : parse_token_ids(s)) v.push_back(x);
@@ -43,16 +45,6 @@ std::vector<int> parse_list(const std::string& s) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
-
-#ifdef FATHOM_HAVE_CUDA
-
-// Keeps the layer pattern and cuts the depth to `n` layers.
-ModelConfig cut_depth(ModelConfig cfg, int n) {
-  if (n <= 0 || n >= cfg.num_hidden_layers) return cfg;
-  cfg.num_hidden_layers = n;
-  cfg.layer_types.resize(size_t(n));
-  return cfg;
 }
 
 struct Ceilings {
@@ -180,18 +172,11 @@ void print_profile(const cuda::OpProfile& p, const char* title) {
 void run_bench(const BenchArgs& a) {
   namespace fs = std::filesystem;
   std::string cfg_path = a.model;
-  std::string cfg_text, gen_text;
   if (fs::is_directory(cfg_path)) cfg_path = (fs::path(cfg_path) / "config.json").string();
-  {
-    std::ifstream f(cfg_path);
-    FATHOM_CHECK(f.good(), "cannot read ", cfg_path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    cfg_text = ss.str();
-  }
+  const std::string cfg_text = read_text_file(cfg_path);
   const bool dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
   FATHOM_CHECK(dummy, "bench with real weights: pass --load-format dummy (real-weight benchmarking comes later)");
-  ModelConfig cfg = cut_depth(ModelConfig::parse(cfg_text, "", cfg_path), a.num_layers);
+  ModelConfig cfg = ModelConfig::parse(cfg_text, "", cfg_path).truncated_to(a.num_layers);
   const bool nvfp4 = !a.bf16_experts && cfg.num_experts > 0;
   std::vector<int> batches = parse_list(a.batches);
   const int max_batch = *std::max_element(batches.begin(), batches.end());

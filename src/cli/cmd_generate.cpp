@@ -7,7 +7,7 @@
 #include "cli/cli_common.h"
 #include "cli/command.h"
 #include "core/error.h"
-#include "model/hybrid_model.h"
+#include "model/model_runner.h"
 #include "runtime/generate.h"
 #include "runtime/spec_decode.h"
 
@@ -51,21 +51,15 @@ void print_result(const GenerateArgs& a, const GenerateResult& r) {
 }
 
 void run_generate(GenerateArgs a) {
-  require_supported_device(a.device);
   std::vector<int32_t> prompt = parse_token_ids(a.token_ids);
   a.spec.algorithm = parse_spec_algorithm(a.spec_algorithm);
   GenerateOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.prefill_chunk = a.chunk;
   opt.sampling = a.sampling;
-  if (a.spec.algorithm == SpecAlgorithm::None) {
-    auto model = HybridModel::load(a.model, /*with_mtp=*/false);
-    if (!a.ignore_eos) opt.stop_token_ids = model->config().eos_token_ids;
-    print_result(a, generate(*model, prompt, opt));
-    return;
-  }
-  FATHOM_CHECK(a.spec.num_steps >= 1 && a.spec.num_steps <= 4, "--speculative-num-steps must be 1..4 (got ",
-               a.spec.num_steps, ")");
+  if (a.spec.algorithm != SpecAlgorithm::None)
+    FATHOM_CHECK(a.spec.num_steps >= 1 && a.spec.num_steps <= 4, "--speculative-num-steps must be 1..4 (got ",
+                 a.spec.num_steps, ")");
   auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp);
   if (!a.ignore_eos) opt.stop_token_ids = runner->config().eos_token_ids;
   print_result(a, generate(*runner, prompt, opt, a.spec));

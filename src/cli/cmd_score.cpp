@@ -1,11 +1,12 @@
 // `fathom score MODEL --token-ids 1,2,3 --logits-out out.npy`: teacher-forced logits.
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "core/error.h"
 #include "io/npy.h"
-#include "model/hybrid_model.h"
-#include "runtime/generate.h"
+#include "model/model_runner.h"
 
 namespace fathom::cli {
 namespace {
@@ -16,14 +17,24 @@ struct ScoreArgs {
 };
 
 void run_score(const ScoreArgs& a) {
-  require_supported_device(a.device);
   std::vector<int32_t> ids = parse_token_ids(a.token_ids);
-  auto model = HybridModel::load(a.model, /*with_mtp=*/false);
-  SequenceState state = model->new_sequence();
-  HybridModel::Output out = prefill(*model, state, ids, a.chunk, /*all_rows=*/true);
-  write_npy_f32(a.logits_out, out.logits.data(), {out.rows, model->config().vocab_size});
-  std::printf("wrote logits [%lld, %d] to %s\n", static_cast<long long>(out.rows), model->config().vocab_size,
-              a.logits_out.c_str());
+  FATHOM_CHECK(!ids.empty(), "--token-ids is empty");
+  FATHOM_CHECK(a.chunk > 0, "--prefill-chunk must be positive");
+  auto runner = open_model(a.model, a.device, /*with_mtp=*/false);
+  const int64_t V = runner->config().vocab_size;
+  SequenceId seq = runner->add_sequence();
+  std::vector<float> logits;
+  for (size_t begin = 0; begin < ids.size(); begin += size_t(a.chunk)) {
+    const size_t end = std::min(ids.size(), begin + size_t(a.chunk));
+    ForwardStep step{seq, std::span<const int32_t>(ids.data() + begin, end - begin), /*all_rows=*/true};
+    ForwardOutput out = runner->forward(std::span<const ForwardStep>(&step, 1));
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+  }
+  runner->remove_sequence(seq);
+  const int64_t rows = int64_t(logits.size()) / V;
+  write_npy_f32(a.logits_out, logits.data(), {rows, V});
+  std::printf("wrote logits [%lld, %lld] to %s (%s)\n", static_cast<long long>(rows), static_cast<long long>(V),
+              a.logits_out.c_str(), runner->device_name().c_str());
 }
 
 CommandRegistrar reg([](CLI::App& app) {

@@ -25,6 +25,8 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
   sub->add_flag("--skip-tokenizer-init", a->skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
   sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--load-format", a->load_format, "auto, or dummy: random weights at MODEL's config (CUDA)")->capture_default_str();
+  sub->add_option("--num-layers", a->num_layers, "With --load-format dummy: cut depth, keeping the layer pattern");
   sub->add_option("--http-threads", a->http_threads, "HTTP worker threads (default: max-num-seqs + max-queue-len + 64)");
   sub->add_option("--listen-backlog", a->listen_backlog, "TCP listen backlog")->capture_default_str();
   sub->add_flag("--log-requests", a->log_requests, "Log every HTTP request to stderr");

@@ -1,4 +1,5 @@
 #include "io/checkpoint.h"
+#include "io/text_file.h"
 
 #include <algorithm>
 #include <fstream>
@@ -22,18 +23,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string(), ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-}  // namespace
-
 std::shared_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail("checkpoint folder ", dir.string(), " does not exist");
@@ -48,7 +37,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
   const fs::path index_path = dir / "model.safetensors.index.json";
   const std::string index_label = index_path.string();
   if (fs::exists(index_path, ec)) {
-    json idx = json::parse(read_text(index_path), nullptr, false);
+    json idx = json::parse(read_text_file(index_path), nullptr, false);
     if (idx.is_discarded()) fail(index_label, ": not valid JSON");
     if (!idx.is_object()) fail(index_label, ": expected a JSON object");
     auto wm = idx.find("weight_map");

@@ -1,4 +1,5 @@
 #include "io/model_config.h"
+#include "io/text_file.h"
 
 #include <algorithm>
 #include <cmath>
@@ -122,13 +123,6 @@ json parse_object(const std::string& text, const std::string& label) {
   return j;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string(), ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 void add_unique(std::vector<int>& v, const std::vector<int>& add) {
   for (int x : add)
@@ -153,8 +147,8 @@ ModelConfig ModelConfig::load(const fs::path& dir) {
   if (!fs::exists(cfg, ec)) fail(cfg.string(), ": not found (is ", dir.string(), " a model folder?)");
   std::string gen;
   const fs::path gen_path = dir / "generation_config.json";
-  if (fs::exists(gen_path, ec)) gen = read_text(gen_path);
-  return parse(read_text(cfg), gen, cfg.string());
+  if (fs::exists(gen_path, ec)) gen = read_text_file(gen_path);
+  return parse(read_text_file(cfg), gen, cfg.string());
 }
 
 ModelConfig ModelConfig::parse(const std::string& config_json, const std::string& generation_config_json,
@@ -377,6 +371,16 @@ int ModelConfig::num_full_attention_layers() const {
 
 int ModelConfig::num_linear_attention_layers() const {
   return int(std::count(layer_types.begin(), layer_types.end(), LayerType::LinearAttention));
+}
+
+ModelConfig ModelConfig::truncated_to(int layers) const {
+  ModelConfig c = *this;
+  if (layers > 0 && layers < num_hidden_layers) {
+    c.num_hidden_layers = layers;
+    c.layer_types.resize(size_t(layers));
+  }
+  c.mtp_num_hidden_layers = 0;
+  return c;
 }
 
 }  // namespace fathom

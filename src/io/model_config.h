@@ -70,6 +70,8 @@ struct ModelConfig {
                            const std::string& label);
 
   bool is_moe_layer(int layer) const;
+  // The same model cut to its first `layers` layers (the layer pattern is kept); no MTP layer.
+  ModelConfig truncated_to(int layers) const;
   int rotary_dim() const;  // head_dim * partial_rotary_factor
   int num_full_attention_layers() const;
   int num_linear_attention_layers() const;

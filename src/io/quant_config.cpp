@@ -1,4 +1,5 @@
 #include "io/quant_config.h"
+#include "io/text_file.h"
 
 #include <algorithm>
 #include <cctype>
@@ -162,13 +163,6 @@ QuantConfig parse_config_json(const json& qc, const std::string& label) {
   return c;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string(), ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 }  // namespace
 
@@ -176,7 +170,7 @@ QuantConfig QuantConfig::load(const fs::path& dir, const std::string& config_jso
   std::string hf;
   std::error_code ec;
   const fs::path p = dir / "hf_quant_config.json";
-  if (fs::exists(p, ec)) hf = read_text(p);
+  if (fs::exists(p, ec)) hf = read_text_file(p);
   return parse(config_json, hf, dir.string());
 }
 

@@ -9,24 +9,10 @@
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "io/quant_config.h"
+#include "io/text_file.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace fathom {
-namespace {
-
-std::string read_text_file(const std::filesystem::path& p) {
-  FILE* f = std::fopen(p.c_str(), "rb");
-  FATHOM_CHECK(f, "cannot open ", p.string());
-  std::string s;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
-
-}  // namespace
-
 void HybridModel::round_activations(float* p, size_t n) const {
   if (!bf16_activations_) return;
   for (size_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));

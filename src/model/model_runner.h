@@ -58,8 +58,18 @@ class ModelRunner {
   virtual void mtp_rollback(SequenceId seq, int64_t new_length) = 0;
 };
 
+// How to build an engine beyond the checkpoint path (flag names as vLLM's).
+struct EngineOptions {
+  std::string load_format = "auto";  // "dummy": random weights at the config's shapes (path: config.json or folder)
+  int num_layers = 0;                // > 0: keep the layer pattern, cut depth to this many layers (dummy only)
+  int max_seqs = 0;                  // sequences held at once (0: engine default)
+  int64_t max_model_len = 0;         // longest sequence (0: engine default)
+  int max_batched_tokens = 0;        // tokens in one forward (0: engine default)
+};
+
 // Opens a checkpoint on "cpu" (the reference engine) or "cuda" (when built with CUDA).
 // Defined in src/runtime/engine_factory.cpp, the layer that knows every engine.
-std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp);
+std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp,
+                                        const EngineOptions& options = {});
 
 }  // namespace fathom

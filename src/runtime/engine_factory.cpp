@@ -1,5 +1,9 @@
 // Chooses the engine for --device: the CPU reference engine, or the CUDA engine when built.
+#include <algorithm>
+#include <filesystem>
+
 #include "core/error.h"
+#include "io/text_file.h"
 #include "model/cpu_runner.h"
 #include "model/model_runner.h"
 #ifdef FATHOM_HAVE_CUDA
@@ -8,11 +12,38 @@
 
 namespace fathom {
 
-std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp) {
+namespace {
+
+#ifdef FATHOM_HAVE_CUDA
+std::string read_config_text(const std::string& path) {
+  std::filesystem::path p(path);
+  return read_text_file(std::filesystem::is_directory(p) ? p / "config.json" : p);
+}
+#endif
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp,
+                                        const EngineOptions& options) {
+  FATHOM_CHECK(options.load_format == "auto" || options.load_format == "dummy",
+               "--load-format must be auto or dummy, got '", options.load_format, "'");
+  const bool dummy = options.load_format == "dummy";
+  FATHOM_CHECK(!dummy || device == "cuda", "--load-format dummy needs --device cuda");
+  FATHOM_CHECK(options.num_layers == 0 || dummy, "--num-layers applies to --load-format dummy only");
   if (device == "cpu") return std::make_unique<CpuRunner>(HybridModel::load(path, with_mtp));
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
-    return cuda::CudaRunner::from_checkpoint(path, cuda::CudaRunnerOptions{});
+    cuda::CudaRunnerOptions opt;
+    if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
+    if (options.max_model_len > 0) opt.max_seq_len = int(options.max_model_len);
+    if (options.max_batched_tokens > 0) opt.max_tokens_per_step = options.max_batched_tokens;
+    opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
+    opt.kv_cache_tokens = std::max<int64_t>(opt.kv_cache_tokens, int64_t(opt.max_seqs) * opt.max_seq_len);
+    if (dummy) {
+      ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(options.num_layers);
+      return cuda::CudaRunner::dummy(cfg, opt, /*nvfp4_experts=*/cfg.num_experts > 0, /*seed=*/1234);
+    }
+    return cuda::CudaRunner::from_checkpoint(path, opt);
 #else
     fail("--device cuda: this build of fathom has no CUDA engine (nvcc was not found at configure time)");
 #endif

@@ -554,7 +554,13 @@ int OpenAIServer::run() {
       std::fprintf(stderr, "fathom serve: no chat template (%s); /v1/chat/completions disabled\n", e.what());
     }
   }
-  auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/false);
+  EngineOptions eo;
+  eo.load_format = cfg_.load_format;
+  eo.num_layers = cfg_.num_layers;
+  eo.max_seqs = cfg_.max_num_seqs;
+  eo.max_model_len = cfg_.max_model_len;
+  eo.max_batched_tokens = int(cfg_.max_num_batched_tokens);
+  auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/false, eo);
   const ModelConfig& mc = runner->config();
   vocab_ = mc.vocab_size;
   max_len_ = cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);

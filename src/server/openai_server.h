@@ -20,6 +20,8 @@ struct ServerConfig {
   std::string reasoning_parser;   // "" or "qwen3"
   bool skip_tokenizer_init = false;
   std::string device = "cpu";
+  std::string load_format = "auto";  // "dummy": random weights at a config's shapes (CUDA)
+  int num_layers = 0;                // dummy only: cut depth, keeping the layer pattern
   int http_threads = 0;           // 0: max_num_seqs + max_queue_len + 64
   int listen_backlog = 4096;
   bool log_requests = false;

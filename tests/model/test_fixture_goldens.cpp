@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "golden_reader.h"
 #include "io/safetensors.h"
 #include "model/hybrid_model.h"
 #include "runtime/generate.h"
@@ -35,33 +36,9 @@ struct Golden {
   std::vector<float> logits, greedy_margin, mtp_logits;
 };
 
-std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) return {};
-  std::vector<float> v(t->numel());
-  convert_to_f32(t->dtype, f.bytes(*t).data(), v.data(), v.size());
-  return v;
-}
-
-std::vector<int32_t> read_i32(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) return {};
-  std::vector<int32_t> v(t->numel());
-  if (t->dtype == DType::I32) {
-    std::memcpy(v.data(), f.bytes(*t).data(), v.size() * 4);
-  } else {
-    std::vector<int64_t> w(t->numel());
-    std::memcpy(w.data(), f.bytes(*t).data(), w.size() * 8);
-    std::copy(w.begin(), w.end(), v.begin());
-  }
-  return v;
-}
-
-// FATHOM_FIXTURES_DIR in the environment overrides the checked-in fixtures (for trying new ones).
-fs::path fixtures_dir() {
-  const char* env = std::getenv("FATHOM_FIXTURES_DIR");
-  return env ? fs::path(env) : fs::path(FATHOM_FIXTURES_DIR);
-}
+using testing::fixtures_dir;
+using testing::read_f32;
+using testing::read_i32;
 
 struct Fixture {
   std::string name;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "golden_reader.h"
 #include "io/safetensors.h"
 #include "model/cpu_runner.h"
 #include "model/hybrid_model.h"
@@ -43,19 +44,7 @@ fs::path fixture_path(const std::string& name) {
   return fs::path(FATHOM_FIXTURES_DIR) / name;
 }
 
-std::vector<int32_t> read_i32(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) return {};
-  std::vector<int32_t> v(t->numel());
-  if (t->dtype == DType::I32) {
-    std::memcpy(v.data(), f.bytes(*t).data(), v.size() * 4);
-  } else {
-    std::vector<int64_t> w(t->numel());
-    std::memcpy(w.data(), f.bytes(*t).data(), w.size() * 8);
-    std::copy(w.begin(), w.end(), v.begin());
-  }
-  return v;
-}
+using testing::read_i32;
 
 struct Fixture {
   std::unique_ptr<CpuRunner> runner;

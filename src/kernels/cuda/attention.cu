@@ -64,95 +64,23 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
 }
 
 constexpr int kAttnWarps = 4;
+constexpr int kPerLane = kMaxHeadDim / 32;
 
-__global__ void paged_attention_kernel(const float* q, const float* gate, const bf16_t* k_cache,
-                                       const bf16_t* v_cache, const int32_t* pos, const int32_t* seq_of_token,
-                                       const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out,
-                                       int nh, int nkv, int d) {
-  constexpr int kPerLane = kMaxHeadDim / 32;
-  const int t = blockIdx.x, h = blockIdx.y;
+// Online softmax of query (t, h) over keys [begin, end) of its sequence, by kAttnWarps warps
+// (warp w takes keys begin+w, begin+w+kAttnWarps, ...), merged in shared memory. Returns the
+// running max M and sum L, and leaves the accumulator (relative to M, unnormalised) in acc_out.
+__device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int32_t* table,
+                             int block_size, int nkv, int kvh, int d, int begin, int end, float* M_out, float* L_out,
+                             float* acc_out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kvh = h / (nh / nkv);
   const float scale = rsqrtf(float(d));
-  const float* qv = q + (int64_t(t) * nh + h) * d;
   float qr[kPerLane], acc[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
-    qr[i] = c < d ? qv[c] * scale : 0.f;
+    qr[i] = c < d ? q[c] * scale : 0.f;
     acc[i] = 0.f;
   }
-  const int32_t* table = block_tables + int64_t(seq_of_token[t]) * max_blocks;
-  const int last = pos[t];
-  float m = -INFINITY, l = 0.f;
-  for (int j = warp; j <= last; j += kAttnWarps) {
-    const int64_t slot = int64_t(table[j / block_size]) * block_size + j % block_size;
-    const bf16_t* kp = k_cache + (slot * nkv + kvh) * d;
-    const bf16_t* vp = v_cache + (slot * nkv + kvh) * d;
-    float dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int c = lane + 32 * i;
-      if (c < d) dot += qr[i] * bf(kp[c]);
-    }
-    dot = warp_sum(dot);
-    const float m_new = fmaxf(m, dot);
-    const float corr = __expf(m - m_new), p = __expf(dot - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int c = lane + 32 * i;
-      acc[i] = acc[i] * corr + (c < d ? p * bf(vp[c]) : 0.f);
-    }
-    m = m_new;
-  }
-  __shared__ float sm[kAttnWarps], sl[kAttnWarps];
-  __shared__ float sacc[kAttnWarps][kMaxHeadDim];
-  if (lane == 0) sm[warp] = m, sl[warp] = l;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int c = lane + 32 * i;
-    if (c < d) sacc[warp][c] = acc[i];
-  }
-  __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
-  float L = 0.f;
-  for (int w = 0; w < kAttnWarps; ++w)
-    if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    float o = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w)
-      if (sm[w] > -INFINITY) o += sacc[w][c] * __expf(sm[w] - M);
-    o /= L;
-    if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
-    out[(int64_t(t) * nh + h) * d + c] = to_bf(o);
-  }
-}
-
-// Split-K ("flash decoding") for few query tokens over long contexts: block (t, h, s) covers
-// the s-th of `splits` equal key ranges and writes its partial (max, sum, accumulator).
-__global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cache, const bf16_t* v_cache,
-                                             const int32_t* pos, const int32_t* seq_of_token,
-                                             const int32_t* block_tables, int max_blocks, int block_size, int nh,
-                                             int nkv, int d, float* part_m, float* part_l, float* part_acc) {
-  constexpr int kPerLane = kMaxHeadDim / 32;
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kvh = h / (nh / nkv);
-  const float scale = rsqrtf(float(d));
-  const float* qv = q + (int64_t(t) * nh + h) * d;
-  float qr[kPerLane], acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int c = lane + 32 * i;
-    qr[i] = c < d ? qv[c] * scale : 0.f;
-    acc[i] = 0.f;
-  }
-  const int32_t* table = block_tables + int64_t(seq_of_token[t]) * max_blocks;
-  const int n = pos[t] + 1;
-  const int chunk = (n + splits - 1) / splits;
-  const int begin = split * chunk, end = min(n, begin + chunk);
   float m = -INFINITY, l = 0.f;
   for (int j = begin + warp; j < end; j += kAttnWarps) {
     const int64_t slot = int64_t(table[j / block_size]) * block_size + j % block_size;
@@ -189,13 +117,47 @@ __global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cac
   float L = 0.f;
   for (int w = 0; w < kAttnWarps; ++w)
     if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
-  const int64_t part = (int64_t(t) * nh + h) * splits + split;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float o = 0.f;
     for (int w = 0; w < kAttnWarps; ++w)
       if (sm[w] > -INFINITY) o += sacc[w][c] * __expf(sm[w] - M);
-    part_acc[part * d + c] = o;  // un-normalised, relative to M
+    acc_out[c] = o;
   }
+  *M_out = M;
+  *L_out = L;
+}
+
+// One block per (query token, head) over all its keys: prefill chunks.
+__global__ void paged_attention_kernel(const float* q, const float* gate, const bf16_t* k_cache,
+                                       const bf16_t* v_cache, const int32_t* pos, const int32_t* seq_of_token,
+                                       const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out,
+                                       int nh, int nkv, int d) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  __shared__ float o[kMaxHeadDim];
+  float M, L;
+  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, block_tables + int64_t(seq_of_token[t]) * max_blocks,
+               block_size, nkv, h / (nh / nkv), d, 0, pos[t] + 1, &M, &L, o);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float v = o[c] / L;
+    if (gate) v *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
+    out[(int64_t(t) * nh + h) * d + c] = to_bf(v);
+  }
+}
+
+// Split-K ("flash decoding") for few query tokens over long contexts: block (t, h, s) covers
+// the s-th of `splits` equal key ranges and writes its partial (max, sum, accumulator).
+__global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cache, const bf16_t* v_cache,
+                                             const int32_t* pos, const int32_t* seq_of_token,
+                                             const int32_t* block_tables, int max_blocks, int block_size, int nh,
+                                             int nkv, int d, float* part_m, float* part_l, float* part_acc) {
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int n = pos[t] + 1;
+  const int chunk = (n + splits - 1) / splits;
+  const int begin = min(n, split * chunk), end = min(n, begin + chunk);
+  const int64_t part = (int64_t(t) * nh + h) * splits + split;
+  float M, L;
+  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, block_tables + int64_t(seq_of_token[t]) * max_blocks,
+               block_size, nkv, h / (nh / nkv), d, begin, end, &M, &L, part_acc + part * d);
   if (threadIdx.x == 0) part_m[part] = M, part_l[part] = L;
 }
 

@@ -143,14 +143,9 @@ __device__ __forceinline__ void load_lut(float* lut) {
 constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 
-__global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* ids, bf16_t* h, int K) {
-  __shared__ float lut[16];
-  load_lut(lut);
-  const int p = blockIdx.y, t = p / K;
-  const int r0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
-  if (r0 >= ex.inter) return;
-  const int e = ids[p];
-  const bf16_t* xt = x + int64_t(t) * ex.hidden;
+// h_row[r0 .. r0+R) = silu(x G_e^T) * (x U_e^T) for this warp's rows.
+__device__ void gate_up_rows(const DeviceExperts& ex, int e, int r0, const bf16_t* xt, const float* lut,
+                             bf16_t* h_row) {
   float g[kRowsPerWarp], u[kRowsPerWarp];
   warp_rows_dot<kRowsPerWarp>(ex.gate[e], r0, xt, lut, g);
   warp_rows_dot<kRowsPerWarp>(ex.up[e], r0, xt, lut, u);
@@ -160,8 +155,33 @@ __global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const i
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r)
       if (r == lane) gv = g[r], uv = u[r];
-    h[int64_t(p) * ex.inter + r0 + lane] = to_bf(silu_f(gv) * uv);
+    h_row[r0 + lane] = to_bf(silu_f(gv) * uv);
   }
+}
+
+// out_row[n0 .. n0+R) = w * (h D_e^T) for this warp's rows.
+__device__ void down_rows(const DeviceExperts& ex, int e, int n0, const bf16_t* hp, const float* lut, float w,
+                          float* out_row) {
+  float v[kRowsPerWarp];
+  warp_rows_dot<kRowsPerWarp>(ex.down[e], n0, hp, lut, v);
+  const int lane = threadIdx.x % 32;
+  if (lane < kRowsPerWarp && n0 + lane < ex.hidden) {
+    float vv = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+      if (r == lane) vv = v[r];
+    out_row[n0 + lane] = vv * w;
+  }
+}
+
+// Block (row block, p): one (token, k) pair.
+__global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* ids, bf16_t* h, int K) {
+  __shared__ float lut[16];
+  load_lut(lut);
+  const int p = blockIdx.y;
+  const int r0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (r0 >= ex.inter) return;
+  gate_up_rows(ex, ids[p], r0, x + int64_t(p / K) * ex.hidden, lut, h + int64_t(p) * ex.inter);
 }
 
 __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int32_t* ids, const float* w,
@@ -171,16 +191,7 @@ __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int3
   const int p = blockIdx.y;
   const int n0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
   if (n0 >= ex.hidden) return;
-  float v[kRowsPerWarp];
-  warp_rows_dot<kRowsPerWarp>(ex.down[ids[p]], n0, h + int64_t(p) * ex.inter, lut, v);
-  const int lane = threadIdx.x % 32;
-  if (lane < kRowsPerWarp && n0 + lane < ex.hidden) {
-    float vv = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
-      if (r == lane) vv = v[r];
-    pair_out[int64_t(p) * ex.hidden + n0 + lane] = vv * w[p];
-  }
+  down_rows(ex, ids[p], n0, h + int64_t(p) * ex.inter, lut, w[p], pair_out + int64_t(p) * ex.hidden);
 }
 
 // Groups the (token, k) pairs by expert (counting sort in one block) so that each selected
@@ -208,7 +219,8 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
   for (int p = threadIdx.x; p < P; p += blockDim.x) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
 
-// Block (row block, a): the a-th active expert, every pair routed to it.
+// Block (row block, a): the a-th active expert, every pair routed to it (its weight rows stay in
+// L1 across the pairs).
 __global__ void expert_gate_up_grouped_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* sorted_pairs,
                                               const int32_t* expert_start, const int32_t* active,
                                               const int32_t* num_active, bf16_t* h, int K) {
@@ -218,20 +230,9 @@ __global__ void expert_gate_up_grouped_kernel(DeviceExperts ex, const bf16_t* x,
   const int e = active[blockIdx.y];
   const int r0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
   if (r0 >= ex.inter) return;
-  const int lane = threadIdx.x % 32;
   for (int i = expert_start[e]; i < expert_start[e + 1]; ++i) {
-    const int p = sorted_pairs[i], t = p / K;
-    const bf16_t* xt = x + int64_t(t) * ex.hidden;
-    float g[kRowsPerWarp], u[kRowsPerWarp];
-    warp_rows_dot<kRowsPerWarp>(ex.gate[e], r0, xt, lut, g);  // rows stay in L1 across the pairs
-    warp_rows_dot<kRowsPerWarp>(ex.up[e], r0, xt, lut, u);
-    if (lane < kRowsPerWarp && r0 + lane < ex.inter) {
-      float gv = 0.f, uv = 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        if (r == lane) gv = g[r], uv = u[r];
-      h[int64_t(p) * ex.inter + r0 + lane] = to_bf(silu_f(gv) * uv);
-    }
+    const int p = sorted_pairs[i];
+    gate_up_rows(ex, e, r0, x + int64_t(p / K) * ex.hidden, lut, h + int64_t(p) * ex.inter);
   }
 }
 
@@ -244,18 +245,9 @@ __global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, co
   const int e = active[blockIdx.y];
   const int n0 = blockIdx.x * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
   if (n0 >= ex.hidden) return;
-  const int lane = threadIdx.x % 32;
   for (int i = expert_start[e]; i < expert_start[e + 1]; ++i) {
     const int p = sorted_pairs[i];
-    float v[kRowsPerWarp];
-    warp_rows_dot<kRowsPerWarp>(ex.down[e], n0, h + int64_t(p) * ex.inter, lut, v);
-    if (lane < kRowsPerWarp && n0 + lane < ex.hidden) {
-      float vv = 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        if (r == lane) vv = v[r];
-      pair_out[int64_t(p) * ex.hidden + n0 + lane] = vv * w[p];
-    }
+    down_rows(ex, e, n0, h + int64_t(p) * ex.inter, lut, w[p], pair_out + int64_t(p) * ex.hidden);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/quant_config.h"
+#include "io/text_file.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
@@ -779,15 +780,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   impl->opt = opt;
   impl->init_device();
   auto ckpt = Checkpoint::open(dir);
-  std::string config_text;
-  {
-    FILE* f = std::fopen((std::filesystem::path(dir) / "config.json").c_str(), "rb");
-    FATHOM_CHECK(f, "cannot open ", dir, "/config.json");
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) config_text.append(buf, n);
-    std::fclose(f);
-  }
+  const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
   QuantConfig quant = QuantConfig::load(dir, config_text);
   ModelWeights w = load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/false, /*keep_nvfp4=*/true);
   impl->upload(w);

@@ -1,0 +1,121 @@
+// `fathom score` and `fathom generate` end to end on the fixtures: the .npy written by score holds
+// the transformers golden logits (max |err| below 1e-3 of their spread, as in tests/model), and
+// generate --json returns the golden greedy continuation.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/npy.h"
+#include "io/safetensors.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string run(const std::string& args, int* status) {
+  const std::string cmd = std::string("'") + FATHOM_BINARY + "' " + args;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = p ? pclose(p) : -1;
+  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+template <class T>
+std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
+  const TensorInfo* t = f.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (!t) return {};
+  std::vector<T> v(t->numel());
+  if constexpr (std::is_same_v<T, float>) {
+    convert_to_f32(t->dtype, f.bytes(*t).data(), v.data(), v.size());
+  } else {
+    EXPECT_EQ(t->dtype, DType::I32);
+    std::memcpy(v.data(), f.bytes(*t).data(), v.size() * 4);
+  }
+  return v;
+}
+
+std::string join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+class CliFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliFixture, ScoreWritesGoldenLogitsAndGenerateGoldenTokens) {
+  const fs::path dir = fs::path(FATHOM_FIXTURES_DIR) / GetParam();
+  auto golden = SafetensorsFile::open(dir / "goldens.safetensors");
+  const auto prompt = read<int32_t>(*golden, "prompt_1");
+  const auto logits = read<float>(*golden, "logits_1");
+  const auto greedy = read<int32_t>(*golden, "greedy_1");
+  const auto margin = read<float>(*golden, "greedy_margin_1");
+
+  const fs::path npy = fs::temp_directory_path() / ("fathom_score_" + GetParam() + ".npy");
+  int status = 0;
+  std::string out = run("score '" + dir.string() + "' --token-ids " + join(prompt) + " --logits-out '" +
+                            npy.string() + "' --prefill-chunk 7 2>&1",
+                        &status);
+  ASSERT_EQ(status, 0) << out;
+  NpyArray a = read_npy_f32(npy);
+  fs::remove(npy);
+  ASSERT_EQ(a.shape.size(), 2u);
+  EXPECT_EQ(a.shape[0], int64_t(prompt.size()));
+  ASSERT_EQ(a.data.size(), logits.size());
+  auto [mn, mx] = std::minmax_element(logits.begin(), logits.end());
+  double err = 0;
+  for (size_t i = 0; i < logits.size(); ++i) err = std::max(err, double(std::fabs(a.data[i] - logits[i])));
+  EXPECT_LT(err / double(*mx - *mn), 1e-3);
+
+  out = run("generate '" + dir.string() + "' --token-ids " + join(prompt) + " --max-new-tokens " +
+                std::to_string(greedy.size()) + " --ignore-eos --json 2>&1",
+            &status);
+  ASSERT_EQ(status, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  const auto ids = j["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), greedy.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] != greedy[i]) {
+      EXPECT_LE(margin[i], 1e-2f) << "step " << i;
+      break;
+    }
+  }
+}
+
+TEST(Cli, BadInputsGiveOneLineErrors) {
+  int status = 0;
+  std::string out = run("generate /nonexistent/model --token-ids 1,2 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("error:"), std::string::npos) << out;
+  out = run("score '" + (fs::path(FATHOM_FIXTURES_DIR) / "qwen3_dense").string() +
+                "' --token-ids 1,x,3 --logits-out /tmp/x.npy 2>&1",
+            &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--token-ids"), std::string::npos) << out;
+  out = run("generate '" + (fs::path(FATHOM_FIXTURES_DIR) / "qwen3_dense").string() +
+                "' --token-ids 1,99999 2>&1",
+            &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("vocabulary"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliFixture,
+                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace fathom
