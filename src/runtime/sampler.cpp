@@ -65,33 +65,44 @@ int32_t Sampler::sample(const float* logits, int64_t n, std::span<const int32_t>
   return sample(scratch_.data(), n);
 }
 
-int32_t Sampler::sample(const float* logits, int64_t n) {
-  if (params_.temperature <= 0.f) return argmax(logits, n);
+SamplingCandidates sampling_candidates(const float* logits, int64_t n, const SamplingParams& params) {
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   int64_t keep = n;
-  if (params_.top_k > 0) keep = std::min<int64_t>(keep, params_.top_k);
+  if (params.top_k > 0) keep = std::min<int64_t>(keep, params.top_k);
   std::vector<double> p(keep);
-  const double mx = logits[idx[0]] / params_.temperature;
+  const double mx = logits[idx[0]] / params.temperature;
   double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[idx[i]] / params_.temperature - mx);
+  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[idx[i]] / params.temperature - mx);
   for (double& v : p) v /= sum;
-  if (params_.min_p > 0.f) {
-    const double floor = params_.min_p * p[0];
+  if (params.min_p > 0.f) {
+    const double floor = params.min_p * p[0];
     while (keep > 1 && p[keep - 1] < floor) --keep;
   }
-  if (params_.top_p < 1.f) {
+  if (params.top_p < 1.f) {
     double c = 0;
     int64_t k = 0;
     while (k < keep) {
       c += p[k++];
-      if (c >= params_.top_p) break;
+      if (c >= params.top_p) break;
     }
     keep = std::max<int64_t>(1, k);
   }
-  std::discrete_distribution<int64_t> dist(p.begin(), p.begin() + keep);
-  return idx[dist(rng_)];
+  double kept = 0;
+  for (int64_t i = 0; i < keep; ++i) kept += p[i];
+  SamplingCandidates out;
+  out.ids.assign(idx.begin(), idx.begin() + keep);
+  out.probs.resize(keep);
+  for (int64_t i = 0; i < keep; ++i) out.probs[i] = p[i] / kept;
+  return out;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n) {
+  if (params_.temperature <= 0.f) return argmax(logits, n);
+  const SamplingCandidates c = sampling_candidates(logits, n, params_);
+  std::discrete_distribution<int64_t> dist(c.probs.begin(), c.probs.end());
+  return c.ids[dist(rng_)];
 }
 
 }  // namespace fathom

@@ -38,6 +38,15 @@ struct TokenLogprobs {
 };
 TokenLogprobs compute_logprobs(const float* logits, int64_t n, int32_t token, int k);
 
+// The tokens sampling may pick and their probabilities: softmax(logits / temperature), then top-k,
+// min-p and top-p, most likely first (ties to the lower id), renormalised over the kept tokens.
+// temperature must be > 0. Shared by Sampler and speculative rejection sampling.
+struct SamplingCandidates {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+};
+SamplingCandidates sampling_candidates(const float* logits, int64_t n, const SamplingParams& params);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}

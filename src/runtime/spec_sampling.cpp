@@ -14,34 +14,8 @@ std::vector<double> target_distribution(const float* logits, int64_t n, const Sa
     out[size_t(argmax(logits, n))] = 1.0;
     return out;
   }
-  // Same order of filters and the same tie-breaking as Sampler::sample.
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(),
-            [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  int64_t keep = n;
-  if (params.top_k > 0) keep = std::min<int64_t>(keep, params.top_k);
-  std::vector<double> p(static_cast<size_t>(keep));
-  const double mx = logits[idx[0]] / params.temperature;
-  double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[idx[i]] / params.temperature - mx);
-  for (double& v : p) v /= sum;
-  if (params.min_p > 0.f) {
-    const double floor = params.min_p * p[0];
-    while (keep > 1 && p[keep - 1] < floor) --keep;
-  }
-  if (params.top_p < 1.f) {
-    double c = 0;
-    int64_t k = 0;
-    while (k < keep) {
-      c += p[k++];
-      if (c >= params.top_p) break;
-    }
-    keep = std::max<int64_t>(1, k);
-  }
-  double kept = 0;
-  for (int64_t i = 0; i < keep; ++i) kept += p[i];
-  for (int64_t i = 0; i < keep; ++i) out[size_t(idx[i])] = p[i] / kept;
+  const SamplingCandidates c = sampling_candidates(logits, n, params);  // as Sampler::sample
+  for (size_t i = 0; i < c.ids.size(); ++i) out[size_t(c.ids[i])] = c.probs[i];
   return out;
 }
 

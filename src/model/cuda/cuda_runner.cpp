@@ -849,15 +849,12 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   ForwardOutput out;
   // Each original step's rows are appended in order; a split step contributes several pieces.
-  std::map<const void*, size_t> first_row_of_step;
   for (const ForwardStep& st : steps) {
     out.row_begin.push_back(out.rows);
     out.rows += st.all_rows ? int64_t(st.tokens.size()) : 1;
   }
   out.logits.resize(size_t(out.rows) * V);
   out.hidden.resize(size_t(out.rows) * H);
-  // Map each piece back to its step by the token pointer range.
-  std::vector<std::pair<const int32_t*, size_t>> step_of_ptr;
   m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
     Impl::Plan p = m.prepare(batch);
     m.run(p);
@@ -868,7 +865,7 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
     m.commit(batch);
     for (size_t i = 0; i < batch.size(); ++i) {
       const ForwardStep& piece = batch[i];
-      // Find the original step this piece belongs to.
+      // The original step this piece belongs to: the one whose token range holds it.
       size_t si = 0;
       for (; si < steps.size(); ++si)
         if (piece.tokens.data() >= steps[si].tokens.data() &&
