@@ -368,6 +368,31 @@ def main():
     finally:
         small.stop()
 
+    # KV blocks for far fewer tokens than the running sequences need: the scheduler must preempt
+    # (drop a sequence's state and recompute it later) without changing any greedy output.
+    tight = Server(args.fathom, model, "--max-num-seqs", "8", "--max-model-len", "64", "--num-kv-blocks", "12")
+    try:
+        @check("preemption by recompute keeps greedy outputs")
+        def _():
+            import random
+            rng = random.Random(11)
+            prompts = [[rng.randrange(2, 500) for _ in range(30)] for _ in range(8)]
+            cl = tight.client()
+
+            def run(p):
+                r = cl.completions.create(model=name, prompt=p, max_tokens=24, temperature=0,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True})
+                return r.choices[0].model_extra["token_ids"]
+            alone = [run(p) for p in prompts]
+            assert tight.metric("fathom:num_preemptions_total") == 0
+            with cf.ThreadPoolExecutor(8) as ex:
+                together = list(ex.map(run, prompts))
+            assert tight.metric("fathom:num_preemptions_total") > 0, "the test did not cause a preemption"
+            assert together == alone, [i for i in range(8) if together[i] != alone[i]]
+        _()
+    finally:
+        tight.stop()
+
     print(f"{len(PASSED)} passed, {len(FAILED)} failed")
     return 1 if FAILED else 0
 
