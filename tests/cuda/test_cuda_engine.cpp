@@ -146,7 +146,9 @@ TEST_P(CudaFixture, MatchesCpuReference) {
     auto got = greedy(*gpu, prompt, 12, nullptr);
     size_t same = 0;
     for (; same < want.size() && want[same] == got[same]; ++same) {}
-    if (same < want.size()) EXPECT_LT(margins[same], kMarginThreshold) << "greedy diverged at step " << same;
+    if (same < want.size()) {
+      EXPECT_LT(margins[same], kMarginThreshold) << "greedy diverged at step " << same;
+    }
     std::printf("  %s, %d tokens: greedy agrees for %zu of %zu steps\n", GetParam().c_str(), len, same, want.size());
   }
   const RowStats t = stats(tight), l = stats(loose);

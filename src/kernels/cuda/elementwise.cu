@@ -65,6 +65,12 @@ __global__ void gather_rows_f32_kernel(const float* x, const int32_t* rows, floa
   for (int c = threadIdx.x; c < n; c += blockDim.x) out[int64_t(blockIdx.x) * n + c] = src[c];
 }
 
+__global__ void silu_mul_rows_kernel(const float* gu, int64_t ld, bf16_t* out, int inter) {
+  const int64_t r = blockIdx.x;
+  for (int i = threadIdx.x; i < inter; i += blockDim.x)
+    out[r * inter + i] = to_bf(silu_f(gu[r * ld + i]) * gu[r * ld + inter + i]);
+}
+
 __global__ void argmax_kernel(const float* logits, int32_t* out, int n) {
   const float* row = logits + int64_t(blockIdx.x) * n;
   float best = -INFINITY;
@@ -167,6 +173,12 @@ void silu_mul(const float* gate, const float* up, bf16_t* out, int64_t n, cudaSt
 void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count, int n, cudaStream_t s) {
   if (count == 0) return;
   gather_rows_f32_kernel<<<count, 256, 0, s>>>(x, rows, out, n);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+void silu_mul_rows(const float* gu, int64_t ld, bf16_t* out, int rows, int inter, cudaStream_t s) {
+  if (rows == 0) return;
+  silu_mul_rows_kernel<<<rows, 256, 0, s>>>(gu, ld, out, inter);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

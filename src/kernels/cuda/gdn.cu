@@ -8,8 +8,8 @@ namespace fathom::cuda {
 namespace {
 
 template <int KC>
-__global__ void gdn_conv_kernel(const float* mixed, const float* conv_w, float* conv_state, const int32_t* seq_start,
-                                const int32_t* state_slot, float* u, int conv_dim) {
+__global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
+                                const int32_t* seq_start, const int32_t* state_slot, float* u, int conv_dim) {
   const int s = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
@@ -20,7 +20,7 @@ __global__ void gdn_conv_kernel(const float* mixed, const float* conv_w, float* 
 #pragma unroll
   for (int i = 0; i < KC - 1; ++i) hist[i] = st[int64_t(i) * conv_dim + c];
   for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
-    const float x = mixed[int64_t(t) * conv_dim + c];
+    const float x = mixed[int64_t(t) * mixed_ld + c];
     float acc = w[KC - 1] * x;
 #pragma unroll
     for (int i = 0; i < KC - 1; ++i) acc += w[i] * hist[i];
@@ -34,7 +34,7 @@ __global__ void gdn_conv_kernel(const float* mixed, const float* conv_w, float* 
 }
 
 template <int DK>
-__global__ void gdn_recurrent_kernel(const float* u, const float* b, const float* a, const float* a_log,
+__global__ void gdn_recurrent_kernel(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                                      const float* dt_bias, float* state, const int32_t* seq_start,
                                      const int32_t* state_slot, float* out, int hk, int hv) {
   const int h = blockIdx.x, s = blockIdx.y, v = threadIdx.x, dv = blockDim.x;
@@ -58,8 +58,8 @@ __global__ void gdn_recurrent_kernel(const float* u, const float* b, const float
 #pragma unroll
     for (int k = 0; k < DK; ++k) sq += qs[k] * qs[k], sk += ks[k] * ks[k];
     const float inv_q = rsqrtf(sq + 1e-6f) * qscale, inv_k = rsqrtf(sk + 1e-6f);
-    const float beta = sigmoid_f(b[int64_t(t) * hv + h]);
-    const float x = a[int64_t(t) * hv + h] + dt_bias[h];
+    const float beta = sigmoid_f(b[int64_t(t) * ba_ld + h]);
+    const float x = a[int64_t(t) * ba_ld + h] + dt_bias[h];
     const float g = -A * (x > 20.f ? x : log1pf(expf(x)));
     const float decay = expf(g);
     const float vv = ut[2 * key_dim + h * dv + v];
@@ -83,12 +83,12 @@ __global__ void gdn_recurrent_kernel(const float* u, const float* b, const float
   for (int k = 0; k < DK; ++k) st[int64_t(k) * dv + v] = S[k];
 }
 
-__global__ void gated_rms_norm_kernel(const float* x, const float* z, const float* w, bf16_t* y, int rows, int dv,
-                                      float eps) {
+__global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
+                                      bf16_t* y, int rows, int dv, float eps) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= rows) return;
   const float* xr = x + int64_t(row) * dv;
-  const float* zr = z + int64_t(row) * dv;
+  const float* zr = z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv;
   float ss = 0.f;
   for (int i = lane; i < dv; i += 32) ss += xr[i] * xr[i];
   const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
@@ -97,39 +97,39 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* z, const floa
 
 }  // namespace
 
-void gdn_conv(const float* mixed, const float* conv_w, float* conv_state, const int32_t* seq_start,
+void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s) {
   if (num_seqs == 0) return;
   dim3 grid((conv_dim + 255) / 256, num_seqs);
   switch (kc) {
-    case 2: gdn_conv_kernel<2><<<grid, 256, 0, s>>>(mixed, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
-    case 3: gdn_conv_kernel<3><<<grid, 256, 0, s>>>(mixed, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
-    case 4: gdn_conv_kernel<4><<<grid, 256, 0, s>>>(mixed, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
+    case 2: gdn_conv_kernel<2><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
+    case 3: gdn_conv_kernel<3><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
+    case 4: gdn_conv_kernel<4><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
     default: fail("gdn_conv: unsupported conv kernel size ", kc, " (supported: 2, 3, 4)");
   }
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void gdn_recurrent(const float* u, const float* b, const float* a, const float* a_log, const float* dt_bias,
+void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s) {
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
   dim3 grid(hv, num_seqs);
   switch (dk) {
-    case 16: gdn_recurrent_kernel<16><<<grid, dv, 0, s>>>(u, b, a, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 32: gdn_recurrent_kernel<32><<<grid, dv, 0, s>>>(u, b, a, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 64: gdn_recurrent_kernel<64><<<grid, dv, 0, s>>>(u, b, a, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 128: gdn_recurrent_kernel<128><<<grid, dv, 0, s>>>(u, b, a, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
+    case 16: gdn_recurrent_kernel<16><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
+    case 32: gdn_recurrent_kernel<32><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
+    case 64: gdn_recurrent_kernel<64><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
+    case 128: gdn_recurrent_kernel<128><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
     default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
   }
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void gated_rms_norm(const float* x, const float* z, const float* w, bf16_t* y, int rows, int dv, float eps,
-                    cudaStream_t s) {
+void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
+                    int dv, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  gated_rms_norm_kernel<<<(rows + 3) / 4, 128, 0, s>>>(x, z, w, y, rows, dv, eps);
+  gated_rms_norm_kernel<<<(rows + 3) / 4, 128, 0, s>>>(x, z, z_ld, heads, w, y, rows, dv, eps);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

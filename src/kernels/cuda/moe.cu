@@ -251,20 +251,23 @@ __global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, co
   }
 }
 
-__global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int K, int hidden) {
+__global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
+                                     const float* shared_gate, int64_t gate_ld) {
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, n = i % hidden;
     float acc = 0.f;
     for (int k = 0; k < K; ++k) acc += pair_out[(t * K + k) * hidden + n];
-    y[i] += acc;
+    if (shared) acc += sigmoid_f(shared_gate[t * gate_ld]) * shared[i];
+    y[i] = acc;
   }
 }
 
-__global__ void add_sigmoid_gated_kernel(float* y, const float* shared, const float* g, int T, int hidden) {
+__global__ void add_sigmoid_gated_kernel(float* y, const float* shared, const float* g, int64_t gate_ld, int T,
+                                         int hidden) {
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += sigmoid_f(g[i / hidden]) * shared[i];
+    y[i] += sigmoid_f(g[(i / hidden) * gate_ld]) * shared[i];
 }
 
 __global__ void gather_rows_kernel(const bf16_t* x, const int32_t* rows, bf16_t* out, int n) {
@@ -291,7 +294,8 @@ void moe_topk(const float* logits, int32_t* topk_ids, float* topk_w, int T, int 
 }
 
 void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
-                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s, const MoeGroupScratch* g) {
+                        bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared,
+                        const float* shared_gate, int64_t gate_ld, cudaStream_t s, const MoeGroupScratch* g) {
   if (T == 0) return;
   const int P = T * K;
   if (g) {
@@ -314,13 +318,15 @@ void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t*
         ex, h, topk_ids, topk_w, pair_out);
     FATHOM_CUDA_LAUNCH_CHECK();
   }
-  combine_pairs_kernel<<<grid_for(int64_t(T) * ex.hidden), 256, 0, s>>>(pair_out, y, T, K, ex.hidden);
+  combine_pairs_kernel<<<grid_for(int64_t(T) * ex.hidden), 256, 0, s>>>(pair_out, y, T, K, ex.hidden, shared,
+                                                                         shared_gate, gate_ld);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int T, int hidden, cudaStream_t s) {
+void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,
+                       cudaStream_t s) {
   if (T == 0) return;
-  add_sigmoid_gated_kernel<<<grid_for(int64_t(T) * hidden), 256, 0, s>>>(y, shared, gate_logit, T, hidden);
+  add_sigmoid_gated_kernel<<<grid_for(int64_t(T) * hidden), 256, 0, s>>>(y, shared, gate_logit, gate_ld, T, hidden);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

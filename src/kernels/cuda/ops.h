@@ -35,6 +35,8 @@ void add_inplace(float* x, const float* delta, int64_t n, cudaStream_t s);
 void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count, int n, cudaStream_t s);
 // out[i] = silu(gate[i]) * up[i] as bf16.
 void silu_mul(const float* gate, const float* up, bf16_t* out, int64_t n, cudaStream_t s);
+// Fused gate/up output: out[r, i] = silu(gu[r*ld + i]) * gu[r*ld + inter + i] as bf16 ([rows, inter]).
+void silu_mul_rows(const float* gu, int64_t ld, bf16_t* out, int rows, int inter, cudaStream_t s);
 // Row-wise argmax (ties to the lowest index).
 void argmax_rows(const float* logits, int32_t* out, int rows, int n, cudaStream_t s);
 // Fills with deterministic pseudo-random values (dummy weights): bf16 N(0, std) approx, fp4 codes, e4m3 scales.
@@ -82,16 +84,18 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
 // its state lives in slot state_slot[i] of the pools.
 // Causal depthwise conv (kernel kc) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
-void gdn_conv(const float* mixed, const float* conv_w, float* conv_state, const int32_t* seq_start,
+// `mixed` rows are `mixed_ld` apart (the projections may share one fused output).
+void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s);
 // Gated delta rule over each sequence's tokens (recurrent form), state fp32 [slots, HV, dk, dv].
-// u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv]; out: [T, hv*dv] fp32.
-void gdn_recurrent(const float* u, const float* b, const float* a, const float* a_log, const float* dt_bias,
+// u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
+void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s);
-// y = w * rmsnorm(x) * silu(z) per head row of dv, as bf16.
-void gated_rms_norm(const float* x, const float* z, const float* w, bf16_t* y, int rows, int dv, float eps,
-                    cudaStream_t s);
+// y = w * rmsnorm(x) * silu(z) per head row of dv, as bf16. x, y: [T*heads, dv]; z: token t's
+// heads start at z + t*z_ld.
+void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
+                    int dv, float eps, cudaStream_t s);
 
 // ---- MoE (moe.cu)
 // softmax over E router logits, top-k, optional renormalisation.
@@ -109,13 +113,16 @@ struct MoeGroupScratch {
   int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
 };
 // For each (token, k) pair p = t*K + k: h[p] = silu(x_t G^T) * (x_t U^T) (bf16 [T*K, inter]),
-// then y[t] += sum_k w[t,k] * (h[p] D^T). `y` is accumulated into (not cleared). With `group`,
-// pairs are grouped by expert first so each selected expert's weights are read once.
+// then y[t] = sum_k w[t,k] * (h[p] D^T) + sigmoid(shared_gate[t*gate_ld]) * shared[t] (the shared
+// expert's part when `shared` is not null). `y` is overwritten. With `group`, pairs are grouped
+// by expert first so each selected expert's weights are read once.
 void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
-                        bf16_t* h, float* pair_out, float* y, int T, int K, cudaStream_t s,
+                        bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared,
+                        const float* shared_gate, int64_t gate_ld, cudaStream_t s,
                         const MoeGroupScratch* group = nullptr);
-// y[t] += sigmoid(gate_logit[t]) * shared[t]
-void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int T, int hidden, cudaStream_t s);
+// y[t] += sigmoid(gate_logit[t * gate_ld]) * shared[t]
+void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,
+                       cudaStream_t s);
 // Gathers rows: out[i] = x[rows[i]] (bf16, width n); scatter: y[rows[i]] += w[i] * src[i].
 void gather_rows_bf16(const bf16_t* x, const int32_t* rows, bf16_t* out, int count, int n, cudaStream_t s);
 void scatter_add_rows(float* y, const float* src, const int32_t* rows, const float* w, int count, int n,

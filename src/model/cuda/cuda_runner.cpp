@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -24,6 +25,7 @@ struct DevLayer {
   DeviceLinear q, k, v, o;
   const float *q_norm = nullptr, *k_norm = nullptr;
   DeviceLinear qkv, z, b, a, out;
+  DeviceLinear gdn_in;  // [qkv | z | b | a] in one bf16 matrix when none is NVFP4 (one GEMM, not four)
   const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;
   bool is_moe = false;
   DeviceLinear router;
@@ -31,6 +33,7 @@ struct DevLayer {
   std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
   bool has_shared = false;
   DeviceLinear s_gate, s_up, s_down, s_gate_logit;
+  DeviceLinear s_fused;  // [gate | up | gate logit] in one bf16 matrix when none is NVFP4
   DeviceLinear m_gate, m_up, m_down;  // dense MLP
   int attn_index = -1, linear_index = -1;
 };
@@ -149,6 +152,19 @@ struct CudaRunner::Impl {
     d.f32 = upload_f32(w.w);
     return d;
   }
+  // Stacks the rows of several bf16-stored linears with the same input, or nothing when one of
+  // them is NVFP4 (those keep their own kernels).
+  static std::optional<LinearWeight> concat_rows(std::initializer_list<const LinearWeight*> parts) {
+    LinearWeight out;
+    out.in = (*parts.begin())->in;
+    for (const LinearWeight* w : parts) {
+      if (!w->fp4.empty() || w->in != out.in) return std::nullopt;
+      out.out += w->out;
+      out.w.insert(out.w.end(), w->w.begin(), w->w.end());
+    }
+    return out;
+  }
+
   const float* upload_f32(const std::vector<float>& v) {
     float* p = alloc_weight<float>(int64_t(v.size()), false);
     FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
@@ -195,10 +211,14 @@ struct CudaRunner::Impl {
         l.q_norm = upload_f32(lw.attn.q_norm);
         l.k_norm = upload_f32(lw.attn.k_norm);
       } else {
-        l.qkv = upload_linear(lw.gdn.qkv, false);
-        l.z = upload_linear(lw.gdn.z, false);
-        l.b = upload_linear(lw.gdn.b, false);
-        l.a = upload_linear(lw.gdn.a, false);
+        if (const auto fused = concat_rows({&lw.gdn.qkv, &lw.gdn.z, &lw.gdn.b, &lw.gdn.a})) {
+          l.gdn_in = upload_linear(*fused, false);
+        } else {
+          l.qkv = upload_linear(lw.gdn.qkv, false);
+          l.z = upload_linear(lw.gdn.z, false);
+          l.b = upload_linear(lw.gdn.b, false);
+          l.a = upload_linear(lw.gdn.a, false);
+        }
         l.out = upload_linear(lw.gdn.out, false);
         l.conv_w = upload_f32(lw.gdn.conv);
         l.dt_bias = upload_f32(lw.gdn.dt_bias);
@@ -216,10 +236,14 @@ struct CudaRunner::Impl {
         l.experts = upload_expert_table(l);
         if (lw.moe.shared) {
           l.has_shared = true;
-          l.s_gate = upload_linear(lw.moe.shared->gate, false);
-          l.s_up = upload_linear(lw.moe.shared->up, false);
+          if (const auto fused = concat_rows({&lw.moe.shared->gate, &lw.moe.shared->up, &lw.moe.shared_gate})) {
+            l.s_fused = upload_linear(*fused, false);
+          } else {
+            l.s_gate = upload_linear(lw.moe.shared->gate, false);
+            l.s_up = upload_linear(lw.moe.shared->up, false);
+            l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
+          }
           l.s_down = upload_linear(lw.moe.shared->down, false);
-          l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
         }
       } else {
         l.m_gate = upload_linear(lw.mlp.gate, false);
@@ -282,10 +306,7 @@ struct CudaRunner::Impl {
         l.q_norm = dummy_f32(d, norm_w);
         l.k_norm = dummy_f32(d, norm_w);
       } else {
-        l.qkv = dummy_linear(conv_dim, H, false, false);
-        l.z = dummy_linear(hv * dv, H, false, false);
-        l.b = dummy_linear(hv, H, false, false);
-        l.a = dummy_linear(hv, H, false, false);
+        l.gdn_in = dummy_linear(conv_dim + hv * dv + 2 * hv, H, false, false);
         l.out = dummy_linear(H, hv * dv, false, false);
         l.conv_w = dummy_f32(int64_t(conv_dim) * cfg.linear_conv_kernel_dim, 0.25f);
         l.dt_bias = dummy_f32(hv, 0.f);
@@ -311,10 +332,8 @@ struct CudaRunner::Impl {
         if (cfg.shared_expert_intermediate_size > 0) {
           const int S = cfg.shared_expert_intermediate_size;
           l.has_shared = true;
-          l.s_gate = dummy_linear(S, H, false, false);
-          l.s_up = dummy_linear(S, H, false, false);
+          l.s_fused = dummy_linear(2 * S + 1, H, false, false);
           l.s_down = dummy_linear(H, S, false, false);
-          l.s_gate_logit = dummy_linear(1, H, false, false);
         }
       } else {
         l.m_gate = dummy_linear(cfg.intermediate_size, H, false, false);
@@ -381,7 +400,7 @@ struct CudaRunner::Impl {
     q = f32(T * nh * d);
     gate = f32(T * nh * d);
     attn_out = b16(T * nh * d);
-    mixed = f32(T * conv_dim);
+    mixed = f32(T * (conv_dim + hv * dv + 2 * hv));  // room for the fused [qkv | z | b | a] output
     zbuf = f32(T * hv * dv);
     bbuf = f32(T * hv);
     abuf = f32(T * hv);
@@ -400,7 +419,7 @@ struct CudaRunner::Impl {
     group.num_active = group.active + E;
     pair_out = f32(int64_t(pair_limit) * H);
     const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});
-    sh_g = f32(T * S);
+    sh_g = f32(T * (2 * S + 1));  // room for the fused [gate | up | gate logit] output
     sh_u = f32(T * S);
     sh_h = b16(T * S);
     sh_out = f32(T * H);
@@ -601,22 +620,42 @@ struct CudaRunner::Impl {
     const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
     const int conv_dim = 2 * hk * dk + hv * dv;
     bf16_t* dq = dequant.as<bf16_t>();
+    // Projections: one fused GEMM ([qkv | z | b | a] per row) or four.
+    const float *mix_p, *z_p, *b_p, *a_p;
+    int64_t mix_ld, z_ld, ba_ld;
     {
       Scope sc(this, "gdn.proj");
-      linear(l.qkv, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
-      linear(l.z, xn.as<bf16_t>(), zbuf.as<float>(), T, dq, s);
-      linear(l.b, xn.as<bf16_t>(), bbuf.as<float>(), T, dq, s);
-      linear(l.a, xn.as<bf16_t>(), abuf.as<float>(), T, dq, s);
+      if (l.gdn_in.out > 0) {
+        const int64_t W = l.gdn_in.out;
+        linear(l.gdn_in, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+        mix_p = mixed.as<float>();
+        z_p = mix_p + conv_dim;
+        b_p = z_p + int64_t(hv) * dv;
+        a_p = b_p + hv;
+        mix_ld = z_ld = ba_ld = W;
+      } else {
+        linear(l.qkv, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+        linear(l.z, xn.as<bf16_t>(), zbuf.as<float>(), T, dq, s);
+        linear(l.b, xn.as<bf16_t>(), bbuf.as<float>(), T, dq, s);
+        linear(l.a, xn.as<bf16_t>(), abuf.as<float>(), T, dq, s);
+        mix_p = mixed.as<float>();
+        z_p = zbuf.as<float>();
+        b_p = bbuf.as<float>();
+        a_p = abuf.as<float>();
+        mix_ld = conv_dim;
+        z_ld = int64_t(hv) * dv;
+        ba_ld = hv;
+      }
     }
     {
       Scope sc(this, "gdn.core");
       float* cs = conv_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * (kc - 1) * conv_dim;
       float* rs = rec_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * hv * dk * dv;
-      gdn_conv(mixed.as<float>(), l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim,
-               kc, s);
-      gdn_recurrent(ubuf.as<float>(), bbuf.as<float>(), abuf.as<float>(), l.a_log, l.dt_bias, rs, dmeta.seq_start,
-                    dmeta.state_slot, core.as<float>(), p.S, hk, hv, dk, dv, s);
-      gated_rms_norm(core.as<float>(), zbuf.as<float>(), l.gnorm, normed.as<bf16_t>(), T * hv, dv,
+      gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
+               s);
+      gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                    core.as<float>(), p.S, hk, hv, dk, dv, s);
+      gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
                      float(cfg.rms_norm_eps), s);
     }
     Scope sc(this, "gdn.proj");
@@ -643,19 +682,32 @@ struct CudaRunner::Impl {
       linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
       moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
     }
+    // Shared expert: out in sh_out, gate logit at shared_gate[t * gate_ld].
+    const float* shared_gate = nullptr;
+    int64_t gate_ld = 1;
     {
       Scope sc(this, "moe.shared");
-      if (l.has_shared) {
+      if (l.has_shared && l.s_fused.out > 0) {
+        const int S = l.s_down.in;
+        linear(l.s_fused, xn.as<bf16_t>(), sh_g.as<float>(), T, dq, s);
+        silu_mul_rows(sh_g.as<float>(), 2 * S + 1, sh_h.as<bf16_t>(), T, S, s);
+        linear(l.s_down, sh_h.as<bf16_t>(), sh_out.as<float>(), T, dq, s);
+        shared_gate = sh_g.as<float>() + 2 * S;
+        gate_ld = 2 * S + 1;
+      } else if (l.has_shared) {
         mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
         linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
+        shared_gate = sh_gate.as<float>();
       }
     }
     Scope sc(this, "moe.experts");
-    FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
+    const float* shared = l.has_shared ? sh_out.as<float>() : nullptr;
     if (T * K <= pair_limit) {
+      // Writes D, shared expert included; grouping pays off once experts repeat.
       moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
-                         pair_out.as<float>(), D, T, K, s, T >= 4 ? &group : nullptr);  // grouping pays off once experts repeat
+                         pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s, T >= 4 ? &group : nullptr);
     } else {
+      FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
       // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
       std::vector<int32_t> ids(size_t(T) * K);
       std::vector<float> w(size_t(T) * K);
@@ -693,8 +745,8 @@ struct CudaRunner::Impl {
       }
       // The host vectors above must outlive the async copies.
       FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (shared) add_sigmoid_gated(D, shared, shared_gate, gate_ld, T, H, s);
     }
-    if (l.has_shared) add_sigmoid_gated(D, sh_out.as<float>(), sh_gate.as<float>(), T, H, s);
   }
 
   // Final norm and lm_head over the selected rows; argmax on the device.
