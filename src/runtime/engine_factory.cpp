@@ -34,6 +34,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
     cuda::CudaRunnerOptions opt;
+    opt.load_mtp = with_mtp;
     if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
     if (options.max_model_len > 0) opt.max_seq_len = int(options.max_model_len);
     if (options.max_batched_tokens > 0) opt.max_tokens_per_step = options.max_batched_tokens;

@@ -9,16 +9,21 @@ namespace {
 
 template <int KC>
 __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
-                                const int32_t* seq_start, const int32_t* state_slot, float* u, int conv_dim) {
+                                const int32_t* seq_start, const int32_t* state_slot, float* u, int conv_dim,
+                                StateHistory hs) {
   const int s = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
   float* st = conv_state + int64_t(state_slot[s]) * (KC - 1) * conv_dim;
+  float* keep = hs.conv && hs.keep[s] ? hs.conv + int64_t(state_slot[s]) * hs.entries * (KC - 1) * conv_dim : nullptr;
   float w[KC], hist[KC - 1];
 #pragma unroll
   for (int i = 0; i < KC; ++i) w[i] = conv_w[int64_t(c) * KC + i];
 #pragma unroll
   for (int i = 0; i < KC - 1; ++i) hist[i] = st[int64_t(i) * conv_dim + c];
+  if (keep)
+#pragma unroll
+    for (int i = 0; i < KC - 1; ++i) keep[int64_t(i) * conv_dim + c] = hist[i];
   for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
     const float x = mixed[int64_t(t) * mixed_ld + c];
     float acc = w[KC - 1] * x;
@@ -28,6 +33,11 @@ __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const floa
 #pragma unroll
     for (int i = 0; i + 1 < KC - 1; ++i) hist[i] = hist[i + 1];
     hist[KC - 2] = x;
+    if (keep) {
+      float* e = keep + int64_t(t - seq_start[s] + 1) * (KC - 1) * conv_dim;
+#pragma unroll
+      for (int i = 0; i < KC - 1; ++i) e[int64_t(i) * conv_dim + c] = hist[i];
+    }
   }
 #pragma unroll
   for (int i = 0; i < KC - 1; ++i) st[int64_t(i) * conv_dim + c] = hist[i];
@@ -36,7 +46,7 @@ __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const floa
 template <int DK>
 __global__ void gdn_recurrent_kernel(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                                      const float* dt_bias, float* state, const int32_t* seq_start,
-                                     const int32_t* state_slot, float* out, int hk, int hv) {
+                                     const int32_t* state_slot, float* out, int hk, int hv, StateHistory hs) {
   const int h = blockIdx.x, s = blockIdx.y, v = threadIdx.x, dv = blockDim.x;
   const int key_dim = hk * DK, conv_total = 2 * key_dim + hv * dv;
   const int j = h / (hv / hk);
@@ -45,6 +55,14 @@ __global__ void gdn_recurrent_kernel(const float* u, const float* b, const float
   float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv;
 #pragma unroll
   for (int k = 0; k < DK; ++k) S[k] = st[int64_t(k) * dv + v];
+  // History entry i of this head: the state after i tokens of the step.
+  float* keep = hs.recurrent && hs.keep[s]
+                    ? hs.recurrent + int64_t(state_slot[s]) * hs.entries * hv * DK * dv + int64_t(h) * DK * dv
+                    : nullptr;
+  const int64_t entry_stride = int64_t(hv) * DK * dv;
+  if (keep)
+#pragma unroll
+    for (int k = 0; k < DK; ++k) keep[int64_t(k) * dv + v] = S[k];
   const float A = expf(a_log[h]);
   const float qscale = rsqrtf(float(DK));
   for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
@@ -77,6 +95,11 @@ __global__ void gdn_recurrent_kernel(const float* u, const float* b, const float
       o += S[k] * qs[k];
     }
     out[int64_t(t) * hv * dv + h * dv + v] = o * inv_q;
+    if (keep) {
+      float* e = keep + int64_t(t - seq_start[s] + 1) * entry_stride;
+#pragma unroll
+      for (int k = 0; k < DK; ++k) e[int64_t(k) * dv + v] = S[k];
+    }
     __syncthreads();
   }
 #pragma unroll
@@ -98,13 +121,15 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_
 }  // namespace
 
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
-              const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s) {
+              const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,
+              const StateHistory* hist) {
+  const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   dim3 grid((conv_dim + 255) / 256, num_seqs);
   switch (kc) {
-    case 2: gdn_conv_kernel<2><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
-    case 3: gdn_conv_kernel<3><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
-    case 4: gdn_conv_kernel<4><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim); break;
+    case 2: gdn_conv_kernel<2><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
+    case 3: gdn_conv_kernel<3><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
+    case 4: gdn_conv_kernel<4><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
     default: fail("gdn_conv: unsupported conv kernel size ", kc, " (supported: 2, 3, 4)");
   }
   FATHOM_CUDA_LAUNCH_CHECK();
@@ -112,15 +137,16 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
-                   int hk, int hv, int dk, int dv, cudaStream_t s) {
+                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist) {
+  const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
   dim3 grid(hv, num_seqs);
   switch (dk) {
-    case 16: gdn_recurrent_kernel<16><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 32: gdn_recurrent_kernel<32><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 64: gdn_recurrent_kernel<64><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
-    case 128: gdn_recurrent_kernel<128><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv); break;
+    case 16: gdn_recurrent_kernel<16><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
+    case 32: gdn_recurrent_kernel<32><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
+    case 64: gdn_recurrent_kernel<64><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
+    case 128: gdn_recurrent_kernel<128><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
     default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
   }
   FATHOM_CUDA_LAUNCH_CHECK();

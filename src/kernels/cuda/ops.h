@@ -82,16 +82,25 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
 
 // ---- Gated DeltaNet (gdn.cu). Tokens of sequence i are [seq_start[i], seq_start[i+1]);
 // its state lives in slot state_slot[i] of the pools.
+// History (draft verification): when `hist` is given and keep[i] is non-zero, the state before
+// the step and after each of its tokens goes to entries 0, 1, ... of the slot's `entries` entries.
+struct StateHistory {
+  float* conv = nullptr;       // [slots, entries, kc-1, conv_dim]
+  float* recurrent = nullptr;  // [slots, entries, HV, dk, dv]
+  const int32_t* keep = nullptr;
+  int entries = 0;
+};
 // Causal depthwise conv (kernel kc) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
-              const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s);
+              const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,
+              const StateHistory* hist = nullptr);
 // Gated delta rule over each sequence's tokens (recurrent form), state fp32 [slots, HV, dk, dv].
 // u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
-                   int hk, int hv, int dk, int dv, cudaStream_t s);
+                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr);
 // y = w * rmsnorm(x) * silu(z) per head row of dv, as bf16. x, y: [T*heads, dv]; z: token t's
 // heads start at z + t*z_ld.
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,

@@ -42,11 +42,13 @@ struct Sequence {
   int64_t length = 0;
   int slot = -1;
   std::vector<int32_t> blocks;
+  int64_t hist_base = -1, hist_len = 0;  // the last keep_history step: start and token count
+  int64_t mtp_length = 0;                // positions the MTP layer has consumed
 };
 
 // Per-step metadata, mirrored in pinned host memory and uploaded in one copy.
 struct Meta {
-  int32_t *ids, *pos, *seq_of_token, *slot_mapping, *rows, *seq_start, *state_slot, *block_tables;
+  int32_t *ids, *pos, *seq_of_token, *slot_mapping, *rows, *seq_start, *state_slot, *keep_hist, *block_tables;
 };
 
 }  // namespace
@@ -85,6 +87,17 @@ struct CudaRunner::Impl {
   int32_t* meta_host = nullptr;
   size_t meta_ints = 0;
   Meta dmeta{}, hmeta{};
+
+  // MTP draft layer (optional): its own full-attention layer and KV pool (index n_attn).
+  bool has_mtp = false;
+  DevLayer mtp_layer;
+  DeviceLinear mtp_fc_e, mtp_fc_h;  // fc split into its embedding half and its hidden half
+  const float *mtp_norm_e = nullptr, *mtp_norm_h = nullptr, *mtp_norm = nullptr;
+  DeviceBuffer mtp_hidden, mtp_e, mtp_h;
+  // Linear-attention state history for keep_history steps, allocated on first use.
+  DeviceBuffer conv_hist, rec_hist;
+  StateHistory hist;
+  bool hist_step = false;  // the current forward records history
 
   std::map<int, cudaGraphExec_t> graphs;
   OpProfile prof;
@@ -198,61 +211,83 @@ struct CudaRunner::Impl {
     lm_head = w.tied_lm_head ? embed : upload_linear(w.lm_head, false).bf16;
     FATHOM_CHECK(lm_head != nullptr, "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
     final_norm = upload_f32(w.final_norm);
-    for (const LayerWeights& lw : w.layers) {
-      DevLayer l;
-      l.type = lw.type;
-      l.input_norm = upload_f32(lw.input_norm);
-      l.post_norm = upload_f32(lw.post_attention_norm);
-      if (lw.type == LayerType::FullAttention) {
-        l.q = upload_linear(lw.attn.q, false);
-        l.k = upload_linear(lw.attn.k, false);
-        l.v = upload_linear(lw.attn.v, false);
-        l.o = upload_linear(lw.attn.o, false);
-        l.q_norm = upload_f32(lw.attn.q_norm);
-        l.k_norm = upload_f32(lw.attn.k_norm);
-      } else {
-        if (const auto fused = concat_rows({&lw.gdn.qkv, &lw.gdn.z, &lw.gdn.b, &lw.gdn.a})) {
-          l.gdn_in = upload_linear(*fused, false);
-        } else {
-          l.qkv = upload_linear(lw.gdn.qkv, false);
-          l.z = upload_linear(lw.gdn.z, false);
-          l.b = upload_linear(lw.gdn.b, false);
-          l.a = upload_linear(lw.gdn.a, false);
-        }
-        l.out = upload_linear(lw.gdn.out, false);
-        l.conv_w = upload_f32(lw.gdn.conv);
-        l.dt_bias = upload_f32(lw.gdn.dt_bias);
-        l.a_log = upload_f32(lw.gdn.a_log);
-        l.gnorm = upload_f32(lw.gdn.norm);
+    for (const LayerWeights& lw : w.layers) layers.push_back(upload_layer(lw));
+    if (w.mtp) {
+      const MtpWeights& m = *w.mtp;
+      const int H = cfg.hidden_size;
+      has_mtp = true;
+      mtp_layer = upload_layer(m.layer);
+      LinearWeight fe, fh;  // fc = [W_e | W_h] over the concatenated input
+      fe.out = fh.out = H;
+      fe.in = fh.in = H;
+      FATHOM_CHECK(m.fc.fp4.empty(), "mtp.fc stored as NVFP4 is not supported");
+      for (int r = 0; r < H; ++r) {
+        fe.w.insert(fe.w.end(), m.fc.w.begin() + int64_t(r) * 2 * H, m.fc.w.begin() + int64_t(r) * 2 * H + H);
+        fh.w.insert(fh.w.end(), m.fc.w.begin() + int64_t(r) * 2 * H + H, m.fc.w.begin() + int64_t(r + 1) * 2 * H);
       }
-      l.is_moe = lw.is_moe;
-      if (lw.is_moe) {
-        l.router = upload_linear_f32(lw.moe.router);
-        for (const MlpWeights& e : lw.moe.experts) {
-          l.ex_gate.push_back(upload_linear(e.gate, true));
-          l.ex_up.push_back(upload_linear(e.up, true));
-          l.ex_down.push_back(upload_linear(e.down, true));
-        }
-        l.experts = upload_expert_table(l);
-        if (lw.moe.shared) {
-          l.has_shared = true;
-          if (const auto fused = concat_rows({&lw.moe.shared->gate, &lw.moe.shared->up, &lw.moe.shared_gate})) {
-            l.s_fused = upload_linear(*fused, false);
-          } else {
-            l.s_gate = upload_linear(lw.moe.shared->gate, false);
-            l.s_up = upload_linear(lw.moe.shared->up, false);
-            l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
-          }
-          l.s_down = upload_linear(lw.moe.shared->down, false);
-        }
-      } else {
-        l.m_gate = upload_linear(lw.mlp.gate, false);
-        l.m_up = upload_linear(lw.mlp.up, false);
-        l.m_down = upload_linear(lw.mlp.down, false);
-      }
-      layers.push_back(std::move(l));
+      mtp_fc_e = upload_linear(fe, false);
+      mtp_fc_h = upload_linear(fh, false);
+      mtp_norm_e = upload_f32(m.pre_fc_norm_embedding);
+      mtp_norm_h = upload_f32(m.pre_fc_norm_hidden);
+      mtp_norm = upload_f32(m.norm);
     }
   }
+
+  DevLayer upload_layer(const LayerWeights& lw) {
+    DevLayer l;
+    l.type = lw.type;
+    l.input_norm = upload_f32(lw.input_norm);
+    l.post_norm = upload_f32(lw.post_attention_norm);
+    if (lw.type == LayerType::FullAttention) {
+      l.q = upload_linear(lw.attn.q, false);
+      l.k = upload_linear(lw.attn.k, false);
+      l.v = upload_linear(lw.attn.v, false);
+      l.o = upload_linear(lw.attn.o, false);
+      l.q_norm = upload_f32(lw.attn.q_norm);
+      l.k_norm = upload_f32(lw.attn.k_norm);
+    } else {
+      if (const auto fused = concat_rows({&lw.gdn.qkv, &lw.gdn.z, &lw.gdn.b, &lw.gdn.a})) {
+        l.gdn_in = upload_linear(*fused, false);
+      } else {
+        l.qkv = upload_linear(lw.gdn.qkv, false);
+        l.z = upload_linear(lw.gdn.z, false);
+        l.b = upload_linear(lw.gdn.b, false);
+        l.a = upload_linear(lw.gdn.a, false);
+      }
+      l.out = upload_linear(lw.gdn.out, false);
+      l.conv_w = upload_f32(lw.gdn.conv);
+      l.dt_bias = upload_f32(lw.gdn.dt_bias);
+      l.a_log = upload_f32(lw.gdn.a_log);
+      l.gnorm = upload_f32(lw.gdn.norm);
+    }
+    l.is_moe = lw.is_moe;
+    if (lw.is_moe) {
+      l.router = upload_linear_f32(lw.moe.router);
+      for (const MlpWeights& e : lw.moe.experts) {
+        l.ex_gate.push_back(upload_linear(e.gate, true));
+        l.ex_up.push_back(upload_linear(e.up, true));
+        l.ex_down.push_back(upload_linear(e.down, true));
+      }
+      l.experts = upload_expert_table(l);
+      if (lw.moe.shared) {
+        l.has_shared = true;
+        if (const auto fused = concat_rows({&lw.moe.shared->gate, &lw.moe.shared->up, &lw.moe.shared_gate})) {
+          l.s_fused = upload_linear(*fused, false);
+        } else {
+          l.s_gate = upload_linear(lw.moe.shared->gate, false);
+          l.s_up = upload_linear(lw.moe.shared->up, false);
+          l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
+        }
+        l.s_down = upload_linear(lw.moe.shared->down, false);
+      }
+    } else {
+      l.m_gate = upload_linear(lw.mlp.gate, false);
+      l.m_up = upload_linear(lw.mlp.up, false);
+      l.m_down = upload_linear(lw.mlp.down, false);
+    }
+    return l;
+  }
+
 
   // ---- dummy weights made on the device
   uint64_t seed = 1;
@@ -358,7 +393,8 @@ struct CudaRunner::Impl {
     const int bs = opt.block_size;
     const int64_t num_blocks = (opt.kv_cache_tokens + bs - 1) / bs;
     max_blocks = (opt.max_seq_len + bs - 1) / bs;
-    for (int i = 0; i < n_attn; ++i) {
+    if (has_mtp) mtp_layer.attn_index = n_attn;
+    for (int i = 0; i < n_attn + (has_mtp ? 1 : 0); ++i) {
       k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
       v_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
       // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
@@ -437,12 +473,17 @@ struct CudaRunner::Impl {
         for (const DeviceLinear& dl : *v2) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
     dequant = b16(std::max<int64_t>(max_fp4, int64_t(S) * H));
     sel = f32(int64_t(R_max) * H);
+    if (has_mtp) {
+      mtp_hidden = f32(T * H);
+      mtp_e = b16(T * H);
+      mtp_h = b16(T * H);
+    }
     hidden_bf = b16(int64_t(R_max) * H);
     logits = f32(int64_t(R_max) * cfg.vocab_size);
     argmax = DeviceBuffer(size_t(R_max) * 4);
 
     const int Smax = opt.max_seqs;
-    meta_ints = size_t(T) * 4 + R_max + (Smax + 1) + Smax + size_t(Smax) * max_blocks;
+    meta_ints = size_t(T) * 4 + R_max + (Smax + 1) + 2 * Smax + size_t(Smax) * max_blocks;
     meta_dev = DeviceBuffer(meta_ints * 4);
     FATHOM_CUDA_CHECK(cudaMallocHost(&meta_host, meta_ints * 4));
     auto carve = [&](int32_t* base, Meta& m) {
@@ -453,7 +494,8 @@ struct CudaRunner::Impl {
       m.rows = m.slot_mapping + T;
       m.seq_start = m.rows + R_max;
       m.state_slot = m.seq_start + Smax + 1;
-      m.block_tables = m.state_slot + Smax;
+      m.keep_hist = m.state_slot + Smax;
+      m.block_tables = m.keep_hist + Smax;
     };
     carve(meta_dev.as<int32_t>(), dmeta);
     carve(meta_host, hmeta);
@@ -503,13 +545,22 @@ struct CudaRunner::Impl {
     p.S = int(steps.size());
     FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
     hmeta.seq_start[0] = 0;
+    hist_step = false;
     for (int i = 0; i < p.S; ++i) {
       const ForwardStep& st = steps[i];
-      FATHOM_CHECK(!st.keep_history || n_linear == 0,
-                   "keep_history (draft verification) is not supported by the CUDA engine yet");
       Sequence& sq = seq(st.seq);
       const int n = int(st.tokens.size());
       FATHOM_CHECK(n > 0, "forward: a step has no tokens");
+      hmeta.keep_hist[i] = st.keep_history ? 1 : 0;
+      if (st.keep_history) {
+        FATHOM_CHECK(n <= opt.max_history, "a keep_history step of ", n, " tokens exceeds max_history ",
+                     opt.max_history);
+        if (n_linear > 0) ensure_history();
+        hist_step = true;
+        p.decode_only = false;
+        sq.hist_base = sq.length;
+        sq.hist_len = n;
+      }
       FATHOM_CHECK(sq.length + n <= opt.max_seq_len, "sequence of ", sq.length + n,
                    " tokens exceeds the engine's max_seq_len ", opt.max_seq_len);
       if (n != 1 || st.all_rows) p.decode_only = false;
@@ -544,6 +595,30 @@ struct CudaRunner::Impl {
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
     return p;
+  }
+
+  void ensure_history() {
+    if (hist.conv) return;
+    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+    const int64_t per_slot = int64_t(opt.max_history + 1);
+    conv_hist = DeviceBuffer(size_t(n_linear) * opt.max_seqs * per_slot * (kc - 1) * (2 * hk * dk + hv * dv) * 4);
+    rec_hist = DeviceBuffer(size_t(n_linear) * opt.max_seqs * per_slot * hv * dk * dv * 4);
+    hist.conv = conv_hist.as<float>();
+    hist.recurrent = rec_hist.as<float>();
+    hist.entries = opt.max_history + 1;
+  }
+
+  // Per-layer view of the history pools ([layer][slot][entry]...).
+  StateHistory layer_history(int linear_index) const {
+    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+    const int64_t per_layer = int64_t(opt.max_seqs) * hist.entries;
+    StateHistory h = hist;
+    h.conv += linear_index * per_layer * (kc - 1) * (2 * hk * dk + hv * dv);
+    h.recurrent += linear_index * per_layer * hv * dk * dv;
+    h.keep = dmeta.keep_hist;
+    return h;
   }
 
   void commit(std::span<const ForwardStep> steps) {
@@ -651,10 +726,11 @@ struct CudaRunner::Impl {
       Scope sc(this, "gdn.core");
       float* cs = conv_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * (kc - 1) * conv_dim;
       float* rs = rec_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * hv * dk * dv;
+      const StateHistory h = hist_step ? layer_history(l.linear_index) : StateHistory{};
       gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
-               s);
+               s, hist_step ? &h : nullptr);
       gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    core.as<float>(), p.S, hk, hv, dk, dv, s);
+                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr);
       gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
                      float(cfg.rms_norm_eps), s);
     }
@@ -750,12 +826,13 @@ struct CudaRunner::Impl {
   }
 
   // Final norm and lm_head over the selected rows; argmax on the device.
-  void head(const Plan& p) {
+  void head(const Plan& p) { head(p, final_norm); }
+  void head(const Plan& p, const float* norm) {
     const cudaStream_t s = stream;
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     Scope sc(this, "lm_head");
     gather_rows_f32(x.as<float>(), dmeta.rows, sel.as<float>(), p.R, H, s);
-    rms_norm(sel.as<float>(), final_norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
+    rms_norm(sel.as<float>(), norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
              cfg.norm_zero_centered, s);
     gemm_bf16(hidden_bf.as<bf16_t>(), lm_head, logits.as<float>(), p.R, V, H, s);
     argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.R, V, s);
@@ -783,6 +860,88 @@ struct CudaRunner::Impl {
       it = graphs.emplace(p.T, exec).first;
     }
     FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+  }
+
+  // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
+  // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
+  Plan prepare_mtp(std::span<const MtpStep> steps) {
+    Plan p;
+    p.S = int(steps.size());
+    p.decode_only = false;
+    hist_step = false;
+    const int H = cfg.hidden_size, bs = opt.block_size;
+    std::vector<float> hidden;
+    hmeta.seq_start[0] = 0;
+    for (int i = 0; i < p.S; ++i) {
+      const MtpStep& st = steps[i];
+      Sequence& sq = seq(st.seq);
+      const int n = int(st.next_tokens.size());
+      FATHOM_CHECK(n > 0 && int64_t(st.hidden.size()) == int64_t(n) * H, "mtp_forward: hidden rows (",
+                   st.hidden.size() / H, ") and next tokens (", n, ") differ");
+      // Chained drafts run ahead of the verified tokens: give the block table room for them
+      // (the main pools will use the same blocks at those positions later).
+      FATHOM_CHECK(sq.mtp_length + n <= opt.max_seq_len, "mtp_forward: position ", sq.mtp_length + n - 1,
+                   " exceeds the engine's max_seq_len ", opt.max_seq_len);
+      while (int64_t(sq.blocks.size()) * bs < sq.mtp_length + n) {
+        FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
+        sq.blocks.push_back(free_blocks.back());
+        free_blocks.pop_back();
+      }
+      FATHOM_CHECK(p.T + n <= T_max && p.R + n <= R_max, "mtp_forward: batch larger than one engine step");
+      for (int j = 0; j < n; ++j) {
+        const int t = p.T + j;
+        const int64_t posn = sq.mtp_length + j;
+        FATHOM_CHECK(st.next_tokens[j] >= 0 && st.next_tokens[j] < cfg.vocab_size, "token id ", st.next_tokens[j],
+                     " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+        hmeta.ids[t] = st.next_tokens[j];
+        hmeta.pos[t] = int32_t(posn);
+        hmeta.seq_of_token[t] = i;
+        hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
+      }
+      hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
+      p.row_begin.push_back(p.R);
+      if (st.all_rows) {
+        for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
+      } else {
+        hmeta.rows[p.R++] = p.T + n - 1;
+      }
+      p.T += n;
+      hmeta.seq_start[i + 1] = p.T;
+      hmeta.state_slot[i] = sq.slot;
+      hmeta.keep_hist[i] = 0;
+      std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
+      std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
+    }
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), hidden.data(), hidden.size() * 4, cudaMemcpyHostToDevice,
+                                      stream));
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `hidden` is a local
+    return p;
+  }
+
+  // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
+  void run_mtp(const Plan& p) {
+    const cudaStream_t s = stream;
+    const int H = cfg.hidden_size, T = p.T;
+    const float eps = float(cfg.rms_norm_eps);
+    const bool zc = cfg.norm_zero_centered;
+    float* X = x.as<float>();
+    float* D = delta.as<float>();
+    bf16_t* dq = dequant.as<bf16_t>();
+    embedding(dmeta.ids, embed, X, T, H, s);
+    rms_norm(X, mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+    rms_norm(mtp_hidden.as<float>(), mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+    linear(mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
+    linear(mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
+    add_inplace(X, D, int64_t(T) * H, s);
+    const DevLayer& l = mtp_layer;
+    rms_norm(X, l.input_norm, xn.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+    attention_block(l, p);
+    add_rms_norm(X, D, l.post_norm, xn.as<bf16_t>(), T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
+    if (l.is_moe) moe_block(l, p);
+    else mlp_block(l.m_gate, l.m_up, l.m_down, xn.as<bf16_t>(), D, T);
+    add_inplace(X, D, int64_t(T) * H, s);
+    head(p, mtp_norm);
   }
 
   // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences.
@@ -834,7 +993,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   auto ckpt = Checkpoint::open(dir);
   const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
   QuantConfig quant = QuantConfig::load(dir, config_text);
-  ModelWeights w = load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/false, /*keep_nvfp4=*/true);
+  ModelWeights w = load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true);
   impl->upload(w);
   impl->allocate_runtime();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
@@ -974,15 +1133,60 @@ void CudaRunner::rollback(SequenceId id, int64_t new_length) {
   Sequence& sq = m.seq(id);
   FATHOM_CHECK(new_length >= 0 && new_length <= sq.length, "rollback to ", new_length, " of ", sq.length);
   if (new_length == sq.length) return;
-  FATHOM_CHECK(m.n_linear == 0, "rollback of linear-attention state is not supported by the CUDA engine yet");
+  if (m.n_linear > 0) {
+    // Restore the linear-attention state kept after (new_length - hist_base) tokens of the last
+    // keep_history step; KV entries past new_length are simply overwritten later.
+    const int64_t i = new_length - sq.hist_base;
+    FATHOM_CHECK(sq.hist_base >= 0 && i >= 0 && i <= sq.hist_len, "rollback to ", new_length,
+                 " tokens: no linear-attention state kept for that length");
+    const int hk = m.cfg.linear_num_key_heads, hv = m.cfg.linear_num_value_heads;
+    const int dk = m.cfg.linear_key_head_dim, dv = m.cfg.linear_value_head_dim, kc = m.cfg.linear_conv_kernel_dim;
+    const int64_t conv = int64_t(kc - 1) * (2 * hk * dk + hv * dv), rec = int64_t(hv) * dk * dv;
+    const int64_t entries = m.hist.entries;
+    for (int l = 0; l < m.n_linear; ++l) {
+      const int64_t slot = int64_t(l) * m.opt.max_seqs + sq.slot;
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.conv_state.as<float>() + slot * conv,
+                                        m.hist.conv + (slot * entries + i) * conv, size_t(conv) * 4,
+                                        cudaMemcpyDeviceToDevice, m.stream));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.rec_state.as<float>() + slot * rec,
+                                        m.hist.recurrent + (slot * entries + i) * rec, size_t(rec) * 4,
+                                        cudaMemcpyDeviceToDevice, m.stream));
+    }
+  }
   sq.length = new_length;
+  sq.mtp_length = std::min(sq.mtp_length, new_length);
 }
 
-ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep>) {
-  fail("the MTP layer is not implemented on the CUDA engine yet");
+bool CudaRunner::has_mtp() const { return impl_->has_mtp; }
+
+int64_t CudaRunner::mtp_length(SequenceId id) const { return impl_->seq(id).mtp_length; }
+
+ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
+  Impl& m = *impl_;
+  FATHOM_CHECK(m.has_mtp, "this model has no MTP layer loaded");
+  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
+  Impl::Plan p = m.prepare_mtp(steps);
+  m.run_mtp(p);
+  ForwardOutput out;
+  out.rows = p.R;
+  out.row_begin = p.row_begin;
+  out.logits.resize(size_t(p.R) * V);
+  out.hidden.resize(size_t(p.R) * H);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.logits.data(), out.logits.size() * 4, cudaMemcpyDeviceToHost,
+                                    m.stream));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.hidden.data(), m.sel.data(), out.hidden.size() * 4, cudaMemcpyDeviceToHost,
+                                    m.stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  return out;
 }
 
-void CudaRunner::mtp_rollback(SequenceId, int64_t) { fail("the MTP layer is not implemented on the CUDA engine yet"); }
+void CudaRunner::mtp_rollback(SequenceId id, int64_t new_length) {
+  Sequence& sq = impl_->seq(id);
+  FATHOM_CHECK(new_length >= 0 && new_length <= sq.mtp_length, "MTP rollback to ", new_length, " of ",
+               sq.mtp_length);
+  sq.mtp_length = new_length;
+}
 
 CudaRunner::Footprint CudaRunner::footprint() const { return impl_->fp; }
 const OpProfile& CudaRunner::profile() const { return impl_->prof; }

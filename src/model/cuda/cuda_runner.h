@@ -24,6 +24,8 @@ struct CudaRunnerOptions {
   int block_size = 16;
   bool cuda_graphs = true;         // capture/replay decode steps
   bool profile = false;            // per-op CUDA-event timings (disables graphs)
+  bool load_mtp = false;           // load the checkpoint's MTP layer (speculative decoding)
+  int max_history = 8;             // tokens of a keep_history step (draft verification)
 };
 
 struct OpProfile {
@@ -43,11 +45,11 @@ class CudaRunner final : public ModelRunner {
 
   const ModelConfig& config() const override;
   std::string device_name() const override;
-  bool has_mtp() const override { return false; }
+  bool has_mtp() const override;
   SequenceId add_sequence() override;
   void remove_sequence(SequenceId seq) override;
   int64_t length(SequenceId seq) const override;
-  int64_t mtp_length(SequenceId) const override { return 0; }
+  int64_t mtp_length(SequenceId seq) const override;
   ForwardOutput forward(std::span<const ForwardStep> steps) override;
   void rollback(SequenceId seq, int64_t new_length) override;
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
