@@ -32,6 +32,7 @@ struct BenchArgs {
   std::string model, load_format = "auto", batches = "1,8,64", json_out;
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false;
+  std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
 };
 
 #ifdef FATHOM_HAVE_CUDA
@@ -177,6 +178,9 @@ void run_bench(const BenchArgs& a) {
   const bool dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
   FATHOM_CHECK(dummy, "bench with real weights: pass --load-format dummy (real-weight benchmarking comes later)");
   ModelConfig cfg = ModelConfig::parse(cfg_text, "", cfg_path).truncated_to(a.num_layers);
+  const std::vector<int> spec_ks = a.spec_steps.empty() ? std::vector<int>{} : parse_list(a.spec_steps);
+  const std::vector<int> spec_bs = parse_list(a.spec_batches);
+  if (!spec_ks.empty()) cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
   const bool nvfp4 = !a.bf16_experts && cfg.num_experts > 0;
   std::vector<int> batches = parse_list(a.batches);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
@@ -197,6 +201,15 @@ void run_bench(const BenchArgs& a) {
   opt.max_seq_len = a.input_len + a.output_len + 32;
   opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
   opt.cuda_graphs = !a.no_graphs;
+  if (!spec_ks.empty()) {
+    const int kmax = *std::max_element(spec_ks.begin(), spec_ks.end());
+    const int bmax = *std::max_element(spec_bs.begin(), spec_bs.end());
+    opt.load_mtp = true;
+    opt.max_history = kmax + 1;
+    opt.max_seqs = std::max(opt.max_seqs, bmax + 1);
+    opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
+    opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
+  }
   auto runner = cuda::CudaRunner::dummy(cfg, opt, nvfp4, 1234);
   const auto fp = runner->footprint();
   std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB\n",
@@ -294,6 +307,73 @@ void run_bench(const BenchArgs& a) {
     }
     for (SequenceId s : seqs) runner->remove_sequence(s);
   }
+  // Speculative decoding costs: one plain decode step, one MTP draft step, and one verify step of
+  // K drafts (K+1 tokens per sequence, all rows, state history kept), at a context of input_len.
+  if (!spec_ks.empty()) {
+    report["speculative"] = nlohmann::json::array();
+    for (int batch : spec_bs) {
+      std::vector<SequenceId> seqs;
+      std::vector<int32_t> last(batch);
+      for (int i = 0; i < batch; ++i) {
+        seqs.push_back(runner->add_sequence());
+        runner->fill_context_for_benchmark(seqs.back(), a.input_len);
+        last[i] = int32_t(rng() % uint32_t(cfg.vocab_size));
+      }
+      auto time_it = [](auto&& fn, int reps) {
+        std::vector<double> t;
+        for (int r = 0; r < reps + 2; ++r) {
+          auto t0 = std::chrono::steady_clock::now();
+          fn();
+          if (r >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        return median(t);
+      };
+      const double t_plain = time_it([&] {
+        std::vector<ForwardStep> steps;
+        for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
+        runner->forward_argmax(steps);  // the context grows by one token per repeat (34 of 4K)
+      }, 32);
+      std::vector<float> hidden(size_t(batch) * cfg.hidden_size, 0.5f);
+      const double t_draft = time_it([&] {
+        std::vector<MtpStep> steps;
+        for (int i = 0; i < batch; ++i)
+          steps.push_back(MtpStep{seqs[i], std::span<const float>(hidden.data() + size_t(i) * cfg.hidden_size, cfg.hidden_size),
+                                  std::span<const int32_t>(&last[i], 1), false});
+        runner->mtp_forward_argmax(steps);
+        for (int i = 0; i < batch; ++i) runner->mtp_rollback(seqs[i], runner->mtp_length(seqs[i]) - 1);
+      }, 32);
+      std::printf("speculative batch %3d: plain decode step %7.3f ms, MTP draft step %7.3f ms\n", batch, t_plain * 1e3,
+                  t_draft * 1e3);
+      for (int k : spec_ks) {
+        std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>(size_t(k) + 1));
+        for (auto& v : tokens)
+          for (auto& t : v) t = int32_t(rng() % uint32_t(cfg.vocab_size));
+        const double t_verify = time_it([&] {
+          std::vector<ForwardStep> steps;
+          std::vector<int64_t> base;
+          for (int i = 0; i < batch; ++i) {
+            base.push_back(runner->length(seqs[i]));
+            steps.push_back(ForwardStep{seqs[i], tokens[i], true, true});
+          }
+          runner->forward_argmax(steps);
+          for (int i = 0; i < batch; ++i) runner->rollback(seqs[i], base[i]);  // as if nothing was accepted
+        }, 16);
+        // Expected tokens per round when each draft is accepted with probability alpha (chain):
+        // (1 - alpha^(K+1)) / (1 - alpha); a round costs one verify and K draft steps.
+        auto speedup = [&](double alpha) {
+          const double tokens = (1 - std::pow(alpha, k + 1)) / (1 - alpha);
+          return tokens * t_plain / (t_verify + k * t_draft);
+        };
+        std::printf("  K=%d: verify step %7.3f ms (%.2fx a decode step); implied speedup %.2fx at acceptance 0.6, "
+                    "%.2fx at 0.8\n",
+                    k, t_verify * 1e3, t_verify / t_plain, speedup(0.6), speedup(0.8));
+        report["speculative"].push_back({{"batch", batch}, {"k", k}, {"plain_ms", t_plain * 1e3},
+                                         {"draft_ms", t_draft * 1e3}, {"verify_ms", t_verify * 1e3},
+                                         {"speedup_06", speedup(0.6)}, {"speedup_08", speedup(0.8)}});
+      }
+      for (SequenceId s : seqs) runner->remove_sequence(s);
+    }
+  }
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
     f << report.dump(2) << "\n";
@@ -320,6 +400,9 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
+  sub->add_option("--speculative-num-steps", args->spec_steps,
+                  "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");
+  sub->add_option("--speculative-batch", args->spec_batches, "Batch sizes for the speculative costs");
   sub->callback([args, sub] {
     if (sub->get_subcommands().empty()) {
       FATHOM_CHECK(!args->model.empty(), "bench: give a checkpoint folder or config.json (or `bench serve ...`)");

@@ -317,13 +317,41 @@ struct CudaRunner::Impl {
   }
 
   void make_dummy(bool nvfp4_experts) {
+    make_dummy_layers(nvfp4_experts);
+    if (opt.load_mtp && cfg.mtp_num_hidden_layers > 0) {
+      // One full-attention MoE layer like the model's own, plus fc (split in halves) and norms.
+      const int H = cfg.hidden_size;
+      const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
+      ModelConfig one = cfg;
+      one.num_hidden_layers = 1;
+      one.layer_types = {LayerType::FullAttention};
+      std::swap(cfg, one);
+      std::vector<DevLayer> saved;
+      std::swap(layers, saved);
+      make_dummy_layers(nvfp4_experts, /*with_embeddings=*/false);
+      mtp_layer = std::move(layers[0]);
+      std::swap(layers, saved);
+      std::swap(cfg, one);
+      mtp_fc_e = dummy_linear(H, H, false, false);
+      mtp_fc_h = dummy_linear(H, H, false, false);
+      mtp_norm_e = dummy_f32(H, norm_w);
+      mtp_norm_h = dummy_f32(H, norm_w);
+      mtp_norm = dummy_f32(H, norm_w);
+      has_mtp = true;
+    }
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  void make_dummy_layers(bool nvfp4_experts, bool with_embeddings = true) {
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
-    bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
-    fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
-    embed = e;
-    lm_head = cfg.tie_word_embeddings ? embed : dummy_linear(V, H, false, false).bf16;
-    final_norm = dummy_f32(H, norm_w);
+    if (with_embeddings) {
+      bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
+      fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
+      embed = e;
+      lm_head = cfg.tie_word_embeddings ? embed : dummy_linear(V, H, false, false).bf16;
+      final_norm = dummy_f32(H, norm_w);
+    }
     const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
     const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
     const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
@@ -1100,11 +1128,12 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
 
 std::vector<int32_t> CudaRunner::forward_argmax(std::span<const ForwardStep> steps) {
   Impl& m = *impl_;
-  for (const ForwardStep& st : steps)
-    FATHOM_CHECK(!st.all_rows, "forward_argmax returns one row per step");
-  FATHOM_CHECK(int64_t(steps.size()) <= m.R_max, "too many steps for one forward_argmax");
-  int total = 0;
-  for (const ForwardStep& st : steps) total += int(st.tokens.size());
+  int total = 0, rows = 0;
+  for (const ForwardStep& st : steps) {
+    total += int(st.tokens.size());
+    rows += st.all_rows ? int(st.tokens.size()) : 1;
+  }
+  FATHOM_CHECK(rows <= m.R_max, "forward_argmax: ", rows, " output rows exceed ", m.R_max);
   FATHOM_CHECK(total <= m.T_max && int(steps.size()) <= m.opt.max_seqs,
                "forward_argmax: the batch must fit one forward (", total, " tokens)");
   Impl::Plan p = m.prepare(steps);
@@ -1126,6 +1155,7 @@ void CudaRunner::fill_context_for_benchmark(SequenceId id, int64_t length) {
     m.free_blocks.pop_back();
   }
   sq.length = length;
+  sq.mtp_length = length;
 }
 
 void CudaRunner::rollback(SequenceId id, int64_t new_length) {
@@ -1179,6 +1209,18 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
   return out;
+}
+
+std::vector<int32_t> CudaRunner::mtp_forward_argmax(std::span<const MtpStep> steps) {
+  Impl& m = *impl_;
+  FATHOM_CHECK(m.has_mtp, "this model has no MTP layer loaded");
+  Impl::Plan p = m.prepare_mtp(steps);
+  m.run_mtp(p);
+  std::vector<int32_t> ids(size_t(p.R));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  return ids;
 }
 
 void CudaRunner::mtp_rollback(SequenceId id, int64_t new_length) {

@@ -55,8 +55,10 @@ class CudaRunner final : public ModelRunner {
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
 
-  // Greedy fast path: returns the argmax of each step's last row without copying logits.
+  // Greedy fast path: the argmax of each output row (each step's last row, or all of its rows with
+  // all_rows) without copying logits; the batch must fit one engine step.
   std::vector<int32_t> forward_argmax(std::span<const ForwardStep> steps);
+  std::vector<int32_t> mtp_forward_argmax(std::span<const MtpStep> steps);
   // Benchmarks: pretend `seq` already holds `length` tokens of context (KV blocks allocated,
   // contents arbitrary), so decode can be timed at a context length without a long prefill.
   void fill_context_for_benchmark(SequenceId seq, int64_t length);
