@@ -259,7 +259,7 @@ TEST(CudaSpeculative, LosslessInRaggedBatches) {
     GenerateOptions opt;
     opt.max_new_tokens = 24;
     const auto plain = generate_batch(*runner, prompts, opt);
-    for (int k = 1; k <= 3; ++k) {
+    for (int k = 1; k <= 4; ++k) {
       SpecOptions spec;
       spec.algorithm = c.algorithm;
       spec.num_steps = k;
