@@ -568,6 +568,41 @@ struct CudaRunner::Impl {
     bool decode_only = true;
   };
 
+  // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
+  // grown as needed), the output rows, its state slot and block table.
+  void add_to_plan(Plan& p, int i, Sequence& sq, int64_t start, std::span<const int32_t> tokens, bool all_rows) {
+    const int n = int(tokens.size());
+    const int bs = opt.block_size;
+    FATHOM_CHECK(start + n <= opt.max_seq_len, "sequence of ", start + n, " tokens exceeds the engine's max_seq_len ",
+                 opt.max_seq_len);
+    while (int64_t(sq.blocks.size()) * bs < start + n) {
+      FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
+      sq.blocks.push_back(free_blocks.back());
+      free_blocks.pop_back();
+    }
+    for (int j = 0; j < n; ++j) {
+      const int t = p.T + j;
+      const int64_t posn = start + j;
+      FATHOM_CHECK(tokens[j] >= 0 && tokens[j] < cfg.vocab_size, "token id ", tokens[j],
+                   " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+      hmeta.ids[t] = tokens[j];
+      hmeta.pos[t] = int32_t(posn);
+      hmeta.seq_of_token[t] = i;
+      hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
+    }
+    p.row_begin.push_back(p.R);
+    if (all_rows) {
+      for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
+    } else {
+      hmeta.rows[p.R++] = p.T + n - 1;
+    }
+    p.T += n;
+    hmeta.seq_start[i + 1] = p.T;
+    hmeta.state_slot[i] = sq.slot;
+    std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
+    std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
+  }
+
   Plan prepare(std::span<const ForwardStep> steps) {
     Plan p;
     p.S = int(steps.size());
@@ -589,37 +624,8 @@ struct CudaRunner::Impl {
         sq.hist_base = sq.length;
         sq.hist_len = n;
       }
-      FATHOM_CHECK(sq.length + n <= opt.max_seq_len, "sequence of ", sq.length + n,
-                   " tokens exceeds the engine's max_seq_len ", opt.max_seq_len);
       if (n != 1 || st.all_rows) p.decode_only = false;
-      // Blocks for the new positions.
-      const int bs = opt.block_size;
-      while (int64_t(sq.blocks.size()) * bs < sq.length + n) {
-        FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
-        sq.blocks.push_back(free_blocks.back());
-        free_blocks.pop_back();
-      }
-      for (int j = 0; j < n; ++j) {
-        const int t = p.T + j;
-        const int64_t posn = sq.length + j;
-        FATHOM_CHECK(st.tokens[j] >= 0 && st.tokens[j] < cfg.vocab_size, "token id ", st.tokens[j],
-                     " is outside the vocabulary [0, ", cfg.vocab_size, ")");
-        hmeta.ids[t] = st.tokens[j];
-        hmeta.pos[t] = int32_t(posn);
-        hmeta.seq_of_token[t] = i;
-        hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
-      }
-      p.row_begin.push_back(p.R);
-      if (st.all_rows) {
-        for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
-      } else {
-        hmeta.rows[p.R++] = p.T + n - 1;
-      }
-      p.T += n;
-      hmeta.seq_start[i + 1] = p.T;
-      hmeta.state_slot[i] = sq.slot;
-      std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
-      std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
+      add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows);
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
     return p;
@@ -895,9 +901,10 @@ struct CudaRunner::Impl {
   Plan prepare_mtp(std::span<const MtpStep> steps) {
     Plan p;
     p.S = int(steps.size());
+    FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
     p.decode_only = false;
     hist_step = false;
-    const int H = cfg.hidden_size, bs = opt.block_size;
+    const int H = cfg.hidden_size;
     std::vector<float> hidden;
     hmeta.seq_start[0] = 0;
     for (int i = 0; i < p.S; ++i) {
@@ -906,39 +913,12 @@ struct CudaRunner::Impl {
       const int n = int(st.next_tokens.size());
       FATHOM_CHECK(n > 0 && int64_t(st.hidden.size()) == int64_t(n) * H, "mtp_forward: hidden rows (",
                    st.hidden.size() / H, ") and next tokens (", n, ") differ");
-      // Chained drafts run ahead of the verified tokens: give the block table room for them
-      // (the main pools will use the same blocks at those positions later).
-      FATHOM_CHECK(sq.mtp_length + n <= opt.max_seq_len, "mtp_forward: position ", sq.mtp_length + n - 1,
-                   " exceeds the engine's max_seq_len ", opt.max_seq_len);
-      while (int64_t(sq.blocks.size()) * bs < sq.mtp_length + n) {
-        FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
-        sq.blocks.push_back(free_blocks.back());
-        free_blocks.pop_back();
-      }
       FATHOM_CHECK(p.T + n <= T_max && p.R + n <= R_max, "mtp_forward: batch larger than one engine step");
-      for (int j = 0; j < n; ++j) {
-        const int t = p.T + j;
-        const int64_t posn = sq.mtp_length + j;
-        FATHOM_CHECK(st.next_tokens[j] >= 0 && st.next_tokens[j] < cfg.vocab_size, "token id ", st.next_tokens[j],
-                     " is outside the vocabulary [0, ", cfg.vocab_size, ")");
-        hmeta.ids[t] = st.next_tokens[j];
-        hmeta.pos[t] = int32_t(posn);
-        hmeta.seq_of_token[t] = i;
-        hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
-      }
-      hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
-      p.row_begin.push_back(p.R);
-      if (st.all_rows) {
-        for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
-      } else {
-        hmeta.rows[p.R++] = p.T + n - 1;
-      }
-      p.T += n;
-      hmeta.seq_start[i + 1] = p.T;
-      hmeta.state_slot[i] = sq.slot;
       hmeta.keep_hist[i] = 0;
-      std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
-      std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
+      // Chained drafts run ahead of the verified tokens; the block table grows for them and the
+      // main pools use the same blocks at those positions later.
+      add_to_plan(p, i, sq, sq.mtp_length, st.next_tokens, st.all_rows);
+      hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), hidden.data(), hidden.size() * 4, cudaMemcpyHostToDevice,
