@@ -265,14 +265,20 @@ void run_bench(const BenchArgs& a) {
 
   // Decode: `batch` sequences with input_len tokens of context each, output_len steps.
   report["decode"] = nlohmann::json::array();
-  for (int batch : batches) {
-    std::vector<SequenceId> seqs;
-    std::vector<int32_t> last(batch);
+  // `batch` sequences holding input_len tokens of context, and a random last token for each.
+  auto open_sequences = [&](int batch, std::vector<SequenceId>& seqs, std::vector<int32_t>& last) {
+    seqs.clear();
+    last.assign(size_t(batch), 0);
     for (int i = 0; i < batch; ++i) {
       seqs.push_back(runner->add_sequence());
       runner->fill_context_for_benchmark(seqs.back(), a.input_len);
       last[i] = int32_t(rng() % uint32_t(cfg.vocab_size));
     }
+  };
+  for (int batch : batches) {
+    std::vector<SequenceId> seqs;
+    std::vector<int32_t> last;
+    open_sequences(batch, seqs, last);
     std::vector<double> times;
     const int warmup = 3;
     for (int step = 0; step < a.output_len + warmup; ++step) {
@@ -313,12 +319,8 @@ void run_bench(const BenchArgs& a) {
     report["speculative"] = nlohmann::json::array();
     for (int batch : spec_bs) {
       std::vector<SequenceId> seqs;
-      std::vector<int32_t> last(batch);
-      for (int i = 0; i < batch; ++i) {
-        seqs.push_back(runner->add_sequence());
-        runner->fill_context_for_benchmark(seqs.back(), a.input_len);
-        last[i] = int32_t(rng() % uint32_t(cfg.vocab_size));
-      }
+      std::vector<int32_t> last;
+      open_sequences(batch, seqs, last);
       auto time_it = [](auto&& fn, int reps) {
         std::vector<double> t;
         for (int r = 0; r < reps + 2; ++r) {

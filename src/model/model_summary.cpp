@@ -1,7 +1,7 @@
 #include "model/model_summary.h"
+#include "io/text_file.h"
 
 #include <cmath>
-#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -36,13 +36,6 @@ bool is_fused_experts(std::string_view n, size_t ndim) {
          (ends_with(n, "_proj") || ends_with(n, "_proj.weight"));
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string(), ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 std::string human_count(int64_t n) {
   std::ostringstream os;
@@ -81,7 +74,7 @@ std::string compress_layer_pattern(const std::string& t) {
 
 ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
   const ModelConfig cfg = ModelConfig::load(dir);
-  const QuantConfig qc = QuantConfig::load(dir, read_text(dir / "config.json"));
+  const QuantConfig qc = QuantConfig::load(dir, read_text_file(dir / "config.json"));
   const auto ck = Checkpoint::open(dir);
 
   ModelSummary s;
