@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|all]...   (results under $OUT)
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|all]...   (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
 NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p)))" 2>/dev/null)
@@ -44,6 +44,30 @@ for _ in range(600):
 PY
       timeout 420 "$BIN/fathom" bench serve --url http://127.0.0.1:18600 --concurrency 1,16,64 --input-len 512 \
         --output-len 64 --num-prompts 64 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve.log"
-      kill $SRV; wait $SRV; tail -5 "$OUT/serve.log" ;;
+      kill $SRV; wait $SRV; tail -5 "$OUT/serve.log" ;;&
+    spec|all)
+      # Speculative decoding: draft/verify costs and end-to-end generation at 397B shapes (dummy
+      # weights, so acceptance is near 0: what failing drafts cost), the random-fixture overhead,
+      # and the server with MTP drafts under load.
+      timeout 420 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 20 \
+        --batch 1 --input-len 4096 --output-len 64 --speculative-num-steps 1,2,3 --speculative-batch 1,32 \
+        --speculative-algorithm mtp --json-out "$OUT/bench_spec.json" 2>&1 | tee "$OUT/bench_spec.log"
+      python3 bench/spec_overhead.py --fathom "$BIN/fathom" --device cuda --new-tokens 256 --repeats 5 2>&1 \
+        | tee "$OUT/spec_overhead_cuda.md"
+      "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
+        --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18601 \
+        --speculative-algorithm mtp --speculative-num-steps 2 > "$OUT/serve_spec.log" 2>&1 &
+      SRV=$!
+      python3 - <<'PY'
+import time, urllib.request
+for _ in range(600):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:18601/health", timeout=2); break
+    except Exception:
+        time.sleep(1)
+PY
+      timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18601 --concurrency 1,16 --input-len 512 \
+        --output-len 64 --num-prompts 32 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve_spec.log"
+      kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;
   esac
 done

@@ -1,5 +1,6 @@
 #include "cli/cli_common.h"
 
+#include <CLI/CLI.hpp>
 #include <charconv>
 
 #include "core/error.h"
@@ -25,5 +26,17 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_steps, int& ngram_min, int& ngram_max,
+                             bool& adaptive) {
+  sub->add_option("--speculative-algorithm", algorithm,
+                  "Speculative decoding, lossless: mtp (the checkpoint's MTP layer; nextn is an alias) or ngram "
+                  "(prompt lookup)");
+  sub->add_option("--speculative-num-steps", num_steps, "Draft tokens per verification round (1..4)")
+      ->capture_default_str();
+  sub->add_option("--speculative-ngram-min", ngram_min, "Shortest suffix n-gram to match (ngram)")->capture_default_str();
+  sub->add_option("--speculative-ngram-max", ngram_max, "Longest suffix n-gram to match (ngram)")->capture_default_str();
+  sub->add_flag("--speculative-adaptive,!--no-speculative-adaptive", adaptive,
+                "Adapt each sequence's draft length and stop drafting where drafts keep failing (default on)");
+}
 
 }  // namespace fathom::cli

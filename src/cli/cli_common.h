@@ -4,9 +4,17 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace fathom::cli {
 
 // Parses "1,2,3" into token ids; throws fathom::Error on anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text);
+
+// The speculative-decoding flags shared by generate, serve and bench (SGLang's names).
+void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_steps, int& ngram_min, int& ngram_max,
+                             bool& adaptive);
 
 }  // namespace fathom::cli

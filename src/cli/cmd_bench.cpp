@@ -1,6 +1,8 @@
 // `fathom bench MODEL_OR_CONFIG [--load-format dummy] --batch 1,8,64 --input-len 4096 --output-len 128`:
 // prefill and decode throughput of the CUDA engine, with the bytes and FLOPs each step must
 // move and do, and the ceilings (device copy bandwidth, bf16 GEMM rate) measured in the same run.
+// With --speculative-num-steps: draft and verify step costs; with --speculative-algorithm too,
+// plain against speculative generation end to end with its acceptance statistics.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "core/error.h"
 #include "io/model_config.h"
 #include "io/text_file.h"
+#include "runtime/spec_decode.h"
 #ifdef FATHOM_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -33,6 +36,9 @@ struct BenchArgs {
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false;
   std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
+  std::string spec_algorithm;                     // also generate end to end with this drafter
+  int spec_ngram_min = 1, spec_ngram_max = 12;
+  bool spec_adaptive = true;
 };
 
 #ifdef FATHOM_HAVE_CUDA
@@ -376,6 +382,53 @@ void run_bench(const BenchArgs& a) {
       for (SequenceId s : seqs) runner->remove_sequence(s);
     }
   }
+  // End to end: plain and speculative greedy generation over `batch` random prompts (acceptance
+  // statistics, and the speedup they buy on these weights; dummy weights accept almost nothing).
+  if (!spec_ks.empty() && parse_spec_algorithm(a.spec_algorithm) != SpecAlgorithm::None) {
+    report["speculative_e2e"] = nlohmann::json::array();
+    const int prompt_len = std::min(a.input_len, 256);
+    for (int batch : spec_bs) {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < batch; ++i) prompts.push_back(random_tokens(prompt_len));
+      GenerateOptions go;
+      go.max_new_tokens = a.output_len;
+      go.prefill_chunk = opt.max_tokens_per_step;
+      generate_batch(*runner, prompts, go);  // warm-up: graphs for every batch size on the way
+      const auto plain = generate_batch(*runner, prompts, go);
+      const double t_plain = plain.front().decode_seconds;
+      int64_t out_tokens = 0;
+      for (const auto& r : plain) out_tokens += int64_t(r.token_ids.size()) - 1;
+      std::printf("speculative e2e batch %3d (prompts of %d, %d new tokens): plain %.1f tok/s\n", batch, prompt_len,
+                  a.output_len, out_tokens / t_plain);
+      for (int k : spec_ks) {
+        SpecOptions so;
+        so.algorithm = parse_spec_algorithm(a.spec_algorithm);
+        so.num_steps = k;
+        so.ngram_min = a.spec_ngram_min;
+        so.ngram_max = a.spec_ngram_max;
+        so.adaptive = a.spec_adaptive;
+        const auto got = generate_batch(*runner, prompts, go, so);
+        SpecStats st;
+        bool same = true;
+        for (size_t i = 0; i < got.size(); ++i) {
+          st.merge(got[i].spec);
+          same = same && got[i].token_ids == plain[i].token_ids;
+        }
+        const double t = got.front().decode_seconds;
+        std::printf("  %s K=%d%s: %.1f tok/s (%.2fx plain), acceptance %.3f, accept length %.2f, %lld drafts in %lld "
+                    "rounds, outputs %s plain\n", spec_algorithm_name(so.algorithm), k, so.adaptive ? " adaptive" : "",
+                    out_tokens / t, t_plain / t, st.acceptance_rate(), st.mean_accepted_length(),
+                    (long long)st.draft_tokens, (long long)st.steps, same ? "equal" : "DIFFER FROM");
+        report["speculative_e2e"].push_back({{"batch", batch}, {"k", k}, {"algorithm", spec_algorithm_name(so.algorithm)},
+                                             {"adaptive", so.adaptive}, {"plain_tok_s", out_tokens / t_plain},
+                                             {"spec_tok_s", out_tokens / t}, {"speedup", t_plain / t},
+                                             {"acceptance_rate", st.acceptance_rate()},
+                                             {"accept_length", st.mean_accepted_length()},
+                                             {"draft_tokens", st.draft_tokens}, {"rounds", st.steps},
+                                             {"outputs_equal", same}});
+      }
+    }
+  }
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
     f << report.dump(2) << "\n";
@@ -405,6 +458,12 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--speculative-num-steps", args->spec_steps,
                   "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");
   sub->add_option("--speculative-batch", args->spec_batches, "Batch sizes for the speculative costs");
+  sub->add_option("--speculative-algorithm", args->spec_algorithm,
+                  "Also generate end to end, plain and speculative (mtp, nextn or ngram), at each K and batch");
+  sub->add_option("--speculative-ngram-min", args->spec_ngram_min, "Shortest suffix n-gram to match (ngram)");
+  sub->add_option("--speculative-ngram-max", args->spec_ngram_max, "Longest suffix n-gram to match (ngram)");
+  sub->add_flag("--speculative-adaptive,!--no-speculative-adaptive", args->spec_adaptive,
+                "Adaptive draft length in the end-to-end runs (default on)");
   sub->callback([args, sub] {
     if (sub->get_subcommands().empty()) {
       FATHOM_CHECK(!args->model.empty(), "bench: give a checkpoint folder or config.json (or `bench serve ...`)");

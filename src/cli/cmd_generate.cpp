@@ -1,6 +1,6 @@
 // `fathom generate MODEL --token-ids 1,2,3 --max-new-tokens N [--temperature 0] [--json]
 //   [--speculative-algorithm mtp|nextn|ngram --speculative-num-steps K
-//    --speculative-ngram-min N --speculative-ngram-max N]`.
+//    --speculative-ngram-min N --speculative-ngram-max N --no-speculative-adaptive]`.
 #include <nlohmann/json.hpp>
 #include <cstdio>
 
@@ -36,12 +36,14 @@ void print_result(const GenerateArgs& a, const GenerateResult& r) {
     if (r.speculative) {
       j["spec"] = {{"algorithm", spec_algorithm_name(a.spec.algorithm)},
                    {"num_steps", a.spec.num_steps},
+                   {"adaptive", a.spec.adaptive},
                    {"steps", r.spec.steps},
                    {"draft_tokens", r.spec.draft_tokens},
                    {"accepted_tokens", r.spec.accepted_tokens},
                    {"acceptance_rate", r.spec.acceptance_rate()},
                    {"acceptance_by_position", r.spec.acceptance_by_position()},
-                   {"tokens_per_step", r.spec.tokens_per_step()}};
+                   {"tokens_per_step", r.spec.tokens_per_step()},
+                   {"mean_accepted_length", r.spec.mean_accepted_length()}};
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -80,12 +82,8 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--prefill-chunk", args->chunk, "Tokens per prefill forward pass");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's eos tokens");
   sub->add_flag("--json", args->json, "Print a JSON object with token_ids and timings");
-  sub->add_option("--speculative-algorithm", args->spec_algorithm,
-                  "Speculative decoding: mtp (the checkpoint's MTP layer; nextn is an alias) or ngram "
-                  "(prompt lookup); lossless");
-  sub->add_option("--speculative-num-steps", args->spec.num_steps, "Draft tokens per verification round (1..4)");
-  sub->add_option("--speculative-ngram-min", args->spec.ngram_min, "Shortest suffix n-gram to match (ngram)");
-  sub->add_option("--speculative-ngram-max", args->spec.ngram_max, "Longest suffix n-gram to match (ngram)");
+  add_speculative_options(sub, args->spec_algorithm, args->spec.num_steps, args->spec.ngram_min, args->spec.ngram_max,
+                          args->spec.adaptive);
   sub->callback([args] { run_generate(*args); });
 });
 

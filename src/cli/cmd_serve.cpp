@@ -1,8 +1,11 @@
 // `fathom serve MODEL [--host --port --served-model-name --max-model-len --max-num-seqs
 //  --max-num-batched-tokens --api-key --reasoning-parser qwen3 --skip-tokenizer-init
-//  --device cpu|cuda --max-queue-len]`: the OpenAI-compatible HTTP server (vLLM flag names).
+//  --device cpu|cuda --max-queue-len --speculative-algorithm mtp|nextn|ngram
+//  --speculative-num-steps K]`: the OpenAI-compatible HTTP server (vLLM flag names; SGLang's for
+//  speculative decoding).
 #include <cstdlib>
 
+#include "cli/cli_common.h"
 #include "cli/command.h"
 #include "server/openai_server.h"
 
@@ -30,6 +33,8 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--http-threads", a->http_threads, "HTTP worker threads (default: max-num-seqs + max-queue-len + 64)");
   sub->add_option("--listen-backlog", a->listen_backlog, "TCP listen backlog")->capture_default_str();
   sub->add_flag("--log-requests", a->log_requests, "Log every HTTP request to stderr");
+  add_speculative_options(sub, a->speculative_algorithm, a->speculative_num_steps, a->speculative_ngram_min,
+                          a->speculative_ngram_max, a->speculative_adaptive);
   sub->callback([a] {
     if (a->api_key.empty())
       if (const char* k = std::getenv("FATHOM_API_KEY")) a->api_key = k;

@@ -65,6 +65,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
       sched_(SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens}, blocks_, slots_),
       eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()) {
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
+  if (cfg.spec.algorithm != SpecAlgorithm::None)
+    spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
   stat_blocks_free_ = blocks_.num_free();
   for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
 }
@@ -146,6 +148,7 @@ void Engine::drain_inbox() {
 
 void Engine::drop(Request* r) {
   sched_.remove(r);
+  if (r->seq && spec_) spec_->release(r->seq);
   if (r->seq) runner_->remove_sequence(r->seq);
   r->seq = 0;
   auto range = by_group_.equal_range(r->spec.group);
@@ -178,7 +181,7 @@ void Engine::finish(Request& r, const std::string& reason) {
   drop(&r);
 }
 
-void Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now) {
+bool Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now) {
   const RequestParams& p = r.spec.params;
   if (p.logprobs >= 0) {
     TokenLogprobs lp = compute_logprobs(logits, vocab, token, p.logprobs);
@@ -249,16 +252,65 @@ void Engine::process_token(Request& r, int32_t token, const float* logits, int64
   if (!reason.empty()) {
     if (reason == "stop" && r.text_released > r.text.size()) r.text_released = r.text.size();
     finish(r, reason);
-  } else {
-    flush(r, false, "");
+    return true;
   }
+  flush(r, false, "");
+  return false;
+}
+
+Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int32_t* draft) {
+  const RequestParams& p = r.spec.params;
+  const bool mask = r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty());
+  const float* logits = row;
+  std::vector<float> scratch;
+  if (mask || (draft && r.sampler.has_penalties())) {
+    scratch.assign(row, row + vocab);
+    const float ninf = -std::numeric_limits<float>::infinity();
+    if (mask && !p.ignore_eos)
+      for (int32_t e : eos_)
+        if (e >= 0 && e < vocab) scratch[e] = ninf;
+    if (mask)
+      for (int32_t e : p.stop_token_ids)
+        if (e >= 0 && e < vocab) scratch[e] = ninf;
+    logits = scratch.data();
+  }
+  if (!draft) return Acceptance{false, r.sampler.sample(logits, vocab, r.prompt_span(), r.output_span())};
+  if (r.sampler.has_penalties()) apply_penalties(scratch.data(), vocab, p.sampling, r.prompt_span(), r.output_span());
+  if (p.sampling.temperature <= 0.f) {
+    const int32_t t = argmax(logits, vocab);
+    return Acceptance{t == *draft, t};
+  }
+  return rejection_sample_deterministic(target_distribution(logits, vocab, p.sampling), *draft, r.sampler.rng());
+}
+
+// Drafts for every running sequence that is decoding (all its tokens but the last consumed),
+// capped so the round can neither overshoot max_tokens nor the context.
+void Engine::propose_drafts() {
+  std::vector<DraftRequest> reqs;
+  std::vector<Request*> who;
+  for (auto& [r, up] : live_) {
+    r->drafts.clear();
+    if (r->status != RequestStatus::Running || !r->seq || r->num_output() == 0 ||
+        r->num_computed != int64_t(r->tokens.size()) - 1)
+      continue;
+    const int64_t room = std::min<int64_t>(r->spec.params.max_tokens - r->num_output() - 1,
+                                           cfg_.max_model_len - int64_t(r->tokens.size()));
+    const int k = int(std::clamp<int64_t>(room, 0, spec_->max_drafts()));
+    reqs.push_back(DraftRequest{r->seq, r->tokens, k, {}});
+    who.push_back(r);
+  }
+  if (reqs.empty()) return;
+  spec_->propose(reqs);
+  for (size_t i = 0; i < who.size(); ++i) who[i]->drafts = std::move(reqs[i].drafts);
 }
 
 bool Engine::step() {
   drain_inbox();
   if (!sched_.has_work()) return false;
+  if (spec_) propose_drafts();
   SchedulerOutput plan = sched_.schedule();
   for (Request* p : plan.preempted) {
+    if (p->seq && spec_) spec_->release(p->seq);
     if (p->seq) runner_->remove_sequence(p->seq);
     p->seq = 0;
   }
@@ -268,7 +320,9 @@ bool Engine::step() {
   }
   if (plan.chunks.empty()) return false;
 
+  const bool need_hidden = spec_ && spec_->needs_hidden();
   std::vector<ForwardStep> steps;
+  std::vector<int64_t> len_before;
   steps.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
     Request* r = c.req;
@@ -279,7 +333,18 @@ bool Engine::step() {
         metrics_.queue.observe(seconds(Clock::now() - r->arrival));
       }
     }
-    steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens))});
+    len_before.push_back(r->num_computed);
+    // A budget-cut chunk verifies fewer drafts.
+    const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
+    r->drafts.resize(size_t(std::clamp<int64_t>(c.num_tokens - pending, 0, int64_t(r->drafts.size()))));
+    if (!r->drafts.empty()) {
+      r->step_tokens.assign(1, r->tokens.back());
+      r->step_tokens.insert(r->step_tokens.end(), r->drafts.begin(), r->drafts.end());
+      steps.push_back(ForwardStep{r->seq, r->step_tokens, /*all_rows=*/true, /*keep_history=*/true});
+    } else {
+      steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens)),
+                                  /*all_rows=*/need_hidden, false});
+    }
   }
   ForwardOutput fo;
   try {
@@ -293,29 +358,52 @@ bool Engine::step() {
     return true;
   }
   const auto now = Clock::now();
-  const int64_t vocab = runner_->config().vocab_size;
-  std::vector<float> scratch;
+  const int64_t vocab = runner_->config().vocab_size, H = runner_->config().hidden_size;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Request& r = *plan.chunks[i].req;
-    r.num_computed += plan.chunks[i].num_tokens;
-    if (r.num_computed != int64_t(r.tokens.size())) continue;  // a prefill chunk that is not the last
-    const float* row = fo.logits.data() + fo.row_begin[i] * vocab;
-    const RequestParams& p = r.spec.params;
-    int32_t t;
-    if (r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty())) {
-      scratch.assign(row, row + vocab);
-      const float ninf = -std::numeric_limits<float>::infinity();
-      if (!p.ignore_eos)
-        for (int32_t e : eos_)
-          if (e >= 0 && e < vocab) scratch[e] = ninf;
-      for (int32_t e : p.stop_token_ids)
-        if (e >= 0 && e < vocab) scratch[e] = ninf;
-      t = r.sampler.sample(scratch.data(), vocab, r.prompt_span(), r.output_span());
-    } else {
-      t = r.sampler.sample(row, vocab, r.prompt_span(), r.output_span());
+    const SequenceId seq = r.seq;
+    const int64_t pos = len_before[i], n = int64_t(steps[i].tokens.size());
+    const int nd = int(r.drafts.size());
+    const int64_t first_row = fo.row_begin[i], rows = steps[i].all_rows ? n : 1;
+    const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
+    r.num_computed += n;
+    // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
+    auto observe = [&](int64_t count) {
+      if (need_hidden)
+        spec_->observe(seq, pos, std::span<const float>(fo.hidden.data() + first_row * H, size_t(count * H)),
+                       std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
+    };
+    if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
+      observe(n);
+      continue;
     }
-    process_token(r, t, row, vocab, now);  // may finish and free r
+    // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
+    int accepted = 0;
+    bool finished = false;
+    for (int d = 0; d <= nd && !finished; ++d) {
+      const float* row = fo.logits.data() + (first_row + rows - 1 - nd + d) * vocab;
+      const Acceptance acc = choose(r, row, vocab, d < nd ? &r.drafts[size_t(d)] : nullptr);
+      if (d < nd && acc.accepted) ++accepted;
+      finished = process_token(r, acc.token, row, vocab, now);  // may free r
+      if (d < nd && !acc.accepted) break;
+    }
+    if (spec_ && decode_round) {  // acceptance statistics and the sequence's next draft length
+      {
+        std::lock_guard<std::mutex> l(metrics_mu_);
+        metrics_.spec.record(nd, accepted);
+      }
+      spec_->record(seq, nd, accepted);
+    }
+    if (finished) continue;
+    if (nd > 0) {
+      r.num_computed = int64_t(r.tokens.size()) - 1;  // the pending token + the accepted drafts
+      if (accepted < nd) runner_->rollback(seq, r.num_computed);
+      blocks_.shrink(r.block_table, r.num_computed);
+    }
+    observe(r.num_computed - pos);
+    r.drafts.clear();
   }
+  if (spec_) spec_->flush_long_backlogs();
   return true;
 }
 
@@ -376,6 +464,27 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
   os << metrics_.itl.render(prefix + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels);
   os << metrics_.e2e.render(prefix + "e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels);
   os << metrics_.queue.render(prefix + "request_queue_time_seconds", "Histogram of time spent waiting before the first forward.", labels);
+  if (spec_) {  // vLLM's spec_decode_* names, plus the derived rates
+    const SpecStats& sp = metrics_.spec;
+    counter("spec_decode_num_drafts_total", "Verification rounds that had at least one draft.", uint64_t(sp.draft_rounds));
+    counter("spec_decode_num_draft_tokens_total", "Draft tokens verified.", uint64_t(sp.draft_tokens));
+    counter("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", uint64_t(sp.accepted_tokens));
+    auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
+      os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";
+      for (size_t i = 0; i < sp.drafted_at.size(); ++i)
+        os << prefix << name << "{" << labels << ",position=\"" << i << "\"} " << value(i) << "\n";
+    };
+    per_pos("spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted draft tokens by draft position.",
+            [&](size_t i) { return std::to_string(sp.accepted_at[i]); });
+    per_pos("spec_decode_num_draft_tokens_per_pos_total", "counter", "Verified draft tokens by draft position.",
+            [&](size_t i) { return std::to_string(sp.drafted_at[i]); });
+    const std::vector<double> rate = sp.acceptance_by_position();
+    per_pos("spec_decode_acceptance_rate_per_pos", "gauge", "Accepted / verified drafts by draft position.",
+            [&](size_t i) { return fmt_double(rate[i]); });
+    gauge("spec_decode_draft_acceptance_rate", "Accepted / verified draft tokens.", sp.acceptance_rate());
+    gauge("spec_decode_mean_accepted_length",
+          "Tokens emitted per verification round with drafts (accepted drafts + 1).", sp.mean_accepted_length());
+  }
   return os.str();
 }
 

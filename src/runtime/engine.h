@@ -2,6 +2,8 @@
 // thread. Client threads submit requests and receive RequestOutput events through
 // OutputChannels; abort() (client disconnect) removes a request and frees its slot and blocks
 // at the next step boundary. Also collects the serving metrics exported at /metrics.
+// With speculative decoding on, each decode step of a sequence verifies its drafts (proposed
+// before scheduling) in the same batched forward as everyone else's tokens.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -19,6 +21,9 @@
 #include "runtime/kv_cache_manager.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
+#include "runtime/spec_sampling.h"
+#include "runtime/spec_stats.h"
+#include "runtime/speculator.h"
 
 namespace fathom::tok {
 class Tokenizer;
@@ -34,6 +39,7 @@ struct EngineConfig {
   int block_size = 16;
   int64_t num_kv_blocks = 0;   // 0: enough for max_num_seqs sequences of max_model_len
   std::vector<int32_t> eos_token_ids;
+  SpecOptions spec;  // algorithm None: plain decoding
 };
 
 class Histogram {
@@ -57,6 +63,7 @@ struct EngineMetrics {
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}};
   Histogram e2e{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}};
   Histogram queue{{0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 60}};
+  SpecStats spec;  // speculative decoding, all sequences
 };
 
 class Engine {
@@ -93,7 +100,12 @@ class Engine {
   void loop();
   bool step();  // one scheduled forward; false when idle
   void drain_inbox();
-  void process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
+  void propose_drafts();
+  // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
+  // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
+  Acceptance choose(Request& r, const float* row, int64_t vocab, const int32_t* draft);
+  // Returns true when the request finished (it is freed then).
+  bool process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);
@@ -104,6 +116,7 @@ class Engine {
   BlockManager blocks_;
   StateSlotPool slots_;
   Scheduler sched_;
+  std::unique_ptr<Speculator> spec_;
   std::set<int32_t> eos_;
   size_t max_stop_len_ = 0;
 

@@ -103,6 +103,8 @@ struct Request {
   int64_t num_computed = 0;
   std::vector<int32_t> block_table;  // paged KV accounting (block ids)
   int state_slot = -1;               // linear-attention state slot
+  std::vector<int32_t> drafts;       // speculative drafts to verify after the pending token this step
+  std::vector<int32_t> step_tokens;  // [pending token, drafts...]: the tokens fed in a verify step
   SequenceId seq = 0;                // engine sequence, 0 when none
   RequestStatus status = RequestStatus::Waiting;
   int num_preemptions = 0;
@@ -123,6 +125,8 @@ struct Request {
     num_prompt = int64_t(tokens.size());
   }
   int64_t num_output() const { return int64_t(tokens.size()) - num_prompt; }
+  // Tokens the next forward should consume: the unconsumed ones plus the drafts.
+  int64_t num_wanted() const { return int64_t(tokens.size()) - num_computed + int64_t(drafts.size()); }
   std::span<const int32_t> prompt_span() const { return {tokens.data(), size_t(num_prompt)}; }
   std::span<const int32_t> output_span() const {
     return {tokens.data() + num_prompt, size_t(tokens.size() - num_prompt)};

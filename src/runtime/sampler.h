@@ -55,6 +55,7 @@ class Sampler {
   int32_t sample(const float* logits, int64_t n, std::span<const int32_t> prompt, std::span<const int32_t> output);
   const SamplingParams& params() const { return params_; }
   bool has_penalties() const;
+  std::mt19937_64& rng() { return rng_; }  // also drives speculative rejection sampling
 
  private:
   SamplingParams params_;

@@ -14,6 +14,7 @@ void Scheduler::preempt(Request* r) {
   slots_.release(r->state_slot);
   r->state_slot = -1;
   r->num_computed = 0;  // recompute prompt + generated tokens on re-admission
+  r->drafts.clear();
   r->status = RequestStatus::Waiting;
   ++r->num_preemptions;
   ++num_preemptions_;
@@ -37,8 +38,7 @@ SchedulerOutput Scheduler::schedule() {
   // 1. Running sequences: decode tokens (or the rest of a chunked prefill).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
-    const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
-    const int64_t n = std::min(pending, budget);
+    const int64_t n = std::min(r->num_wanted(), budget);
     if (n <= 0) {
       ++i;
       continue;
@@ -64,7 +64,7 @@ SchedulerOutput Scheduler::schedule() {
   if (out.preempted.empty()) {
     while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs && slots_.num_free() > 0) {
       Request* r = waiting_.front();
-      const int64_t n = std::min(int64_t(r->tokens.size()) - r->num_computed, budget);
+      const int64_t n = std::min(r->num_wanted(), budget);
       if (!blocks_.grow(r->block_table, r->num_computed + n)) break;  // wait for blocks to free up
       waiting_.pop_front();
       r->state_slot = *slots_.acquire();

@@ -5,8 +5,9 @@
 // sequence is preempted by recompute: its blocks and slot are freed and it goes back to the
 // front of the waiting queue with prompt + generated tokens, to be prefilled again.
 //
-// A step entry carries any number of tokens per sequence (tokens.size() - num_computed), so
-// speculative verification (several tokens per decode) fits the same plan.
+// A step entry carries any number of tokens per sequence (Request::num_wanted: the unconsumed
+// tokens plus any speculative drafts), so verification of drafts fits the same plan; a chunk
+// shorter than that verifies fewer drafts.
 #pragma once
 #include <cstdint>
 #include <deque>

@@ -1,33 +1,14 @@
 #include "runtime/spec_decode.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <memory>
 #include <random>
 
 #include "core/error.h"
-#include "runtime/spec_drafter.h"
 #include "runtime/spec_sampling.h"
 
 namespace fathom {
-
-SpecAlgorithm parse_spec_algorithm(const std::string& name) {
-  std::string s = name;
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (s.empty() || s == "none") return SpecAlgorithm::None;
-  if (s == "mtp" || s == "nextn") return SpecAlgorithm::Mtp;
-  if (s == "ngram") return SpecAlgorithm::Ngram;
-  fail("unknown speculative algorithm '", name, "' (expected mtp, nextn or ngram)");
-}
-
-const char* spec_algorithm_name(SpecAlgorithm a) {
-  switch (a) {
-    case SpecAlgorithm::Mtp: return "mtp";
-    case SpecAlgorithm::Ngram: return "ngram";
-    default: return "none";
-  }
-}
 
 namespace {
 
@@ -38,18 +19,18 @@ struct Seq {
   GenerateResult res;
   std::mt19937_64 rng;
   bool done = false;
-  std::vector<int32_t> step_tokens, extend_tokens;  // storage the spans of a round point into
+  std::vector<int32_t> step_tokens;  // storage the spans of a round point into
 };
 
 // Owns the runner's sequences for the duration of a call.
 struct SeqGuard {
   ModelRunner& runner;
-  Drafter* drafter;
+  Speculator* spec;
   std::vector<Seq>& seqs;
   ~SeqGuard() {
     for (Seq& s : seqs) {
       if (!s.id) continue;
-      if (drafter) drafter->release(s.id);
+      if (spec) spec->release(s.id);
       runner.remove_sequence(s.id);
     }
   }
@@ -58,13 +39,11 @@ struct SeqGuard {
 }  // namespace
 
 std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& opt, const SpecOptions& spec) {
+                                           const GenerateOptions& opt, const SpecOptions& spec_opt) {
   const ModelConfig& cfg = runner.config();
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
   FATHOM_CHECK(opt.max_new_tokens >= 0, "max_new_tokens must be >= 0");
   FATHOM_CHECK(opt.prefill_chunk > 0, "prefill chunk size must be positive");
-  FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 16),
-               "--speculative-num-steps must be in 1..16 (got ", spec.num_steps, ")");
   for (const auto& p : prompts) {
     FATHOM_CHECK(!p.empty(), "the prompt is empty");
     FATHOM_CHECK(cfg.max_position_embeddings <= 0 ||
@@ -72,26 +51,21 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
                  "prompt (", p.size(), " tokens) plus max_new_tokens (", opt.max_new_tokens,
                  ") exceeds the model's context length of ", cfg.max_position_embeddings);
   }
-  std::unique_ptr<Drafter> drafter;
-  if (spec.algorithm == SpecAlgorithm::Mtp) {
-    auto mtp = std::make_unique<MtpDrafter>(runner);
-    mtp->record_trace = spec.mtp_trace != nullptr;
-    drafter = std::move(mtp);
-  }
-  if (spec.algorithm == SpecAlgorithm::Ngram) drafter = std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max);
-  const bool need_hidden = drafter && drafter->needs_hidden();
+  std::unique_ptr<Speculator> spec;
+  if (spec_opt.algorithm != SpecAlgorithm::None)
+    spec = std::make_unique<Speculator>(runner, spec_opt, int64_t(opt.prefill_chunk));
+  const bool need_hidden = spec && spec->needs_hidden();
   const bool greedy = opt.sampling.temperature <= 0.f;
-  const int K = drafter ? spec.num_steps : 0;
 
   std::vector<Seq> seqs(prompts.size());
-  SeqGuard guard{runner, drafter.get(), seqs};
+  SeqGuard guard{runner, spec.get(), seqs};
   for (size_t i = 0; i < prompts.size(); ++i) {
     Seq& s = seqs[i];
     s.prompt = prompts[i];
     s.ctx = prompts[i];
     s.res.prompt_tokens = int(prompts[i].size());
     s.res.finish_reason = "length";
-    s.res.speculative = drafter != nullptr;
+    s.res.speculative = spec != nullptr;
     s.rng.seed(opt.sampling.seed + i);
     s.done = opt.max_new_tokens == 0;
   }
@@ -119,6 +93,15 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
     }
     return s.done;
   };
+  // The target consumed ctx[pos, pos + rows) and returned their hidden rows: each is followed by
+  // the next token of ctx (the last one just emitted, or the prompt's next chunk).
+  auto observe = [&](Seq& s, int64_t pos, const ForwardOutput& out, size_t step, int64_t rows) {
+    if (!need_hidden || s.done) return;
+    const int64_t have = int64_t(s.ctx.size()) - pos - 1;
+    const int64_t n = std::min(rows, have);
+    spec->observe(s.id, pos, std::span<const float>(out.hidden.data() + out.row_begin[step] * H, size_t(n * H)),
+                  std::span<const int32_t>(s.ctx.data() + pos + 1, size_t(n)));
+  };
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -136,24 +119,14 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
     }
     if (steps.empty()) break;
     ForwardOutput out = runner.forward(steps);
-    std::vector<DraftExtend> extends;
     for (size_t j = 0; j < who.size(); ++j) {
       Seq& s = seqs[who[j]];
       const size_t n = steps[j].tokens.size(), end = begin + n;
       const int64_t rows = need_hidden ? int64_t(n) : 1;
-      const int64_t last = out.row_begin[j] + rows - 1;
-      if (end == s.prompt.size()) emit(s, pick(s, out.logits.data() + last * V));
-      if (need_hidden && !s.done) {
-        // The MTP reads hidden(p) with the token at p + 1: the prompt shifted left by one, then
-        // the token just sampled.
-        s.extend_tokens.assign(s.prompt.begin() + begin + 1, s.prompt.begin() + end);
-        s.extend_tokens.push_back(end == s.prompt.size() ? s.ctx.back() : s.prompt[end]);
-        extends.push_back(DraftExtend{s.id, int64_t(begin),
-                                      std::span<const float>(out.hidden.data() + out.row_begin[j] * H, n * H),
-                                      s.extend_tokens});
-      }
+      if (end == s.prompt.size()) emit(s, pick(s, out.logits.data() + (out.row_begin[j] + rows - 1) * V));
+      observe(s, int64_t(begin), out, j, int64_t(n));
     }
-    if (!extends.empty()) drafter->extend(extends);
+    if (spec) spec->flush_long_backlogs();
   }
   const auto t1 = clock::now();
 
@@ -166,24 +139,22 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
     std::vector<DraftRequest> reqs;
     for (size_t i : active) {
       Seq& s = seqs[i];
-      int k = std::min<int>(K, opt.max_new_tokens - int(s.res.token_ids.size()) - 1);
+      int k = std::min<int>(spec ? spec->max_drafts() : 0, opt.max_new_tokens - int(s.res.token_ids.size()) - 1);
       if (cfg.max_position_embeddings > 0)
         k = int(std::min<int64_t>(k, cfg.max_position_embeddings - runner.length(s.id) - 1));
       reqs.push_back(DraftRequest{s.id, s.ctx, std::max(k, 0), {}});
     }
-    if (drafter) drafter->propose(reqs);
+    if (spec) spec->propose(reqs);
     std::vector<ForwardStep> steps;
     std::vector<int64_t> len_before;
     for (size_t j = 0; j < active.size(); ++j) {
       Seq& s = seqs[active[j]];
-      if (int(reqs[j].drafts.size()) > reqs[j].max_drafts) reqs[j].drafts.resize(size_t(reqs[j].max_drafts));
       s.step_tokens.assign(1, s.ctx.back());
       s.step_tokens.insert(s.step_tokens.end(), reqs[j].drafts.begin(), reqs[j].drafts.end());
       len_before.push_back(runner.length(s.id));
       steps.push_back(ForwardStep{s.id, s.step_tokens, /*all_rows=*/true, /*keep_history=*/!reqs[j].drafts.empty()});
     }
     ForwardOutput out = runner.forward(steps);
-    std::vector<DraftExtend> extends;
     for (size_t j = 0; j < active.size(); ++j) {
       Seq& s = seqs[active[j]];
       const std::vector<int32_t>& drafts = reqs[j].drafts;
@@ -207,25 +178,15 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
       }
       ++s.res.target_forward_steps;
       s.res.spec.record(nd, accepted);
+      if (!spec) continue;
+      spec->record(s.id, nd, accepted);
       const int64_t keep = len_before[j] + 1 + accepted;
       if (runner.length(s.id) > keep) runner.rollback(s.id, keep);
-      if (need_hidden && !s.done) {
-        // Draft extend: target hidden at positions len_before .. len_before + accepted, each with
-        // the token that follows it (the accepted drafts, then the target's own token).
-        s.extend_tokens.assign(s.ctx.end() - (accepted + 1), s.ctx.end());
-        extends.push_back(DraftExtend{
-            s.id, len_before[j],
-            std::span<const float>(out.hidden.data() + out.row_begin[j] * H, size_t(accepted + 1) * H),
-            s.extend_tokens});
-      }
+      observe(s, len_before[j], out, j, int64_t(accepted) + 1);
     }
-    if (!extends.empty()) drafter->extend(extends);
+    if (spec) spec->flush_long_backlogs();
   }
   const auto t2 = clock::now();
-  if (spec.mtp_trace && spec.algorithm == SpecAlgorithm::Mtp) {
-    auto* mtp = static_cast<MtpDrafter*>(drafter.get());
-    spec.mtp_trace->insert(spec.mtp_trace->end(), mtp->trace.begin(), mtp->trace.end());
-  }
 
   std::vector<GenerateResult> results;
   for (Seq& s : seqs) {

@@ -7,6 +7,7 @@ namespace fathom {
 
 struct SpecStats {
   int64_t steps = 0;            // verification rounds (target forwards this sequence took part in)
+  int64_t draft_rounds = 0;     // rounds that verified at least one draft
   int64_t draft_tokens = 0;     // drafts proposed and verified
   int64_t accepted_tokens = 0;  // drafts accepted (bonus/correction tokens not counted)
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position 0..K-1
@@ -20,9 +21,14 @@ struct SpecStats {
   }
   // Mean tokens emitted per verification round (accepted drafts + the one target token).
   double tokens_per_step() const { return steps ? double(accepted_tokens + steps) / double(steps) : 0.0; }
+  // The same over the rounds that had drafts (SGLang's "accept length").
+  double mean_accepted_length() const {
+    return draft_rounds ? double(accepted_tokens + draft_rounds) / double(draft_rounds) : 0.0;
+  }
 
   void record(int drafted, int accepted) {
     ++steps;
+    if (drafted > 0) ++draft_rounds;
     draft_tokens += drafted;
     accepted_tokens += accepted;
     if (drafted_at.size() < size_t(drafted)) {
@@ -34,6 +40,7 @@ struct SpecStats {
   }
   void merge(const SpecStats& o) {
     steps += o.steps;
+    draft_rounds += o.draft_rounds;
     draft_tokens += o.draft_tokens;
     accepted_tokens += o.accepted_tokens;
     if (drafted_at.size() < o.drafted_at.size()) {

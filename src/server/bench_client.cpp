@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -119,6 +120,50 @@ std::string first_model(const BenchConfig& cfg) {
   return j["data"][0]["id"].get<std::string>();
 }
 
+// The server's speculative-decoding counters from /metrics (vLLM's spec_decode_* names under any
+// prefix); `found` is false when the server exports none.
+struct SpecCounters {
+  bool found = false;
+  double drafts = 0, draft_tokens = 0, accepted = 0;
+  std::vector<double> accepted_at;  // by draft position
+};
+
+SpecCounters scrape_spec(const BenchConfig& cfg) {
+  SpecCounters c;
+  httplib::Client cli(cfg.url);
+  auto res = cli.Get("/metrics");
+  if (!res || res->status != 200) return c;
+  size_t at = 0;
+  const std::string& t = res->body;
+  while (at < t.size()) {
+    size_t eol = t.find('\n', at);
+    if (eol == std::string::npos) eol = t.size();
+    const std::string line = t.substr(at, eol - at);
+    at = eol + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const size_t space = line.rfind(' ');
+    if (name_end == std::string::npos || space == std::string::npos) continue;
+    const std::string name = line.substr(0, name_end);
+    const double v = std::strtod(line.c_str() + space + 1, nullptr);
+    auto is = [&](const char* suffix) {
+      const std::string s = std::string(":") + suffix;
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (is("spec_decode_num_drafts_total")) c.drafts = v, c.found = true;
+    else if (is("spec_decode_num_draft_tokens_total")) c.draft_tokens = v;
+    else if (is("spec_decode_num_accepted_tokens_total")) c.accepted = v;
+    else if (is("spec_decode_num_accepted_tokens_per_pos_total")) {
+      const size_t p = line.find("position=\"");
+      if (p == std::string::npos) continue;
+      const size_t pos = size_t(std::strtoul(line.c_str() + p + 10, nullptr, 10));
+      if (c.accepted_at.size() <= pos) c.accepted_at.resize(pos + 1, 0);
+      c.accepted_at[pos] = v;
+    }
+  }
+  return c;
+}
+
 void progress(int done, int total) {
   const int width = 40;
   int fill = total ? done * width / total : width;
@@ -146,6 +191,7 @@ int run_bench_serve(const BenchConfig& cfg) {
     std::atomic<size_t> next{0};
     std::atomic<int> finished{0};
     std::mutex pm;
+    const SpecCounters spec0 = scrape_spec(cfg);
     const auto t0 = BClock::now();
     std::vector<std::thread> workers;
     for (int w = 0; w < std::min<int>(conc, cfg.num_prompts); ++w)
@@ -206,6 +252,22 @@ int run_bench_serve(const BenchConfig& cfg) {
     block("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
     block("---------------Inter-token Latency----------------", "ITL", itl);
     block("----------------End-to-end Latency----------------", "E2EL", e2e);
+    if (const SpecCounters spec1 = scrape_spec(cfg); spec1.found) {  // this level's share of the counters
+      const double rounds = spec1.drafts - spec0.drafts, drafted = spec1.draft_tokens - spec0.draft_tokens;
+      const double accepted = spec1.accepted - spec0.accepted;
+      std::printf("---------------Speculative Decoding---------------\n");
+      line("Acceptance rate (%):", f2(drafted > 0 ? 100 * accepted / drafted : 0));
+      line("Acceptance length:", f2(rounds > 0 ? 1 + accepted / rounds : 0));
+      line("Drafts:", std::to_string(int64_t(rounds)));
+      line("Draft tokens:", std::to_string(int64_t(drafted)));
+      line("Accepted tokens:", std::to_string(int64_t(accepted)));
+      std::string per_pos;
+      for (size_t i = 0; i < spec1.accepted_at.size(); ++i) {
+        const double before = i < spec0.accepted_at.size() ? spec0.accepted_at[i] : 0;
+        per_pos += (i ? " " : "") + f2(rounds > 0 ? 100 * (spec1.accepted_at[i] - before) / rounds : 0);
+      }
+      line("Per-position acceptance (%):", per_pos);
+    }
     std::printf("==================================================\n");
     if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
     std::fflush(stdout);

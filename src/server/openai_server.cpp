@@ -560,7 +560,15 @@ int OpenAIServer::run() {
   eo.max_seqs = cfg_.max_num_seqs;
   eo.max_model_len = cfg_.max_model_len;
   eo.max_batched_tokens = int(cfg_.max_num_batched_tokens);
-  auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/false, eo);
+  SpecOptions spec;
+  spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
+  spec.num_steps = cfg_.speculative_num_steps;
+  spec.ngram_min = cfg_.speculative_ngram_min;
+  spec.ngram_max = cfg_.speculative_ngram_max;
+  spec.adaptive = cfg_.speculative_adaptive;
+  FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 4),
+               "--speculative-num-steps must be 1..4 (got ", spec.num_steps, ")");
+  auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp, eo);
   const ModelConfig& mc = runner->config();
   vocab_ = mc.vocab_size;
   max_len_ = cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
@@ -571,6 +579,7 @@ int OpenAIServer::run() {
   ec.max_queue_len = cfg_.max_queue_len;
   ec.num_kv_blocks = cfg_.num_kv_blocks;
   ec.eos_token_ids.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+  ec.spec = spec;
   if (tok_ && special_tokens_.contains("eos_token") && special_tokens_["eos_token"].is_string())
     if (auto id = tok_->token_to_id(special_tokens_["eos_token"].get<std::string>())) ec.eos_token_ids.push_back(int32_t(*id));
   FATHOM_CHECK(cfg_.max_num_seqs > 0, "--max-num-seqs must be positive");

@@ -25,6 +25,11 @@ struct ServerConfig {
   int http_threads = 0;           // 0: max_num_seqs + max_queue_len + 64
   int listen_backlog = 4096;
   bool log_requests = false;
+  // Speculative decoding (SGLang flag names): "", "mtp"/"nextn" or "ngram".
+  std::string speculative_algorithm;
+  int speculative_num_steps = 3;
+  int speculative_ngram_min = 1, speculative_ngram_max = 12;
+  bool speculative_adaptive = true;  // per-sequence draft length and back-off
 };
 
 // Loads the model, serves until SIGINT/SIGTERM, returns the process exit code.

@@ -235,6 +235,7 @@ TEST(CudaMidsize, LongPromptMatchesCpu) {
 }  // namespace
 }  // namespace fathom
 
+#include "runtime/engine_test_util.h"
 #include "runtime/spec_decode.h"
 
 namespace fathom {
@@ -275,6 +276,52 @@ TEST(CudaSpeculative, LosslessInRaggedBatches) {
                   spec_algorithm_name(c.algorithm), k, rate, static_cast<long long>(accepted),
                   static_cast<long long>(drafted));
       if (std::string(c.fixture) == "qwen35_moe_mtp_oracle") EXPECT_GE(rate, 0.9);
+    }
+  }
+}
+
+// The serving engine on the CUDA runner with speculative decoding: requests arriving while
+// others decode, drafts verified in the shared forward (decode steps without drafts still replay
+// CUDA graphs); greedy outputs equal the plain engine's.
+TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
+  struct Case {
+    const char* fixture;
+    SpecAlgorithm algorithm;
+  };
+  for (const Case& c : {Case{"qwen35_moe", SpecAlgorithm::Mtp}, Case{"qwen35_moe_mtp_oracle", SpecAlgorithm::Mtp},
+                        Case{"qwen3_dense", SpecAlgorithm::Ngram}}) {
+    const fs::path dir = fixtures_dir() / c.fixture;
+    EngineOptions eo;
+    eo.max_seqs = 8;
+    eo.max_model_len = 512;
+    auto open = [&] { return open_model(dir.string(), "cuda", c.algorithm == SpecAlgorithm::Mtp, eo); };
+    const int V = open()->config().vocab_size;
+    std::vector<testing::Job> jobs;
+    const int lens[] = {5, 17, 40, 3, 24, 9};
+    const int max_tokens[] = {20, 33, 7, 1, 25, 18};
+    for (int i = 0; i < 6; ++i) {
+      testing::Job j;
+      j.prompt = random_prompt(lens[i], V, 100 + uint32_t(i));
+      j.prompt.insert(j.prompt.end(), j.prompt.begin(), j.prompt.end());  // repeats: n-gram drafts too
+      j.params.max_tokens = max_tokens[i];
+      j.params.ignore_eos = true;
+      jobs.push_back(j);
+    }
+    EngineConfig cfg;
+    cfg.max_num_seqs = 8;
+    cfg.max_model_len = 512;
+    const auto plain = testing::run_engine(open(), cfg, jobs);
+    for (int k : {1, 3}) {
+      cfg.spec.algorithm = c.algorithm;
+      cfg.spec.num_steps = k;
+      cfg.spec.adaptive = false;
+      std::string m;
+      const auto got = testing::run_engine(open(), cfg, jobs, &m);
+      for (size_t i = 0; i < jobs.size(); ++i)
+        EXPECT_EQ(got[i].ids, plain[i].ids) << c.fixture << " K=" << k << " job " << i;
+      std::printf("  engine %s %s K=%d: acceptance %.3f, accept length %.2f\n", c.fixture,
+                  spec_algorithm_name(c.algorithm), k, testing::metric(m, "fathom:spec_decode_draft_acceptance_rate"),
+                  testing::metric(m, "fathom:spec_decode_mean_accepted_length"));
     }
   }
 }

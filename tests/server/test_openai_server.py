@@ -393,6 +393,49 @@ def main():
     finally:
         tight.stop()
 
+    # Speculative decoding (MTP drafts, fixed K so every round drafts) inside continuous batching:
+    # concurrent greedy requests, streamed or not, equal the plain server's; /metrics reports the
+    # drafts and acceptance.
+    plain = Server(args.fathom, model, "--max-num-seqs", "8")
+    spec = Server(args.fathom, model, "--max-num-seqs", "8", "--speculative-algorithm", "nextn",
+                  "--speculative-num-steps", "2", "--no-speculative-adaptive")
+    try:
+        @check("speculative decoding (nextn) equals plain decoding, with acceptance in /metrics")
+        def _():
+            import random
+            rng = random.Random(5)
+            prompts = [[rng.randrange(2, 500) for _ in range(n)] for n in (3, 11, 29, 40, 7, 18)]
+
+            def run(server, p, stream):
+                cl = server.client()
+                body = {"return_token_ids": True, "ignore_eos": True}
+                if not stream:
+                    r = cl.completions.create(model=name, prompt=p, max_tokens=20, temperature=0, extra_body=body)
+                    return r.choices[0].model_extra["token_ids"]
+                ids = []
+                for ch in cl.completions.create(model=name, prompt=p, max_tokens=20, temperature=0, stream=True,
+                                                extra_body=body):
+                    for c in ch.choices:
+                        ids += c.model_extra.get("token_ids") or []
+                return ids
+            want = [run(plain, p, False) for p in prompts]
+            with cf.ThreadPoolExecutor(6) as ex:
+                got = list(ex.map(lambda ip: run(spec, ip[1], ip[0] % 2 == 1), enumerate(prompts)))
+            assert got == want, [i for i in range(len(prompts)) if got[i] != want[i]]
+            drafts = spec.metric("fathom:spec_decode_num_draft_tokens_total")
+            rounds = spec.metric("fathom:spec_decode_num_drafts_total")
+            accepted = spec.metric("fathom:spec_decode_num_accepted_tokens_total")
+            length = spec.metric("fathom:spec_decode_mean_accepted_length")
+            assert drafts > 0 and rounds > 0 and 0 <= accepted <= drafts, (drafts, rounds, accepted)
+            assert abs(length - (accepted + rounds) / rounds) < 1e-9, length
+            text = requests.get(spec.url + "/metrics", timeout=5).text
+            assert 'fathom:spec_decode_acceptance_rate_per_pos{model_name="' in text and 'position="1"' in text
+            assert "spec_decode" not in requests.get(plain.url + "/metrics", timeout=5).text
+        _()
+    finally:
+        plain.stop()
+        spec.stop()
+
     print(f"{len(PASSED)} passed, {len(FAILED)} failed")
     return 1 if FAILED else 0
 

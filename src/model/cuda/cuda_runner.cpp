@@ -913,7 +913,8 @@ struct CudaRunner::Impl {
       const int n = int(st.next_tokens.size());
       FATHOM_CHECK(n > 0 && int64_t(st.hidden.size()) == int64_t(n) * H, "mtp_forward: hidden rows (",
                    st.hidden.size() / H, ") and next tokens (", n, ") differ");
-      FATHOM_CHECK(p.T + n <= T_max && p.R + n <= R_max, "mtp_forward: batch larger than one engine step");
+      FATHOM_CHECK(p.T + n <= T_max && p.R + (st.all_rows ? n : 1) <= R_max, "mtp_forward: batch of ", p.T + n,
+                   " tokens larger than one engine step (", T_max, " tokens, ", R_max, " rows)");
       hmeta.keep_hist[i] = 0;
       // Chained drafts run ahead of the verified tokens; the block table grows for them and the
       // main pools use the same blocks at those positions later.
@@ -971,7 +972,10 @@ struct CudaRunner::Impl {
         int n = int(std::min<size_t>(st.tokens.size() - done, size_t(room_t)));
         if (st.all_rows) n = std::min(n, room_r);
         const bool last_piece = done + size_t(n) == st.tokens.size();
-        if (n <= 0 || (!st.all_rows && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs) {
+        // A keep_history step (draft verification) is never split: its state history is per step.
+        const bool split_history = st.keep_history && !last_piece && !batch.empty();
+        if (n <= 0 || (!st.all_rows && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs ||
+            split_history) {
           flush();
           continue;
         }

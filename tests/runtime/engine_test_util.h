@@ -1,0 +1,90 @@
+// Driving a serving Engine in tests: submit jobs (half at once, the rest while the first
+// decodes), collect each one's tokens and finish reason, and read values from /metrics text.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace fathom::testing {
+
+struct Job {
+  std::vector<int32_t> prompt;
+  RequestParams params;
+};
+
+struct Finished {
+  std::vector<int32_t> ids;
+  std::string reason;
+};
+
+// Runs `jobs` through an engine over `runner`: the first half is submitted at once, the rest
+// one by one after the engine has produced some tokens (arrivals while others decode).
+inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, EngineConfig cfg,
+                                        const std::vector<Job>& jobs,
+                                        std::string* metrics = nullptr) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  engine.start();
+  std::vector<std::shared_ptr<OutputChannel>> chans;
+  auto submit = [&](size_t i) {
+    auto ch = std::make_shared<OutputChannel>();
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = jobs[i].prompt;
+    s.params = jobs[i].params;
+    s.out = ch;
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    chans.push_back(ch);
+  };
+  std::vector<Finished> out(jobs.size());
+  std::vector<bool> done(jobs.size(), false);
+  auto drain = [&](size_t i, bool wait) {
+    while (!done[i]) {
+      auto ev = chans[i]->pop(std::chrono::milliseconds(wait ? 60000 : 0));
+      if (!ev) {
+        EXPECT_FALSE(wait) << "request " << i << " timed out";
+        return;
+      }
+      out[i].ids.insert(out[i].ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+      if (ev->finished) {
+        out[i].reason = ev->finish_reason;
+        done[i] = true;
+      }
+    }
+  };
+  const size_t first = (jobs.size() + 1) / 2;
+  for (size_t i = 0; i < first; ++i) submit(i);
+  for (size_t i = first; i < jobs.size(); ++i) {
+    // Wait for one more token of the first request (or its end) before each later arrival.
+    auto ev = chans[0]->pop(std::chrono::milliseconds(done[0] ? 0 : 60000));
+    if (ev) {
+      out[0].ids.insert(out[0].ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+      if (ev->finished) out[0].reason = ev->finish_reason, done[0] = true;
+    }
+    submit(i);
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) drain(i, true);
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  engine.shutdown();
+  return out;
+}
+
+// A metric's value from Prometheus text (first sample whose line starts with `name{` and
+// contains `label`), or -1.
+inline double metric(const std::string& text, const std::string& name, const std::string& label = "") {
+  size_t at = 0;
+  while ((at = text.find(name + "{", at)) != std::string::npos) {
+    const size_t eol = text.find('\n', at);
+    const std::string line = text.substr(at, eol - at);
+    at = eol;
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+}  // namespace fathom::testing
