@@ -11,6 +11,16 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 BIN=$PWD/.devcarry/bin
 mkdir -p "$OUT"
+# Waits until the server on port $1 (process $2) answers /health; fails if the process exits.
+wait_healthy() {
+  for _ in $(seq 600); do
+    kill -0 "$2" 2>/dev/null || { echo "server on port $1 exited"; return 1; }
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=2)" \
+      2>/dev/null && return 0
+    sleep 1
+  done
+  return 1
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for what in "${@:-all}"; do
   case $what in
@@ -34,38 +44,25 @@ for what in "${@:-all}"; do
       "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
         --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18600 > "$OUT/serve.log" 2>&1 &
       SRV=$!
-      python3 - <<'PY'
-import time, urllib.request
-for _ in range(600):
-    try:
-        urllib.request.urlopen("http://127.0.0.1:18600/health", timeout=2); break
-    except Exception:
-        time.sleep(1)
-PY
+      wait_healthy 18600 $SRV || { tail -5 "$OUT/serve.log"; continue; }
       timeout 420 "$BIN/fathom" bench serve --url http://127.0.0.1:18600 --concurrency 1,16,64 --input-len 512 \
         --output-len 64 --num-prompts 64 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve.log"
       kill $SRV; wait $SRV; tail -5 "$OUT/serve.log" ;;&
     spec|all)
       # Speculative decoding: draft/verify costs and end-to-end generation at 397B shapes (dummy
       # weights, so acceptance is near 0: what failing drafts cost), the random-fixture overhead,
-      # and the server with MTP drafts under load.
+      # and the server with MTP drafts under load (20 layers: the state history for K + 1
+      # positions of 32 sequences needs room beside the weights).
       timeout 420 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 20 \
         --batch 1 --input-len 4096 --output-len 64 --speculative-num-steps 1,2,3 --speculative-batch 1,32 \
         --speculative-algorithm mtp --json-out "$OUT/bench_spec.json" 2>&1 | tee "$OUT/bench_spec.log"
       python3 bench/spec_overhead.py --fathom "$BIN/fathom" --device cuda --new-tokens 256 --repeats 5 2>&1 \
         | tee "$OUT/spec_overhead_cuda.md"
-      "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
-        --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18601 \
+      "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 20 \
+        --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 32 --port 18601 \
         --speculative-algorithm mtp --speculative-num-steps 2 > "$OUT/serve_spec.log" 2>&1 &
       SRV=$!
-      python3 - <<'PY'
-import time, urllib.request
-for _ in range(600):
-    try:
-        urllib.request.urlopen("http://127.0.0.1:18601/health", timeout=2); break
-    except Exception:
-        time.sleep(1)
-PY
+      wait_healthy 18601 $SRV || { tail -5 "$OUT/serve_spec.log"; continue; }
       timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18601 --concurrency 1,16 --input-len 512 \
         --output-len 64 --num-prompts 32 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve_spec.log"
       kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;

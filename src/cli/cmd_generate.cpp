@@ -62,7 +62,9 @@ void run_generate(GenerateArgs a) {
   if (a.spec.algorithm != SpecAlgorithm::None)
     FATHOM_CHECK(a.spec.num_steps >= 1 && a.spec.num_steps <= 4, "--speculative-num-steps must be 1..4 (got ",
                  a.spec.num_steps, ")");
-  auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp);
+  EngineOptions eo;
+  if (a.spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = a.spec.num_steps;
+  auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp, eo);
   if (!a.ignore_eos) opt.stop_token_ids = runner->config().eos_token_ids;
   print_result(a, generate(*runner, prompt, opt, a.spec));
 }

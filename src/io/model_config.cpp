@@ -379,7 +379,6 @@ ModelConfig ModelConfig::truncated_to(int layers) const {
     c.num_hidden_layers = layers;
     c.layer_types.resize(size_t(layers));
   }
-  c.mtp_num_hidden_layers = 0;
   return c;
 }
 

@@ -70,7 +70,8 @@ struct ModelConfig {
                            const std::string& label);
 
   bool is_moe_layer(int layer) const;
-  // The same model cut to its first `layers` layers (the layer pattern is kept); no MTP layer.
+  // The same model cut to its first `layers` layers (the layer pattern is kept; the MTP layer
+  // stays, for dummy-weight benchmarks of speculative decoding).
   ModelConfig truncated_to(int layers) const;
   int rotary_dim() const;  // head_dim * partial_rotary_factor
   int num_full_attention_layers() const;

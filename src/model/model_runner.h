@@ -65,6 +65,8 @@ struct EngineOptions {
   int max_seqs = 0;                  // sequences held at once (0: engine default)
   int64_t max_model_len = 0;         // longest sequence (0: engine default)
   int max_batched_tokens = 0;        // tokens in one forward (0: engine default)
+  int speculative_tokens = 0;        // drafts verified per step (K): linear-attention state is
+                                     // kept for K + 1 positions per sequence
 };
 
 // Opens a checkpoint on "cpu" (the reference engine) or "cuda" (when built with CUDA).

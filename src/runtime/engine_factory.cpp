@@ -38,6 +38,8 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
     if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
     if (options.max_model_len > 0) opt.max_seq_len = int(options.max_model_len);
     if (options.max_batched_tokens > 0) opt.max_tokens_per_step = options.max_batched_tokens;
+    // State history (allocated on the first verify step) costs K + 2 states per sequence slot.
+    if (options.speculative_tokens > 0) opt.max_history = options.speculative_tokens + 1;
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
     opt.kv_cache_tokens = std::max<int64_t>(opt.kv_cache_tokens, int64_t(opt.max_seqs) * opt.max_seq_len);
     if (dummy) {

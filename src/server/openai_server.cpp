@@ -568,6 +568,7 @@ int OpenAIServer::run() {
   spec.adaptive = cfg_.speculative_adaptive;
   FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 4),
                "--speculative-num-steps must be 1..4 (got ", spec.num_steps, ")");
+  if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;
   auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp, eo);
   const ModelConfig& mc = runner->config();
   vocab_ = mc.vocab_size;

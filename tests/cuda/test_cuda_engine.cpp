@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <vector>
@@ -275,8 +276,33 @@ TEST(CudaSpeculative, LosslessInRaggedBatches) {
       std::printf("  %s %s K=%d: acceptance %.3f (%lld of %lld drafts)\n", c.fixture,
                   spec_algorithm_name(c.algorithm), k, rate, static_cast<long long>(accepted),
                   static_cast<long long>(drafted));
-      if (std::string(c.fixture) == "qwen35_moe_mtp_oracle") EXPECT_GE(rate, 0.9);
+      if (std::string(c.fixture) == "qwen35_moe_mtp_oracle") {
+        EXPECT_GE(rate, 0.9);
+      }
     }
+  }
+}
+
+// A long greedy run on a random-weight fixture (near-tied logits every few tokens): fixed-K
+// MTP speculation must still equal plain decoding token for token, which needs every op to give
+// a token the same bits in a verify step (K + 1 tokens) as in a decode step (1 token).
+TEST(CudaSpeculative, LongRandomRunLossless) {
+  const fs::path dir = fixtures_dir() / "qwen35_moe";
+  auto runner = open_model(dir.string(), "cuda", /*with_mtp=*/true);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(16, runner->config().vocab_size, 21)};
+  GenerateOptions opt;
+  opt.max_new_tokens = 256;
+  const auto plain = generate_batch(*runner, prompts, opt);
+  for (int k : {1, 3}) {
+    SpecOptions spec;
+    spec.algorithm = SpecAlgorithm::Mtp;
+    spec.num_steps = k;
+    spec.adaptive = false;
+    const auto got = generate_batch(*runner, prompts, opt, spec);
+    size_t same = 0;
+    while (same < got[0].token_ids.size() && got[0].token_ids[same] == plain[0].token_ids[same]) ++same;
+    std::printf("  qwen35_moe K=%d, 256 tokens: %zu equal before the first difference\n", k, same);
+    EXPECT_EQ(got[0].token_ids, plain[0].token_ids) << "K=" << k;
   }
 }
 
@@ -322,6 +348,79 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
       std::printf("  engine %s %s K=%d: acceptance %.3f, accept length %.2f\n", c.fixture,
                   spec_algorithm_name(c.algorithm), k, testing::metric(m, "fathom:spec_decode_draft_acceptance_rate"),
                   testing::metric(m, "fathom:spec_decode_mean_accepted_length"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom {
+namespace {
+
+// The small-batch GEMV against a double-precision host product, and batch invariance: row t of a
+// T-token product is bit-identical to the 1-token product of that row, for bf16 and fp32 weights
+// and shapes that use 1, 2, 4 and 8 warps per output row.
+TEST(CudaGemv, MatchesReferenceAndIsBatchInvariant) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto bf16_round = [](float f) {  // to bf16 bits (round to nearest even) and back
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return uint16_t(u >> 16);
+  };
+  auto from_bf16 = [](uint16_t h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  struct Shape {
+    int N, K;
+  };
+  for (const Shape sh : {Shape{4099, 4096}, Shape{1024, 4096}, Shape{64, 2048}, Shape{300, 520}}) {
+    const int N = sh.N, K = sh.K, T = 16;
+    std::vector<uint16_t> wb(size_t(N) * K), xb(size_t(T) * K);
+    std::vector<float> wf(wb.size()), xf(xb.size());
+    for (size_t i = 0; i < wb.size(); ++i) wf[i] = from_bf16(wb[i] = bf16_round(nd(rng)));
+    for (size_t i = 0; i < xb.size(); ++i) xf[i] = from_bf16(xb[i] = bf16_round(nd(rng)));
+    for (bool f32 : {false, true}) {
+      auto w = f32 ? cuda::DeviceBuffer::from_host(wf) : cuda::DeviceBuffer::from_host(wb);
+      auto x = f32 ? cuda::DeviceBuffer::from_host(xf) : cuda::DeviceBuffer::from_host(xb);
+      cuda::DeviceBuffer y(size_t(T) * N * 4), y1(size_t(N) * 4);
+      auto run = [&](const cuda::DeviceBuffer& xs, float* out, int t) {
+        return f32 ? cuda::gemv_small_batch(xs.as<float>(), w.as<float>(), out, t, N, K, nullptr)
+                   : cuda::gemv_small_batch(xs.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), out, t, N, K, nullptr);
+      };
+      for (int t : {1, 2, 3, 5, 8, 16}) {
+        ASSERT_TRUE(run(x, y.as<float>(), t));
+        std::vector<float> got(size_t(t) * N);
+        FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), y.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int r = 0; r < t; ++r) {
+          // Row r alone (x's row r as a 1-token input): the same bits.
+          const size_t elem = f32 ? 4 : 2;
+          cuda::DeviceBuffer xr(size_t(K) * elem);
+          FATHOM_CUDA_CHECK(cudaMemcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r) * K * elem,
+                                       size_t(K) * elem, cudaMemcpyDeviceToDevice));
+          ASSERT_TRUE(run(xr, y1.as<float>(), 1));
+          std::vector<float> one(static_cast<size_t>(N), 0.f);
+          FATHOM_CUDA_CHECK(cudaMemcpy(one.data(), y1.data(), one.size() * 4, cudaMemcpyDeviceToHost));
+          ASSERT_EQ(std::memcmp(one.data(), got.data() + size_t(r) * N, size_t(N) * 4), 0)
+              << "N=" << N << " K=" << K << " T=" << t << " row " << r << (f32 ? " fp32" : " bf16");
+          for (int n = 0; n < N; n += 7) {
+            double ref = 0;
+            for (int k = 0; k < K; ++k) ref += double(wf[size_t(n) * K + k]) * double(xf[size_t(r) * K + k]);
+            worst = std::max(worst, std::fabs(ref - double(got[size_t(r) * N + n])) / std::sqrt(double(K)));
+          }
+        }
+        EXPECT_LT(worst, 1e-4) << "N=" << N << " K=" << K << " T=" << t;
+      }
+      EXPECT_FALSE(run(x, y.as<float>(), 17));  // beyond kGemvMaxTokens: cuBLASLt's job
     }
   }
 }

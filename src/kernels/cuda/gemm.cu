@@ -1,5 +1,5 @@
-// BF16 matrix products through cuBLASLt (fp32 accumulate, fp32 output) and the `linear` dispatch
-// between bf16 and NVFP4 weights.
+// BF16 matrix products through cuBLASLt (fp32 accumulate, fp32 output) for more than 16 tokens
+// (gemv.cu below that), and the `linear` dispatch between bf16 and NVFP4 weights.
 #include <map>
 #include <tuple>
 
@@ -78,12 +78,14 @@ GemmContext* gemm_context() {
 
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
+  if (gemv_small_batch(x, w, y, T, N, K, s)) return;
   gemm_context()->run(x, w, y, T, N, K, s);
 }
 
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s) {
   if (T == 0) return;
   FATHOM_CHECK(w.f32 != nullptr, "linear_f32 needs fp32 weights");
+  if (gemv_small_batch(x, w.f32, y, T, w.out, w.in, s)) return;
   gemm_context()->run(x, w.f32, y, T, w.out, w.in, s, /*f32=*/true);
 }
 

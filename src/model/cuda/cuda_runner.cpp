@@ -624,7 +624,7 @@ struct CudaRunner::Impl {
         sq.hist_base = sq.length;
         sq.hist_len = n;
       }
-      if (n != 1 || st.all_rows) p.decode_only = false;
+      if (n != 1) p.decode_only = false;  // one token: all_rows is its one row, graphs still apply
       add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows);
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
