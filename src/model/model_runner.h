@@ -22,13 +22,17 @@ struct ForwardStep {
   // Keep the linear-attention state after every token of this step so that
   // rollback() can return to any length inside it (verification of drafts).
   bool keep_history = false;
+  // Output every token's hidden state (the MTP layer reads them) while logits follow all_rows:
+  // a prefill chunk needs one row of logits but all its hidden states.
+  bool all_hidden = false;
 };
 
 struct ForwardOutput {
-  int64_t rows = 0;
-  std::vector<float> logits;       // [rows, vocab], host fp32
-  std::vector<float> hidden;       // [rows, hidden]: final post-norm hidden states
-  std::vector<int64_t> row_begin;  // first output row of each step
+  int64_t rows = 0;                       // logits rows: n per all_rows step, else 1
+  std::vector<float> logits;              // [rows, vocab], host fp32
+  std::vector<int64_t> row_begin;         // first logits row of each step
+  std::vector<float> hidden;              // final post-norm hidden states: n rows per all_rows or
+  std::vector<int64_t> hidden_row_begin;  // all_hidden step, else 1; first hidden row of each step
 };
 
 struct MtpStep {

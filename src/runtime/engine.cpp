@@ -181,7 +181,8 @@ void Engine::finish(Request& r, const std::string& reason) {
   drop(&r);
 }
 
-bool Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now) {
+std::string Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab,
+                                  Clock::time_point now) {
   const RequestParams& p = r.spec.params;
   if (p.logprobs >= 0) {
     TokenLogprobs lp = compute_logprobs(logits, vocab, token, p.logprobs);
@@ -251,11 +252,10 @@ bool Engine::process_token(Request& r, int32_t token, const float* logits, int64
   }
   if (!reason.empty()) {
     if (reason == "stop" && r.text_released > r.text.size()) r.text_released = r.text.size();
-    finish(r, reason);
-    return true;
+    return reason;
   }
   flush(r, false, "");
-  return false;
+  return "";
 }
 
 Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int32_t* draft) {
@@ -343,7 +343,7 @@ bool Engine::step() {
       steps.push_back(ForwardStep{r->seq, r->step_tokens, /*all_rows=*/true, /*keep_history=*/true});
     } else {
       steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens)),
-                                  /*all_rows=*/need_hidden, false});
+                                  /*all_rows=*/false, /*keep_history=*/false, /*all_hidden=*/need_hidden});
     }
   }
   ForwardOutput fo;
@@ -370,7 +370,8 @@ bool Engine::step() {
     // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
     auto observe = [&](int64_t count) {
       if (need_hidden)
-        spec_->observe(seq, pos, std::span<const float>(fo.hidden.data() + first_row * H, size_t(count * H)),
+        spec_->observe(seq, pos,
+                       std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, size_t(count * H)),
                        std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
     };
     if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
@@ -379,22 +380,25 @@ bool Engine::step() {
     }
     // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
     int accepted = 0;
-    bool finished = false;
-    for (int d = 0; d <= nd && !finished; ++d) {
+    std::string finish_reason;
+    for (int d = 0; d <= nd && finish_reason.empty(); ++d) {
       const float* row = fo.logits.data() + (first_row + rows - 1 - nd + d) * vocab;
       const Acceptance acc = choose(r, row, vocab, d < nd ? &r.drafts[size_t(d)] : nullptr);
       if (d < nd && acc.accepted) ++accepted;
-      finished = process_token(r, acc.token, row, vocab, now);  // may free r
+      finish_reason = process_token(r, acc.token, row, vocab, now);
       if (d < nd && !acc.accepted) break;
     }
-    if (spec_ && decode_round) {  // acceptance statistics and the sequence's next draft length
+    if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length
       {
         std::lock_guard<std::mutex> l(metrics_mu_);
         metrics_.spec.record(nd, accepted);
       }
       spec_->record(seq, nd, accepted);
     }
-    if (finished) continue;
+    if (!finish_reason.empty()) {
+      finish(r, finish_reason);  // frees r
+      continue;
+    }
     if (nd > 0) {
       r.num_computed = int64_t(r.tokens.size()) - 1;  // the pending token + the accepted drafts
       if (accepted < nd) runner_->rollback(seq, r.num_computed);

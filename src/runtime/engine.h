@@ -104,8 +104,9 @@ class Engine {
   // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
   // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
   Acceptance choose(Request& r, const float* row, int64_t vocab, const int32_t* draft);
-  // Returns true when the request finished (it is freed then).
-  bool process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
+  // Appends a token and streams its text; returns the finish reason ("" to go on), after which
+  // the caller must finish(r, reason).
+  std::string process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);

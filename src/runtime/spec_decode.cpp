@@ -99,7 +99,8 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
     if (!need_hidden || s.done) return;
     const int64_t have = int64_t(s.ctx.size()) - pos - 1;
     const int64_t n = std::min(rows, have);
-    spec->observe(s.id, pos, std::span<const float>(out.hidden.data() + out.row_begin[step] * H, size_t(n * H)),
+    spec->observe(s.id, pos,
+                  std::span<const float>(out.hidden.data() + out.hidden_row_begin[step] * H, size_t(n * H)),
                   std::span<const int32_t>(s.ctx.data() + pos + 1, size_t(n)));
   };
 
@@ -114,7 +115,7 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
       if (begin >= seqs[i].prompt.size()) continue;
       const size_t end = std::min(seqs[i].prompt.size(), begin + size_t(opt.prefill_chunk));
       steps.push_back(ForwardStep{seqs[i].id, std::span<const int32_t>(seqs[i].prompt.data() + begin, end - begin),
-                                  /*all_rows=*/need_hidden, false});
+                                  /*all_rows=*/false, /*keep_history=*/false, /*all_hidden=*/need_hidden});
       who.push_back(i);
     }
     if (steps.empty()) break;
@@ -122,8 +123,7 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
     for (size_t j = 0; j < who.size(); ++j) {
       Seq& s = seqs[who[j]];
       const size_t n = steps[j].tokens.size(), end = begin + n;
-      const int64_t rows = need_hidden ? int64_t(n) : 1;
-      if (end == s.prompt.size()) emit(s, pick(s, out.logits.data() + (out.row_begin[j] + rows - 1) * V));
+      if (end == s.prompt.size()) emit(s, pick(s, out.logits.data() + out.row_begin[j] * V));
       observe(s, int64_t(begin), out, j, int64_t(n));
     }
     if (spec) spec->flush_long_backlogs();

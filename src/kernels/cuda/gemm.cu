@@ -1,4 +1,4 @@
-// BF16 matrix products through cuBLASLt (fp32 accumulate, fp32 output) for more than 16 tokens
+// BF16 matrix products through cuBLASLt (fp32 accumulate, fp32 output) beyond a few tokens
 // (gemv.cu below that), and the `linear` dispatch between bf16 and NVFP4 weights.
 #include <map>
 #include <tuple>

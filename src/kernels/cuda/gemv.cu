@@ -1,5 +1,6 @@
-// Small-batch products y[T, N] = x[T, K] W[N, K]^T (T <= 16) with bf16 or fp32 weights, for decode
-// and draft verification, where the weights are read once and bandwidth is the limit.
+// Small-batch products y[T, N] = x[T, K] W[N, K]^T (T <= kGemvMaxTokens) with bf16 or fp32
+// weights, for decode and draft verification, where the weights are read once and bandwidth is
+// the limit.
 //
 // Layout: G warps per group of R output rows (G from N and K only: enough warps to cover the
 // GPU; R grows with T so each activation load serves several rows), each warp streams a
@@ -165,8 +166,8 @@ void launch(const W* x, const W* w, float* y, int T, int N, int K, cudaStream_t 
   if (T <= 1) launch_rows<W, 1, 1>(x, w, y, T, N, K, G, s);
   else if (T <= 2) launch_rows<W, 2, 2>(x, w, y, T, N, K, G, s);
   else if (T <= 4) launch_rows<W, 4, 4>(x, w, y, T, N, K, G, s);
-  else if (T <= 8) launch_rows<W, 8, 4>(x, w, y, T, N, K, G, s);
-  else launch_rows<W, 16, 4>(x, w, y, T, N, K, G, s);
+  else launch_rows<W, 8, 4>(x, w, y, T, N, K, G, s);
+  static_assert(kGemvMaxTokens <= 8);
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 

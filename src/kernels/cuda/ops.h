@@ -50,16 +50,18 @@ class GemmContext;  // cuBLASLt handle + workspace
 GemmContext* gemm_context();
 // y[T, N] = x[T, K] * W^T for T <= kGemvMaxTokens, bf16 or fp32 weights, batch-invariant (each
 // token's row is bit-identical whatever T is). False (nothing launched) when T, K or the
-// alignment of x and W (16 bytes) does not fit; the caller then uses cuBLASLt.
-constexpr int kGemvMaxTokens = 16;
+// alignment of x and W (16 bytes) does not fit; the caller then uses cuBLASLt. The limit covers
+// decode at batch 1 and its verify steps (K <= 4); at 8 tokens cuBLASLt's tensor cores are faster
+// (docs/perf.md, v7).
+constexpr int kGemvMaxTokens = 5;
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
-// y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch for T <= 16, else cuBLASLt. NVFP4: a
+// y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch for small T, else cuBLASLt. NVFP4: a
 // decode kernel for T <= 16, else dequantize into `scratch` (N*K bf16) and use cuBLASLt.
 void linear(const DeviceLinear& w, const bf16_t* x, float* y, int T, bf16_t* scratch, cudaStream_t s);
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 // Full fp32 product (no TF32) for fp32 weights: y[T, N] = x[T, K] * W^T (gemv_small_batch for
-// T <= 16).
+// small T).
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s);
 void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
 void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);

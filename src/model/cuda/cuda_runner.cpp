@@ -48,7 +48,9 @@ struct Sequence {
 
 // Per-step metadata, mirrored in pinned host memory and uploaded in one copy.
 struct Meta {
-  int32_t *ids, *pos, *seq_of_token, *slot_mapping, *rows, *seq_start, *state_slot, *keep_hist, *block_tables;
+  // rows: the tokens whose hidden states are output; logit_rows: indices into rows that get logits.
+  int32_t *ids, *pos, *seq_of_token, *slot_mapping, *rows, *logit_rows, *seq_start, *state_slot, *keep_hist,
+      *block_tables;
 };
 
 }  // namespace
@@ -511,7 +513,7 @@ struct CudaRunner::Impl {
     argmax = DeviceBuffer(size_t(R_max) * 4);
 
     const int Smax = opt.max_seqs;
-    meta_ints = size_t(T) * 4 + R_max + (Smax + 1) + 2 * Smax + size_t(Smax) * max_blocks;
+    meta_ints = size_t(T) * 4 + 2 * size_t(R_max) + (Smax + 1) + 2 * Smax + size_t(Smax) * max_blocks;
     meta_dev = DeviceBuffer(meta_ints * 4);
     FATHOM_CUDA_CHECK(cudaMallocHost(&meta_host, meta_ints * 4));
     auto carve = [&](int32_t* base, Meta& m) {
@@ -520,7 +522,8 @@ struct CudaRunner::Impl {
       m.seq_of_token = m.pos + T;
       m.slot_mapping = m.seq_of_token + T;
       m.rows = m.slot_mapping + T;
-      m.seq_start = m.rows + R_max;
+      m.logit_rows = m.rows + R_max;
+      m.seq_start = m.logit_rows + R_max;
       m.state_slot = m.seq_start + Smax + 1;
       m.keep_hist = m.state_slot + Smax;
       m.block_tables = m.keep_hist + Smax;
@@ -563,14 +566,16 @@ struct CudaRunner::Impl {
 
   // ---- one forward over a batch that fits the scratch buffers
   struct Plan {
-    int T = 0, S = 0, R = 0;
-    std::vector<int64_t> row_begin;
+    int T = 0, S = 0, R = 0, RL = 0;  // tokens, sequences, hidden rows, logits rows
+    std::vector<int64_t> row_begin, logit_row_begin;  // per sequence
     bool decode_only = true;
   };
 
   // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
-  // grown as needed), the output rows, its state slot and block table.
-  void add_to_plan(Plan& p, int i, Sequence& sq, int64_t start, std::span<const int32_t> tokens, bool all_rows) {
+  // grown as needed), the output rows (hidden states of every token with all_rows or all_hidden,
+  // logits of every token with all_rows; else the last token's), its state slot and block table.
+  void add_to_plan(Plan& p, int i, Sequence& sq, int64_t start, std::span<const int32_t> tokens, bool all_rows,
+                   bool all_hidden = false) {
     const int n = int(tokens.size());
     const int bs = opt.block_size;
     FATHOM_CHECK(start + n <= opt.max_seq_len, "sequence of ", start + n, " tokens exceeds the engine's max_seq_len ",
@@ -591,10 +596,16 @@ struct CudaRunner::Impl {
       hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
     }
     p.row_begin.push_back(p.R);
-    if (all_rows) {
+    p.logit_row_begin.push_back(p.RL);
+    if (all_rows || all_hidden) {
       for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
     } else {
       hmeta.rows[p.R++] = p.T + n - 1;
+    }
+    if (all_rows) {
+      for (int j = n; j > 0; --j) hmeta.logit_rows[p.RL++] = p.R - j;
+    } else {
+      hmeta.logit_rows[p.RL++] = p.R - 1;
     }
     p.T += n;
     hmeta.seq_start[i + 1] = p.T;
@@ -625,7 +636,7 @@ struct CudaRunner::Impl {
         sq.hist_len = n;
       }
       if (n != 1) p.decode_only = false;  // one token: all_rows is its one row, graphs still apply
-      add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows);
+      add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
     return p;
@@ -868,8 +879,13 @@ struct CudaRunner::Impl {
     gather_rows_f32(x.as<float>(), dmeta.rows, sel.as<float>(), p.R, H, s);
     rms_norm(sel.as<float>(), norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
              cfg.norm_zero_centered, s);
-    gemm_bf16(hidden_bf.as<bf16_t>(), lm_head, logits.as<float>(), p.R, V, H, s);
-    argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.R, V, s);
+    const bf16_t* head_in = hidden_bf.as<bf16_t>();
+    if (p.RL < p.R) {  // all_hidden steps: logits for a subset of the rows (xn is free by now)
+      gather_rows_bf16(hidden_bf.as<bf16_t>(), dmeta.logit_rows, xn.as<bf16_t>(), p.RL, H, s);
+      head_in = xn.as<bf16_t>();
+    }
+    gemm_bf16(head_in, lm_head, logits.as<float>(), p.RL, V, H, s);
+    argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.RL, V, s);
   }
 
   void run(const Plan& p) {
@@ -969,22 +985,22 @@ struct CudaRunner::Impl {
       size_t done = 0;
       while (done < st.tokens.size()) {
         const int room_t = T_max - tokens, room_r = R_max - rows;
+        const bool rows_each = st.all_rows || st.all_hidden;  // one output row per token
         int n = int(std::min<size_t>(st.tokens.size() - done, size_t(room_t)));
-        if (st.all_rows) n = std::min(n, room_r);
+        if (rows_each) n = std::min(n, room_r);
         const bool last_piece = done + size_t(n) == st.tokens.size();
         // A keep_history step (draft verification) is never split: its state history is per step.
         const bool split_history = st.keep_history && !last_piece && !batch.empty();
-        if (n <= 0 || (!st.all_rows && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs ||
+        if (n <= 0 || (!rows_each && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs ||
             split_history) {
           flush();
           continue;
         }
         ForwardStep piece = st;
         piece.tokens = st.tokens.subspan(done, size_t(n));
-        piece.all_rows = st.all_rows;
         batch.push_back(piece);
         tokens += n;
-        rows += st.all_rows ? n : 1;
+        rows += rows_each ? n : 1;
         done += size_t(n);
         if (!last_piece) flush();  // the rest of this sequence goes after this piece
       }
@@ -1072,16 +1088,19 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   ForwardOutput out;
   // Each original step's rows are appended in order; a split step contributes several pieces.
+  int64_t hidden_rows = 0;
   for (const ForwardStep& st : steps) {
     out.row_begin.push_back(out.rows);
     out.rows += st.all_rows ? int64_t(st.tokens.size()) : 1;
+    out.hidden_row_begin.push_back(hidden_rows);
+    hidden_rows += st.all_rows || st.all_hidden ? int64_t(st.tokens.size()) : 1;
   }
   out.logits.resize(size_t(out.rows) * V);
-  out.hidden.resize(size_t(out.rows) * H);
+  out.hidden.resize(size_t(hidden_rows) * H);
   m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
     Impl::Plan p = m.prepare(batch);
     m.run(p);
-    std::vector<float> logits(size_t(p.R) * V), hidden(size_t(p.R) * H);
+    std::vector<float> logits(size_t(p.RL) * V), hidden(size_t(p.R) * H);
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), m.sel.data(), hidden.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -1096,14 +1115,17 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
           break;
       const ForwardStep& st = steps[si];
       const bool is_last_piece = piece.tokens.data() + piece.tokens.size() == st.tokens.data() + st.tokens.size();
-      const int64_t prow = p.row_begin[i];
+      const int64_t prow = p.row_begin[i], lrow = p.logit_row_begin[i];
+      const int64_t offset = piece.tokens.data() - st.tokens.data(), n = int64_t(piece.tokens.size());
       if (st.all_rows) {
-        const int64_t dst = out.row_begin[si] + (piece.tokens.data() - st.tokens.data());
-        std::copy_n(logits.begin() + prow * V, piece.tokens.size() * V, out.logits.begin() + dst * V);
-        std::copy_n(hidden.begin() + prow * H, piece.tokens.size() * H, out.hidden.begin() + dst * H);
+        std::copy_n(logits.begin() + lrow * V, n * V, out.logits.begin() + (out.row_begin[si] + offset) * V);
       } else if (is_last_piece) {
-        std::copy_n(logits.begin() + prow * V, V, out.logits.begin() + out.row_begin[si] * V);
-        std::copy_n(hidden.begin() + prow * H, H, out.hidden.begin() + out.row_begin[si] * H);
+        std::copy_n(logits.begin() + lrow * V, V, out.logits.begin() + out.row_begin[si] * V);
+      }
+      if (st.all_rows || st.all_hidden) {
+        std::copy_n(hidden.begin() + prow * H, n * H, out.hidden.begin() + (out.hidden_row_begin[si] + offset) * H);
+      } else if (is_last_piece) {
+        std::copy_n(hidden.begin() + prow * H, H, out.hidden.begin() + out.hidden_row_begin[si] * H);
       }
     }
   });
@@ -1115,14 +1137,14 @@ std::vector<int32_t> CudaRunner::forward_argmax(std::span<const ForwardStep> ste
   int total = 0, rows = 0;
   for (const ForwardStep& st : steps) {
     total += int(st.tokens.size());
-    rows += st.all_rows ? int(st.tokens.size()) : 1;
+    rows += st.all_rows || st.all_hidden ? int(st.tokens.size()) : 1;
   }
   FATHOM_CHECK(rows <= m.R_max, "forward_argmax: ", rows, " output rows exceed ", m.R_max);
   FATHOM_CHECK(total <= m.T_max && int(steps.size()) <= m.opt.max_seqs,
                "forward_argmax: the batch must fit one forward (", total, " tokens)");
   Impl::Plan p = m.prepare(steps);
   m.run(p);
-  std::vector<int32_t> ids(size_t(p.R));
+  std::vector<int32_t> ids(size_t(p.RL));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.commit(steps);
@@ -1184,6 +1206,7 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   ForwardOutput out;
   out.rows = p.R;
   out.row_begin = p.row_begin;
+  out.hidden_row_begin = p.row_begin;  // MTP steps take logits for every hidden row they output
   out.logits.resize(size_t(p.R) * V);
   out.hidden.resize(size_t(p.R) * H);
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.logits.data(), out.logits.size() * 4, cudaMemcpyDeviceToHost,
