@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -101,7 +102,10 @@ struct CudaRunner::Impl {
   StateHistory hist;
   bool hist_step = false;  // the current forward records history
 
-  std::map<int, cudaGraphExec_t> graphs;
+  // Kernel shapes depend on tokens, sequences and output rows; verify steps also pass the state
+  // history to the DeltaNet kernels.
+  using GraphKey = std::tuple<int, int, int, bool>;
+  std::map<GraphKey, cudaGraphExec_t> graphs;
   OpProfile prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
 
@@ -568,7 +572,9 @@ struct CudaRunner::Impl {
   struct Plan {
     int T = 0, S = 0, R = 0, RL = 0;  // tokens, sequences, hidden rows, logits rows
     std::vector<int64_t> row_begin, logit_row_begin;  // per sequence
-    bool decode_only = true;
+    // Only decode steps (one token) and draft verification steps (keep_history, all rows): the
+    // shapes a CUDA graph keyed by (T, S, R, history) can replay.
+    bool graphable = true;
   };
 
   // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
@@ -631,11 +637,10 @@ struct CudaRunner::Impl {
                      opt.max_history);
         if (n_linear > 0) ensure_history();
         hist_step = true;
-        p.decode_only = false;
         sq.hist_base = sq.length;
         sq.hist_len = n;
       }
-      if (n != 1) p.decode_only = false;  // one token: all_rows is its one row, graphs still apply
+      if (n != 1 && !(st.keep_history && st.all_rows && !st.all_hidden)) p.graphable = false;
       add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
@@ -889,7 +894,7 @@ struct CudaRunner::Impl {
   }
 
   void run(const Plan& p) {
-    const bool graphable = opt.cuda_graphs && !opt.profile && p.decode_only &&
+    const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
                            p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
     if (!graphable) {
       run_layers(p);
@@ -897,7 +902,8 @@ struct CudaRunner::Impl {
       collect_profile();
       return;
     }
-    auto it = graphs.find(p.T);
+    const GraphKey key{p.T, p.S, p.R, hist_step};
+    auto it = graphs.find(key);
     if (it == graphs.end()) {
       cudaGraph_t g;
       FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -907,7 +913,7 @@ struct CudaRunner::Impl {
       cudaGraphExec_t exec;
       FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
       cudaGraphDestroy(g);
-      it = graphs.emplace(p.T, exec).first;
+      it = graphs.emplace(key, exec).first;
     }
     FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
   }
@@ -918,7 +924,7 @@ struct CudaRunner::Impl {
     Plan p;
     p.S = int(steps.size());
     FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
-    p.decode_only = false;
+    p.graphable = false;
     hist_step = false;
     const int H = cfg.hidden_size;
     std::vector<float> hidden;
