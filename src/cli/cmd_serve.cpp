@@ -35,6 +35,8 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--log-requests", a->log_requests, "Log every HTTP request to stderr");
   add_speculative_options(sub, a->speculative_algorithm, a->speculative_num_steps, a->speculative_ngram_min,
                           a->speculative_ngram_max, a->speculative_adaptive);
+  sub->add_option("--speculative-disable-by-batch-size", a->speculative_disable_by_batch_size,
+                  "No drafts in a step with at least this many decoding sequences (0: no limit)");
   sub->callback([a] {
     if (a->api_key.empty())
       if (const char* k = std::getenv("FATHOM_API_KEY")) a->api_key = k;

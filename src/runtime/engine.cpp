@@ -300,6 +300,8 @@ void Engine::propose_drafts() {
     who.push_back(r);
   }
   if (reqs.empty()) return;
+  const int limit = spec_->options().disable_by_batch_size;
+  if (limit > 0 && int(reqs.size()) >= limit) return;
   spec_->propose(reqs);
   for (size_t i = 0; i < who.size(); ++i) who[i]->drafts = std::move(reqs[i].drafts);
 }

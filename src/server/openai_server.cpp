@@ -566,6 +566,8 @@ int OpenAIServer::run() {
   spec.ngram_min = cfg_.speculative_ngram_min;
   spec.ngram_max = cfg_.speculative_ngram_max;
   spec.adaptive = cfg_.speculative_adaptive;
+  spec.disable_by_batch_size = cfg_.speculative_disable_by_batch_size;
+  FATHOM_CHECK(spec.disable_by_batch_size >= 0, "--speculative-disable-by-batch-size must be >= 0");
   FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 4),
                "--speculative-num-steps must be 1..4 (got ", spec.num_steps, ")");
   if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;

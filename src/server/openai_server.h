@@ -30,6 +30,7 @@ struct ServerConfig {
   int speculative_num_steps = 3;
   int speculative_ngram_min = 1, speculative_ngram_max = 12;
   bool speculative_adaptive = true;  // per-sequence draft length and back-off
+  int speculative_disable_by_batch_size = 0;  // no drafts with this many decoding sequences (0: off)
 };
 
 // Loads the model, serves until SIGINT/SIGTERM, returns the process exit code.

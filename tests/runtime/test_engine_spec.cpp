@@ -155,6 +155,37 @@ TEST(EngineSpec, PreemptionKeepsOutputs) {
   EXPECT_GT(preemptions, 0);
 }
 
+// --speculative-disable-by-batch-size: steps with that many decoding sequences verify no drafts
+// (outputs unchanged); below it, drafting goes on.
+TEST(EngineSpec, DisableByBatchSize) {
+  auto probe = load_runner("qwen35_moe_mtp_oracle");
+  ASSERT_TRUE(probe);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 4; ++i) {
+    Job j;
+    j.prompt = random_prompt(10 + i, probe->config().vocab_size, 700 + uint32_t(i));
+    j.params.max_tokens = 20;
+    j.params.ignore_eos = true;
+    jobs.push_back(j);
+  }
+  const auto plain = run_engine(load_runner("qwen35_moe_mtp_oracle"), base_config(2048), jobs);
+  for (int limit : {1, 64}) {
+    EngineConfig cfg = base_config(2048);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 2;
+    cfg.spec.disable_by_batch_size = limit;
+    std::string m;
+    const auto got = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs, &m);
+    for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(got[i].ids, plain[i].ids) << "limit " << limit << " job " << i;
+    const double drafts = metric(m, "fathom:spec_decode_num_draft_tokens_total");
+    if (limit == 1) {
+      EXPECT_EQ(drafts, 0);
+    } else {
+      EXPECT_GT(drafts, 0);
+    }
+  }
+}
+
 // /metrics on the oracle (drafts always right): per-position acceptance 1, mean accepted
 // length K + 1, counters consistent.
 TEST(EngineSpec, MetricsReportAcceptance) {
