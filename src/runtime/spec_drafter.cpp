@@ -31,6 +31,7 @@ void MtpDrafter::extend(std::span<const DraftExtend> batch) {
     State& st = state_[batch[i].seq];
     st.first_draft = argmax(out.logits.data() + row * V, V);
     st.hidden.assign(out.hidden.begin() + row * H, out.hidden.begin() + (row + 1) * H);
+    st.mtp_length = batch[i].pos + int64_t(batch[i].next_tokens.size());
     if (record_trace)
       trace.push_back({batch[i].seq, batch[i].pos + int64_t(batch[i].next_tokens.size()) - 1, st.first_draft});
   }
@@ -47,6 +48,10 @@ void MtpDrafter::propose(std::span<DraftRequest> batch) {
     if (r.max_drafts <= 0 || it == state_.end() || it->second.first_draft < 0) continue;
     r.drafts.push_back(it->second.first_draft);
     hidden[i] = it->second.hidden;
+    // A chain proposed earlier but never verified (its sequence was not scheduled) left rows
+    // past the extend; the new chain starts right after the extend again.
+    if (r.max_drafts > 1 && runner_.mtp_length(r.seq) > it->second.mtp_length)
+      runner_.mtp_rollback(r.seq, it->second.mtp_length);
     if (r.max_drafts > 1) active.push_back(i);
   }
   // Chain steps 2..K: one batched MTP forward per step over the sequences that want more drafts.

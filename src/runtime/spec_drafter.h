@@ -71,6 +71,7 @@ class MtpDrafter final : public Drafter {
   struct State {
     int32_t first_draft = -1;   // argmax of the last extend row
     std::vector<float> hidden;  // that row's post-norm output (input of chain step 2)
+    int64_t mtp_length = 0;     // the MTP cache length right after that extend
   };
   ModelRunner& runner_;
   std::map<SequenceId, State> state_;

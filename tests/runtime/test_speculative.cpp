@@ -336,6 +336,37 @@ TEST(SpecMtp, DraftExtendMatchesOnePassMtp) {
   }
 }
 
+// A chain proposed but never verified (the serving engine could not schedule its sequence)
+// leaves rows in the MTP cache; proposing again must start from the extend again and give the
+// same drafts.
+TEST(SpecMtp, ReproposingAfterAnUnverifiedChainGivesTheSameDrafts) {
+  Fixture* fx = fixture("qwen35_moe");
+  ASSERT_TRUE(fx && fx->runner->has_mtp());
+  CpuRunner& runner = *fx->runner;
+  const int64_t H = runner.config().hidden_size;
+  const std::vector<int32_t>& prompt = fx->prompts[1];
+  const SequenceId id = runner.add_sequence();
+  ForwardStep st{id, prompt, /*all_rows=*/false, /*keep_history=*/false, /*all_hidden=*/true};
+  ForwardOutput out = runner.forward(std::span<const ForwardStep>(&st, 1));
+  ASSERT_EQ(int64_t(out.hidden.size()), int64_t(prompt.size()) * H);
+  std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  next.push_back(argmax(out.logits.data(), runner.config().vocab_size));
+  MtpDrafter drafter(runner);
+  DraftExtend e{id, 0, out.hidden, next};
+  drafter.extend(std::span<const DraftExtend>(&e, 1));
+  std::vector<int32_t> ctx = prompt;
+  ctx.push_back(next.back());
+  DraftRequest a{id, ctx, 3, {}}, b{id, ctx, 3, {}};
+  drafter.propose(std::span<DraftRequest>(&a, 1));
+  const int64_t after_first = runner.mtp_length(id);
+  drafter.propose(std::span<DraftRequest>(&b, 1));
+  EXPECT_EQ(a.drafts.size(), 3u);
+  EXPECT_EQ(b.drafts, a.drafts);
+  EXPECT_EQ(runner.mtp_length(id), after_first);
+  drafter.release(id);
+  runner.remove_sequence(id);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The oracle fixture: next token = f(current), MTP always right.
 
