@@ -40,6 +40,15 @@ std::vector<int32_t> random_prompt(int len, int vocab, uint32_t seed) {
   return p;
 }
 
+// A greedy request for `max_tokens` tokens (eos ignored) after a random prompt.
+Job greedy_job(int len, int vocab, uint32_t seed, int max_tokens) {
+  Job j;
+  j.prompt = random_prompt(len, vocab, seed);
+  j.params.max_tokens = max_tokens;
+  j.params.ignore_eos = true;
+  return j;
+}
+
 EngineConfig base_config(int64_t budget) {
   EngineConfig c;
   c.max_num_seqs = 8;
@@ -63,13 +72,7 @@ TEST_P(EngineSpecTest, GreedyLosslessInContinuousBatching) {
   std::vector<Job> jobs;
   const int lens[] = {5, 17, 40, 3, 24, 9};
   const int max_tokens[] = {20, 33, 7, 1, 25, 18};
-  for (int i = 0; i < 6; ++i) {
-    Job j;
-    j.prompt = random_prompt(lens[i], V, 100 + uint32_t(i));
-    j.params.max_tokens = max_tokens[i];
-    j.params.ignore_eos = true;
-    jobs.push_back(j);
-  }
+  for (int i = 0; i < 6; ++i) jobs.push_back(greedy_job(lens[i], V, 100 + uint32_t(i), max_tokens[i]));
   // A prompt that repeats itself, so n-gram drafts are proposed and partly accepted.
   Job rep = jobs[1];
   rep.prompt.insert(rep.prompt.end(), jobs[1].prompt.begin(), jobs[1].prompt.end());
@@ -134,13 +137,7 @@ TEST(EngineSpec, PreemptionKeepsOutputs) {
   ASSERT_TRUE(probe);
   const int V = probe->config().vocab_size;
   std::vector<Job> jobs;
-  for (int i = 0; i < 6; ++i) {
-    Job j;
-    j.prompt = random_prompt(20 + 7 * i, V, 300 + uint32_t(i));
-    j.params.max_tokens = 40;
-    j.params.ignore_eos = true;
-    jobs.push_back(j);
-  }
+  for (int i = 0; i < 6; ++i) jobs.push_back(greedy_job(20 + 7 * i, V, 300 + uint32_t(i), 40));
   EngineConfig cfg = base_config(64);
   cfg.max_model_len = 128;
   cfg.num_kv_blocks = 14;  // 224 tokens for 6 sequences of 60 to 95: preemptions
@@ -161,13 +158,7 @@ TEST(EngineSpec, DisableByBatchSize) {
   auto probe = load_runner("qwen35_moe_mtp_oracle");
   ASSERT_TRUE(probe);
   std::vector<Job> jobs;
-  for (int i = 0; i < 4; ++i) {
-    Job j;
-    j.prompt = random_prompt(10 + i, probe->config().vocab_size, 700 + uint32_t(i));
-    j.params.max_tokens = 20;
-    j.params.ignore_eos = true;
-    jobs.push_back(j);
-  }
+  for (int i = 0; i < 4; ++i) jobs.push_back(greedy_job(10 + i, probe->config().vocab_size, 700 + uint32_t(i), 20));
   const auto plain = run_engine(load_runner("qwen35_moe_mtp_oracle"), base_config(2048), jobs);
   for (int limit : {1, 64}) {
     EngineConfig cfg = base_config(2048);
@@ -192,13 +183,8 @@ TEST(EngineSpec, MetricsReportAcceptance) {
   auto probe = load_runner("qwen35_moe_mtp_oracle");
   ASSERT_TRUE(probe);
   std::vector<Job> jobs;
-  for (int i = 0; i < 4; ++i) {
-    Job j;
-    j.prompt = random_prompt(12 + i, probe->config().vocab_size, 500 + uint32_t(i));
-    j.params.max_tokens = 41;  // 1 + 10 rounds of 4
-    j.params.ignore_eos = true;
-    jobs.push_back(j);
-  }
+  for (int i = 0; i < 4; ++i)  // 41 tokens: the first, then 10 rounds of 4
+    jobs.push_back(greedy_job(12 + i, probe->config().vocab_size, 500 + uint32_t(i), 41));
   EngineConfig cfg = base_config(2048);
   cfg.spec.algorithm = SpecAlgorithm::Mtp;
   cfg.spec.num_steps = 3;

@@ -18,6 +18,15 @@ std::unique_ptr<Request> make_request(int prompt_len) {
   return std::make_unique<Request>(std::move(s), Clock::now());
 }
 
+// A scheduler over its own block manager and state slots.
+struct SchedulerRig {
+  BlockManager blocks;
+  StateSlotPool slots;
+  Scheduler sched;
+  SchedulerRig(int64_t num_blocks, int block_size, int num_slots, SchedulerConfig cfg)
+      : blocks(num_blocks, block_size), slots(num_slots), sched(cfg, blocks, slots) {}
+};
+
 // Applies a plan as the engine does after a forward: the chunk's tokens are consumed and a
 // sequence whose tokens are all consumed gets one new token.
 void run_plan(const SchedulerOutput& plan) {
@@ -49,9 +58,8 @@ TEST(BlockManager, GrowShrinkRelease) {
 }
 
 TEST(Scheduler, PrefillChunksUnderTheBudgetThenDecode) {
-  BlockManager blocks(64, 16);
-  StateSlotPool slots(4);
-  Scheduler s(SchedulerConfig{4, 32}, blocks, slots);
+  SchedulerRig u(64, 16, 4, SchedulerConfig{4, 32});
+  Scheduler& s = u.sched;
   auto a = make_request(50), b = make_request(10);
   s.add(a.get());
   s.add(b.get());
@@ -74,13 +82,12 @@ TEST(Scheduler, PrefillChunksUnderTheBudgetThenDecode) {
   ASSERT_EQ(p.chunks.size(), 2u);
   EXPECT_EQ(p.chunks[0].num_tokens, 1);
   EXPECT_EQ(p.chunks[1].num_tokens, 1);
-  EXPECT_EQ(int64_t(a->block_table.size()), blocks.blocks_for(51));
+  EXPECT_EQ(int64_t(a->block_table.size()), u.blocks.blocks_for(51));
 }
 
 TEST(Scheduler, SlotsAndMaxSeqsLimitAdmission) {
-  BlockManager blocks(64, 16);
-  StateSlotPool slots(2);
-  Scheduler s(SchedulerConfig{8, 1000}, blocks, slots);
+  SchedulerRig u(64, 16, 2, SchedulerConfig{8, 1000});
+  Scheduler& s = u.sched;
   std::vector<std::unique_ptr<Request>> rs;
   for (int i = 0; i < 3; ++i) {
     rs.push_back(make_request(5));
@@ -90,7 +97,7 @@ TEST(Scheduler, SlotsAndMaxSeqsLimitAdmission) {
   EXPECT_EQ(p.chunks.size(), 2u);  // two state slots
   EXPECT_EQ(s.num_waiting(), 1u);
   s.remove(rs[0].get());  // a finished sequence frees its slot and blocks
-  EXPECT_EQ(slots.num_free(), 1);
+  EXPECT_EQ(u.slots.num_free(), 1);
   run_plan(p);
   p = s.schedule();
   ASSERT_EQ(p.chunks.size(), 2u);
@@ -99,9 +106,8 @@ TEST(Scheduler, SlotsAndMaxSeqsLimitAdmission) {
 }
 
 TEST(Scheduler, DraftsCountInTheBudgetAndAreCut) {
-  BlockManager blocks(64, 16);
-  StateSlotPool slots(4);
-  Scheduler s(SchedulerConfig{4, 6}, blocks, slots);
+  SchedulerRig u(64, 16, 4, SchedulerConfig{4, 6});
+  Scheduler& s = u.sched;
   auto a = make_request(3), b = make_request(3);
   s.add(a.get());
   s.add(b.get());
@@ -114,13 +120,12 @@ TEST(Scheduler, DraftsCountInTheBudgetAndAreCut) {
   EXPECT_EQ(p.chunks[0].num_tokens, 4);
   EXPECT_EQ(p.chunks[1].num_tokens, 2);  // the budget leaves b one draft
   // Blocks cover the verified positions: 3 prompt + 1 pending + 3 drafts = 7 tokens for a.
-  EXPECT_EQ(int64_t(a->block_table.size()), blocks.blocks_for(7));
+  EXPECT_EQ(int64_t(a->block_table.size()), u.blocks.blocks_for(7));
 }
 
 TEST(Scheduler, PreemptsTheLastAdmittedWhenBlocksRunOut) {
-  BlockManager blocks(3, 4);  // 12 tokens in all
-  StateSlotPool slots(4);
-  Scheduler s(SchedulerConfig{4, 100}, blocks, slots);
+  SchedulerRig u(3, 4, 4, SchedulerConfig{4, 100});  // 12 tokens in all
+  Scheduler& s = u.sched;
   auto a = make_request(4), b = make_request(4);
   s.add(a.get());
   s.add(b.get());
