@@ -384,7 +384,8 @@ void run_bench(const BenchArgs& a) {
   }
   // End to end: plain and speculative greedy generation over `batch` random prompts (acceptance
   // statistics, and the speedup they buy on these weights; dummy weights accept almost nothing).
-  if (!spec_ks.empty() && parse_spec_algorithm(a.spec_algorithm) != SpecAlgorithm::None) {
+  const SpecAlgorithm e2e_algorithm = parse_spec_algorithm(a.spec_algorithm);
+  if (!spec_ks.empty() && e2e_algorithm != SpecAlgorithm::None) {
     report["speculative_e2e"] = nlohmann::json::array();
     const int prompt_len = std::min(a.input_len, 256);
     for (int batch : spec_bs) {
@@ -402,7 +403,7 @@ void run_bench(const BenchArgs& a) {
                   a.output_len, out_tokens / t_plain);
       for (int k : spec_ks) {
         SpecOptions so;
-        so.algorithm = parse_spec_algorithm(a.spec_algorithm);
+        so.algorithm = e2e_algorithm;
         so.num_steps = k;
         so.ngram_min = a.spec_ngram_min;
         so.ngram_max = a.spec_ngram_max;

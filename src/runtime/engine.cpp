@@ -262,7 +262,7 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   const RequestParams& p = r.spec.params;
   const bool mask = r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty());
   const float* logits = row;
-  std::vector<float> scratch;
+  std::vector<float>& scratch = logits_scratch_;
   if (mask || (draft && r.sampler.has_penalties())) {
     scratch.assign(row, row + vocab);
     const float ninf = -std::numeric_limits<float>::infinity();
@@ -276,11 +276,7 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   }
   if (!draft) return Acceptance{false, r.sampler.sample(logits, vocab, r.prompt_span(), r.output_span())};
   if (r.sampler.has_penalties()) apply_penalties(scratch.data(), vocab, p.sampling, r.prompt_span(), r.output_span());
-  if (p.sampling.temperature <= 0.f) {
-    const int32_t t = argmax(logits, vocab);
-    return Acceptance{t == *draft, t};
-  }
-  return rejection_sample_deterministic(target_distribution(logits, vocab, p.sampling), *draft, r.sampler.rng());
+  return verify_draft(logits, vocab, p.sampling, *draft, r.sampler.rng());
 }
 
 // Drafts for every running sequence that is decoding (all its tokens but the last consumed),

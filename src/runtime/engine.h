@@ -123,6 +123,7 @@ class Engine {
 
   // Engine-thread state.
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
+  std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
   std::unordered_multimap<uint64_t, Request*> by_group_;
 
   // Shared with client threads.

@@ -166,13 +166,7 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
           emit(s, pick(s, logits));
           break;
         }
-        Acceptance acc;
-        if (greedy) {
-          const int32_t t = argmax(logits, V);
-          acc = Acceptance{t == drafts[size_t(r)], t};
-        } else {
-          acc = rejection_sample_deterministic(target_distribution(logits, V, opt.sampling), drafts[size_t(r)], s.rng);
-        }
+        const Acceptance acc = verify_draft(logits, V, opt.sampling, drafts[size_t(r)], s.rng);
         if (acc.accepted) ++accepted;
         if (emit(s, acc.token) || !acc.accepted) break;
       }

@@ -49,6 +49,15 @@ Acceptance rejection_sample(std::span<const double> p, std::span<const double> q
   return {false, sample_from_weights(residual, rng)};
 }
 
+Acceptance verify_draft(const float* logits, int64_t n, const SamplingParams& params, int32_t draft,
+                        std::mt19937_64& rng) {
+  if (params.temperature <= 0.f) {
+    const int32_t t = argmax(logits, n);
+    return Acceptance{t == draft, t};
+  }
+  return rejection_sample_deterministic(target_distribution(logits, n, params), draft, rng);
+}
+
 Acceptance rejection_sample_deterministic(std::span<const double> p, int32_t draft, std::mt19937_64& rng) {
   FATHOM_CHECK(draft >= 0 && size_t(draft) < p.size(), "rejection_sample: draft outside the vocabulary");
   const double pd = p[size_t(draft)];

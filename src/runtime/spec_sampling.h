@@ -35,4 +35,9 @@ Acceptance rejection_sample(std::span<const double> p, std::span<const double> q
 // q = one-hot(draft): deterministic drafts (MTP argmax chain, n-grams).
 Acceptance rejection_sample_deterministic(std::span<const double> p, int32_t draft, std::mt19937_64& rng);
 
+// Verifies a deterministic draft against target logits (penalties already applied): greedy
+// (temperature <= 0) accepts it when it is the argmax, else rejection sampling.
+Acceptance verify_draft(const float* logits, int64_t n, const SamplingParams& params, int32_t draft,
+                        std::mt19937_64& rng);
+
 }  // namespace fathom

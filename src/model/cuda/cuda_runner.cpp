@@ -681,7 +681,10 @@ struct CudaRunner::Impl {
     return it->second;
   }
 
-  void run_layers(const Plan& p) {
+  // One decoder layer on the residual stream x: input norm (fused with adding the previous
+  // layer's output `delta`, unless `first`), the mixer, post norm, the MLP or MoE; the layer's
+  // output is left in `delta`. Used by the main layers and the MTP layer alike.
+  void decoder_layer(const DevLayer& l, const Plan& p, bool first) {
     const cudaStream_t s = stream;
     const int H = cfg.hidden_size, T = p.T;
     const float eps = float(cfg.rms_norm_eps);
@@ -690,25 +693,30 @@ struct CudaRunner::Impl {
     float* D = delta.as<float>();
     bf16_t* XN = xn.as<bf16_t>();
     {
+      Scope sc(this, "norm");
+      if (first) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
+      else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
+    }
+    if (l.type == LayerType::FullAttention) attention_block(l, p);
+    else gdn_block(l, p);
+    {
+      Scope sc(this, "norm");
+      add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
+    }
+    if (l.is_moe) moe_block(l, p);
+    else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
+  }
+
+  void run_layers(const Plan& p) {
+    const cudaStream_t s = stream;
+    const int H = cfg.hidden_size, T = p.T;
+    float* X = x.as<float>();
+    float* D = delta.as<float>();
+    {
       Scope sc(this, "embedding");
       embedding(dmeta.ids, embed, X, T, H, s);
     }
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const DevLayer& l = layers[li];
-      {
-        Scope sc(this, "norm");
-        if (li == 0) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
-        else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
-      }
-      if (l.type == LayerType::FullAttention) attention_block(l, p);
-      else gdn_block(l, p);
-      {
-        Scope sc(this, "norm");
-        add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
-      }
-      if (l.is_moe) moe_block(l, p);
-      else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
-    }
+    for (size_t li = 0; li < layers.size(); ++li) decoder_layer(layers[li], p, /*first=*/li == 0);
     Scope sc(this, "norm");
     add_inplace(X, D, int64_t(T) * H, s);
   }
@@ -965,12 +973,7 @@ struct CudaRunner::Impl {
     linear(mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
     linear(mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
     add_inplace(X, D, int64_t(T) * H, s);
-    const DevLayer& l = mtp_layer;
-    rms_norm(X, l.input_norm, xn.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-    attention_block(l, p);
-    add_rms_norm(X, D, l.post_norm, xn.as<bf16_t>(), T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
-    if (l.is_moe) moe_block(l, p);
-    else mlp_block(l.m_gate, l.m_up, l.m_down, xn.as<bf16_t>(), D, T);
+    decoder_layer(mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
     add_inplace(X, D, int64_t(T) * H, s);
     head(p, mtp_norm);
   }
