@@ -37,7 +37,13 @@ for what in "${@:-all}"; do
       echo "test_cuda rc=$?"; grep -E "spread|agrees|OK|FAILED|Failure|error" "$OUT/test_cuda.log" | tail -40 ;;&
     bench|all)
       timeout 600 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
-        --batch 1,8,64 --input-len 4096 --output-len 64 --profile --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+        --batch 1,8,64 --input-len 4096 --output-len 64 --profile --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+      # The same decode steps without programmatic dependent launch (what PDL is worth).
+      FATHOM_PDL=0 timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+        --batch 1,64 --input-len 4096 --output-len 64 2>&1 | grep -E "^(prefill|decode)" | tee "$OUT/bench_no_pdl.log"
+      # The NVFP4 expert kernels alone, every variant (tests/cuda/test_cuda_moe.cpp).
+      timeout 300 "$BIN/test_cuda" --gtest_also_run_disabled_tests --gtest_filter='*KernelThroughput*' 2>&1 \
+        | grep "T=" | tee "$OUT/moe_kernels.log" ;;&
     serve|all)
       # OpenAI server on the CUDA engine (dummy 397B-shape weights, token-id prompts) driven by
       # `fathom bench serve` at concurrency 1, 16 and 64.

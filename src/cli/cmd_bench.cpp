@@ -108,7 +108,8 @@ struct StepCost {
 };
 
 struct ModelShape {
-  double dense_params = 0;       // non-expert matmul params per token (no embedding)
+  double dense_params = 0;       // non-expert matmul params per token (no embedding), lm_head included
+  double lm_head_params = 0;
   double expert_params = 0;      // one routed expert (gate+up+down)
   double expert_bytes = 0;       // one routed expert in its storage format
   double dense_bytes = 0;        // non-expert weights read per step (bf16), incl. lm_head and norms
@@ -135,7 +136,8 @@ ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
       s.dense_params += 3 * H * c.intermediate_size;
     }
   }
-  s.dense_params += H * c.vocab_size;  // lm_head
+  s.lm_head_params = H * c.vocab_size;
+  s.dense_params += s.lm_head_params;
   s.dense_bytes = 2 * s.dense_params;
   s.expert_params = 3.0 * H * c.moe_intermediate_size;
   s.expert_bytes = nvfp4_experts ? s.expert_params * (0.5 + 1.0 / 16) : 2 * s.expert_params;
@@ -159,8 +161,9 @@ StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, doubl
 StepCost prefill_cost(const ModelConfig& c, const ModelShape& s, double L) {
   StepCost k;
   const double K = c.num_experts_per_tok;
-  k.flops = 2.0 * L * (s.dense_params + s.moe_layers * K * s.expert_params) +
-            2.0 * L * L * c.num_attention_heads * c.head_dim * s.attn_layers +  // causal QK^T and PV
+  // Prefill needs the logits of its last token only (the engine computes no others).
+  k.flops = 2.0 * L * (s.dense_params - s.lm_head_params + s.moe_layers * K * s.expert_params) +
+            2.0 * s.lm_head_params + 2.0 * L * L * c.num_attention_heads * c.head_dim * s.attn_layers +  // causal QK^T and PV
             6.0 * L * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * s.linear_layers;
   k.bytes = s.dense_bytes + s.moe_layers * c.num_experts * s.expert_bytes;
   return k;
@@ -394,13 +397,16 @@ void run_bench(const BenchArgs& a) {
       GenerateOptions go;
       go.max_new_tokens = a.output_len;
       go.prefill_chunk = opt.max_tokens_per_step;
-      generate_batch(*runner, prompts, go);  // warm-up: graphs for every batch size on the way
+      const auto warm = generate_batch(*runner, prompts, go);  // warm-up: graphs for every batch size on the way
       const auto plain = generate_batch(*runner, prompts, go);
+      bool repeatable = true;  // the same greedy outputs twice: else "DIFFER" below says nothing about speculation
+      for (size_t i = 0; i < plain.size(); ++i) repeatable = repeatable && warm[i].token_ids == plain[i].token_ids;
       const double t_plain = plain.front().decode_seconds;
       int64_t out_tokens = 0;
       for (const auto& r : plain) out_tokens += int64_t(r.token_ids.size()) - 1;
-      std::printf("speculative e2e batch %3d (prompts of %d, %d new tokens): plain %.1f tok/s\n", batch, prompt_len,
-                  a.output_len, out_tokens / t_plain);
+      std::printf("speculative e2e batch %3d (prompts of %d, %d new tokens): plain %.1f tok/s, plain outputs %s\n",
+                  batch, prompt_len, a.output_len, out_tokens / t_plain,
+                  repeatable ? "repeatable" : "NOT REPEATABLE run to run");
       for (int k : spec_ks) {
         SpecOptions so;
         so.algorithm = e2e_algorithm;
@@ -426,7 +432,7 @@ void run_bench(const BenchArgs& a) {
                                              {"acceptance_rate", st.acceptance_rate()},
                                              {"accept_length", st.mean_accepted_length()},
                                              {"draft_tokens", st.draft_tokens}, {"rounds", st.steps},
-                                             {"outputs_equal", same}});
+                                             {"outputs_equal", same}, {"plain_repeatable", repeatable}});
       }
     }
   }

@@ -355,11 +355,15 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
 }  // namespace
 }  // namespace fathom
 
+#include "cuda_test_util.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom {
 namespace {
+
+using testing::from_bf16;
+using testing::to_bf16;
 
 // The small-batch GEMV against a double-precision host product, and batch invariance: row t of a
 // T-token product is bit-identical to the 1-token product of that row, for bf16 and fp32 weights
@@ -367,18 +371,6 @@ namespace {
 TEST(CudaGemv, MatchesReferenceAndIsBatchInvariant) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
-  auto bf16_round = [](float f) {  // to bf16 bits (round to nearest even) and back
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return uint16_t(u >> 16);
-  };
-  auto from_bf16 = [](uint16_t h) {
-    uint32_t u = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  };
   struct Shape {
     int N, K;
   };
@@ -386,8 +378,8 @@ TEST(CudaGemv, MatchesReferenceAndIsBatchInvariant) {
     const int N = sh.N, K = sh.K, T = cuda::kGemvMaxTokens;
     std::vector<uint16_t> wb(size_t(N) * K), xb(size_t(T) * K);
     std::vector<float> wf(wb.size()), xf(xb.size());
-    for (size_t i = 0; i < wb.size(); ++i) wf[i] = from_bf16(wb[i] = bf16_round(nd(rng)));
-    for (size_t i = 0; i < xb.size(); ++i) xf[i] = from_bf16(xb[i] = bf16_round(nd(rng)));
+    for (size_t i = 0; i < wb.size(); ++i) wf[i] = from_bf16(wb[i] = to_bf16(nd(rng)));
+    for (size_t i = 0; i < xb.size(); ++i) xf[i] = from_bf16(xb[i] = to_bf16(nd(rng)));
     for (bool f32 : {false, true}) {
       auto w = f32 ? cuda::DeviceBuffer::from_host(wf) : cuda::DeviceBuffer::from_host(wb);
       auto x = f32 ? cuda::DeviceBuffer::from_host(xf) : cuda::DeviceBuffer::from_host(xb);

@@ -3,6 +3,7 @@
 // and decode alike).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
@@ -36,13 +37,14 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
                                          const float* q_norm, const float* k_norm, const int32_t* pos,
                                          const int32_t* slot_mapping, float* q, float* gate, bf16_t* k_cache,
                                          bf16_t* v_cache, int nh, int nkv, int d, int rotary_dim, float theta,
-                                         float eps, bool gated, bool zc) {
+                                         float eps, bool gated, bool zc, int64_t q_ld, int64_t kv_ld) {
+  pdl_prologue();
   __shared__ float buf[kMaxHeadDim];
   const int t = blockIdx.x, j = blockIdx.y;
   const float p = float(pos[t]);
   if (j < nh) {
     const int h = j;
-    const float* src = q_raw + int64_t(t) * nh * d * (gated ? 2 : 1) + int64_t(h) * d * (gated ? 2 : 1);
+    const float* src = q_raw + int64_t(t) * q_ld + int64_t(h) * d * (gated ? 2 : 1);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       buf[i] = src[i];
       if (gated) gate[(int64_t(t) * nh + h) * d + i] = src[d + i];
@@ -53,12 +55,12 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
   } else {
     const int h = j - nh;
     const int64_t slot = slot_mapping[t];
-    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = k_raw[(int64_t(t) * nkv + h) * d + i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = k_raw[int64_t(t) * kv_ld + int64_t(h) * d + i];
     __syncthreads();
     norm_rope(buf, k_norm, d, rotary_dim, p, theta, eps, zc);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       k_cache[(slot * nkv + h) * d + i] = to_bf(buf[i]);
-      v_cache[(slot * nkv + h) * d + i] = to_bf(v_raw[(int64_t(t) * nkv + h) * d + i]);
+      v_cache[(slot * nkv + h) * d + i] = to_bf(v_raw[int64_t(t) * kv_ld + int64_t(h) * d + i]);
     }
   }
 }
@@ -132,6 +134,7 @@ __global__ void paged_attention_kernel(const float* q, const float* gate, const 
                                        const bf16_t* v_cache, const int32_t* pos, const int32_t* seq_of_token,
                                        const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out,
                                        int nh, int nkv, int d) {
+  pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y;
   __shared__ float o[kMaxHeadDim];
   float M, L;
@@ -150,6 +153,7 @@ __global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cac
                                              const int32_t* pos, const int32_t* seq_of_token,
                                              const int32_t* block_tables, int max_blocks, int block_size, int nh,
                                              int nkv, int d, float* part_m, float* part_l, float* part_acc) {
+  pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int n = pos[t] + 1;
   const int chunk = (n + splits - 1) / splits;
@@ -163,6 +167,7 @@ __global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cac
 
 __global__ void attention_combine_kernel(const float* part_m, const float* part_l, const float* part_acc,
                                          const float* gate, bf16_t* out, int nh, int d, int splits) {
+  pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t base = (int64_t(t) * nh + h) * splits;
   float M = -INFINITY;
@@ -185,12 +190,21 @@ __global__ void attention_combine_kernel(const float* part_m, const float* part_
 void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
                        const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
                        float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
-                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s) {
+                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s,
+                       int64_t qkv_ld) {
   if (T == 0) return;
+  const int64_t q_ld = qkv_ld ? qkv_ld : int64_t(nh) * d * (gated ? 2 : 1), kv_ld = qkv_ld ? qkv_ld : int64_t(nkv) * d;
   FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
-  attention_prepare_kernel<<<dim3(T, nh + nkv), 128, 0, s>>>(q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping, q, gate,
-                                             k_cache, v_cache, nh, nkv, d, rotary_dim, theta, eps, gated,
-                                             zero_centered);
+  launch(attention_prepare_kernel, dim3(T, nh + nkv), 128, 0, s, q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping,
+         q, gate, k_cache, v_cache, nh, nkv, d, rotary_dim, theta, eps, gated, zero_centered, q_ld, kv_ld);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* out, int T, int nh, int d,
+                       cudaStream_t s) {
+  if (T == 0) return;
+  launch(attention_combine_kernel, dim3(T, nh), 128, 0, s, split.part_m, split.part_l, split.part_acc, gate, out, nh, d,
+         split.splits);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -202,18 +216,14 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
   FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
   if (split && split->splits > 1) {
     dim3 grid(T, nh, split->splits);
-    paged_attention_split_kernel<<<grid, kAttnWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, seq_of_token,
-                                                                  block_tables, max_blocks, block_size, nh, nkv, d,
-                                                                  split->part_m, split->part_l, split->part_acc);
+    launch(paged_attention_split_kernel, grid, kAttnWarps * 32, 0, s, q, k_cache, v_cache, pos, seq_of_token,
+           block_tables, max_blocks, block_size, nh, nkv, d, split->part_m, split->part_l, split->part_acc);
     FATHOM_CUDA_LAUNCH_CHECK();
-    attention_combine_kernel<<<dim3(T, nh), 128, 0, s>>>(split->part_m, split->part_l, split->part_acc, gate, out,
-                                                         nh, d, split->splits);
-    FATHOM_CUDA_LAUNCH_CHECK();
+    attention_combine(*split, gate, out, T, nh, d, s);
     return;
   }
-  paged_attention_kernel<<<dim3(T, nh), kAttnWarps * 32, 0, s>>>(q, gate, k_cache, v_cache, pos, seq_of_token,
-                                                                 block_tables, max_blocks, block_size, out, nh,
-                                                                 nkv, d);
+  launch(paged_attention_kernel, dim3(T, nh), kAttnWarps * 32, 0, s, q, gate, k_cache, v_cache, pos, seq_of_token,
+         block_tables, max_blocks, block_size, out, nh, nkv, d);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

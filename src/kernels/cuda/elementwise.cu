@@ -1,26 +1,48 @@
 // Embedding, dtype conversion, RMSNorm variants, SwiGLU, argmax and dummy-weight fills.
+#include <algorithm>
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
 namespace {
 
 __global__ void embedding_kernel(const int32_t* ids, const bf16_t* table, float* out, int hidden) {
+  pdl_prologue();
   const int t = blockIdx.x;
   const bf16_t* row = table + int64_t(ids[t]) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[int64_t(t) * hidden + i] = bf(row[i]);
 }
 
 __global__ void f32_to_bf16_kernel(const float* x, bf16_t* y, int64_t n) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = to_bf(x[i]);
 }
 
+// Rows of fp32 [rows, n] as three bf16 parts [rows, 3n], v = hi + lo to 16 bits: weights as
+// [hi | lo | hi], activations as [hi | hi | lo], so one bf16 product over 3n gives
+// x_hi.w_hi + x_hi.w_lo + x_lo.w_hi (only x_lo.w_lo, about 2^-16 relative, is lost).
+__global__ void split_bf16x3_kernel(const float* x, bf16_t* out, int rows, int n, bool weights) {
+  pdl_prologue();
+  const int64_t total = int64_t(rows) * n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, c = i % n;
+    const bf16_t hi = to_bf(x[i]);
+    const bf16_t lo = to_bf(x[i] - bf(hi));
+    bf16_t* o = out + r * 3 * n + c;
+    o[0] = hi;
+    o[n] = weights ? lo : hi;
+    o[2 * n] = weights ? hi : lo;
+  }
+}
+
 __global__ void rms_norm_kernel(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int n, float eps,
                                 bool zc) {
+  pdl_prologue();
   const float* xr = x + int64_t(blockIdx.x) * n;
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
@@ -34,6 +56,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, bf16_t* y_bf16, 
 
 __global__ void add_rms_norm_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, int n,
                                     float eps, bool zc) {
+  pdl_prologue();
   float* xr = x + int64_t(blockIdx.x) * n;
   const float* dr = delta + int64_t(blockIdx.x) * n;
   float ss = 0;
@@ -50,28 +73,89 @@ __global__ void add_rms_norm_kernel(float* x, const float* delta, const float* w
   }
 }
 
+// Row norms with 16-byte loads, each thread's (up to kNormPer) float4s kept in registers between
+// the sum of squares and the scaling: one pass over memory, and at batch 1 (one row, one block)
+// a single round of loads instead of n / 256 dependent ones.
+constexpr int kNormPer = 4;
+
+template <bool kAdd>
+__global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, int n,
+                                    float eps, bool zc) {
+  pdl_prologue();
+  const int n4 = n / 4;
+  float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * n);
+  const float4* dr = kAdd ? reinterpret_cast<const float4*>(delta + int64_t(blockIdx.x) * n) : nullptr;
+  float4 v[kNormPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < n4) {
+      float4 a = xr[i];
+      if (kAdd) {
+        const float4 d = dr[i];
+        a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
+        xr[i] = a;
+      }
+      v[j] = a;
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+  }
+  const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < n4) {
+      const float4 ww = w4[i];
+      const float4 o = make_float4(v[j].x * inv * (zc ? 1.f + ww.x : ww.x), v[j].y * inv * (zc ? 1.f + ww.y : ww.y),
+                                   v[j].z * inv * (zc ? 1.f + ww.z : ww.z), v[j].w * inv * (zc ? 1.f + ww.w : ww.w));
+      if (y) {
+        const uint2 packed = make_uint2(uint32_t(to_bf(o.x)) | (uint32_t(to_bf(o.y)) << 16),
+                                        uint32_t(to_bf(o.z)) | (uint32_t(to_bf(o.w)) << 16));
+        reinterpret_cast<uint2*>(y + int64_t(blockIdx.x) * n)[i] = packed;
+      }
+      if (y_f32) reinterpret_cast<float4*>(y_f32 + int64_t(blockIdx.x) * n)[i] = o;
+    }
+  }
+}
+
+// Threads for the vectorised norm of rows of n, or 0 when it does not apply.
+int norm_threads(int n, const void* x, const void* delta, const void* w, const void* y, const void* y_f32) {
+  auto aligned = [](const void* p, int a) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (n % 4 != 0 || n == 0 || n / 4 > 1024 * kNormPer || !aligned(x, 16) || !aligned(delta, 16) || !aligned(w, 16) ||
+      !aligned(y, 8) || !aligned(y_f32, 16))
+    return 0;
+  return std::min(1024, (n / 4 + 31) / 32 * 32);  // one float4 a thread where the row allows
+}
+
 __global__ void add_kernel(float* x, const float* d, int64_t n) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += d[i];
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, bf16_t* out, int64_t n) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = to_bf(silu_f(gate[i]) * up[i]);
 }
 
 __global__ void gather_rows_f32_kernel(const float* x, const int32_t* rows, float* out, int n) {
+  pdl_prologue();
   const float* src = x + int64_t(rows[blockIdx.x]) * n;
   for (int c = threadIdx.x; c < n; c += blockDim.x) out[int64_t(blockIdx.x) * n + c] = src[c];
 }
 
 __global__ void silu_mul_rows_kernel(const float* gu, int64_t ld, bf16_t* out, int inter) {
+  pdl_prologue();
   const int64_t r = blockIdx.x;
   for (int i = threadIdx.x; i < inter; i += blockDim.x)
     out[r * inter + i] = to_bf(silu_f(gu[r * ld + i]) * gu[r * ld + inter + i]);
 }
 
 __global__ void argmax_kernel(const float* logits, int32_t* out, int n) {
+  pdl_prologue();
   const float* row = logits + int64_t(blockIdx.x) * n;
   float best = -INFINITY;
   int idx = 0x7fffffff;
@@ -101,6 +185,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 }
 
 __global__ void fill_random_bf16_kernel(bf16_t* p, int64_t n, float std, uint64_t seed) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const uint64_t r = mix64(seed + uint64_t(i) * 0x9e3779b97f4a7c15ull);
     // Sum of 4 uniforms: roughly normal, mean 0, variance 4/12.
@@ -111,6 +196,7 @@ __global__ void fill_random_bf16_kernel(bf16_t* p, int64_t n, float std, uint64_
 }
 
 __global__ void fill_random_f32_kernel(float* p, int64_t n, float std, uint64_t seed) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const uint64_t r = mix64(seed + uint64_t(i) * 0x9e3779b97f4a7c15ull);
     float u = 0;
@@ -120,11 +206,13 @@ __global__ void fill_random_f32_kernel(float* p, int64_t n, float std, uint64_t 
 }
 
 __global__ void fill_random_bytes_kernel(uint8_t* p, int64_t n, uint64_t seed, uint8_t mask, uint8_t add) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = uint8_t((mix64(seed + uint64_t(i) * 0x9e3779b97f4a7c15ull) & mask) + add);
 }
 
 __global__ void fill_f32_kernel(float* p, int64_t n, float v) {
+  pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = v;
 }
@@ -134,81 +222,96 @@ __global__ void fill_f32_kernel(float* p, int64_t n, float v) {
 
 void embedding(const int32_t* ids, const bf16_t* table, float* out, int n, int hidden, cudaStream_t s) {
   if (n == 0) return;
-  embedding_kernel<<<n, 256, 0, s>>>(ids, table, out, hidden);
+  launch(embedding_kernel, n, 256, 0, s, ids, table, out, hidden);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  f32_to_bf16_kernel<<<grid_for(n), 256, 0, s>>>(x, y, n);
+  launch(f32_to_bf16_kernel, grid_for(n), 256, 0, s, x, y, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int rows, int n, float eps,
               bool zero_centered, cudaStream_t s) {
   if (rows == 0) return;
-  rms_norm_kernel<<<rows, 256, 0, s>>>(x, w, y_bf16, y_f32, n, eps, zero_centered);
+  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32)) {
+    // x is only read (kAdd = false); the kernel's pointer is non-const for the add variant.
+    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, const_cast<float*>(x), nullptr, w, y_bf16, y_f32, n, eps,
+           zero_centered);
+  } else {
+    launch(rms_norm_kernel, rows, 256, 0, s, x, w, y_bf16, y_f32, n, eps, zero_centered);
+  }
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
                   bool zero_centered, cudaStream_t s, float* y_f32) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<rows, 256, 0, s>>>(x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+  if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32))
+    launch(rms_norm_vec_kernel<true>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+  else
+    launch(add_rms_norm_kernel, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+void split_bf16x3(const float* x, bf16_t* out, int rows, int n, bool weights, cudaStream_t s) {
+  if (rows == 0) return;
+  launch(split_bf16x3_kernel, grid_for(int64_t(rows) * n), 256, 0, s, x, out, rows, n, weights);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void add_inplace(float* x, const float* delta, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n), 256, 0, s>>>(x, delta, n);
+  launch(add_kernel, grid_for(n), 256, 0, s, x, delta, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void silu_mul(const float* gate, const float* up, bf16_t* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, out, n);
+  launch(silu_mul_kernel, grid_for(n), 256, 0, s, gate, up, out, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count, int n, cudaStream_t s) {
   if (count == 0) return;
-  gather_rows_f32_kernel<<<count, 256, 0, s>>>(x, rows, out, n);
+  launch(gather_rows_f32_kernel, count, 256, 0, s, x, rows, out, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void silu_mul_rows(const float* gu, int64_t ld, bf16_t* out, int rows, int inter, cudaStream_t s) {
   if (rows == 0) return;
-  silu_mul_rows_kernel<<<rows, 256, 0, s>>>(gu, ld, out, inter);
+  launch(silu_mul_rows_kernel, rows, 256, 0, s, gu, ld, out, inter);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void argmax_rows(const float* logits, int32_t* out, int rows, int n, cudaStream_t s) {
   if (rows == 0) return;
-  argmax_kernel<<<rows, 1024, 0, s>>>(logits, out, n);
+  launch(argmax_kernel, rows, 1024, 0, s, logits, out, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void fill_random_bf16(bf16_t* p, int64_t n, float std, uint64_t seed, cudaStream_t s) {
   if (n == 0) return;
-  fill_random_bf16_kernel<<<grid_for(n), 256, 0, s>>>(p, n, std, seed);
+  launch(fill_random_bf16_kernel, grid_for(n), 256, 0, s, p, n, std, seed);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, uint8_t mask, uint8_t add, cudaStream_t s) {
   if (n == 0) return;
-  fill_random_bytes_kernel<<<grid_for(n), 256, 0, s>>>(p, n, seed, mask, add);
+  launch(fill_random_bytes_kernel, grid_for(n), 256, 0, s, p, n, seed, mask, add);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void fill_random_f32(float* p, int64_t n, float std, uint64_t seed, cudaStream_t s) {
   if (n == 0) return;
-  fill_random_f32_kernel<<<grid_for(n), 256, 0, s>>>(p, n, std, seed);
+  launch(fill_random_f32_kernel, grid_for(n), 256, 0, s, p, n, std, seed);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void fill_f32(float* p, int64_t n, float value, cudaStream_t s) {
   if (n == 0) return;
-  fill_f32_kernel<<<grid_for(n), 256, 0, s>>>(p, n, value);
+  launch(fill_f32_kernel, grid_for(n), 256, 0, s, p, n, value);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,16 +1,32 @@
 // Gated DeltaNet: causal depthwise conv with carried state, the gated delta rule (recurrent
-// form, state column per thread in registers) and the gated RMSNorm of its output.
+// form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
 namespace {
 
+// One token of the causal conv of a channel: silu(w . [history | x]), then x joins the history.
+// Both conv kernels use it, so a token's output has the same bits on either.
+template <int KC>
+__device__ __forceinline__ float conv_step(const float (&w)[KC], float (&hist)[KC - 1], float x) {
+  float acc = w[KC - 1] * x;
+#pragma unroll
+  for (int i = 0; i < KC - 1; ++i) acc += w[i] * hist[i];
+#pragma unroll
+  for (int i = 0; i + 1 < KC - 1; ++i) hist[i] = hist[i + 1];
+  hist[KC - 2] = x;
+  return silu_f(acc);
+}
+
 template <int KC>
 __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
                                 const int32_t* seq_start, const int32_t* state_slot, float* u, int conv_dim,
                                 StateHistory hs) {
+  pdl_prologue();
   const int s = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
@@ -25,14 +41,7 @@ __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const floa
 #pragma unroll
     for (int i = 0; i < KC - 1; ++i) keep[int64_t(i) * conv_dim + c] = hist[i];
   for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
-    const float x = mixed[int64_t(t) * mixed_ld + c];
-    float acc = w[KC - 1] * x;
-#pragma unroll
-    for (int i = 0; i < KC - 1; ++i) acc += w[i] * hist[i];
-    u[int64_t(t) * conv_dim + c] = silu_f(acc);
-#pragma unroll
-    for (int i = 0; i + 1 < KC - 1; ++i) hist[i] = hist[i + 1];
-    hist[KC - 2] = x;
+    u[int64_t(t) * conv_dim + c] = conv_step<KC>(w, hist, mixed[int64_t(t) * mixed_ld + c]);
     if (keep) {
       float* e = keep + int64_t(t - seq_start[s] + 1) * (KC - 1) * conv_dim;
 #pragma unroll
@@ -43,71 +52,264 @@ __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const floa
   for (int i = 0; i < KC - 1; ++i) st[int64_t(i) * conv_dim + c] = hist[i];
 }
 
+// Long sequences (prefill): the same convolution with the tokens split into chunks of
+// kConvChunk, one thread per (channel, chunk), each starting from the inputs just before its
+// chunk (or the stored state); conv_step keeps a token's bits the same as on the one-pass path.
+// The state is updated afterwards by
+// gdn_conv_state_kernel (chunks must not see a state that another chunk already replaced).
+constexpr int kConvChunk = 64;
+
+template <int KC>
+__device__ __forceinline__ float conv_input(const float* mixed, int64_t mixed_ld, const float* st, int conv_dim,
+                                            int start, int t, int c) {
+  return t >= start ? mixed[int64_t(t) * mixed_ld + c] : st[int64_t(KC - 1 - (start - t)) * conv_dim + c];
+}
+
+template <int KC>
+__global__ void gdn_conv_chunk_kernel(const float* mixed, int64_t mixed_ld, const float* conv_w,
+                                      const float* conv_state, const int32_t* seq_start, const int32_t* state_slot,
+                                      float* u, int conv_dim) {
+  pdl_prologue();
+  const int s = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int start = seq_start[s], end = seq_start[s + 1];
+  const int t0 = start + int(blockIdx.z) * kConvChunk;
+  if (c >= conv_dim || t0 >= end) return;
+  const float* st = conv_state + int64_t(state_slot[s]) * (KC - 1) * conv_dim;
+  float w[KC], hist[KC - 1];
+#pragma unroll
+  for (int i = 0; i < KC; ++i) w[i] = conv_w[int64_t(c) * KC + i];
+#pragma unroll
+  for (int i = 0; i < KC - 1; ++i) hist[i] = conv_input<KC>(mixed, mixed_ld, st, conv_dim, start, t0 - (KC - 1) + i, c);
+  const int t1 = min(end, t0 + kConvChunk);
+  for (int t = t0; t < t1; ++t) {
+    u[int64_t(t) * conv_dim + c] = conv_step<KC>(w, hist, mixed[int64_t(t) * mixed_ld + c]);
+  }
+}
+
+// The conv state after the step: the last KC-1 inputs (older ones from the state itself).
+template <int KC>
+__global__ void gdn_conv_state_kernel(const float* mixed, int64_t mixed_ld, float* conv_state,
+                                      const int32_t* seq_start, const int32_t* state_slot, int conv_dim) {
+  pdl_prologue();
+  const int s = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= conv_dim) return;
+  const int start = seq_start[s], end = seq_start[s + 1];
+  float* st = conv_state + int64_t(state_slot[s]) * (KC - 1) * conv_dim;
+  float next[KC - 1];
+#pragma unroll
+  for (int i = 0; i < KC - 1; ++i)
+    next[i] = conv_input<KC>(mixed, mixed_ld, st, conv_dim, start, end - (KC - 1) + i, c);
+#pragma unroll
+  for (int i = 0; i < KC - 1; ++i) st[int64_t(i) * conv_dim + c] = next[i];
+}
+
+// Gated delta rule, recurrent form. The columns S[:, v] of a head's state evolve independently
+// given each token's q, k, beta and decay, so a block owns kGdnCols columns of one value head of
+// one sequence, and kGdnLanesPerCol lanes share a column (each holds DK/4 of its rows in
+// registers; the lanes add their partial dot products with two shuffles): 4x the blocks and a
+// quarter of the serial work per token compared with one thread per column. The block stages
+// kGdnChunk tokens at a time in shared memory (cp.async, double-buffered: the next chunk loads
+// while this one is computed) and works out each token's scalars (norms, q.k, beta, decay) once
+// for all its columns. With the norms folded into scalars, both dot products use the state
+// before the token, and the serial chain per token is one pass over the column:
+//   S' = decay S + k^ delta^T,  delta = beta (v - decay S^T k^),
+//   o = S'^T q^ = decay S^T q^ + delta (q^.k^).
+// Bit-identity across step sizes: every token goes through the same code with a summation order
+// fixed by DK and the lane layout, never by the number of tokens, chunk position or sequences.
+constexpr int kGdnCols = 32;                           // state columns per block
+constexpr int kGdnLanesPerCol = 4;                     // lanes sharing one column
+constexpr int kGdnThreads = kGdnCols * kGdnLanesPerCol;  // 4 warps: 8 columns x 4 lanes each
+constexpr int kGdnChunk = 16;                          // tokens staged per step
+static_assert(kGdnLanesPerCol == 4 && kGdnThreads == 128, "lane layout: 4 warps of 8 columns x 4 lanes");
+
 template <int DK>
-__global__ void gdn_recurrent_kernel(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
-                                     const float* dt_bias, float* state, const int32_t* seq_start,
-                                     const int32_t* state_slot, float* out, int hk, int hv, StateHistory hs) {
-  const int h = blockIdx.x, s = blockIdx.y, v = threadIdx.x, dv = blockDim.x;
-  const int key_dim = hk * DK, conv_total = 2 * key_dim + hv * dv;
-  const int j = h / (hv / hk);
-  __shared__ float qs[DK], ks[DK];
-  float S[DK];
-  float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv;
-#pragma unroll
-  for (int k = 0; k < DK; ++k) S[k] = st[int64_t(k) * dv + v];
-  // History entry i of this head: the state after i tokens of the step.
-  float* keep = hs.recurrent && hs.keep[s]
-                    ? hs.recurrent + int64_t(state_slot[s]) * hs.entries * hv * DK * dv + int64_t(h) * DK * dv
-                    : nullptr;
-  const int64_t entry_stride = int64_t(hv) * DK * dv;
-  if (keep)
-#pragma unroll
-    for (int k = 0; k < DK; ++k) keep[int64_t(k) * dv + v] = S[k];
-  const float A = expf(a_log[h]);
-  const float qscale = rsqrtf(float(DK));
-  for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
-    const float* ut = u + int64_t(t) * conv_total;
-    for (int i = v; i < DK; i += dv) {
-      qs[i] = ut[j * DK + i];
-      ks[i] = ut[key_dim + j * DK + i];
+struct GdnStage {
+  float4 q[2][kGdnChunk][DK / 4];  // raw q, k of the value head's key head
+  float4 k[2][kGdnChunk][DK / 4];
+  float v[2][kGdnChunk][kGdnCols];  // the block's v columns
+  float ba[2][kGdnChunk][2];        // b, a of the value head
+  float4 scalars[kGdnChunk][2];     // {beta, decay, decay*inv_k, decay*inv_q}, {inv_k, q^.k^, -, -}
+};
+
+// Where the block's inputs live: u rows [T, ld] (q | k | v), b and a rows ba_ld apart.
+struct GdnSources {
+  const float *u, *b, *a;
+  int64_t ld, ba_ld;
+  int q_off, k_off, v_off, v_cols, head;
+  bool vec16;  // u and its rows 16-byte aligned
+};
+
+// Starts the copy of tokens [t0, t0+n) into buffer `buf` (one cp.async group).
+template <int DK>
+__device__ void gdn_stage_chunk(GdnStage<DK>& sm, int buf, const GdnSources& src, int t0, int n) {
+  constexpr int F4 = DK / 4;
+  if (src.vec16) {
+    for (int i = threadIdx.x; i < n * F4; i += kGdnThreads) {
+      const int tt = i / F4, f = i % F4;
+      const float* row = src.u + int64_t(t0 + tt) * src.ld;
+      cp_async16(smem_addr(&sm.q[buf][tt][f]), row + src.q_off + 4 * f);
+      cp_async16(smem_addr(&sm.k[buf][tt][f]), row + src.k_off + 4 * f);
     }
-    __syncthreads();
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int k = 0; k < DK; ++k) sq += qs[k] * qs[k], sk += ks[k] * ks[k];
-    const float inv_q = rsqrtf(sq + 1e-6f) * qscale, inv_k = rsqrtf(sk + 1e-6f);
-    const float beta = sigmoid_f(b[int64_t(t) * ba_ld + h]);
-    const float x = a[int64_t(t) * ba_ld + h] + dt_bias[h];
-    const float g = -A * (x > 20.f ? x : log1pf(expf(x)));
-    const float decay = expf(g);
-    const float vv = ut[2 * key_dim + h * dv + v];
-    float m = 0.f;
-#pragma unroll
-    for (int k = 0; k < DK; ++k) {
-      S[k] *= decay;
-      m += S[k] * ks[k];
+  } else {
+    for (int i = threadIdx.x; i < n * DK; i += kGdnThreads) {
+      const int tt = i / DK, e = i % DK;
+      const float* row = src.u + int64_t(t0 + tt) * src.ld;
+      cp_async4(smem_addr(reinterpret_cast<float*>(sm.q[buf][tt]) + e), row + src.q_off + e);
+      cp_async4(smem_addr(reinterpret_cast<float*>(sm.k[buf][tt]) + e), row + src.k_off + e);
     }
-    const float delta = beta * (vv - m * inv_k);
-    float o = 0.f;
+  }
+  for (int i = threadIdx.x; i < n * kGdnCols; i += kGdnThreads) {
+    const int tt = i / kGdnCols, c = i % kGdnCols;
+    if (c < src.v_cols) cp_async4(smem_addr(&sm.v[buf][tt][c]), src.u + int64_t(t0 + tt) * src.ld + src.v_off + c);
+  }
+  if (int(threadIdx.x) < n) {
+    const int64_t r = int64_t(t0 + int(threadIdx.x)) * src.ba_ld + src.head;
+    cp_async4(smem_addr(&sm.ba[buf][threadIdx.x][0]), src.b + r);
+    cp_async4(smem_addr(&sm.ba[buf][threadIdx.x][1]), src.a + r);
+  }
+  cp_async_commit();
+}
+
+// Per-token scalars of the staged chunk, LPT lanes per token (whole warps take part or none).
+template <int DK>
+__device__ void gdn_token_scalars(GdnStage<DK>& sm, int buf, int n, float A, float dt_bias) {
+  constexpr int LPT = DK / 4 < 8 ? DK / 4 : 8;
+  constexpr int PER_LANE = DK / 4 / LPT;  // float4s of q (and of k) per lane
+  static_assert((kGdnChunk * LPT) % 32 == 0 && kGdnChunk * LPT <= kGdnThreads, "token groups must fill warps");
+  const int tt = threadIdx.x / LPT, sl = threadIdx.x % LPT;
+  if (tt >= kGdnChunk) return;
+  float sq = 0.f, sk = 0.f, sqk = 0.f;
 #pragma unroll
-    for (int k = 0; k < DK; ++k) {
-      S[k] += ks[k] * inv_k * delta;
-      o += S[k] * qs[k];
-    }
-    out[int64_t(t) * hv * dv + h * dv + v] = o * inv_q;
-    if (keep) {
-      float* e = keep + int64_t(t - seq_start[s] + 1) * entry_stride;
-#pragma unroll
-      for (int k = 0; k < DK; ++k) e[int64_t(k) * dv + v] = S[k];
-    }
-    __syncthreads();
+  for (int p = 0; p < PER_LANE; ++p) {
+    const float4 q = sm.q[buf][tt][sl + LPT * p], k = sm.k[buf][tt][sl + LPT * p];
+    sq = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, sq))));
+    sk = fmaf(k.x, k.x, fmaf(k.y, k.y, fmaf(k.z, k.z, fmaf(k.w, k.w, sk))));
+    sqk = fmaf(q.x, k.x, fmaf(q.y, k.y, fmaf(q.z, k.z, fmaf(q.w, k.w, sqk))));
   }
 #pragma unroll
-  for (int k = 0; k < DK; ++k) st[int64_t(k) * dv + v] = S[k];
+  for (int o = LPT / 2; o > 0; o >>= 1) {
+    sq += __shfl_xor_sync(0xffffffff, sq, o);
+    sk += __shfl_xor_sync(0xffffffff, sk, o);
+    sqk += __shfl_xor_sync(0xffffffff, sqk, o);
+  }
+  if (sl != 0 || tt >= n) return;
+  const float inv_q = rsqrtf(sq + 1e-6f) * rsqrtf(float(DK)), inv_k = rsqrtf(sk + 1e-6f);
+  const float beta = sigmoid_f(sm.ba[buf][tt][0]);
+  const float x = sm.ba[buf][tt][1] + dt_bias;
+  const float decay = expf(-A * (x > 20.f ? x : log1pf(expf(x))));
+  sm.scalars[tt][0] = make_float4(beta, decay, decay * inv_k, decay * inv_q);
+  sm.scalars[tt][1] = make_float4(inv_k, sqk * inv_q * inv_k, 0.f, 0.f);
+}
+
+// A lane's part of its state column: rows 4*(g + 4i) + e (float4 i of its quarter g, component e)
+// of a [DK, dv] matrix. `p` points at row 4g of the column; walking it row by row keeps the
+// compiler from holding 4F row offsets in registers across the token loop.
+template <int F>
+__device__ __forceinline__ void gdn_load_column(float (&S)[4 * F], const float* p, int dv) {
+#pragma unroll
+  for (int i = 0; i < F; ++i, p += 12 * int64_t(dv))
+#pragma unroll
+    for (int e = 0; e < 4; ++e, p += dv) S[4 * i + e] = *p;
+}
+template <int F>
+__device__ __forceinline__ void gdn_store_column(const float (&S)[4 * F], float* p, int dv) {
+#pragma unroll
+  for (int i = 0; i < F; ++i, p += 12 * int64_t(dv))
+#pragma unroll
+    for (int e = 0; e < 4; ++e, p += dv) *p = S[4 * i + e];
+}
+
+// Grid: (column slices of kGdnCols, value heads, sequences). Lane l of warp w works on column
+// w*8 + l%8 of the slice and on rows 4*(l/8 + 4i) + 0..3 of it (float4 i of its quarter).
+template <int DK>
+__global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
+    const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
+    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
+    bool vec16, StateHistory hs) {
+  pdl_prologue();
+  constexpr int F = DK / 16;  // float4s of the column per lane
+  __shared__ GdnStage<DK> sm;
+  const int g = (threadIdx.x & 31) >> 3, col = (threadIdx.x >> 5) * 8 + (threadIdx.x & 7);
+  const int c0 = blockIdx.x * kGdnCols, h = blockIdx.y, s = blockIdx.z;
+  const int v = c0 + col;
+  const bool active = v < dv;
+  const int key_dim = hk * DK, j = h / (hv / hk);
+  const int t_begin = seq_start[s], t_end = seq_start[s + 1];
+  const GdnSources src{u, b, a, 2 * int64_t(key_dim) + int64_t(hv) * dv, ba_ld, j * DK, key_dim + j * DK,
+                       2 * key_dim + h * dv + c0, min(kGdnCols, dv - c0), h, vec16};
+  if (t_begin < t_end) gdn_stage_chunk<DK>(sm, 0, src, t_begin, min(kGdnChunk, t_end - t_begin));
+
+  // This lane's rows of column v, from row 4g (inactive lanes of a partial slice hold zeros).
+  const int64_t lane_offset = int64_t(4 * g) * dv + v;
+  float S[4 * F] = {};
+  float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv + lane_offset;
+  if (active) gdn_load_column<F>(S, st, dv);
+  // History entry i of this head: the state after i tokens of the step.
+  float* keep = hs.recurrent && hs.keep[s]
+                    ? hs.recurrent + (int64_t(state_slot[s]) * hs.entries * hv + h) * DK * dv + lane_offset
+                    : nullptr;
+  const int64_t entry_stride = int64_t(hv) * DK * dv;
+  if (keep && active) gdn_store_column<F>(S, keep, dv);
+  const float A = expf(a_log[h]), dtb = dt_bias[h];
+
+  int buf = 0;
+  for (int t0 = t_begin; t0 < t_end; t0 += kGdnChunk, buf ^= 1) {
+    const int n = min(kGdnChunk, t_end - t0);
+    cp_async_wait_all();
+    __syncthreads();  // chunk landed; everyone is done with the other buffer and the scalars
+    const int next = t0 + kGdnChunk;
+    if (next < t_end) gdn_stage_chunk<DK>(sm, buf ^ 1, src, next, min(kGdnChunk, t_end - next));
+    gdn_token_scalars<DK>(sm, buf, n, A, dtb);
+    __syncthreads();
+#pragma unroll 1
+    for (int tt = 0; tt < n; ++tt) {
+      const float4 sc0 = sm.scalars[tt][0], sc1 = sm.scalars[tt][1];
+      const float4* kt = sm.k[buf][tt];
+      const float4* qt = sm.q[buf][tt];
+      // Partial S^T k and S^T q over this lane's rows, four accumulators each for ILP.
+      float ak[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < F; ++i) {
+        const float4 k4 = kt[g + 4 * i], q4 = qt[g + 4 * i];
+        ak[0] = fmaf(S[4 * i + 0], k4.x, ak[0]);
+        ak[1] = fmaf(S[4 * i + 1], k4.y, ak[1]);
+        ak[2] = fmaf(S[4 * i + 2], k4.z, ak[2]);
+        ak[3] = fmaf(S[4 * i + 3], k4.w, ak[3]);
+        aq[0] = fmaf(S[4 * i + 0], q4.x, aq[0]);
+        aq[1] = fmaf(S[4 * i + 1], q4.y, aq[1]);
+        aq[2] = fmaf(S[4 * i + 2], q4.z, aq[2]);
+        aq[3] = fmaf(S[4 * i + 3], q4.w, aq[3]);
+      }
+      float sk = (ak[0] + ak[1]) + (ak[2] + ak[3]), sq = (aq[0] + aq[1]) + (aq[2] + aq[3]);
+      // The four lanes of the column (lane bits 3 and 4) end with the same bits: + commutes.
+      sk += __shfl_xor_sync(0xffffffff, sk, 8);
+      sq += __shfl_xor_sync(0xffffffff, sq, 8);
+      sk += __shfl_xor_sync(0xffffffff, sk, 16);
+      sq += __shfl_xor_sync(0xffffffff, sq, 16);
+      const float vv = active ? sm.v[buf][tt][col] : 0.f;
+      const float delta = sc0.x * fmaf(-sk, sc0.z, vv);  // beta (v - decay S^T k^)
+      const float kd = delta * sc1.x;                     // delta * inv_k: k^ delta = k kd
+#pragma unroll
+      for (int i = 0; i < F; ++i) {
+        const float4 k4 = kt[g + 4 * i];
+        S[4 * i + 0] = fmaf(k4.x, kd, S[4 * i + 0] * sc0.y);
+        S[4 * i + 1] = fmaf(k4.y, kd, S[4 * i + 1] * sc0.y);
+        S[4 * i + 2] = fmaf(k4.z, kd, S[4 * i + 2] * sc0.y);
+        S[4 * i + 3] = fmaf(k4.w, kd, S[4 * i + 3] * sc0.y);
+      }
+      const int t = t0 + tt;
+      if (active && g == 0) out[int64_t(t) * hv * dv + int64_t(h) * dv + v] = fmaf(sq, sc0.w, delta * sc1.y);
+      if (keep && active) gdn_store_column<F>(S, keep + int64_t(t - t_begin + 1) * entry_stride, dv);
+    }
+  }
+  if (active) gdn_store_column<F>(S, st, dv);
 }
 
 __global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
                                       bf16_t* y, int rows, int dv, float eps) {
+  pdl_prologue();
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= rows) return;
   const float* xr = x + int64_t(row) * dv;
@@ -118,18 +320,37 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_
   for (int i = lane; i < dv; i += 32) y[int64_t(row) * dv + i] = to_bf(w[i] * (xr[i] * inv) * silu_f(zr[i]));
 }
 
+// One pass per sequence, or (chunks > 1) the chunked kernel then the state update.
+template <int KC>
+void launch_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
+                 const int32_t* seq_start, const int32_t* state_slot, float* u, int num_seqs, int conv_dim,
+                 cudaStream_t s, const StateHistory& hs, int chunks) {
+  const dim3 grid((conv_dim + 255) / 256, num_seqs);
+  if (chunks == 1) {
+    launch(gdn_conv_kernel<KC>, grid, 256, 0, s, mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u,
+           conv_dim, hs);
+    return;
+  }
+  launch(gdn_conv_chunk_kernel<KC>, dim3(grid.x, grid.y, chunks), 256, 0, s, mixed, mixed_ld, conv_w, conv_state,
+         seq_start, state_slot, u, conv_dim);
+  launch(gdn_conv_state_kernel<KC>, grid, 256, 0, s, mixed, mixed_ld, conv_state, seq_start, state_slot, conv_dim);
+}
+
 }  // namespace
 
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,
-              const StateHistory* hist) {
-  const StateHistory hs = hist ? *hist : StateHistory{};
+              const StateHistory* hist, int max_seq_tokens) {
   if (num_seqs == 0) return;
-  dim3 grid((conv_dim + 255) / 256, num_seqs);
+  const StateHistory hs = hist ? *hist : StateHistory{};
+  const int chunks = !hist && max_seq_tokens > kConvChunk ? (max_seq_tokens + kConvChunk - 1) / kConvChunk : 1;
   switch (kc) {
-    case 2: gdn_conv_kernel<2><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
-    case 3: gdn_conv_kernel<3><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
-    case 4: gdn_conv_kernel<4><<<grid, 256, 0, s>>>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, conv_dim, hs); break;
+    case 2: launch_conv<2>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
+                           chunks); break;
+    case 3: launch_conv<3>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
+                           chunks); break;
+    case 4: launch_conv<4>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
+                           chunks); break;
     default: fail("gdn_conv: unsupported conv kernel size ", kc, " (supported: 2, 3, 4)");
   }
   FATHOM_CUDA_LAUNCH_CHECK();
@@ -141,21 +362,27 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
-  dim3 grid(hv, num_seqs);
+  FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent: ", hv, " value heads over ", hk, " key heads");
+  const int64_t ld = 2 * int64_t(hk) * dk + int64_t(hv) * dv;
+  const bool vec16 = reinterpret_cast<uintptr_t>(u) % 16 == 0 && ld % 4 == 0;
+  const dim3 grid((dv + kGdnCols - 1) / kGdnCols, hv, num_seqs);
+  decltype(&gdn_recurrent_kernel<16>) kernel = nullptr;
   switch (dk) {
-    case 16: gdn_recurrent_kernel<16><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
-    case 32: gdn_recurrent_kernel<32><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
-    case 64: gdn_recurrent_kernel<64><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
-    case 128: gdn_recurrent_kernel<128><<<grid, dv, 0, s>>>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, hs); break;
+    case 16: kernel = gdn_recurrent_kernel<16>; break;
+    case 32: kernel = gdn_recurrent_kernel<32>; break;
+    case 64: kernel = gdn_recurrent_kernel<64>; break;
+    case 128: kernel = gdn_recurrent_kernel<128>; break;
     default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
   }
+  launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
+         vec16, hs);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
                     int dv, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  gated_rms_norm_kernel<<<(rows + 3) / 4, 128, 0, s>>>(x, z, z_ld, heads, w, y, rows, dv, eps);
+  launch(gated_rms_norm_kernel, (rows + 3) / 4, 128, 0, s, x, z, z_ld, heads, w, y, rows, dv, eps);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -11,20 +11,13 @@
 // one token each; cuBLASLt picks different algorithms for different T and does not.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
 namespace {
 
 constexpr int kBlock = 256;  // 8 warps
-
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // The V values of a 16-byte vector as floats (8 bf16 or 4 fp32).
 template <typename W>
@@ -85,13 +78,27 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(const W* __restrict__ w, c
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < MAX_T; ++t) acc[r][t] = 0.f;
+  const int chunk = ((K / V + G - 1) / G) * V;  // this warp's K range, a multiple of V
+  const int kb = g * chunk, ke = min(K, kb + chunk);
+  int k = kb + lane * V;
+  // The weights are constant during a forward: the first loads are issued before waiting for the
+  // kernel that writes x (programmatic dependent launch), overlapping its tail.
+  uint4 first0 = make_uint4(0, 0, 0, 0), first1 = first0;
+  const bool early = R == 1 && n0 < N && k + 32 * V < ke;
+  if (early) {
+    first0 = load_stream(w + int64_t(n0) * K + k);
+    first1 = load_stream(w + int64_t(n0) * K + k + 32 * V);
+  }
+  pdl_prologue();
   if (n0 < N) {
-    const int chunk = ((K / V + G - 1) / G) * V;  // this warp's K range, a multiple of V
-    const int kb = g * chunk, ke = min(K, kb + chunk);
-    int k = kb + lane * V;
     if constexpr (R == 1) {
       const W* row = w + int64_t(n0) * K;
-      for (; k + 32 * V < ke; k += 64 * V) {  // two loads in flight per lane
+      if (early) {
+        accumulate<W, MAX_T>(first0, x, k, T, K, acc[0]);
+        accumulate<W, MAX_T>(first1, x, k + 32 * V, T, K, acc[0]);
+        k += 64 * V;
+      }
+      for (; k + 32 * V < ke; k += 64 * V) {  // two loads in flight per lane (four measured slower)
         const uint4 w0 = load_stream(row + k), w1 = load_stream(row + k + 32 * V);
         accumulate<W, MAX_T>(w0, x, k, T, K, acc[0]);
         accumulate<W, MAX_T>(w1, x, k + 32 * V, T, K, acc[0]);
@@ -153,11 +160,11 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(const W* __restrict__ w, c
 template <typename W, int MAX_T, int R>
 void launch_rows(const W* x, const W* w, float* y, int T, int N, int K, int G, cudaStream_t s) {
   const int rows_per_block = kBlock / 32 / G * R;
-  gemv_kernel<W, MAX_T, R><<<(N + rows_per_block - 1) / rows_per_block, kBlock, 0, s>>>(w, x, y, T, N, K, G);
+  launch(gemv_kernel<W, MAX_T, R>, (N + rows_per_block - 1) / rows_per_block, kBlock, 0, s, w, x, y, T, N, K, G);
 }
 
 template <typename W>
-void launch(const W* x, const W* w, float* y, int T, int N, int K, cudaStream_t s) {
+void launch_gemv(const W* x, const W* w, float* y, int T, int N, int K, cudaStream_t s) {
   constexpr int V = Vec<W>::V;
   // Warps per row, from N and K only (so per-row sums never depend on T): enough rows x warps to
   // fill the GPU (about 4K warps), while every lane still gets two or more 16-byte loads.
@@ -181,13 +188,13 @@ bool usable(const void* x, const void* w, int T, int K, int elem) {
 
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (!usable(x, w, T, K, 2)) return false;
-  launch(x, w, y, T, N, K, s);
+  launch_gemv(x, w, y, T, N, K, s);
   return true;
 }
 
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (!usable(x, w, T, K, 4)) return false;
-  launch(x, w, y, T, N, K, s);
+  launch_gemv(x, w, y, T, N, K, s);
   return true;
 }
 

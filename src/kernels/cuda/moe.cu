@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
@@ -14,6 +15,7 @@ constexpr int kMaxExpertsPerLane = 32;  // E <= 1024
 // One warp per token.
 __global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weights, int T, int E, int K,
                                 bool renorm) {
+  pdl_prologue();
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (t >= T) return;
   const float* row = logits + int64_t(t) * E;
@@ -176,6 +178,7 @@ __device__ void down_rows(const DeviceExperts& ex, int e, int n0, const bf16_t* 
 
 // Block (row block, p): one (token, k) pair.
 __global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* ids, bf16_t* h, int K) {
+  pdl_prologue();
   __shared__ float lut[16];
   load_lut(lut);
   const int p = blockIdx.y;
@@ -186,6 +189,7 @@ __global__ void expert_gate_up_kernel(DeviceExperts ex, const bf16_t* x, const i
 
 __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int32_t* ids, const float* w,
                                    float* pair_out) {
+  pdl_prologue();
   __shared__ float lut[16];
   load_lut(lut);
   const int p = blockIdx.y;
@@ -194,26 +198,73 @@ __global__ void expert_down_kernel(DeviceExperts ex, const bf16_t* h, const int3
   down_rows(ex, ids[p], n0, h + int64_t(p) * ex.inter, lut, w[p], pair_out + int64_t(p) * ex.hidden);
 }
 
+// Exclusive prefix sums over the block of three per-thread counts (blockDim.x <= 1024); every
+// thread also gets the totals.
+__device__ void block_exclusive_scan3(int3 v, int3* excl, int3* total) {
+  __shared__ int3 warp_totals[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  int3 inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffff, inc.x, o), y = __shfl_up_sync(0xffffffff, inc.y, o),
+              z = __shfl_up_sync(0xffffffff, inc.z, o);
+    if (lane >= o) inc.x += x, inc.y += y, inc.z += z;
+  }
+  if (lane == 31) warp_totals[warp] = inc;
+  __syncthreads();
+  int3 before = make_int3(0, 0, 0), all = make_int3(0, 0, 0);
+  for (int w = 0; w < warps; ++w) {
+    const int3 t = warp_totals[w];
+    if (w < warp) before.x += t.x, before.y += t.y, before.z += t.z;
+    all.x += t.x, all.y += t.y, all.z += t.z;
+  }
+  *excl = make_int3(before.x + inc.x - v.x, before.y + inc.y - v.y, before.z + inc.z - v.z);
+  *total = all;
+}
+
 // Groups the (token, k) pairs by expert (counting sort in one block) so that each selected
-// expert's weights are read from memory once per step, whatever the number of its tokens.
+// expert's weights are read from memory once per step, whatever the number of its tokens. With
+// `tile_tokens` > 0 it also lists work tiles: (expert, first sorted pair, pair count) with at
+// most tile_tokens pairs each, experts in increasing order. Each thread owns a run of experts
+// (prefix sums over the block, no serial loop over E: this runs once per MoE layer per step).
 __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sorted_pairs, int32_t* expert_start,
-                                 int32_t* active, int32_t* num_active) {
+                                 int32_t* active, int32_t* num_active, int tile_tokens, int32_t* tiles,
+                                 int32_t* num_tiles) {
+  pdl_prologue();
   extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
   int32_t* cursor = counts + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&counts[ids[p]], 1);
   __syncthreads();
+  const int per = (E + blockDim.x - 1) / blockDim.x;
+  const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
+  int3 mine = make_int3(0, 0, 0);  // pairs, active experts, tiles
+  for (int e = e0; e < e1; ++e) {
+    const int n = counts[e];
+    mine.x += n;
+    mine.y += n > 0;
+    if (tile_tokens > 0) mine.z += (n + tile_tokens - 1) / tile_tokens;
+  }
+  int3 at, total;
+  block_exclusive_scan3(mine, &at, &total);
+  for (int e = e0; e < e1; ++e) {
+    const int n = counts[e];
+    expert_start[e] = at.x;
+    cursor[e] = at.x;
+    if (n > 0) active[at.y++] = e;
+    if (tile_tokens > 0)
+      for (int b = 0; b < n; b += tile_tokens, ++at.z) {
+        tiles[4 * at.z] = e;
+        tiles[4 * at.z + 1] = at.x + b;
+        tiles[4 * at.z + 2] = min(tile_tokens, n - b);
+        tiles[4 * at.z + 3] = 0;
+      }
+    at.x += n;
+  }
   if (threadIdx.x == 0) {
-    int run = 0, n_active = 0;
-    for (int e = 0; e < E; ++e) {
-      expert_start[e] = run;
-      cursor[e] = run;
-      if (counts[e] > 0) active[n_active++] = e;
-      run += counts[e];
-    }
-    expert_start[E] = run;
-    *num_active = n_active;
+    expert_start[E] = total.x;
+    *num_active = total.y;
+    if (tile_tokens > 0) *num_tiles = total.z;
   }
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
@@ -224,6 +275,7 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
 __global__ void expert_gate_up_grouped_kernel(DeviceExperts ex, const bf16_t* x, const int32_t* sorted_pairs,
                                               const int32_t* expert_start, const int32_t* active,
                                               const int32_t* num_active, bf16_t* h, int K) {
+  pdl_prologue();
   __shared__ float lut[16];
   load_lut(lut);
   if (int(blockIdx.y) >= *num_active) return;
@@ -239,6 +291,7 @@ __global__ void expert_gate_up_grouped_kernel(DeviceExperts ex, const bf16_t* x,
 __global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, const int32_t* sorted_pairs,
                                            const int32_t* expert_start, const int32_t* active,
                                            const int32_t* num_active, const float* w, float* pair_out) {
+  pdl_prologue();
   __shared__ float lut[16];
   load_lut(lut);
   if (int(blockIdx.y) >= *num_active) return;
@@ -253,6 +306,7 @@ __global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, co
 
 __global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
                                      const float* shared_gate, int64_t gate_ld) {
+  pdl_prologue();
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, n = i % hidden;
@@ -265,18 +319,21 @@ __global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int
 
 __global__ void add_sigmoid_gated_kernel(float* y, const float* shared, const float* g, int64_t gate_ld, int T,
                                          int hidden) {
+  pdl_prologue();
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += sigmoid_f(g[(i / hidden) * gate_ld]) * shared[i];
 }
 
 __global__ void gather_rows_kernel(const bf16_t* x, const int32_t* rows, bf16_t* out, int n) {
+  pdl_prologue();
   const int i = blockIdx.x;
   const bf16_t* src = x + int64_t(rows[i]) * n;
   for (int c = threadIdx.x; c < n; c += blockDim.x) out[int64_t(i) * n + c] = src[c];
 }
 
 __global__ void scatter_add_kernel(float* y, const float* src, const int32_t* rows, const float* w, int n) {
+  pdl_prologue();
   const int i = blockIdx.x;
   float* dst = y + int64_t(rows[i]) * n;
   const float wi = w[i];
@@ -289,7 +346,7 @@ void moe_topk(const float* logits, int32_t* topk_ids, float* topk_w, int T, int 
               cudaStream_t s) {
   if (T == 0) return;
   FATHOM_CHECK(E <= 32 * kMaxExpertsPerLane && K <= E, "moe_topk: ", E, " experts / top-", K, " unsupported");
-  moe_topk_kernel<<<(T + 3) / 4, 128, 0, s>>>(logits, topk_ids, topk_w, T, E, K, renorm);
+  launch(moe_topk_kernel, (T + 3) / 4, 128, 0, s, logits, topk_ids, topk_w, T, E, K, renorm);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -299,47 +356,56 @@ void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t*
   if (T == 0) return;
   const int P = T * K;
   if (g) {
-    moe_group_kernel<<<1, 512, 2 * ex.num * sizeof(int32_t), s>>>(topk_ids, P, ex.num, g->sorted_pairs,
-                                                                 g->expert_start, g->active, g->num_active);
-    FATHOM_CUDA_LAUNCH_CHECK();
+    moe_group_pairs(topk_ids, P, ex.num, *g, 0, s);
     const int max_active = std::min(ex.num, P);
-    expert_gate_up_grouped_kernel<<<dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32, 0,
-                                    s>>>(ex, x, g->sorted_pairs, g->expert_start, g->active, g->num_active, h, K);
+    launch(expert_gate_up_grouped_kernel, dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32,
+           0, s, ex, x, g->sorted_pairs, g->expert_start, g->active, g->num_active, h, K);
     FATHOM_CUDA_LAUNCH_CHECK();
-    expert_down_grouped_kernel<<<dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32, 0,
-                                 s>>>(ex, h, g->sorted_pairs, g->expert_start, g->active, g->num_active, topk_w,
-                                      pair_out);
+    launch(expert_down_grouped_kernel, dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, max_active), kWarps * 32,
+           0, s, ex, h, g->sorted_pairs, g->expert_start, g->active, g->num_active, topk_w, pair_out);
     FATHOM_CUDA_LAUNCH_CHECK();
   } else {
-    expert_gate_up_kernel<<<dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s>>>(
-        ex, x, topk_ids, h, K);
+    launch(expert_gate_up_kernel, dim3((ex.inter + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s, ex, x,
+           topk_ids, h, K);
     FATHOM_CUDA_LAUNCH_CHECK();
-    expert_down_kernel<<<dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s>>>(
-        ex, h, topk_ids, topk_w, pair_out);
+    launch(expert_down_kernel, dim3((ex.hidden + kRowsPerBlock - 1) / kRowsPerBlock, P), kWarps * 32, 0, s, ex, h,
+           topk_ids, topk_w, pair_out);
     FATHOM_CUDA_LAUNCH_CHECK();
   }
-  combine_pairs_kernel<<<grid_for(int64_t(T) * ex.hidden), 256, 0, s>>>(pair_out, y, T, K, ex.hidden, shared,
-                                                                         shared_gate, gate_ld);
+  moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
+}
+
+void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,
+                     cudaStream_t s) {
+  launch(moe_group_kernel, 1, 1024, 2 * E * sizeof(int32_t), s, topk_ids, P, E, g.sorted_pairs, g.expert_start,
+         g.active, g.num_active, tile_tokens, g.tiles, g.num_tiles);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+void moe_combine_pairs(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
+                       const float* shared_gate, int64_t gate_ld, cudaStream_t s) {
+  launch(combine_pairs_kernel, grid_for(int64_t(T) * hidden), 256, 0, s, pair_out, y, T, K, hidden, shared, shared_gate,
+         gate_ld);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,
                        cudaStream_t s) {
   if (T == 0) return;
-  add_sigmoid_gated_kernel<<<grid_for(int64_t(T) * hidden), 256, 0, s>>>(y, shared, gate_logit, gate_ld, T, hidden);
+  launch(add_sigmoid_gated_kernel, grid_for(int64_t(T) * hidden), 256, 0, s, y, shared, gate_logit, gate_ld, T, hidden);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void gather_rows_bf16(const bf16_t* x, const int32_t* rows, bf16_t* out, int count, int n, cudaStream_t s) {
   if (count == 0) return;
-  gather_rows_kernel<<<count, 256, 0, s>>>(x, rows, out, n);
+  launch(gather_rows_kernel, count, 256, 0, s, x, rows, out, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void scatter_add_rows(float* y, const float* src, const int32_t* rows, const float* w, int count, int n,
                       cudaStream_t s) {
   if (count == 0) return;
-  scatter_add_kernel<<<count, 256, 0, s>>>(y, src, rows, w, n);
+  launch(scatter_add_kernel, count, 256, 0, s, y, src, rows, w, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

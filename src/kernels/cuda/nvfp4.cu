@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
@@ -18,6 +19,7 @@ template <int MAX_T>
 __global__ void nvfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales,
                                   float global, const bf16_t* __restrict__ x, float* __restrict__ y, int T, int N,
                                   int K) {
+  pdl_prologue();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
   __syncthreads();
@@ -77,6 +79,7 @@ __global__ void nvfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint
 
 __global__ void nvfp4_dequantize_kernel(const uint8_t* packed, const uint8_t* scales, float global, bf16_t* out,
                                         int64_t N, int K) {
+  pdl_prologue();
   const int64_t total = N * (K / 2);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / (K / 2);
@@ -97,18 +100,18 @@ void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStr
   constexpr int kWarps = 4;
   const int grid = (w.out + kWarps - 1) / kWarps;
   if (T <= 1)
-    nvfp4_gemv_kernel<1><<<grid, kWarps * 32, 0, s>>>(w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<1>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
   else if (T <= 4)
-    nvfp4_gemv_kernel<4><<<grid, kWarps * 32, 0, s>>>(w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<4>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
   else
-    nvfp4_gemv_kernel<16><<<grid, kWarps * 32, 0, s>>>(w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<16>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s) {
   const int64_t total = int64_t(w.out) * (w.in / 2);
   const int grid = int(std::min<int64_t>((total + 255) / 256, 65535));
-  nvfp4_dequantize_kernel<<<grid, 256, 0, s>>>(w.fp4, w.fp4_scale, w.fp4_global, out, w.out, w.in);
+  launch(nvfp4_dequantize_kernel, grid, 256, 0, s, w.fp4, w.fp4_scale, w.fp4_global, out, w.out, w.in);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -4,7 +4,9 @@
 // Each op mirrors a function of the CPU reference (src/kernels/cpu, src/model/hybrid_model.cpp)
 // and is checked against it by tests/cuda.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <cuda_runtime.h>
 
 namespace fathom::cuda {
@@ -31,6 +33,10 @@ void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
                   bool zero_centered, cudaStream_t s, float* y_f32 = nullptr);
 void add_inplace(float* x, const float* delta, int64_t n, cudaStream_t s);
+// fp32 rows [rows, n] as bf16 [rows, 3n]: weights [hi | lo | hi], activations [hi | hi | lo]
+// (v = hi + lo). A bf16 GEMM over the 3n columns then matches an fp32 product to about 2^-16:
+// the routers' prefill path on tensor cores.
+void split_bf16x3(const float* x, bf16_t* out, int rows, int n, bool weights, cudaStream_t s);
 // out[i] = x[rows[i]] (fp32 rows of width n).
 void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count, int n, cudaStream_t s);
 // out[i] = silu(gate[i]) * up[i] as bf16.
@@ -46,6 +52,11 @@ void fill_f32(float* p, int64_t n, float value, cudaStream_t s);
 void fill_random_f32(float* p, int64_t n, float std, uint64_t seed, cudaStream_t s);
 
 // ---- matrix products (gemm.cu, gemv.cu, nvfp4.cu)
+// Kernels are launched with programmatic dependent launch (launch.cuh) while this is on (the
+// default) and the environment does not say FATHOM_PDL=0. It changes speed only: captured CUDA
+// graphs keep the setting they were captured with.
+void set_programmatic_launch(bool on);
+
 class GemmContext;  // cuBLASLt handle + workspace
 GemmContext* gemm_context();
 // y[T, N] = x[T, K] * W^T for T <= kGemvMaxTokens, bf16 or fp32 weights, batch-invariant (each
@@ -70,11 +81,13 @@ void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStr
 // Per token t (position pos[t], slot slot_mapping[t] in the paged cache): split q rows into query
 // and gate (gated: per head [query d | gate d]), q_norm/k_norm per head, partial NeoX RoPE, store
 // q (fp32 [T, nh, d]) and gate (fp32 [T, nh*d]); write k, v into the cache pools (bf16
-// [num_blocks*block_size, nkv, d]).
+// [num_blocks*block_size, nkv, d]). `qkv_ld`: the row stride of q_raw, k_raw and v_raw when they
+// are column ranges of one fused projection's output (0: each is its own dense array).
 void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
                        const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
                        float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
-                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s);
+                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s,
+                       int64_t qkv_ld = 0);
 // out[t, h, :] = softmax(q k^T / sqrt(d)) v over positions 0..pos[t] of token t's sequence, read
 // through its block table (block_tables[seq_of_token[t] * max_blocks + j]); times sigmoid(gate)
 // when gate != null; written as bf16 (the o_proj input).
@@ -88,6 +101,29 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
                      const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
                      int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s,
                      const AttentionSplit* split = nullptr);
+// Decode / verify attention on tensor cores (attention_decode.cu): the q heads that share a KV
+// head are the rows of one mma tile, so each KV block is read once per (token, KV head, split).
+// Same inputs, partial buffers and result as paged_attention with `split`; returns false (nothing
+// launched) for shapes it does not cover (head_dim other than 128/256, a GQA group above 16 that
+// is not a multiple of 16, or q, the caches or part_acc not 16-byte aligned); the caller then
+// uses paged_attention. A token's result depends only on its own inputs, the shapes and `splits`.
+bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
+                            cudaStream_t s, const AttentionSplit& split);
+// Merges the split partials of paged_attention / paged_attention_decode into `out` (times
+// sigmoid(gate) when given): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
+void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* out, int T, int nh, int d,
+                       cudaStream_t s);
+// Prefill attention on tensor cores (flash-attention style, attention_prefill.cu): same inputs and
+// result as paged_attention, for steps with many query tokens. Returns false (nothing launched)
+// when the shape is unsupported (head_dim other than 64/128/256, or pointers not aligned for
+// vector access: q and the caches to 16 bytes, gate to 8, out to 4); the caller then uses
+// paged_attention.
+bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                             const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                             int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
+                             cudaStream_t s);
 
 // ---- Gated DeltaNet (gdn.cu). Tokens of sequence i are [seq_start[i], seq_start[i+1]);
 // its state lives in slot state_slot[i] of the pools.
@@ -102,9 +138,11 @@ struct StateHistory {
 // Causal depthwise conv (kernel kc) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).
+// `max_seq_tokens` (the most tokens of one sequence in the step, 0 if unknown): long sequences
+// are split into chunks processed in parallel (same bits per token as one pass).
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,
-              const StateHistory* hist = nullptr);
+              const StateHistory* hist = nullptr, int max_seq_tokens = 0);
 // Gated delta rule over each sequence's tokens (recurrent form), state fp32 [slots, HV, dk, dv].
 // u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
@@ -126,10 +164,19 @@ struct DeviceExperts {
   const DeviceLinear* down = nullptr;
 };
 // Scratch for grouping pairs by expert: sorted_pairs [max pairs], expert_start [E+1], active [E],
-// num_active [1].
+// num_active [1]; for tiled kernels also tiles [4 * max tiles] and num_tiles [1].
 struct MoeGroupScratch {
   int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
+  int32_t *tiles = nullptr, *num_tiles = nullptr;
 };
+// Counting sort of the P = T*K pairs by expert; with tile_tokens > 0 also the work tiles
+// (expert, first sorted pair, count <= tile_tokens), at most min(E, P) + P / tile_tokens of them.
+void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,
+                     cudaStream_t s);
+// y[t] = sum_k pair_out[t*K + k] (k in order) + sigmoid(shared_gate[t*gate_ld]) * shared[t] when
+// shared is not null.
+void moe_combine_pairs(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
+                       const float* shared_gate, int64_t gate_ld, cudaStream_t s);
 // For each (token, k) pair p = t*K + k: h[p] = silu(x_t G^T) * (x_t U^T) (bf16 [T*K, inter]),
 // then y[t] = sum_k w[t,k] * (h[p] D^T) + sigmoid(shared_gate[t*gate_ld]) * shared[t] (the shared
 // expert's part when `shared` is not null). `y` is overwritten. With `group`, pairs are grouped
@@ -138,6 +185,68 @@ void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t*
                         bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared,
                         const float* shared_gate, int64_t gate_ld, cudaStream_t s,
                         const MoeGroupScratch* group = nullptr);
+// ---- NVFP4 experts on tensor cores (moe_fp4.cu)
+// An NVFP4 matrix [rows, k] repacked so that mma.sync reads it straight from memory: slabs of 16
+// rows x 64 k, 512 bytes of E2M1 codes each (lane l of a warp loads bytes 16l..16l+15: its A
+// fragments for the slab's four k16 steps) and 64 bytes of scales (2 per lane). Rows are padded
+// to 16 and k to 64 with zero codes. Scales are stored as 8-bit exponent/mantissa bytes that turn
+// into bf16 with one shift and add (e4m3 subnormals included).
+struct PackedFp4 {
+  const uint8_t* codes = nullptr;    // [row_tiles][k_slabs][512]
+  const uint16_t* scales = nullptr;  // [row_tiles][k_slabs][32]
+  float global = 1.f;                // the per-tensor scale times 2^8 (the packed scales carry 2^-8)
+  int rows = 0, k = 0, row_tiles = 0, k_slabs = 0;
+};
+// Bytes of the packed codes and scales of a [rows, k] matrix.
+int64_t packed_fp4_code_bytes(int rows, int k);
+int64_t packed_fp4_scale_bytes(int rows, int k);
+// Repacks codes [rows, k/2] (element 2i in the low nibble) and e4m3 scales [rows, k/16] into
+// dst_codes / dst_scales; returns the descriptor (global = fp4_global * 2^8).
+PackedFp4 pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global, int rows, int k, uint8_t* dst_codes,
+                   uint16_t* dst_scales, cudaStream_t s);
+struct PackedExperts {
+  int num = 0, inter = 0, hidden = 0;
+  const PackedFp4* gate = nullptr;  // device arrays of `num` descriptors
+  const PackedFp4* up = nullptr;
+  const PackedFp4* down = nullptr;
+};
+// Steps of at most this many tokens run the decode-shaped kernels (8-token tiles, k split over
+// warps); longer steps run 64-token tiles. Within each the arithmetic of a token does not depend
+// on the other tokens, so a token's output is bit-identical at any T up to this limit.
+constexpr int kMoeFp4SmallT = 64;
+// The routed experts of moe_experts_decode on packed NVFP4 weights: pairs grouped by expert on
+// the device, gate/up GEMM with SwiGLU fused (h: bf16 [T*K, inter]), down GEMM times the routing
+// weight (pair_out: [T*K, hidden]), then the combine (left to the caller, moe_combine_pairs,
+// when y is null). `g` needs tiles for T*K pairs.
+void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
+                     bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s);
+inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pairs / 8 + 1; }
+// The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of
+// moe_group_scratch_ints(pairs, E) elements.
+inline int64_t moe_group_scratch_ints(int pairs, int E) {
+  return int64_t(pairs) + 2 * E + 3 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
+}
+inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
+  MoeGroupScratch g;
+  g.sorted_pairs = buf;
+  g.expert_start = g.sorted_pairs + pairs;
+  g.active = g.expert_start + E + 1;
+  g.num_active = g.active + E;
+  g.num_tiles = g.num_active + 1;
+  g.tiles = g.num_tiles + 1;
+  return g;
+}
+// Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp):
+// chosen at run time so that a benchmark can time them all. The default (-1) picks by T.
+int moe_fp4_small_variants();
+std::string moe_fp4_small_variant_name(int variant);
+void set_moe_fp4_small_variant(int variant);
+// The same for the prefill-shaped kernels (warps per block, pipeline stages).
+int moe_fp4_large_variants();
+std::string moe_fp4_large_variant_name(int variant);
+void set_moe_fp4_large_variant(int variant);
+
 // y[t] += sigmoid(gate_logit[t * gate_ld]) * shared[t]
 void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,
                        cudaStream_t s);

@@ -24,17 +24,21 @@ struct DevLayer {
   const float* input_norm = nullptr;
   const float* post_norm = nullptr;
   DeviceLinear q, k, v, o;
+  DeviceLinear attn_qkv;  // [q | k | v] in one bf16 matrix when none is NVFP4 (one GEMV/GEMM, not three)
   const float *q_norm = nullptr, *k_norm = nullptr;
   DeviceLinear qkv, z, b, a, out;
   DeviceLinear gdn_in;  // [qkv | z | b | a] in one bf16 matrix when none is NVFP4 (one GEMM, not four)
   const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;
   bool is_moe = false;
   DeviceLinear router;
-  DeviceExperts experts;                             // device descriptor arrays
+  DeviceLinear router3;  // the router split into bf16 [hi | lo | hi] columns (prefill on tensor cores)
+  DeviceExperts experts;                             // device descriptor arrays (bf16 experts)
   std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
+  bool packed = false;                               // NVFP4 experts, repacked for the tensor-core kernels
+  PackedExperts pexperts;
   bool has_shared = false;
   DeviceLinear s_gate, s_up, s_down, s_gate_logit;
-  DeviceLinear s_fused;  // [gate | up | gate logit] in one bf16 matrix when none is NVFP4
+  DeviceLinear s_fused;  // [gate | up | gate logit | zero rows] in one bf16 matrix when none is NVFP4
   DeviceLinear m_gate, m_up, m_down;  // dense MLP
   int attn_index = -1, linear_index = -1;
 };
@@ -84,7 +88,7 @@ struct CudaRunner::Impl {
   MoeGroupScratch group;
   AttentionSplit split;
   DeviceBuffer x, delta, xn, q_raw, k_raw, v_raw, q, gate, attn_out, mixed, zbuf, bbuf, abuf, ubuf, core, normed,
-      router_logits, topk_ids, topk_w, pair_h, pair_out, sh_g, sh_u, sh_h, sh_out, sh_gate, eg_x, eg_g, eg_u, eg_h,
+      router_logits, router_x3, topk_ids, topk_w, pair_h, pair_out, sh_g, sh_u, sh_h, sh_out, sh_gate, eg_x, eg_g, eg_u, eg_h,
       eg_o, eg_rows, eg_w, dequant, sel, hidden_bf, logits, argmax;
   DeviceBuffer meta_dev;
   int32_t* meta_host = nullptr;
@@ -109,16 +113,27 @@ struct CudaRunner::Impl {
   OpProfile prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
 
+  // Decode steps run the shared expert on a second stream, beside the router and the routed
+  // experts (independent until the combine): at batch 1 each is too small to fill the GPU.
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
+
   void init_device() {
     int count = 0;
     FATHOM_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible");
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+    FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
+    FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
   }
 
   ~Impl() {
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
     for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
     if (meta_host) cudaFreeHost(meta_host);
+    if (fork_event) cudaEventDestroy(fork_event);
+    if (join_event) cudaEventDestroy(join_event);
+    if (side_stream) cudaStreamDestroy(side_stream);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -162,7 +177,18 @@ struct CudaRunner::Impl {
     }
     return d;
   }
-  // Routers stay fp32: a bf16-rounded router flips near-tied expert choices.
+  // Routers stay fp32: a bf16-rounded router flips near-tied expert choices. For prefill-sized
+  // steps the fp32 product (CUDA cores, no TF32) is done as one bf16 GEMM over a three-part split
+  // instead (split_bf16x3: within about 2^-16 of fp32).
+  DeviceLinear split_router(const DeviceLinear& r) {
+    DeviceLinear d;
+    d.out = r.out;
+    d.in = 3 * r.in;
+    bf16_t* p = alloc_weight<bf16_t>(int64_t(d.out) * d.in, false);
+    split_bf16x3(r.f32, p, r.out, r.in, /*weights=*/true, stream);
+    d.bf16 = p;
+    return d;
+  }
   DeviceLinear upload_linear_f32(const LinearWeight& w) {
     FATHOM_CHECK(w.fp4.empty(), "router stored as NVFP4 is not supported");
     DeviceLinear d;
@@ -182,6 +208,15 @@ struct CudaRunner::Impl {
       out.w.insert(out.w.end(), w->w.begin(), w->w.end());
     }
     return out;
+  }
+
+  // Fused matrices get zero rows up to a multiple of 8: an output row pitch of 2S+1 floats
+  // (the shared expert's [gate | up | gate logit]) puts cuBLASLt on slow unaligned kernels.
+  static int padded_rows(int rows) { return (rows + 7) / 8 * 8; }
+  static LinearWeight pad_rows(LinearWeight w) {
+    w.out = padded_rows(w.out);
+    w.w.resize(size_t(w.out) * w.in, 0.f);
+    return w;
   }
 
   const float* upload_f32(const std::vector<float>& v) {
@@ -211,6 +246,56 @@ struct CudaRunner::Impl {
     ex.down = table(l.ex_down);
     return ex;
   }
+
+  // NVFP4 experts are repacked (pack_fp4) from a staging buffer into the weight slabs, so they
+  // take no more memory than the checkpoint's layout.
+  DeviceBuffer pack_stage;
+  uint8_t* stage_for(int out, int in) {
+    const size_t bytes = size_t(out) * in / 2 + size_t(out) * in / 16 + 256;
+    if (pack_stage.bytes() < bytes) pack_stage = DeviceBuffer(bytes);
+    return pack_stage.as<uint8_t>();
+  }
+  PackedFp4 pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in) {
+    uint8_t* q = alloc_weight<uint8_t>(packed_fp4_code_bytes(out, in), true);
+    uint16_t* sc = alloc_weight<uint16_t>(packed_fp4_scale_bytes(out, in) / 2, true);
+    return pack_fp4(codes, scales, global, out, in, q, sc, stream);
+  }
+  PackedFp4 upload_packed(const LinearWeight& w) {
+    uint8_t* st = stage_for(w.out, w.in);
+    uint8_t* st_scales = st + (w.fp4.size() + 255) / 256 * 256;
+    FATHOM_CUDA_CHECK(cudaMemcpy(st, w.fp4.data(), w.fp4.size(), cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpy(st_scales, w.fp4_scale.data(), w.fp4_scale.size(), cudaMemcpyHostToDevice));
+    const PackedFp4 p = pack_staged(st, st_scales, w.fp4_global, w.out, w.in);
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stage is reused by the next matrix
+    return p;
+  }
+  PackedFp4 dummy_packed(int out, int in) {
+    uint8_t* st = stage_for(out, in);
+    const int64_t code_bytes = int64_t(out) * in / 2;
+    uint8_t* st_scales = st + (code_bytes + 255) / 256 * 256;
+    fill_random_bytes(st, code_bytes, seed++, 0xff, 0, stream);
+    fill_random_bytes(st_scales, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);  // E4M3 0.5 .. 0.94
+    return pack_staged(st, st_scales, 0.3f / std::sqrt(float(in)), out, in);  // stream-ordered reuse
+  }
+  PackedExperts upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
+                                    const std::vector<PackedFp4>& d) {
+    PackedExperts ex;
+    ex.num = int(g.size());
+    ex.inter = ex.num ? g[0].rows : 0;
+    ex.hidden = cfg.hidden_size;
+    auto table = [&](const std::vector<PackedFp4>& v) {
+      PackedFp4* p = alloc_weight<PackedFp4>(int64_t(v.size()), false);
+      FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(PackedFp4), cudaMemcpyHostToDevice));
+      return p;
+    };
+    ex.gate = table(g);
+    ex.up = table(u);
+    ex.down = table(d);
+    return ex;
+  }
+  // The tensor-core expert kernels need every matrix in NVFP4 (k a multiple of 16, which also
+  // keeps the bf16 activation rows 16-byte aligned).
+  static bool can_pack(int I, int H) { return I % 16 == 0 && H % 16 == 0; }
 
   void upload(const ModelWeights& w) {
     embed = upload_bf16(w.embed);
@@ -245,9 +330,13 @@ struct CudaRunner::Impl {
     l.input_norm = upload_f32(lw.input_norm);
     l.post_norm = upload_f32(lw.post_attention_norm);
     if (lw.type == LayerType::FullAttention) {
-      l.q = upload_linear(lw.attn.q, false);
-      l.k = upload_linear(lw.attn.k, false);
-      l.v = upload_linear(lw.attn.v, false);
+      if (const auto fused = concat_rows({&lw.attn.q, &lw.attn.k, &lw.attn.v})) {
+        l.attn_qkv = upload_linear(*fused, false);
+      } else {
+        l.q = upload_linear(lw.attn.q, false);
+        l.k = upload_linear(lw.attn.k, false);
+        l.v = upload_linear(lw.attn.v, false);
+      }
       l.o = upload_linear(lw.attn.o, false);
       l.q_norm = upload_f32(lw.attn.q_norm);
       l.k_norm = upload_f32(lw.attn.k_norm);
@@ -269,16 +358,32 @@ struct CudaRunner::Impl {
     l.is_moe = lw.is_moe;
     if (lw.is_moe) {
       l.router = upload_linear_f32(lw.moe.router);
-      for (const MlpWeights& e : lw.moe.experts) {
-        l.ex_gate.push_back(upload_linear(e.gate, true));
-        l.ex_up.push_back(upload_linear(e.up, true));
-        l.ex_down.push_back(upload_linear(e.down, true));
+      l.router3 = split_router(l.router);
+      bool all_fp4 = !lw.moe.experts.empty();
+      for (const MlpWeights& e : lw.moe.experts)
+        all_fp4 = all_fp4 && !e.gate.fp4.empty() && !e.up.fp4.empty() && !e.down.fp4.empty() &&
+                  can_pack(e.gate.out, e.gate.in);
+      if (all_fp4) {
+        std::vector<PackedFp4> g, u, d;
+        for (const MlpWeights& e : lw.moe.experts) {
+          g.push_back(upload_packed(e.gate));
+          u.push_back(upload_packed(e.up));
+          d.push_back(upload_packed(e.down));
+        }
+        l.packed = true;
+        l.pexperts = upload_packed_table(g, u, d);
+      } else {
+        for (const MlpWeights& e : lw.moe.experts) {
+          l.ex_gate.push_back(upload_linear(e.gate, true));
+          l.ex_up.push_back(upload_linear(e.up, true));
+          l.ex_down.push_back(upload_linear(e.down, true));
+        }
+        l.experts = upload_expert_table(l);
       }
-      l.experts = upload_expert_table(l);
       if (lw.moe.shared) {
         l.has_shared = true;
         if (const auto fused = concat_rows({&lw.moe.shared->gate, &lw.moe.shared->up, &lw.moe.shared_gate})) {
-          l.s_fused = upload_linear(*fused, false);
+          l.s_fused = upload_linear(pad_rows(*fused), false);
         } else {
           l.s_gate = upload_linear(lw.moe.shared->gate, false);
           l.s_up = upload_linear(lw.moe.shared->up, false);
@@ -368,9 +473,7 @@ struct CudaRunner::Impl {
       l.input_norm = dummy_f32(H, norm_w);
       l.post_norm = dummy_f32(H, norm_w);
       if (l.type == LayerType::FullAttention) {
-        l.q = dummy_linear(nh * d * (cfg.attn_output_gate ? 2 : 1), H, false, false);
-        l.k = dummy_linear(nkv * d, H, false, false);
-        l.v = dummy_linear(nkv * d, H, false, false);
+        l.attn_qkv = dummy_linear(nh * d * (cfg.attn_output_gate ? 2 : 1) + 2 * nkv * d, H, false, false);
         l.o = dummy_linear(H, nh * d, false, false);
         l.q_norm = dummy_f32(d, norm_w);
         l.k_norm = dummy_f32(d, norm_w);
@@ -391,17 +494,29 @@ struct CudaRunner::Impl {
           l.router.out = cfg.num_experts;
           l.router.in = H;
           l.router.f32 = r;
+          l.router3 = split_router(l.router);
         }
-        for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
-          l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
-          l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
-          l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
+        if (nvfp4_experts && can_pack(I, H)) {
+          std::vector<PackedFp4> g, u, dn;
+          for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
+            g.push_back(dummy_packed(I, H));
+            u.push_back(dummy_packed(I, H));
+            dn.push_back(dummy_packed(H, I));
+          }
+          l.packed = true;
+          l.pexperts = upload_packed_table(g, u, dn);
+        } else {
+          for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
+            l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
+            l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
+            l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
+          }
+          l.experts = upload_expert_table(l);
         }
-        l.experts = upload_expert_table(l);
         if (cfg.shared_expert_intermediate_size > 0) {
           const int S = cfg.shared_expert_intermediate_size;
           l.has_shared = true;
-          l.s_fused = dummy_linear(2 * S + 1, H, false, false);
+          l.s_fused = dummy_linear(padded_rows(2 * S + 1), H, false, false);
           l.s_down = dummy_linear(H, S, false, false);
         }
       } else {
@@ -447,7 +562,11 @@ struct CudaRunner::Impl {
     T_max = opt.max_tokens_per_step;
     R_max = opt.max_rows_per_step;
     const int K = std::max(1, cfg.num_experts_per_tok);
-    pair_limit = std::max(1024, K);
+    // Packed NVFP4 experts run any step on the device (graph-friendly); bf16 experts past 1,024
+    // pairs are grouped on the host.
+    bool any_packed = has_mtp && mtp_layer.packed;
+    for (const DevLayer& l : layers) any_packed = any_packed || l.packed;
+    pair_limit = any_packed ? std::max(1024, T_max * K) : std::max(1024, K);
     auto f32 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 4); };
     auto b16 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 2); };
     const int64_t T = T_max;
@@ -464,7 +583,7 @@ struct CudaRunner::Impl {
     split.part_m = part_m.as<float>();
     split.part_l = part_l.as<float>();
     split.part_acc = part_acc.as<float>();
-    q_raw = f32(T * q_rows);
+    q_raw = f32(T * (q_rows + 2 * nkv * d));  // room for the fused [q | k | v] output
     k_raw = f32(T * nkv * d);
     v_raw = f32(T * nkv * d);
     q = f32(T * nh * d);
@@ -479,17 +598,15 @@ struct CudaRunner::Impl {
     normed = b16(T * std::max(hv * dv, nh * d));
     const int E = std::max(1, cfg.num_experts), I = std::max(1, cfg.moe_intermediate_size);
     router_logits = f32(T * E);
+    router_x3 = b16(T * 3 * H);
     topk_ids = DeviceBuffer(size_t(T) * K * 4);
     topk_w = f32(T * K);
     pair_h = b16(int64_t(pair_limit) * I);
-    group_buf = DeviceBuffer(size_t(pair_limit + 2 * E + 2) * 4);
-    group.sorted_pairs = group_buf.as<int32_t>();
-    group.expert_start = group.sorted_pairs + pair_limit;
-    group.active = group.expert_start + E + 1;
-    group.num_active = group.active + E;
+    group_buf = DeviceBuffer(size_t(moe_group_scratch_ints(pair_limit, E)) * 4);
+    group = moe_group_scratch(group_buf.as<int32_t>(), pair_limit, E);
     pair_out = f32(int64_t(pair_limit) * H);
     const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});
-    sh_g = f32(T * (2 * S + 1));  // room for the fused [gate | up | gate logit] output
+    sh_g = f32(T * padded_rows(2 * S + 1));  // room for the fused [gate | up | gate logit] output
     sh_u = f32(T * S);
     sh_h = b16(T * S);
     sh_out = f32(T * H);
@@ -725,25 +842,71 @@ struct CudaRunner::Impl {
     const cudaStream_t s = stream;
     const int T = p.T, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
     bf16_t* dq = dequant.as<bf16_t>();
+    const float *qp = q_raw.as<float>(), *kp = k_raw.as<float>(), *vp = v_raw.as<float>();
+    int64_t qkv_ld = 0;
     {
       Scope sc(this, "attn.proj");
-      linear(l.q, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
-      linear(l.k, xn.as<bf16_t>(), k_raw.as<float>(), T, dq, s);
-      linear(l.v, xn.as<bf16_t>(), v_raw.as<float>(), T, dq, s);
+      if (l.attn_qkv.out > 0) {
+        linear(l.attn_qkv, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+        qkv_ld = l.attn_qkv.out;
+        kp = qp + (qkv_ld - 2 * nkv * d);
+        vp = kp + nkv * d;
+      } else {
+        linear(l.q, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+        linear(l.k, xn.as<bf16_t>(), k_raw.as<float>(), T, dq, s);
+        linear(l.v, xn.as<bf16_t>(), v_raw.as<float>(), T, dq, s);
+      }
     }
     {
       Scope sc(this, "attn.core");
-      attention_prepare(q_raw.as<float>(), k_raw.as<float>(), v_raw.as<float>(), l.q_norm, l.k_norm, dmeta.pos,
-                        dmeta.slot_mapping, q.as<float>(), gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(),
-                        v_pool[l.attn_index].as<bf16_t>(), T, nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta),
-                        float(cfg.rms_norm_eps), cfg.attn_output_gate, cfg.norm_zero_centered, s);
-      paged_attention(q.as<float>(), cfg.attn_output_gate ? gate.as<float>() : nullptr,
-                      k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), dmeta.pos,
-                      dmeta.seq_of_token, dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>(), T,
-                      nh, nkv, d, s, T <= kSplitTokens ? &split : nullptr);
+      attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, q.as<float>(),
+                        gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), T,
+                        nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
+                        cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
+      attend(l, p);
     }
     Scope sc(this, "attn.proj");
     linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  }
+
+  // Attention over the paged cache, by runs of consecutive sequences: sequences with at least
+  // kPrefillRunTokens tokens in this step go to the tensor-core prefill kernel, the others
+  // (decode and verify tokens) to the tensor-core split-K decode kernel, kSplitTokens tokens at a
+  // time; the CUDA-core kernels take head sizes those do not cover. Steps holding a prefill chunk
+  // are never graph-captured, so deciding on the host is safe.
+  static constexpr int kPrefillRunTokens = 16;
+  void attend(const DevLayer& l, const Plan& p) {
+    const cudaStream_t s = stream;
+    const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+    const float* g = cfg.attn_output_gate ? gate.as<float>() : nullptr;
+    const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
+    const int32_t* ss = hmeta.seq_start;
+    auto run_of = [&](int t0, int n, bool prefill) {
+      const int64_t o = int64_t(t0) * nh * d;
+      const float* gt = g ? g + o : nullptr;
+      if (prefill && paged_attention_prefill(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
+                                             dmeta.block_tables, max_blocks, opt.block_size,
+                                             attn_out.as<bf16_t>() + o, n, nh, nkv, d, s))
+        return;
+      for (int c = 0; c < n; c += kSplitTokens) {
+        const int64_t oc = o + int64_t(c) * nh * d;
+        const int m = std::min(kSplitTokens, n - c);
+        const float* gc = g ? g + oc : nullptr;
+        if (!paged_attention_decode(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                                    dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh,
+                                    nkv, d, s, split))
+          paged_attention(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                          dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh, nkv, d,
+                          s, &split);
+      }
+    };
+    for (int i = 0; i < p.S;) {
+      const bool prefill = ss[i + 1] - ss[i] >= kPrefillRunTokens;
+      int j = i;
+      while (j < p.S && (ss[j + 1] - ss[j] >= kPrefillRunTokens) == prefill) ++j;
+      run_of(ss[i], ss[j] - ss[i], prefill);
+      i = j;
+    }
   }
 
   void gdn_block(const DevLayer& l, const Plan& p) {
@@ -781,14 +944,23 @@ struct CudaRunner::Impl {
       }
     }
     {
-      Scope sc(this, "gdn.core");
       float* cs = conv_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * (kc - 1) * conv_dim;
       float* rs = rec_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * hv * dk * dv;
       const StateHistory h = hist_step ? layer_history(l.linear_index) : StateHistory{};
-      gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
-               s, hist_step ? &h : nullptr);
-      gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr);
+      int max_seq_tokens = 0;
+      for (int i = 0; i < p.S; ++i)
+        max_seq_tokens = std::max(max_seq_tokens, hmeta.seq_start[i + 1] - hmeta.seq_start[i]);
+      {
+        Scope sc(this, "gdn.conv");
+        gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
+                 s, hist_step ? &h : nullptr, max_seq_tokens);
+      }
+      {
+        Scope sc(this, "gdn.recurrent");
+        gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                      core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr);
+      }
+      Scope sc(this, "gdn.norm");
       gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
                      float(cfg.rms_norm_eps), s);
     }
@@ -806,37 +978,65 @@ struct CudaRunner::Impl {
     linear(dn, sh_h.as<bf16_t>(), out, T, dq, s);
   }
 
+  // The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
+  // (at [t * gate_ld]), or null without a shared expert.
+  const float* shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
+    Scope sc(this, "moe.shared");
+    bf16_t* dq = dequant.as<bf16_t>();
+    if (l.has_shared && l.s_fused.out > 0) {
+      const int S = l.s_down.in;
+      linear(l.s_fused, xn.as<bf16_t>(), sh_g.as<float>(), T, dq, s);
+      silu_mul_rows(sh_g.as<float>(), l.s_fused.out, sh_h.as<bf16_t>(), T, S, s);
+      linear(l.s_down, sh_h.as<bf16_t>(), sh_out.as<float>(), T, dq, s);
+      *gate_ld = l.s_fused.out;
+      return sh_g.as<float>() + 2 * S;
+    }
+    if (l.has_shared) {
+      mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
+      linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
+      *gate_ld = 1;
+      return sh_gate.as<float>();
+    }
+    return nullptr;
+  }
+
   void moe_block(const DevLayer& l, const Plan& p) {
     const cudaStream_t s = stream;
     const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
     bf16_t* dq = dequant.as<bf16_t>();
     float* D = delta.as<float>();
-    {
-      Scope sc(this, "moe.router");
-      linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
-      moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
+    // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
+    const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
+    const cudaStream_t shared_stream = overlap ? side_stream : s;
+    if (overlap) {
+      FATHOM_CUDA_CHECK(cudaEventRecord(fork_event, s));
+      FATHOM_CUDA_CHECK(cudaStreamWaitEvent(side_stream, fork_event));
     }
-    // Shared expert: out in sh_out, gate logit at shared_gate[t * gate_ld].
     const float* shared_gate = nullptr;
     int64_t gate_ld = 1;
+    if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
     {
-      Scope sc(this, "moe.shared");
-      if (l.has_shared && l.s_fused.out > 0) {
-        const int S = l.s_down.in;
-        linear(l.s_fused, xn.as<bf16_t>(), sh_g.as<float>(), T, dq, s);
-        silu_mul_rows(sh_g.as<float>(), 2 * S + 1, sh_h.as<bf16_t>(), T, S, s);
-        linear(l.s_down, sh_h.as<bf16_t>(), sh_out.as<float>(), T, dq, s);
-        shared_gate = sh_g.as<float>() + 2 * S;
-        gate_ld = 2 * S + 1;
-      } else if (l.has_shared) {
-        mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
-        linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
-        shared_gate = sh_gate.as<float>();
+      Scope sc(this, "moe.router");
+      if (T > kSplitTokens && l.router3.bf16) {  // prefill-sized steps only: decode and verify stay fp32
+        split_bf16x3(xn32.as<float>(), router_x3.as<bf16_t>(), T, H, /*weights=*/false, s);
+        gemm_bf16(router_x3.as<bf16_t>(), l.router3.bf16, router_logits.as<float>(), T, E, 3 * H, s);
+      } else {
+        linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
       }
+      moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
     }
+    if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
     Scope sc(this, "moe.experts");
     const float* shared = l.has_shared ? sh_out.as<float>() : nullptr;
-    if (T * K <= pair_limit) {
+    if (l.packed) {
+      moe_experts_fp4(l.pexperts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
+                      pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, group, s);
+      if (overlap) {
+        FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
+        FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
+      }
+      moe_combine_pairs(pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s);
+    } else if (T * K <= pair_limit) {
       // Writes D, shared expert included; grouping pays off once experts repeat.
       moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
                          pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s, T >= 4 ? &group : nullptr);
@@ -902,6 +1102,9 @@ struct CudaRunner::Impl {
   }
 
   void run(const Plan& p) {
+    // Programmatic dependent launch pays at decode sizes (launch gaps between small kernels) and
+    // costs at prefill sizes (waiting blocks hold SM resources): on for up to kSplitTokens tokens.
+    set_programmatic_launch(p.T <= kSplitTokens);
     const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
                            p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
     if (!graphable) {

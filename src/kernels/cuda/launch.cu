@@ -1,0 +1,37 @@
+// The programmatic-dependent-launch switch of launch.cuh (on unless FATHOM_PDL=0) and the
+// dynamic-shared-memory opt-ins.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+namespace {
+bool environment_allows() {
+  const char* v = std::getenv("FATHOM_PDL");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+const bool g_allowed = environment_allows();
+bool g_on = true;
+}  // namespace
+
+bool programmatic_launch_enabled() { return g_allowed && g_on; }
+void set_programmatic_launch(bool on) { g_on = on; }
+
+void allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> granted;  // (kernel, device) -> bytes
+  int device = 0;
+  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  int& have = granted[{kernel, device}];
+  if (have >= bytes) return;
+  FATHOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  have = bytes;
+}
+
+}  // namespace fathom::cuda

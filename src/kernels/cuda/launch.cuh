@@ -1,0 +1,46 @@
+// Kernel launches with programmatic dependent launch (PDL, SM90+): a kernel's blocks may be
+// scheduled while the kernel before it drains, and each kernel waits for its predecessor's
+// results at its top (pdl_prologue), so the results are those of ordinary launches; what is
+// saved is the launch gap between kernels, which adds up over the ~450 small kernels of a
+// batch-1 decode step. Every kernel launched with launch() must begin with pdl_prologue().
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace fathom::cuda {
+
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+bool programmatic_launch_enabled();
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device (needed above the
+// default 48 KB; done once per kernel and device).
+void allow_dynamic_smem(const void* kernel, int bytes);
+
+inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  FATHOM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace fathom::cuda

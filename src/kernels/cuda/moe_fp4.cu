@@ -1,0 +1,554 @@
+// Routed experts on NVFP4 weights with tensor cores (mma.sync m16n8k16, bf16 in, fp32 out),
+// for every batch size. The weights are the mma's A operand (16 output rows x 16 k) and the
+// tokens its N dimension, so each weight is decoded once per tile of tokens instead of once per
+// token. The weights are repacked at load (pack_fp4) so that one 16-byte load gives a lane its
+// A fragments for 64 k, and the codes become bf16 with a mask, a shift and one bf16 multiply.
+//
+// k order: the mma sums over its 16 "logical" k of a step in an order of its own, so any
+// permutation of k shared by A and B gives the same product. Lane (g, c) of a slab holds logical
+// k {2c, 2c+1, 2c+8, 2c+9} of each of the 4 steps; they are mapped to the actual k 16c .. 16c+15
+// so that a lane's weights share one e4m3 scale (per 16 k) and its activations are 32
+// contiguous bytes.
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+namespace {
+
+constexpr int kSlabK = 64;     // k per slab
+constexpr int kTileRows = 16;  // rows per slab (the mma's M)
+constexpr int kSmallTile = 8;  // tokens per tile of the decode kernel (the mma's N)
+
+// ---- packing
+
+// e4m3 scale -> byte b with bf16 bits (b << 4) + (224 << 7) = scale * 2^118: 5 exponent bits
+// (floor(log2 scale) + 21) and the 3 mantissa bits after the leading one, so e4m3 subnormals
+// (down to 2^-9) stay exact. Zero scales give 0 (their codes are zeroed by the caller).
+__device__ uint32_t scale_byte(uint8_t e) {
+  const int E = (e >> 3) & 0xF, M = e & 7;
+  if (E == 0 && M == 0) return 0;
+  int log2s, mant;
+  if (E == 0) {  // subnormal: M/8 * 2^-6
+    const int top = 31 - __clz(M);
+    log2s = top - 9;
+    mant = (M << (3 - top)) & 7;
+  } else if (E == 15 && M == 7) {  // NaN: no real checkpoint has it; read as the largest value
+    log2s = 8, mant = 6;
+  } else {
+    log2s = E - 7, mant = M;
+  }
+  return uint32_t(((log2s + 21) << 3) | mant);
+}
+
+// Nibble p of a step's 32-bit word holds A element a[p < 4 ? 2p : 2(p-4)+1]: the decoder turns
+// nibbles (p, p+4) into the bf16 pair of fragment register 3 - (its shift / 4), see decode_step.
+__global__ void pack_fp4_kernel(const uint8_t* codes, const uint8_t* scales, int rows, int k, int k_slabs,
+                                int64_t lanes, uint4* dst_codes, uint16_t* dst_scales) {
+  pdl_prologue();
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= lanes) return;
+  const int lane = int(i & 31);
+  const int64_t slab = i >> 5;
+  const int rt = int(slab / k_slabs), ks = int(slab % k_slabs);
+  const int g = lane >> 2, c = lane & 3;
+  const int kb = ks * 4 + c;  // the lane's block of 16 k
+  const int row_lo = rt * kTileRows + g, row_hi = row_lo + 8;
+  auto scale_at = [&](int row) -> uint8_t {
+    return row < rows && kb * 16 < k ? scales[int64_t(row) * (k / 16) + kb] : uint8_t(0);
+  };
+  const uint8_t e_lo = scale_at(row_lo), e_hi = scale_at(row_hi);
+  uint32_t words[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int ai = p < 4 ? 2 * p : 2 * (p - 4) + 1;  // A element a0..a7
+      const bool hi = (ai >> 1) & 1;                    // a2, a3, a6, a7: row g + 8
+      const int row = hi ? row_hi : row_lo;
+      const uint8_t e = hi ? e_hi : e_lo;
+      const int kk = ks * kSlabK + 16 * c + 4 * j + (ai & 1) + 2 * (ai >> 2);
+      uint32_t nib = 0;
+      if (row < rows && kk < k && (e & 0x7F) != 0)
+        nib = (codes[int64_t(row) * (k / 2) + kk / 2] >> ((kk & 1) * 4)) & 0xF;
+      word |= nib << (4 * p);
+    }
+    words[j] = word;
+  }
+  dst_codes[i] = make_uint4(words[0], words[1], words[2], words[3]);
+  dst_scales[i] = uint16_t(scale_byte(e_lo) | (scale_byte(e_hi) << 8));
+}
+
+// ---- decoding and the mma
+
+// Nibbles 3 and 7 of q as a bf16 pair of value * 2^-126 (the E2M1 exponent and mantissa bits
+// put into the bf16 exponent's low bits; code 1 becomes a bf16 subnormal, which bf16 math keeps).
+__device__ __forceinline__ uint32_t fp4x2_raw(uint32_t q) { return (q & 0x80008000u) | ((q >> 6) & 0x01C001C0u); }
+
+// Exact product of bf16 pairs (an E2M1 value times an e4m3 scale has at most 5 significant bits).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
+  const uint32_t b = (byte << 4) + 0x7000u;
+  return b | (b << 16);
+}
+
+// One k16 step: the word's 8 codes (rows g and g+8) times their scales -> A fragment registers
+// (value * scale * 2^-8).
+__device__ __forceinline__ void decode_step(uint32_t q, uint32_t s_lo, uint32_t s_hi, uint32_t (&a)[4]) {
+  a[0] = mul_bf16x2(fp4x2_raw(q << 12), s_lo);  // a0, a1: row g
+  a[1] = mul_bf16x2(fp4x2_raw(q << 8), s_hi);   // a2, a3: row g + 8
+  a[2] = mul_bf16x2(fp4x2_raw(q << 4), s_lo);   // a4, a5: row g
+  a[3] = mul_bf16x2(fp4x2_raw(q), s_hi);        // a6, a7: row g + 8
+}
+
+// Decodes a slab (16 B of codes, 2 scale bytes) into the A fragments of its 4 k16 steps.
+__device__ __forceinline__ void decode_slab(uint4 w, uint32_t sc, uint32_t (&a)[4][4]) {
+  const uint32_t s_lo = scale_bf16x2(sc & 0xFF), s_hi = scale_bf16x2(sc >> 8);
+  decode_step(w.x, s_lo, s_hi, a[0]);
+  decode_step(w.y, s_lo, s_hi, a[1]);
+  decode_step(w.z, s_lo, s_hi, a[2]);
+  decode_step(w.w, s_lo, s_hi, a[3]);
+}
+
+// acc += slab x (the lane's 16 activations xa | xb at k 16c .. 16c+15 of its token).
+__device__ __forceinline__ void mma_slab(const uint32_t (&a)[4][4], uint4 xa, uint4 xb, float (&acc)[4]) {
+  mma_bf16(acc, a[0], xa.x, xa.y);
+  mma_bf16(acc, a[1], xa.z, xa.w);
+  mma_bf16(acc, a[2], xb.x, xb.y);
+  mma_bf16(acc, a[3], xb.z, xb.w);
+}
+
+struct MoeFp4Args {
+  PackedExperts ex;
+  const bf16_t* x;  // gate/up: token rows [T, hidden]; down: h rows [T*K, inter]
+  int64_t x_ld;
+  int K;            // experts per token (gate/up: the x row of pair p is p / K)
+  const int32_t* sorted_pairs;
+  const int32_t* tiles;
+  const int32_t* num_tiles;
+  const float* topk_w;
+  bf16_t* h;        // gate/up output
+  float* pair_out;  // down output
+};
+
+// The two A operands of a warp: gate and up row tile rt (SwiGLU needs both at the same rows),
+// or down row tiles rt and rt + 1.
+struct WarpRows {
+  const uint4* q0;
+  const uint4* q1;
+  const uint16_t* s0;
+  const uint16_t* s1;
+  bool ok0, ok1;
+};
+
+template <bool kGateUp>
+__device__ __forceinline__ WarpRows warp_rows(const MoeFp4Args& a, int e, int rt0, int lane) {
+  const PackedFp4& A0 = kGateUp ? a.ex.gate[e] : a.ex.down[e];
+  const PackedFp4& A1 = kGateUp ? a.ex.up[e] : a.ex.down[e];
+  const int rt1 = kGateUp ? rt0 : rt0 + 1;
+  WarpRows w;
+  w.ok0 = rt0 < A0.row_tiles;
+  w.ok1 = rt1 < A1.row_tiles;
+  const int64_t o0 = (int64_t(w.ok0 ? rt0 : 0) * A0.k_slabs) * 32 + lane;
+  const int64_t o1 = (int64_t(w.ok1 ? rt1 : 0) * A1.k_slabs) * 32 + lane;
+  w.q0 = reinterpret_cast<const uint4*>(A0.codes) + o0;
+  w.q1 = reinterpret_cast<const uint4*>(A1.codes) + o1;
+  w.s0 = A0.scales + o0;
+  w.s1 = A1.scales + o1;
+  return w;
+}
+
+// Writes a warp's results for one n8 tile: v0/v1 are the two operands' accumulators (rows g and
+// g + 8, token columns 2c and 2c + 1 of the tile, counted from `col0`).
+template <bool kGateUp>
+__device__ __forceinline__ void store_tile(const MoeFp4Args& a, int e, int rt0, int col0, int count,
+                                           const int32_t* pairs, const float v0[4], const float v1[4], int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  if (kGateUp) {
+    const PackedFp4& G = a.ex.gate[e];
+    const float gg = G.global, gu = a.ex.up[e].global;
+    const int I = a.ex.inter;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = col0 + 2 * c + (i & 1), row = rt0 * kTileRows + g + (i >> 1) * 8;
+      if (col < count && row < I) {
+        const int p = pairs[col];
+        a.h[int64_t(p) * I + row] = to_bf(silu_f(v0[i] * gg) * (v1[i] * gu));
+      }
+    }
+  } else {
+    const PackedFp4& D = a.ex.down[e];
+    const float gd = D.global;
+    const int H = a.ex.hidden;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = col0 + 2 * c + (i & 1);
+      if (col >= count) continue;
+      const int p = pairs[col];
+      const float w = a.topk_w[p] * gd;
+      const int r0 = rt0 * kTileRows + g + (i >> 1) * 8, r1 = r0 + kTileRows;
+      if (r0 < H) a.pair_out[int64_t(p) * H + r0] = v0[i] * w;
+      if (r1 < H) a.pair_out[int64_t(p) * H + r1] = v1[i] * w;
+    }
+  }
+}
+
+// ---- decode-shaped kernel: a block = one pair of row tiles x one tile of <= 8 tokens; its W
+// warps split k (warp w takes slabs w, w+W, ...) and their sums are added in warp order, so the
+// result of a token depends only on the shapes and W. Each warp has U slabs of loads in flight.
+template <bool kGateUp, int W, int U, int kMinBlocks>
+__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_small_kernel(MoeFp4Args a) {
+  pdl_prologue();
+  if (int(blockIdx.y) >= *a.num_tiles) return;
+  const int* td = a.tiles + 4 * blockIdx.y;
+  const int e = td[0], begin = td[1], count = td[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int rt0 = kGateUp ? blockIdx.x : 2 * blockIdx.x;
+  const WarpRows w = warp_rows<kGateUp>(a, e, rt0, lane);
+  const int KS = (kGateUp ? a.ex.gate[e] : a.ex.down[e]).k_slabs;
+  const int k = kGateUp ? a.ex.hidden : a.ex.inter;
+  const int32_t* pairs = a.sorted_pairs + begin;
+  const bool col_ok = g < count;
+  const bf16_t* xrow = nullptr;
+  if (col_ok) {
+    const int p = pairs[g];
+    xrow = a.x + int64_t(kGateUp ? p / a.K : p) * a.x_ld;
+  }
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int base = warp; base < KS; base += W * U) {
+    uint4 w0[U], w1[U], xa[U], xb[U];
+    uint32_t s0[U], s1[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ks = base + W * u;
+      w0[u] = w1[u] = xa[u] = xb[u] = zero;
+      s0[u] = s1[u] = 0;
+      if (ks < KS) {
+        if (w.ok0) w0[u] = load_stream(w.q0 + ks * 32), s0[u] = w.s0[ks * 32];
+        if (w.ok1) w1[u] = load_stream(w.q1 + ks * 32), s1[u] = w.s1[ks * 32];
+        const int kx = ks * kSlabK + 16 * c;
+        if (col_ok && kx < k) {
+          xa[u] = *reinterpret_cast<const uint4*>(xrow + kx);
+          xb[u] = *reinterpret_cast<const uint4*>(xrow + kx + 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint32_t A[4][4];
+      decode_slab(w0[u], s0[u], A);
+      mma_slab(A, xa[u], xb[u], acc0);
+      decode_slab(w1[u], s1[u], A);
+      mma_slab(A, xa[u], xb[u], acc1);
+    }
+  }
+  __shared__ float red[W][8][32];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc0[i], red[warp][4 + i][lane] = acc1[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float v0[4], v1[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v0[i] = red[0][i][lane];
+    v1[i] = red[0][4 + i][lane];
+#pragma unroll
+    for (int ww = 1; ww < W; ++ww) v0[i] += red[ww][i][lane], v1[i] += red[ww][4 + i][lane];
+  }
+  store_tile<kGateUp>(a, e, rt0, 0, count, pairs, v0, v1, lane);
+}
+
+// ---- prefill-shaped kernel: a block = W warps x (a pair of row tiles) x one tile of <= 64
+// tokens, all of k. A kStages-deep cp.async pipeline stages, per slab, the token tile (16-byte
+// chunks XOR-swizzled by row so the lanes' 16-byte reads do not conflict) and every warp's codes
+// and scales, so the loads of slab ks + kStages - 1 are in flight while slab ks is computed.
+constexpr int kChunks = kSlabK * 2 / 16;  // 16-byte chunks per token row of a slab
+
+// One pipeline stage: the token tile and, per warp, 2 x 32 lanes x 16 B of codes and 2 x 64 B of scales.
+template <int W, int NT>
+struct LargeStage {
+  uint4 x[NT * 8 * kChunks];
+  uint4 codes[W][2][32];
+  uint4 scales[W][2][4];
+};
+template <int W, int kStages, int NT>
+constexpr size_t large_smem_bytes() { return sizeof(LargeStage<W, NT>) * kStages; }
+
+// NT n8 tiles of tokens per block: each decoded weight serves NT mma (the decode, not the
+// tensor cores, bounds this kernel: docs/perf.md, v8).
+template <bool kGateUp, int W, int kStages, int NT, int kMinBlocks = 1>
+__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp4Args a) {
+  constexpr int kTile = NT * 8;
+  pdl_prologue();
+  if (int(blockIdx.y) >= *a.num_tiles) return;
+  const int* td = a.tiles + 4 * blockIdx.y;
+  const int e = td[0], begin = td[1], count = td[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int rt0 = kGateUp ? blockIdx.x * W + warp : 2 * (blockIdx.x * W + warp);
+  const WarpRows w = warp_rows<kGateUp>(a, e, rt0, lane);
+  const int KS = (kGateUp ? a.ex.gate[e] : a.ex.down[e]).k_slabs;
+  const int k = kGateUp ? a.ex.hidden : a.ex.inter;
+  const int32_t* pairs = a.sorted_pairs + begin;
+
+  extern __shared__ uint4 smem_raw[];
+  LargeStage<W, NT>* stage = reinterpret_cast<LargeStage<W, NT>*>(smem_raw);
+  __shared__ int64_t xrow[kTile];
+  for (int col = threadIdx.x; col < kTile; col += W * 32) {
+    int64_t r = -1;
+    if (col < count) {
+      const int p = pairs[col];
+      r = int64_t(kGateUp ? p / a.K : p) * a.x_ld;
+    }
+    xrow[col] = r;
+  }
+  __syncthreads();
+  // The lane's scale source: lanes 0-3 copy tile 0's 64 bytes, lanes 4-7 tile 1's.
+  const uint4* scale_src = lane < 8 ? reinterpret_cast<const uint4*>((lane < 4 ? w.s0 : w.s1) - lane) + (lane & 3)
+                                    : nullptr;
+  const bool scale_ok = lane < 4 ? w.ok0 : w.ok1;
+  // The token tile's loads: thread i copies chunk (i % 8) of rows i / 8 + r * kRowsPerPass, so its
+  // source rows and shared-memory slots are fixed for the whole k loop (worked out once here).
+  constexpr int kThreads = W * 32, kRowsPerPass = kThreads / kChunks, kPasses = kTile / kRowsPerPass;
+  static_assert(kTile % kRowsPerPass == 0, "token tile rows must split evenly over the passes");
+  const int ch = threadIdx.x % kChunks;
+  const bf16_t* src[kPasses];
+  int slot[kPasses];
+#pragma unroll
+  for (int r = 0; r < kPasses; ++r) {
+    const int n = threadIdx.x / kChunks + r * kRowsPerPass;
+    src[r] = xrow[n] >= 0 ? a.x + xrow[n] + ch * 8 : nullptr;
+    slot[r] = n * kChunks + (ch ^ (n & 7));
+  }
+  auto load_stage = [&](int ks, int buf) {
+    LargeStage<W, NT>& st = stage[buf];
+    const bool in_k = ks * kSlabK + ch * 8 < k;
+#pragma unroll
+    for (int r = 0; r < kPasses; ++r) {
+      if (src[r] && in_k) cp_async16(smem_addr(&st.x[slot[r]]), src[r] + ks * kSlabK);
+      else st.x[slot[r]] = make_uint4(0, 0, 0, 0);
+    }
+    if (w.ok0) cp_async16(smem_addr(&st.codes[warp][0][lane]), w.q0 + ks * 32);
+    if (w.ok1) cp_async16(smem_addr(&st.codes[warp][1][lane]), w.q1 + ks * 32);
+    if (lane < 8 && scale_ok)  // 64 bytes of scales a slab
+      cp_async16(smem_addr(&st.scales[warp][lane >> 2][lane & 3]), scale_src + ks * 4);
+  };
+
+  const int n_tiles = (count + 7) / 8;  // n8 tiles holding tokens (warp-uniform)
+  float acc0[NT][4], acc1[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc0[t][i] = acc1[t][i] = 0.f;
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < KS) load_stage(st, st);
+    cp_async_commit();
+  }
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int ks = 0; ks < KS; ++ks) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // slab ks has landed for every thread; slab ks-1's buffer is free
+    if (ks + kStages - 1 < KS) load_stage(ks + kStages - 1, (ks + kStages - 1) % kStages);
+    cp_async_commit();
+    const LargeStage<W, NT>& st = stage[ks % kStages];
+    const uint4 cw0 = w.ok0 ? st.codes[warp][0][lane] : zero, cw1 = w.ok1 ? st.codes[warp][1][lane] : zero;
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(&st.scales[warp][0][0]);
+    uint32_t A0[4][4], A1[4][4];
+    decode_slab(cw0, w.ok0 ? sc[lane] : 0u, A0);
+    decode_slab(cw1, w.ok1 ? sc[32 + lane] : 0u, A1);
+    // Groups of 4 n8 tiles without a branch per tile, k steps outer: consecutive mma go to
+    // different accumulators, so they need not wait for each other (each accumulator still
+    // sums its k steps in order). Tiles past `count` hold zero tokens.
+#pragma unroll
+    for (int t0 = 0; t0 < NT; t0 += 4) {
+      if (t0 < n_tiles) {
+        uint4 xa[4], xb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int n = (t0 + i) * 8 + g;
+          xa[i] = st.x[n * kChunks + ((2 * c) ^ g)];
+          xb[i] = st.x[n * kChunks + ((2 * c + 1) ^ g)];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint4& xv = j < 2 ? xa[i] : xb[i];
+            const uint32_t b0 = (j & 1) ? xv.z : xv.x, b1 = (j & 1) ? xv.w : xv.y;
+            mma_bf16(acc0[t0 + i], A0[j], b0, b1);
+            mma_bf16(acc1[t0 + i], A1[j], b0, b1);
+          }
+      }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+    if (t < n_tiles) store_tile<kGateUp>(a, e, rt0, t * 8, count, pairs, acc0[t], acc1[t], lane);
+}
+
+using SmallKernel = void (*)(MoeFp4Args);
+struct SmallShape {
+  int warps, unroll, min_blocks;
+};
+struct SmallVariant {
+  SmallShape gate_shape, down_shape;
+  SmallKernel gate_up, down;
+};
+template <int W, int U, int B>
+constexpr SmallKernel gate_up_kernel = moe_fp4_small_kernel<true, W, U, B>;
+template <int W, int U, int B>
+constexpr SmallKernel down_kernel = moe_fp4_small_kernel<false, W, U, B>;
+// (warps, unroll, min blocks per SM) of the gate/up and of the down kernel. By default
+// (kAutoVariant) steps of up to 2 tokens run the first and longer ones the 7th, the fastest on
+// the H200 at those sizes (docs/perf.md, v8). Both split k over 4 warps the same way, so a
+// token's output bits do not depend on which of the two ran.
+constexpr SmallVariant kSmallVariants[] = {
+    {{4, 2, 1}, {4, 2, 1}, gate_up_kernel<4, 2, 1>, down_kernel<4, 2, 1>},
+    {{4, 4, 1}, {4, 4, 1}, gate_up_kernel<4, 4, 1>, down_kernel<4, 4, 1>},
+    {{4, 2, 1}, {8, 1, 1}, gate_up_kernel<4, 2, 1>, down_kernel<8, 1, 1>},
+    {{4, 2, 1}, {16, 1, 1}, gate_up_kernel<4, 2, 1>, down_kernel<16, 1, 1>},
+    {{4, 2, 6}, {4, 2, 6}, gate_up_kernel<4, 2, 6>, down_kernel<4, 2, 6>},
+    {{4, 2, 8}, {4, 2, 8}, gate_up_kernel<4, 2, 8>, down_kernel<4, 2, 8>},
+    {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<4, 1, 8>, down_kernel<4, 1, 8>},
+    {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<8, 2, 1>, down_kernel<8, 1, 1>},
+};
+constexpr int kAutoVariant = -1;
+int g_small_variant = kAutoVariant;
+int small_variant_for(int T) { return g_small_variant != kAutoVariant ? g_small_variant : T <= 2 ? 0 : 6; }
+
+void launch_small(int variant, MoeFp4Args a, dim3 gate_grid, dim3 down_grid, const bf16_t* h, int inter,
+                  cudaStream_t s) {
+  const SmallVariant& v = kSmallVariants[variant];
+  launch(v.gate_up, gate_grid, v.gate_shape.warps * 32, 0, s, a);
+  FATHOM_CUDA_LAUNCH_CHECK();
+  a.x = h;
+  a.x_ld = inter;
+  launch(v.down, down_grid, v.down_shape.warps * 32, 0, s, a);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+struct LargeVariant {
+  int warps, stages, tile_tokens, min_blocks;
+  int gate_rows_tiles, down_row_tiles;  // row tiles a block covers
+  SmallKernel gate_up, down;
+  size_t smem;
+};
+template <int W, int S, int NT, int B = 1>
+constexpr LargeVariant large_variant() {
+  return {W, S, NT * 8, B, W, 2 * W, moe_fp4_large_kernel<true, W, S, NT, B>, moe_fp4_large_kernel<false, W, S, NT, B>,
+          large_smem_bytes<W, S, NT>()};
+}
+// The first is the default: capped at 128 registers so 4 blocks fit an SM, 211 against 197
+// TFLOP/s uncapped at 4,096 tokens (docs/perf.md, v8). 128-token tiles, as 2 or 1 row tiles a
+// warp, measured slower: fewer warps fit.
+constexpr LargeVariant kLargeVariants[] = {large_variant<4, 3, 8, 4>(), large_variant<4, 3, 8>(),
+                                           large_variant<4, 4, 8>(), large_variant<8, 3, 8>()};
+// FATHOM_MOE_FP4_PREFILL_VARIANT=i picks another one (for benchmarks; `fathom tune` will choose).
+int initial_large_variant() {
+  const char* v = std::getenv("FATHOM_MOE_FP4_PREFILL_VARIANT");
+  const int i = v ? std::atoi(v) : 0;
+  return i >= 0 && i < int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])) ? i : 0;
+}
+int g_large_variant = initial_large_variant();
+
+void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int max_tiles, const bf16_t* h, int inter,
+                  cudaStream_t s) {
+  const LargeVariant& v = kLargeVariants[variant];
+  allow_dynamic_smem(reinterpret_cast<const void*>(v.gate_up), int(v.smem));
+  allow_dynamic_smem(reinterpret_cast<const void*>(v.down), int(v.smem));
+  launch(v.gate_up, dim3((gate_tiles + v.gate_rows_tiles - 1) / v.gate_rows_tiles, max_tiles), v.warps * 32, v.smem, s,
+         a);
+  FATHOM_CUDA_LAUNCH_CHECK();
+  a.x = h;
+  a.x_ld = inter;
+  launch(v.down, dim3((down_tiles + v.down_row_tiles - 1) / v.down_row_tiles, max_tiles), v.warps * 32, v.smem, s, a);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+int moe_fp4_large_variants() { return int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); }
+std::string moe_fp4_large_variant_name(int v) {
+  return "prefill " + std::to_string(kLargeVariants[v].warps) + "w/" + std::to_string(kLargeVariants[v].stages) +
+         "st/" + std::to_string(kLargeVariants[v].tile_tokens) + "tok/b" + std::to_string(kLargeVariants[v].min_blocks);
+}
+void set_moe_fp4_large_variant(int v) {
+  FATHOM_CHECK(v >= 0 && v < moe_fp4_large_variants(), "moe_fp4: no prefill-kernel variant ", v);
+  g_large_variant = v;
+}
+
+int moe_fp4_small_variants() { return int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])); }
+std::string moe_fp4_small_variant_name(int v) {
+  auto name = [](const SmallShape& sh) {
+    return std::to_string(sh.warps) + "w/u" + std::to_string(sh.unroll) + "/b" + std::to_string(sh.min_blocks);
+  };
+  return "gate " + name(kSmallVariants[v].gate_shape) + " down " + name(kSmallVariants[v].down_shape);
+}
+void set_moe_fp4_small_variant(int v) {
+  FATHOM_CHECK(v == kAutoVariant || (v >= 0 && v < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", v);
+  g_small_variant = v;
+}
+
+int64_t packed_fp4_code_bytes(int rows, int k) {
+  return int64_t((rows + kTileRows - 1) / kTileRows) * ((k + kSlabK - 1) / kSlabK) * 512;
+}
+int64_t packed_fp4_scale_bytes(int rows, int k) {
+  return int64_t((rows + kTileRows - 1) / kTileRows) * ((k + kSlabK - 1) / kSlabK) * 64;
+}
+
+PackedFp4 pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global, int rows, int k, uint8_t* dst_codes,
+                   uint16_t* dst_scales, cudaStream_t s) {
+  FATHOM_CHECK(k % 16 == 0 && rows > 0, "pack_fp4: NVFP4 matrix [", rows, ", ", k, "] needs k divisible by 16");
+  FATHOM_CHECK(reinterpret_cast<uintptr_t>(dst_codes) % 16 == 0, "pack_fp4: codes must be 16-byte aligned");
+  PackedFp4 p;
+  p.rows = rows;
+  p.k = k;
+  p.row_tiles = (rows + kTileRows - 1) / kTileRows;
+  p.k_slabs = (k + kSlabK - 1) / kSlabK;
+  p.codes = dst_codes;
+  p.scales = dst_scales;
+  p.global = fp4_global * 256.f;
+  const int64_t lanes = int64_t(p.row_tiles) * p.k_slabs * 32;
+  launch(pack_fp4_kernel, int((lanes + 255) / 256), 256, 0, s, codes, scales, rows, k, p.k_slabs, lanes,
+         reinterpret_cast<uint4*>(dst_codes), dst_scales);
+  FATHOM_CUDA_LAUNCH_CHECK();
+  return p;
+}
+
+void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
+                     bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s) {
+  if (T == 0) return;
+  FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_fp4: hidden ", ex.hidden, " and inter ",
+               ex.inter, " must be multiples of 8");
+  const int P = T * K;
+  const bool small = T <= kMoeFp4SmallT;
+  const int tile = small ? kSmallTile : kLargeVariants[g_large_variant].tile_tokens;
+  moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
+  const int max_tiles = std::min(ex.num, P) + P / tile;
+  const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
+  MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};
+  if (small) {
+    launch_small(small_variant_for(T), a, dim3(gate_tiles, max_tiles), dim3((down_tiles + 1) / 2, max_tiles), h,
+                 ex.inter, s);
+  } else {
+    launch_large(g_large_variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
+  }
+  if (y) moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
+}
+
+}  // namespace fathom::cuda
