@@ -40,35 +40,22 @@ __global__ void split_bf16x3_kernel(const float* x, bf16_t* out, int rows, int n
   }
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int n, float eps,
-                                bool zc) {
-  pdl_prologue();
-  const float* xr = x + int64_t(blockIdx.x) * n;
-  float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = xr[i] * inv * (zc ? 1.f + w[i] : w[i]);
-    if (y_bf16) y_bf16[int64_t(blockIdx.x) * n + i] = to_bf(v);
-    if (y_f32) y_f32[int64_t(blockIdx.x) * n + i] = v;
-  }
-}
-
-__global__ void add_rms_norm_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, int n,
-                                    float eps, bool zc) {
+// Row norms, any n: x (plus delta when kAdd, written back) normalised into y_bf16 and/or y_f32.
+template <bool kAdd>
+__global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf16_t* y_bf16, float* y_f32, int n,
+                                float eps, bool zc) {
   pdl_prologue();
   float* xr = x + int64_t(blockIdx.x) * n;
-  const float* dr = delta + int64_t(blockIdx.x) * n;
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = xr[i] + dr[i];
-    xr[i] = v;
+    float v = xr[i];
+    if (kAdd) xr[i] = v = v + delta[int64_t(blockIdx.x) * n + i];
     ss += v * v;
   }
   const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = xr[i] * inv * (zc ? 1.f + w[i] : w[i]);
-    y[int64_t(blockIdx.x) * n + i] = to_bf(v);
+    if (y_bf16) y_bf16[int64_t(blockIdx.x) * n + i] = to_bf(v);
     if (y_f32) y_f32[int64_t(blockIdx.x) * n + i] = v;
   }
 }
@@ -235,13 +222,12 @@ void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s) {
 void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int rows, int n, float eps,
               bool zero_centered, cudaStream_t s) {
   if (rows == 0) return;
-  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32)) {
-    // x is only read (kAdd = false); the kernel's pointer is non-const for the add variant.
-    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, const_cast<float*>(x), nullptr, w, y_bf16, y_f32, n, eps,
-           zero_centered);
-  } else {
-    launch(rms_norm_kernel, rows, 256, 0, s, x, w, y_bf16, y_f32, n, eps, zero_centered);
-  }
+  // x is only read (kAdd = false); the kernels' pointer is non-const for the add variant.
+  float* xw = const_cast<float*>(x);
+  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32))
+    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, xw, nullptr, w, y_bf16, y_f32, n, eps, zero_centered);
+  else
+    launch(rms_norm_kernel<false>, rows, 256, 0, s, xw, nullptr, w, y_bf16, y_f32, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -251,7 +237,7 @@ void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, 
   if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32))
     launch(rms_norm_vec_kernel<true>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
   else
-    launch(add_rms_norm_kernel, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+    launch(rms_norm_kernel<true>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

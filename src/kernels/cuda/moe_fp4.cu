@@ -413,9 +413,9 @@ constexpr SmallKernel gate_up_kernel = moe_fp4_small_kernel<true, W, U, B>;
 template <int W, int U, int B>
 constexpr SmallKernel down_kernel = moe_fp4_small_kernel<false, W, U, B>;
 // (warps, unroll, min blocks per SM) of the gate/up and of the down kernel. By default
-// (kAutoVariant) steps of up to 2 tokens run the first and longer ones the 7th, the fastest on
-// the H200 at those sizes (docs/perf.md, v8). Both split k over 4 warps the same way, so a
-// token's output bits do not depend on which of the two ran.
+// (kAutoVariant) steps of up to 2 tokens run kFewTokensVariant and longer ones
+// kManyTokensVariant, the fastest on the H200 at those sizes (docs/perf.md, v8). Both split k
+// over 4 warps the same way, so a token's output bits do not depend on which of the two ran.
 constexpr SmallVariant kSmallVariants[] = {
     {{4, 2, 1}, {4, 2, 1}, gate_up_kernel<4, 2, 1>, down_kernel<4, 2, 1>},
     {{4, 4, 1}, {4, 4, 1}, gate_up_kernel<4, 4, 1>, down_kernel<4, 4, 1>},
@@ -428,7 +428,11 @@ constexpr SmallVariant kSmallVariants[] = {
 };
 constexpr int kAutoVariant = -1;
 int g_small_variant = kAutoVariant;
-int small_variant_for(int T) { return g_small_variant != kAutoVariant ? g_small_variant : T <= 2 ? 0 : 6; }
+constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
+int small_variant_for(int T) {
+  if (g_small_variant != kAutoVariant) return g_small_variant;
+  return T <= 2 ? kFewTokensVariant : kManyTokensVariant;
+}
 
 void launch_small(int variant, MoeFp4Args a, dim3 gate_grid, dim3 down_grid, const bf16_t* h, int inter,
                   cudaStream_t s) {

@@ -273,9 +273,8 @@ struct CudaRunner::Impl {
     uint8_t* st = stage_for(out, in);
     const int64_t code_bytes = int64_t(out) * in / 2;
     uint8_t* st_scales = st + (code_bytes + 255) / 256 * 256;
-    fill_random_bytes(st, code_bytes, seed++, 0xff, 0, stream);
-    fill_random_bytes(st_scales, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);  // E4M3 0.5 .. 0.94
-    return pack_staged(st, st_scales, 0.3f / std::sqrt(float(in)), out, in);  // stream-ordered reuse
+    const float global = fill_dummy_fp4(st, st_scales, out, in);
+    return pack_staged(st, st_scales, global, out, in);  // stream-ordered reuse of the stage
   }
   PackedExperts upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
                                     const std::vector<PackedFp4>& d) {
@@ -402,6 +401,13 @@ struct CudaRunner::Impl {
 
   // ---- dummy weights made on the device
   uint64_t seed = 1;
+  // Random NVFP4 codes and E4M3 scales (0.5 .. 0.94) of an [out, in] matrix; returns the global
+  // scale that gives outputs of about unit size.
+  float fill_dummy_fp4(uint8_t* codes, uint8_t* scales, int out, int in) {
+    fill_random_bytes(codes, int64_t(out) * in / 2, seed++, 0xff, 0, stream);
+    fill_random_bytes(scales, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);
+    return 0.3f / std::sqrt(float(in));
+  }
   DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert) {
     DeviceLinear d;
     d.out = out;
@@ -409,11 +415,9 @@ struct CudaRunner::Impl {
     if (fp4) {
       uint8_t* p = alloc_weight<uint8_t>(int64_t(out) * in / 2, expert);
       uint8_t* s = alloc_weight<uint8_t>(int64_t(out) * in / 16, expert);
-      fill_random_bytes(p, int64_t(out) * in / 2, seed++, 0xff, 0, stream);
-      fill_random_bytes(s, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);  // E4M3 0.5 .. 0.94
+      d.fp4_global = fill_dummy_fp4(p, s, out, in);
       d.fp4 = p;
       d.fp4_scale = s;
-      d.fp4_global = 0.3f / std::sqrt(float(in));
     } else {
       bf16_t* p = alloc_weight<bf16_t>(int64_t(out) * in, expert);
       fill_random_bf16(p, int64_t(out) * in, 1.f / std::sqrt(float(in)), seed++, stream);
@@ -686,9 +690,18 @@ struct CudaRunner::Impl {
   }
 
   // ---- one forward over a batch that fits the scratch buffers
+  // Attention over runs of consecutive sequences: runs whose sequences have at least
+  // kPrefillRunTokens tokens each go to the prefill kernel, the others to the decode kernel.
+  static constexpr int kPrefillRunTokens = 16;
+  struct AttentionRun {
+    int t0 = 0, n = 0;  // tokens [t0, t0 + n) of the step
+    bool prefill = false;
+  };
   struct Plan {
     int T = 0, S = 0, R = 0, RL = 0;  // tokens, sequences, hidden rows, logits rows
     std::vector<int64_t> row_begin, logit_row_begin;  // per sequence
+    int max_seq_tokens = 0;                           // the most tokens of one sequence
+    std::vector<AttentionRun> attention_runs;
     // Only decode steps (one token) and draft verification steps (keep_history, all rows): the
     // shapes a CUDA graph keyed by (T, S, R, history) can replay.
     bool graphable = true;
@@ -730,6 +743,11 @@ struct CudaRunner::Impl {
     } else {
       hmeta.logit_rows[p.RL++] = p.R - 1;
     }
+    const bool prefill = n >= kPrefillRunTokens;
+    if (p.attention_runs.empty() || p.attention_runs.back().prefill != prefill)
+      p.attention_runs.push_back({p.T, 0, prefill});
+    p.attention_runs.back().n += n;
+    p.max_seq_tokens = std::max(p.max_seq_tokens, n);
     p.T += n;
     hmeta.seq_start[i + 1] = p.T;
     hmeta.state_slot[i] = sq.slot;
@@ -869,18 +887,15 @@ struct CudaRunner::Impl {
     linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
   }
 
-  // Attention over the paged cache, by runs of consecutive sequences: sequences with at least
-  // kPrefillRunTokens tokens in this step go to the tensor-core prefill kernel, the others
-  // (decode and verify tokens) to the tensor-core split-K decode kernel, kSplitTokens tokens at a
-  // time; the CUDA-core kernels take head sizes those do not cover. Steps holding a prefill chunk
-  // are never graph-captured, so deciding on the host is safe.
-  static constexpr int kPrefillRunTokens = 16;
+  // Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
+  // kernel, decode and verify tokens on the tensor-core split-K decode kernel, kSplitTokens tokens
+  // at a time; the CUDA-core kernels take head sizes those do not cover. Steps holding a prefill
+  // chunk are never graph-captured, so deciding on the host is safe.
   void attend(const DevLayer& l, const Plan& p) {
     const cudaStream_t s = stream;
     const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
     const float* g = cfg.attn_output_gate ? gate.as<float>() : nullptr;
     const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
-    const int32_t* ss = hmeta.seq_start;
     auto run_of = [&](int t0, int n, bool prefill) {
       const int64_t o = int64_t(t0) * nh * d;
       const float* gt = g ? g + o : nullptr;
@@ -900,13 +915,7 @@ struct CudaRunner::Impl {
                           s, &split);
       }
     };
-    for (int i = 0; i < p.S;) {
-      const bool prefill = ss[i + 1] - ss[i] >= kPrefillRunTokens;
-      int j = i;
-      while (j < p.S && (ss[j + 1] - ss[j] >= kPrefillRunTokens) == prefill) ++j;
-      run_of(ss[i], ss[j] - ss[i], prefill);
-      i = j;
-    }
+    for (const AttentionRun& r : p.attention_runs) run_of(r.t0, r.n, r.prefill);
   }
 
   void gdn_block(const DevLayer& l, const Plan& p) {
@@ -947,13 +956,10 @@ struct CudaRunner::Impl {
       float* cs = conv_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * (kc - 1) * conv_dim;
       float* rs = rec_state.as<float>() + int64_t(l.linear_index) * opt.max_seqs * hv * dk * dv;
       const StateHistory h = hist_step ? layer_history(l.linear_index) : StateHistory{};
-      int max_seq_tokens = 0;
-      for (int i = 0; i < p.S; ++i)
-        max_seq_tokens = std::max(max_seq_tokens, hmeta.seq_start[i + 1] - hmeta.seq_start[i]);
       {
         Scope sc(this, "gdn.conv");
         gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
-                 s, hist_step ? &h : nullptr, max_seq_tokens);
+                 s, hist_step ? &h : nullptr, p.max_seq_tokens);
       }
       {
         Scope sc(this, "gdn.recurrent");
