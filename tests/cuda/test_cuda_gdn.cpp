@@ -1,7 +1,8 @@
-// The Gated DeltaNet recurrence (cuda::gdn_recurrent) against a double-precision host recurrence,
-// and the bit-identity the engine relies on (speculative decoding checks it on the GPU): a
-// sequence's outputs and state do not depend on how its tokens are split into steps, on its state
-// slot or on the other sequences of a step; history entry i equals the state after i tokens.
+// The Gated DeltaNet recurrence (cuda::gdn_recurrent) and its chunked prefill form
+// (cuda::gdn_chunked) against a double-precision host recurrence, and the bit-identity the engine
+// relies on (speculative decoding checks it on the GPU): a sequence's outputs and state do not
+// depend on how its tokens are split into steps, on its state slot or on the other sequences of a
+// step; history entry i equals the state after i tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -134,8 +135,10 @@ class GdnRig {
       : sh_(sh), in_(in), a_log_(cuda::DeviceBuffer::from_host(in.a_log)),
         dt_bias_(cuda::DeviceBuffer::from_host(in.dt_bias)), pool_(cuda::DeviceBuffer::from_host(states)) {}
 
-  // Returns the step's output rows [tokens, hv*dv], sequences in the order given.
-  std::vector<float> step(const std::vector<StepSeq>& seqs, const cuda::StateHistory* hist = nullptr) {
+  // Returns the step's output rows [tokens, hv*dv], sequences in the order given. `chunked_from`:
+  // sequences with at least that many tokens go to gdn_chunked (0: none).
+  std::vector<float> step(const std::vector<StepSeq>& seqs, const cuda::StateHistory* hist = nullptr,
+                          int chunked_from = 0) {
     const size_t ct = size_t(sh_.conv_total());
     const int ba_ld = 2 * sh_.hv + 3;  // b and a share padded rows, as in a fused projection output
     std::vector<float> u, ba;
@@ -157,7 +160,18 @@ class GdnRig {
     cuda::DeviceBuffer out(size_t(T) * sh_.hv * sh_.dv * sizeof(float));
     cuda::gdn_recurrent(du.as<float>(), dba.as<float>(), dba.as<float>() + sh_.hv, ba_ld, a_log_.as<float>(),
                         dt_bias_.as<float>(), pool_.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(),
-                        out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, nullptr, hist);
+                        out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, nullptr, hist,
+                        chunked_from);
+    if (chunked_from > 0) {
+      int longest = 0;
+      for (const StepSeq& q : seqs) longest = std::max(longest, q.count);
+      cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, chunked_from, sh_.hk, sh_.hv, sh_.dk));
+      cuda::gdn_chunked(du.as<float>(), dba.as<float>(), dba.as<float>() + sh_.hv, ba_ld, a_log_.as<float>(),
+                        dt_bias_.as<float>(), pool_.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(),
+                        out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, chunked_from, T, longest,
+                        {scratch.data(), scratch.bytes()}, nullptr);
+      FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> rows(size_t(T) * sh_.hv * sh_.dv);
     FATHOM_CUDA_CHECK(cudaMemcpy(rows.data(), out.data(), rows.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -235,6 +249,65 @@ TEST(CudaGdn, RecurrentMatchesHostReference) {
                 0)
           << describe(sh) << ": unused slot " << slot << " changed";
   }
+}
+
+// The chunked form (prefill) against the same double-precision recurrence: one step whose long
+// sequences (>= 64 tokens) go to gdn_chunked and the short ones to the recurrent kernel, as the
+// engine splits them; lengths around the 64-token chunk, several column slices, a partial slice.
+// Precise (3xTF32) to the recurrent kernel's tolerance; plain tf32 (the default) looser.
+TEST(CudaGdn, ChunkedMatchesHostReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::gdn_chunked_supported(128, 128)) GTEST_SKIP() << "the chunked form needs more shared memory";
+  struct Case {
+    GdnShape sh;
+    std::vector<int> lens;
+  };
+  const Case cases[] = {
+      {{16, 64, 128, 128}, {300, 1, 64}},  // Qwen3.5-397B's heads
+      {{4, 8, 128, 192}, {65, 5, 130}},    // three column slices
+      {{4, 8, 64, 64}, {200, 63, 128}},    // the mid-size test model's heads; whole chunks
+      {{1, 2, 64, 36}, {100, 31, 127}},    // a partial column slice
+  };
+  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
+  for (const bool precise : {true, false}) {
+    cuda::set_gdn_chunked_precise(precise);
+    uint32_t seed = 31;
+    for (const Case& c : cases) {
+      const GdnShape& sh = c.sh;
+      int total = 0;
+      std::vector<StepSeq> seqs;
+      for (size_t i = 0; i < c.lens.size(); ++i) {
+        seqs.push_back({slot_of_seq[i], total, c.lens[i]});
+        total += c.lens[i];
+      }
+      const GdnInputs in = random_inputs(sh, total, seed++);
+      const std::vector<float> init = random_states(sh, kSlots, seed++);
+      GdnRig rig(sh, in, init);
+      const std::vector<float> got = rig.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+      const std::vector<float> got_states = rig.states();
+      std::vector<double> ref_states(init.begin(), init.end()), ref_out;
+      const size_t row = size_t(sh.hv) * sh.dv;
+      const double tol = precise ? kTol : 2e-2;
+      for (const StepSeq& q : seqs) {
+        auto slot_begin = ref_states.begin() + q.slot * sh.slot_size();
+        std::vector<double> S(slot_begin, slot_begin + sh.slot_size()), out;
+        reference_sequence(sh, in, q.first, q.count, S, out);
+        std::copy(S.begin(), S.end(), slot_begin);
+        const double err = max_rel_err(got.data() + q.first * row, out.data(), out.size());
+        std::printf("  %s %s, %d tokens: max error %.2e\n", precise ? "3xtf32" : "tf32", describe(sh).c_str(),
+                    q.count, err);
+        EXPECT_LT(err, tol) << describe(sh) << ": outputs of the " << q.count << "-token sequence";
+      }
+      EXPECT_LT(max_rel_err(got_states.data(), ref_states.data(), ref_states.size()), tol)
+          << describe(sh) << ": final states";
+      for (int slot : {1, 2})
+        EXPECT_EQ(std::memcmp(got_states.data() + slot * sh.slot_size(), init.data() + slot * sh.slot_size(),
+                              sh.slot_size() * sizeof(float)),
+                  0)
+            << describe(sh) << ": unused slot " << slot << " changed";
+    }
+  }
+  cuda::set_gdn_chunked_precise(false);
 }
 
 // 12 tokens in one step, alone, in slot 1, against the same tokens in steps of 1, 2, 4 and 5
@@ -328,7 +401,8 @@ TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
   }
 }
 
-// Prefill of one 4,096-token sequence with Qwen3.5-397B's heads: prints the time of one call.
+// Prefill of one 4,096-token sequence with Qwen3.5-397B's heads: prints the time of one call of
+// the recurrent form and of the chunked form (3xTF32 and tf32).
 TEST(CudaGdn, PrefillTime) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const GdnShape sh{16, 64, 128, 128};
@@ -343,25 +417,41 @@ TEST(CudaGdn, PrefillTime) {
   const auto dt_bias = cuda::DeviceBuffer::from_host(params.dt_bias);
   const auto start = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0, T});
   const auto slot = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0});
-  auto call = [&] {
-    cuda::gdn_recurrent(u.as<float>(), ba.as<float>(), ba.as<float>() + sh.hv, 2 * sh.hv, a_log.as<float>(),
-                        dt_bias.as<float>(), state.as<float>(), start.as<int32_t>(), slot.as<int32_t>(),
-                        out.as<float>(), 1, sh.hk, sh.hv, sh.dk, sh.dv, nullptr);
+  cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, cuda::kGdnChunkedMinTokens, sh.hk, sh.hv, sh.dk));
+  enum Form { kRecurrent, kChunkedPrecise, kChunkedTf32 };
+  auto call = [&](Form form) {
+    if (form == kRecurrent) {
+      cuda::gdn_recurrent(u.as<float>(), ba.as<float>(), ba.as<float>() + sh.hv, 2 * sh.hv, a_log.as<float>(),
+                          dt_bias.as<float>(), state.as<float>(), start.as<int32_t>(), slot.as<int32_t>(),
+                          out.as<float>(), 1, sh.hk, sh.hv, sh.dk, sh.dv, nullptr);
+      return;
+    }
+    cuda::set_gdn_chunked_precise(form == kChunkedPrecise);
+    cuda::gdn_chunked(u.as<float>(), ba.as<float>(), ba.as<float>() + sh.hv, 2 * sh.hv, a_log.as<float>(),
+                      dt_bias.as<float>(), state.as<float>(), start.as<int32_t>(), slot.as<int32_t>(),
+                      out.as<float>(), 1, sh.hk, sh.hv, sh.dk, sh.dv, cuda::kGdnChunkedMinTokens, T, T,
+                      {scratch.data(), scratch.bytes()}, nullptr);
   };
-  call();  // warm-up
   cudaEvent_t e0, e1;
   FATHOM_CUDA_CHECK(cudaEventCreate(&e0));
   FATHOM_CUDA_CHECK(cudaEventCreate(&e1));
-  const int reps = 5;
-  FATHOM_CUDA_CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) call();
-  FATHOM_CUDA_CHECK(cudaEventRecord(e1));
-  FATHOM_CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  FATHOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  for (const Form form : {kRecurrent, kChunkedPrecise, kChunkedTf32}) {
+    if (form != kRecurrent && !cuda::gdn_chunked_supported(sh.dk, sh.dv)) break;
+    call(form);  // warm-up
+    const int reps = 5;
+    FATHOM_CUDA_CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) call(form);
+    FATHOM_CUDA_CHECK(cudaEventRecord(e1));
+    FATHOM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    FATHOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const char* name[] = {"gdn_recurrent", "gdn_chunked (3xtf32)", "gdn_chunked (tf32)"};
+    std::printf("%s: %d tokens, one sequence, %s: %.3f ms per call\n", name[form], T, describe(sh).c_str(),
+                ms / reps);
+  }
+  cuda::set_gdn_chunked_precise(false);
   FATHOM_CUDA_CHECK(cudaEventDestroy(e0));
   FATHOM_CUDA_CHECK(cudaEventDestroy(e1));
-  std::printf("gdn_recurrent: %d tokens, one sequence, %s: %.3f ms per call\n", T, describe(sh).c_str(), ms / reps);
   std::vector<float> last(size_t(sh.hv) * sh.dv);
   FATHOM_CUDA_CHECK(cudaMemcpy(last.data(), out.as<float>() + size_t(T - 1) * last.size(), last.size() * sizeof(float),
                                cudaMemcpyDeviceToHost));

@@ -260,6 +260,32 @@ TEST(CudaRouter, SplitBf16ProductMatchesFp32) {
   EXPECT_LT(worst / scale, 1e-4);
 }
 
+// Prefill steps take the router's split activations from the norm before the MoE block: they must
+// be split_bf16x3 of the norm's fp32 output, bit for bit, on the vectorised path (n = 4096) and
+// the scalar one (n = 102).
+TEST(CudaRouter, NormWritesTheSplit) {
+  for (const int n : {4096, 102}) {
+    const int rows = 5;
+    std::mt19937 rng(n);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(size_t(rows) * n), d(x.size()), w(n);
+    for (float& v : x) v = nd(rng);
+    for (float& v : d) v = nd(rng);
+    for (float& v : w) v = 1.f + 0.1f * nd(rng);
+    auto dx = cuda::DeviceBuffer::from_host(x), dd = cuda::DeviceBuffer::from_host(d);
+    auto dw = cuda::DeviceBuffer::from_host(w);
+    cuda::DeviceBuffer y(size_t(rows) * n * 2), y32(size_t(rows) * n * 4), y3(size_t(rows) * 3 * n * 2),
+        ref3(size_t(rows) * 3 * n * 2);
+    cuda::add_rms_norm(dx.as<float>(), dd.as<float>(), dw.as<float>(), y.as<cuda::bf16_t>(), rows, n, 1e-6f, false,
+                       nullptr, y32.as<float>(), y3.as<cuda::bf16_t>());
+    cuda::split_bf16x3(y32.as<float>(), ref3.as<cuda::bf16_t>(), rows, n, /*weights=*/false, nullptr);
+    std::vector<uint16_t> got(size_t(rows) * 3 * n), want(got.size());
+    FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), y3.data(), got.size() * 2, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(want.data(), ref3.data(), want.size() * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want) << "n " << n;
+  }
+}
+
 // Not a test: a benchmark of the expert kernels alone at Qwen3.5-397B's expert shapes (512
 // experts, 4096 x 1024, top-10), every small-kernel variant, random routing per repetition (so
 // the selected experts come from HBM, not L2). Run on the GPU machine with

@@ -40,10 +40,20 @@ __global__ void split_bf16x3_kernel(const float* x, bf16_t* out, int rows, int n
   }
 }
 
-// Row norms, any n: x (plus delta when kAdd, written back) normalised into y_bf16 and/or y_f32.
+// The bf16 split [hi | hi | lo] of v at column i of a row of 3n (the activations of a
+// split_bf16x3 product): the same bits as split_bf16x3 of v stored as fp32.
+__device__ __forceinline__ void store_split3(bf16_t* row3, int64_t i, int n, float v) {
+  const bf16_t hi = to_bf(v);
+  row3[i] = hi;
+  row3[n + i] = hi;
+  row3[2 * int64_t(n) + i] = to_bf(v - bf(hi));
+}
+
+// Row norms, any n: x (plus delta when kAdd, written back) normalised into y_bf16, y_f32 and/or
+// its split y3 (rows of 3n).
 template <bool kAdd>
-__global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf16_t* y_bf16, float* y_f32, int n,
-                                float eps, bool zc) {
+__global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf16_t* y_bf16, float* y_f32,
+                                bf16_t* y3, int n, float eps, bool zc) {
   pdl_prologue();
   float* xr = x + int64_t(blockIdx.x) * n;
   float ss = 0;
@@ -57,6 +67,7 @@ __global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf
     const float v = xr[i] * inv * (zc ? 1.f + w[i] : w[i]);
     if (y_bf16) y_bf16[int64_t(blockIdx.x) * n + i] = to_bf(v);
     if (y_f32) y_f32[int64_t(blockIdx.x) * n + i] = v;
+    if (y3) store_split3(y3 + int64_t(blockIdx.x) * 3 * n, i, n, v);
   }
 }
 
@@ -66,8 +77,8 @@ __global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf
 constexpr int kNormPer = 4;
 
 template <bool kAdd>
-__global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, int n,
-                                    float eps, bool zc) {
+__global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32,
+                                    bf16_t* y3, int n, float eps, bool zc) {
   pdl_prologue();
   const int n4 = n / 4;
   float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * n);
@@ -103,15 +114,26 @@ __global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w
         reinterpret_cast<uint2*>(y + int64_t(blockIdx.x) * n)[i] = packed;
       }
       if (y_f32) reinterpret_cast<float4*>(y_f32 + int64_t(blockIdx.x) * n)[i] = o;
+      if (y3) {
+        bf16_t* row3 = y3 + int64_t(blockIdx.x) * 3 * n;
+        const bf16_t hx = to_bf(o.x), hy = to_bf(o.y), hz = to_bf(o.z), hw = to_bf(o.w);
+        const uint2 hi = make_uint2(uint32_t(hx) | (uint32_t(hy) << 16), uint32_t(hz) | (uint32_t(hw) << 16));
+        const uint2 lo = make_uint2(uint32_t(to_bf(o.x - bf(hx))) | (uint32_t(to_bf(o.y - bf(hy))) << 16),
+                                    uint32_t(to_bf(o.z - bf(hz))) | (uint32_t(to_bf(o.w - bf(hw))) << 16));
+        reinterpret_cast<uint2*>(row3)[i] = hi;
+        reinterpret_cast<uint2*>(row3 + n)[i] = hi;
+        reinterpret_cast<uint2*>(row3 + 2 * n)[i] = lo;
+      }
     }
   }
 }
 
 // Threads for the vectorised norm of rows of n, or 0 when it does not apply.
-int norm_threads(int n, const void* x, const void* delta, const void* w, const void* y, const void* y_f32) {
+int norm_threads(int n, const void* x, const void* delta, const void* w, const void* y, const void* y_f32,
+                 const void* y3) {
   auto aligned = [](const void* p, int a) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (n % 4 != 0 || n == 0 || n / 4 > 1024 * kNormPer || !aligned(x, 16) || !aligned(delta, 16) || !aligned(w, 16) ||
-      !aligned(y, 8) || !aligned(y_f32, 16))
+      !aligned(y, 8) || !aligned(y_f32, 16) || !aligned(y3, 8))
     return 0;
   return std::min(1024, (n / 4 + 31) / 32 * 32);  // one float4 a thread where the row allows
 }
@@ -224,20 +246,22 @@ void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int 
   if (rows == 0) return;
   // x is only read (kAdd = false); the kernels' pointer is non-const for the add variant.
   float* xw = const_cast<float*>(x);
-  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32))
-    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, xw, nullptr, w, y_bf16, y_f32, n, eps, zero_centered);
+  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32, nullptr))
+    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, xw, nullptr, w, y_bf16, y_f32, nullptr, n, eps,
+           zero_centered);
   else
-    launch(rms_norm_kernel<false>, rows, 256, 0, s, xw, nullptr, w, y_bf16, y_f32, n, eps, zero_centered);
+    launch(rms_norm_kernel<false>, rows, 256, 0, s, xw, nullptr, w, y_bf16, y_f32, nullptr, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
-                  bool zero_centered, cudaStream_t s, float* y_f32) {
+                  bool zero_centered, cudaStream_t s, float* y_f32, bf16_t* y_split3) {
   if (rows == 0) return;
-  if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32))
-    launch(rms_norm_vec_kernel<true>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+  if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32, y_split3))
+    launch(rms_norm_vec_kernel<true>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y_split3, n, eps,
+           zero_centered);
   else
-    launch(rms_norm_kernel<true>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, n, eps, zero_centered);
+    launch(rms_norm_kernel<true>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, y_split3, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

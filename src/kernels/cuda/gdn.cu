@@ -2,6 +2,7 @@
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gdn_gate.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -196,9 +197,8 @@ __device__ void gdn_token_scalars(GdnStage<DK>& sm, int buf, int n, float A, flo
   }
   if (sl != 0 || tt >= n) return;
   const float inv_q = rsqrtf(sq + 1e-6f) * rsqrtf(float(DK)), inv_k = rsqrtf(sk + 1e-6f);
-  const float beta = sigmoid_f(sm.ba[buf][tt][0]);
-  const float x = sm.ba[buf][tt][1] + dt_bias;
-  const float decay = expf(-A * (x > 20.f ? x : log1pf(expf(x))));
+  const GdnGate gate = gdn_gate(sm.ba[buf][tt][0], sm.ba[buf][tt][1], A, dt_bias);
+  const float beta = gate.beta, decay = expf(gate.log_decay);
   sm.scalars[tt][0] = make_float4(beta, decay, decay * inv_k, decay * inv_q);
   sm.scalars[tt][1] = make_float4(inv_k, sqk * inv_q * inv_k, 0.f, 0.f);
 }
@@ -227,7 +227,7 @@ template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
     float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
-    bool vec16, StateHistory hs) {
+    bool vec16, StateHistory hs, int long_from) {
   pdl_prologue();
   constexpr int F = DK / 16;  // float4s of the column per lane
   __shared__ GdnStage<DK> sm;
@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
   const bool active = v < dv;
   const int key_dim = hk * DK, j = h / (hv / hk);
   const int t_begin = seq_start[s], t_end = seq_start[s + 1];
+  if (long_from > 0 && t_end - t_begin >= long_from) return;  // gdn_chunked takes it
   const GdnSources src{u, b, a, 2 * int64_t(key_dim) + int64_t(hv) * dv, ba_ld, j * DK, key_dim + j * DK,
                        2 * key_dim + h * dv + c0, min(kGdnCols, dv - c0), h, vec16};
   if (t_begin < t_end) gdn_stage_chunk<DK>(sm, 0, src, t_begin, min(kGdnChunk, t_end - t_begin));
@@ -320,6 +321,42 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_
   for (int i = lane; i < dv; i += 32) y[int64_t(row) * dv + i] = to_bf(w[i] * (xr[i] * inv) * silu_f(zr[i]));
 }
 
+// The same with 16-byte loads, a row's x and z held in registers (dv a multiple of 4, at most
+// 128 * kGatedNormMaxVec; rows 16-byte aligned): one pass over memory instead of two over x.
+constexpr int kGatedNormMaxVec = 4;
+__global__ void gated_rms_norm_vec_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
+                                          bf16_t* y, int rows, int dv, float eps) {
+  pdl_prologue();
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(row) * dv);
+  const float4* zr = reinterpret_cast<const float4*>(z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv);
+  const int n4 = dv / 4;
+  float4 xv[kGatedNormMaxVec], zv[kGatedNormMaxVec];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kGatedNormMaxVec; ++k) {
+    const int i = lane + 32 * k;
+    if (i < n4) {
+      xv[k] = xr[i];
+      zv[k] = zr[i];
+      ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    }
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
+  uint2* yr = reinterpret_cast<uint2*>(y + int64_t(row) * dv);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int k = 0; k < kGatedNormMaxVec; ++k) {
+    const int i = lane + 32 * k;
+    if (i < n4) {
+      const float4 wv = w4[i], xk = xv[k], zk = zv[k];
+      yr[i] = make_uint2(pack_bf16(wv.x * (xk.x * inv) * silu_f(zk.x), wv.y * (xk.y * inv) * silu_f(zk.y)),
+                         pack_bf16(wv.z * (xk.z * inv) * silu_f(zk.z), wv.w * (xk.w * inv) * silu_f(zk.w)));
+    }
+  }
+}
+
 // One pass per sequence, or (chunks > 1) the chunked kernel then the state update.
 template <int KC>
 void launch_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
@@ -358,7 +395,7 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
-                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist) {
+                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist, int long_from) {
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
@@ -375,14 +412,17 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
     default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
   }
   launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
-         vec16, hs);
+         vec16, hs, long_from);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
                     int dv, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  launch(gated_rms_norm_kernel, (rows + 3) / 4, 128, 0, s, x, z, z_ld, heads, w, y, rows, dv, eps);
+  const bool vec = dv % 4 == 0 && dv <= 128 * kGatedNormMaxVec && z_ld % 4 == 0 && is_aligned(x, 16) &&
+                   is_aligned(z, 16) && is_aligned(w, 16) && is_aligned(y, 8);
+  launch(vec ? gated_rms_norm_vec_kernel : gated_rms_norm_kernel, (rows + 3) / 4, 128, 0, s, x, z, z_ld, heads, w, y,
+         rows, dv, eps);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

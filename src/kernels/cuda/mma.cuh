@@ -1,6 +1,7 @@
 // Tensor-core and async-copy building blocks of the kernels (attention, MoE, DeltaNet): PTX
-// wrappers for cp.async, ldmatrix and mma.sync.m16n8k16 (bf16 in, fp32 accumulation; sm_80+),
-// swizzled shared-memory tiles, and the gather of K/V rows from the paged cache into them.
+// wrappers for cp.async, ldmatrix and mma.sync (m16n8k16 bf16 and m16n8k8 tf32 in, fp32
+// accumulation; sm_80+), swizzled shared-memory tiles, and the gather of K/V rows from the paged
+// cache into them.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -42,6 +43,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a * b for a 16x8 (row-major) by 8x8 (column-major) tf32 product: the registers hold fp32
+// bit patterns of which the mma reads the top 19 bits.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

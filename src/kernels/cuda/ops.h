@@ -29,9 +29,10 @@ void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s);
 // y = rmsnorm(x) * (zero_centered ? 1 + w : w); writes y_bf16 and/or y_f32 (either may be null).
 void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int rows, int n, float eps,
               bool zero_centered, cudaStream_t s);
-// x += delta, then rms_norm of the new x into y_bf16 (and y_f32 when not null).
+// x += delta, then rms_norm of the new x into y_bf16 (and y_f32, and y_split3 = its split_bf16x3
+// activation rows [hi | hi | lo] of 3n, when not null).
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
-                  bool zero_centered, cudaStream_t s, float* y_f32 = nullptr);
+                  bool zero_centered, cudaStream_t s, float* y_f32 = nullptr, bf16_t* y_split3 = nullptr);
 void add_inplace(float* x, const float* delta, int64_t n, cudaStream_t s);
 // fp32 rows [rows, n] as bf16 [rows, 3n]: weights [hi | lo | hi], activations [hi | hi | lo]
 // (v = hi + lo). A bf16 GEMM over the 3n columns then matches an fp32 product to about 2^-16:
@@ -145,9 +146,30 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
               const StateHistory* hist = nullptr, int max_seq_tokens = 0);
 // Gated delta rule over each sequence's tokens (recurrent form), state fp32 [slots, HV, dk, dv].
 // u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
+// Sequences with at least `long_from` tokens are left alone when it is positive (gdn_chunked's).
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
-                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr);
+                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
+                   int long_from = 0);
+// The same rule in chunks of 64 tokens on tensor cores (prefill), for the sequences with at least
+// `min_tokens` tokens; same arguments as gdn_recurrent (no history), plus the step's token count,
+// its longest sequence and a scratch of gdn_chunked_scratch_bytes(tokens, min_tokens, ...). A
+// sequence's results depend on where its chunks start (not bit-identical to the recurrent form).
+// Products are tf32 (outputs within about 1e-3 of fp32; the caller rounds them to bf16), or
+// 3xTF32, as exact as fp32, with set_gdn_chunked_precise(true) or FATHOM_GDN_CHUNKED_PRECISE=1.
+constexpr int kGdnChunkedMinTokens = 64;
+struct DeviceSpan {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+// dk 64 or 128, dv a multiple of 4, and the current device has the shared memory (not SM120).
+bool gdn_chunked_supported(int dk, int dv);
+void set_gdn_chunked_precise(bool precise);
+size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk);
+void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
+                 const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
+                 int num_seqs, int hk, int hv, int dk, int dv, int min_tokens, int tokens, int max_seq_tokens,
+                 DeviceSpan scratch, cudaStream_t s);
 // y = w * rmsnorm(x) * silu(z) per head row of dv, as bf16. x, y: [T*heads, dv]; z: token t's
 // heads start at z + t*z_ld.
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,

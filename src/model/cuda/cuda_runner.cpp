@@ -76,6 +76,7 @@ struct CudaRunner::Impl {
   std::vector<DeviceBuffer> k_pool, v_pool;
   std::vector<int32_t> free_blocks;
   DeviceBuffer conv_state, rec_state;
+  DeviceBuffer gdn_scratch;  // gdn_chunked's per-chunk products (prefill steps)
   std::vector<int> free_slots;
   std::map<SequenceId, Sequence> seqs;
   SequenceId next_id = 1;
@@ -599,6 +600,8 @@ struct CudaRunner::Impl {
     abuf = f32(T * hv);
     ubuf = f32(T * conv_dim);
     core = f32(T * hv * dv);
+    if (n_linear > 0 && gdn_chunked_supported(dk, dv) && T >= kGdnChunkedMinTokens)
+      gdn_scratch = DeviceBuffer(gdn_chunked_scratch_bytes(int(T), kGdnChunkedMinTokens, hk, hv, dk));
     normed = b16(T * std::max(hv * dv, nh * d));
     const int E = std::max(1, cfg.num_experts), I = std::max(1, cfg.moe_intermediate_size);
     router_logits = f32(T * E);
@@ -836,7 +839,11 @@ struct CudaRunner::Impl {
     else gdn_block(l, p);
     {
       Scope sc(this, "norm");
-      add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe ? xn32.as<float>() : nullptr);
+      // The router's input: fp32 for decode and verify steps, already split for its bf16 product
+      // in prefill-sized ones.
+      const bool split = l.is_moe && router_split(l, T);
+      add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe && !split ? xn32.as<float>() : nullptr,
+                   split ? router_x3.as<bf16_t>() : nullptr);
     }
     if (l.is_moe) moe_block(l, p);
     else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
@@ -962,9 +969,17 @@ struct CudaRunner::Impl {
                  s, hist_step ? &h : nullptr, p.max_seq_tokens);
       }
       {
+        // Prefill-sized sequences take the chunked form; the others (decode, verify) the
+        // recurrent one, whose bits do not depend on the step's other sequences.
+        const bool chunked = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens && gdn_scratch.bytes() > 0;
+        const int long_from = chunked ? kGdnChunkedMinTokens : 0;
         Scope sc(this, "gdn.recurrent");
         gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                      core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr);
+                      core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from);
+        if (long_from > 0)
+          gdn_chunked(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                      core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
+                      {gdn_scratch.data(), gdn_scratch.bytes()}, s);
       }
       Scope sc(this, "gdn.norm");
       gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
@@ -1006,6 +1021,9 @@ struct CudaRunner::Impl {
     return nullptr;
   }
 
+  // Prefill-sized steps route with the split bf16 product; decode and verify stay exact fp32.
+  static bool router_split(const DevLayer& l, int T) { return T > kSplitTokens && l.router3.bf16; }
+
   void moe_block(const DevLayer& l, const Plan& p) {
     const cudaStream_t s = stream;
     const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
@@ -1023,8 +1041,7 @@ struct CudaRunner::Impl {
     if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
     {
       Scope sc(this, "moe.router");
-      if (T > kSplitTokens && l.router3.bf16) {  // prefill-sized steps only: decode and verify stay fp32
-        split_bf16x3(xn32.as<float>(), router_x3.as<bf16_t>(), T, H, /*weights=*/false, s);
+      if (router_split(l, T)) {  // router_x3 from the norm before the block
         gemm_bf16(router_x3.as<bf16_t>(), l.router3.bf16, router_logits.as<float>(), T, E, 3 * H, s);
       } else {
         linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
