@@ -200,112 +200,82 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// Ragged sequences in a non-trivial slot mapping, one call: outputs and every slot of the state
-// pool against the double-precision recurrence (slots no sequence uses must not change at all).
+// Ragged sequences (lengths `lens`) in a non-trivial slot mapping, one step: outputs and every
+// slot of the state pool against the double-precision recurrence within `tol` (slots no sequence
+// uses must not change at all). Sequences of at least `chunked_from` tokens (if positive) take
+// gdn_chunked. Prints each sequence's error under `label`.
+void expect_step_matches_reference(const GdnShape& sh, const std::vector<int>& lens, uint32_t seed, double tol,
+                                   int chunked_from = 0, const char* label = nullptr) {
+  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
+  int total = 0;
+  std::vector<StepSeq> seqs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    seqs.push_back({slot_of_seq[i], total, lens[i]});
+    total += lens[i];
+  }
+  const GdnInputs in = random_inputs(sh, total, seed);
+  const std::vector<float> init = random_states(sh, kSlots, seed + 1);
+  GdnRig rig(sh, in, init);
+  const std::vector<float> got = rig.step(seqs, nullptr, chunked_from);
+  const std::vector<float> got_states = rig.states();
+
+  std::vector<double> ref_states(init.begin(), init.end());
+  const size_t row = size_t(sh.hv) * sh.dv;
+  for (const StepSeq& q : seqs) {
+    auto slot_begin = ref_states.begin() + q.slot * sh.slot_size();
+    std::vector<double> S(slot_begin, slot_begin + sh.slot_size()), out;
+    reference_sequence(sh, in, q.first, q.count, S, out);
+    std::copy(S.begin(), S.end(), slot_begin);
+    const double err = max_rel_err(got.data() + q.first * row, out.data(), out.size());
+    if (label) std::printf("  %s %s, %d tokens: max error %.2e\n", label, describe(sh).c_str(), q.count, err);
+    EXPECT_LT(err, tol) << describe(sh) << ": outputs of the " << q.count << "-token sequence";
+  }
+  EXPECT_LT(max_rel_err(got_states.data(), ref_states.data(), ref_states.size()), tol)
+      << describe(sh) << ": final states";
+  for (int slot : {1, 2})
+    EXPECT_EQ(std::memcmp(got_states.data() + slot * sh.slot_size(), init.data() + slot * sh.slot_size(),
+                          sh.slot_size() * sizeof(float)),
+              0)
+        << describe(sh) << ": unused slot " << slot << " changed";
+}
+
+struct GdnCase {
+  GdnShape sh;
+  std::vector<int> lens;
+};
+
 TEST(CudaGdn, RecurrentMatchesHostReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    GdnShape sh;
-    std::vector<int> lens;
-  };
-  const Case cases[] = {
+  const GdnCase cases[] = {
       {{4, 8, 128, 128}, {1, 7, 300}},
       {{4, 8, 32, 32}, {7, 300, 1}},
       {{16, 64, 128, 128}, {3, 1, 2}},  // Qwen3.5-397B's heads
       {{2, 4, 16, 16}, {1, 7, 40}},     // the test fixtures' heads
       {{1, 2, 64, 37}, {1, 7, 40}},     // a partial column slice; u rows not 16-byte aligned
   };
-  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
   uint32_t seed = 11;
-  for (const Case& c : cases) {
-    const GdnShape& sh = c.sh;
-    int total = 0;
-    std::vector<StepSeq> seqs;
-    for (size_t i = 0; i < c.lens.size(); ++i) {
-      seqs.push_back({slot_of_seq[i], total, c.lens[i]});
-      total += c.lens[i];
-    }
-    const GdnInputs in = random_inputs(sh, total, seed++);
-    const std::vector<float> init = random_states(sh, kSlots, seed++);
-    GdnRig rig(sh, in, init);
-    const std::vector<float> got = rig.step(seqs);
-    const std::vector<float> got_states = rig.states();
-
-    std::vector<double> ref_states(init.begin(), init.end()), ref_out;
-    const size_t row = size_t(sh.hv) * sh.dv;
-    for (const StepSeq& q : seqs) {
-      auto slot_begin = ref_states.begin() + q.slot * sh.slot_size();
-      std::vector<double> S(slot_begin, slot_begin + sh.slot_size()), out;
-      reference_sequence(sh, in, q.first, q.count, S, out);
-      std::copy(S.begin(), S.end(), slot_begin);
-      EXPECT_LT(max_rel_err(got.data() + q.first * row, out.data(), out.size()), kTol)
-          << describe(sh) << ": outputs of the " << q.count << "-token sequence";
-    }
-    EXPECT_LT(max_rel_err(got_states.data(), ref_states.data(), ref_states.size()), kTol)
-        << describe(sh) << ": final states";
-    for (int slot : {1, 2})
-      EXPECT_EQ(std::memcmp(got_states.data() + slot * sh.slot_size(), init.data() + slot * sh.slot_size(),
-                            sh.slot_size() * sizeof(float)),
-                0)
-          << describe(sh) << ": unused slot " << slot << " changed";
-  }
+  for (const GdnCase& c : cases) expect_step_matches_reference(c.sh, c.lens, seed += 2, kTol);
 }
 
-// The chunked form (prefill) against the same double-precision recurrence: one step whose long
-// sequences (>= 64 tokens) go to gdn_chunked and the short ones to the recurrent kernel, as the
-// engine splits them; lengths around the 64-token chunk, several column slices, a partial slice.
-// Precise (3xTF32) to the recurrent kernel's tolerance; plain tf32 (the default) looser.
+// The chunked form (prefill) in the same check: long sequences (>= 64 tokens) go to gdn_chunked
+// and the short ones to the recurrent kernel, as the engine splits a step; lengths around the
+// 64-token chunk, several column slices, a partial slice. Precise (3xTF32) to the recurrent
+// kernel's tolerance; plain tf32 (the default) looser.
 TEST(CudaGdn, ChunkedMatchesHostReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   if (!cuda::gdn_chunked_supported(128, 128)) GTEST_SKIP() << "the chunked form needs more shared memory";
-  struct Case {
-    GdnShape sh;
-    std::vector<int> lens;
-  };
-  const Case cases[] = {
+  const GdnCase cases[] = {
       {{16, 64, 128, 128}, {300, 1, 64}},  // Qwen3.5-397B's heads
       {{4, 8, 128, 192}, {65, 5, 130}},    // three column slices
       {{4, 8, 64, 64}, {200, 63, 128}},    // the mid-size test model's heads; whole chunks
       {{1, 2, 64, 36}, {100, 31, 127}},    // a partial column slice
   };
-  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
   for (const bool precise : {true, false}) {
     cuda::set_gdn_chunked_precise(precise);
     uint32_t seed = 31;
-    for (const Case& c : cases) {
-      const GdnShape& sh = c.sh;
-      int total = 0;
-      std::vector<StepSeq> seqs;
-      for (size_t i = 0; i < c.lens.size(); ++i) {
-        seqs.push_back({slot_of_seq[i], total, c.lens[i]});
-        total += c.lens[i];
-      }
-      const GdnInputs in = random_inputs(sh, total, seed++);
-      const std::vector<float> init = random_states(sh, kSlots, seed++);
-      GdnRig rig(sh, in, init);
-      const std::vector<float> got = rig.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
-      const std::vector<float> got_states = rig.states();
-      std::vector<double> ref_states(init.begin(), init.end()), ref_out;
-      const size_t row = size_t(sh.hv) * sh.dv;
-      const double tol = precise ? kTol : 2e-2;
-      for (const StepSeq& q : seqs) {
-        auto slot_begin = ref_states.begin() + q.slot * sh.slot_size();
-        std::vector<double> S(slot_begin, slot_begin + sh.slot_size()), out;
-        reference_sequence(sh, in, q.first, q.count, S, out);
-        std::copy(S.begin(), S.end(), slot_begin);
-        const double err = max_rel_err(got.data() + q.first * row, out.data(), out.size());
-        std::printf("  %s %s, %d tokens: max error %.2e\n", precise ? "3xtf32" : "tf32", describe(sh).c_str(),
-                    q.count, err);
-        EXPECT_LT(err, tol) << describe(sh) << ": outputs of the " << q.count << "-token sequence";
-      }
-      EXPECT_LT(max_rel_err(got_states.data(), ref_states.data(), ref_states.size()), tol)
-          << describe(sh) << ": final states";
-      for (int slot : {1, 2})
-        EXPECT_EQ(std::memcmp(got_states.data() + slot * sh.slot_size(), init.data() + slot * sh.slot_size(),
-                              sh.slot_size() * sizeof(float)),
-                  0)
-            << describe(sh) << ": unused slot " << slot << " changed";
-    }
+    for (const GdnCase& c : cases)
+      expect_step_matches_reference(c.sh, c.lens, seed += 2, precise ? kTol : 2e-2, cuda::kGdnChunkedMinTokens,
+                                    precise ? "3xtf32" : "tf32");
   }
   cuda::set_gdn_chunked_precise(false);
 }

@@ -390,6 +390,21 @@ __global__ void __launch_bounds__(kPrepThreads)
   }
 }
 
+// M_ij = scale_i e^{G_i - G_j} M_ij below the diagonal (kStrict) or on and below it, 0 elsewhere
+// (scale null: 1), in place on a [chunk][kLdC] matrix, by one team (`tid` its thread index).
+template <bool kStrict>
+__device__ __forceinline__ void decay_lower(float* M, const float* G, const float* scale, int tid) {
+  const int jj = tid % kChunk, i0 = tid / kChunk;
+  const float gj = G[jj];
+#pragma unroll
+  for (int m = 0; m < kChunk * kChunk / kTeamThreads; ++m) {
+    const int i = i0 + m * (kTeamThreads / kChunk);
+    float* x = M + i * kLdC + jj;
+    const bool keep = kStrict ? jj < i : jj <= i;
+    *x = keep ? (scale ? scale[i] : 1.f) * __expf(G[i] - gj) * *x : 0.f;
+  }
+}
+
 // Where a chunk kernel block's inputs are.
 struct ChunkSources {
   const float* u;  // conv output rows [T, ld]: q | k | v
@@ -428,7 +443,7 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
   cp_async_commit();
 }
 
-// Thread 0 issues the rest: k^ transposed, and Q^K^^T (free once the previous chunk's output and
+// One thread issues the rest: k^ transposed, and Q^K^^T (free once the previous chunk's output and
 // state update are done).
 template <int DK>
 __device__ void issue_late(float* sm, uint64_t* bar, const ChunkSources& src, int first) {
@@ -488,14 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       scb[kBetaExpG * kChunk + tid] = beta[tid] * eg;
       scb[kExpToLast * kChunk + tid] = expf(G[kChunk - 1] - G[tid]);
     }
-    const int jj = tid % kChunk, i0 = tid / kChunk;
-    const float gj = G[jj];
-#pragma unroll
-    for (int m = 0; m < kChunk * kChunk / kTeamThreads; ++m) {
-      const int i = i0 + m * (kTeamThreads / kChunk);
-      float* x = sm + L::t + i * kLdC + jj;
-      *x = jj < i ? beta[i] * __expf(G[i] - gj) * *x : 0.f;
-    }
+    decay_lower<true>(sm + L::t, G, beta, tid);
   };
 
   // The state slice in the state team's accumulators: a warp holds MS row tiles of 16 (of dk) from
@@ -504,17 +512,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int srow = 16 * MS * (tw % 4), scol = 32 * (tw / 4);
   float* st_global = state + (int64_t(state_slot[s]) * hv + h) * DK * dv;
   float S[MS][NTS][4];
-  if (state_team) {
+  // f(S element, its row d of dk, its column c of the slice) for each of the warp's accumulators.
+  auto for_state = [&](auto&& f) {
 #pragma unroll
     for (int m = 0; m < MS; ++m)
 #pragma unroll
       for (int n = 0; n < NTS; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = srow + 16 * m + g + 8 * (e >> 1), c = scol + 8 * n + 2 * tq + (e & 1);
-          S[m][n][e] = c0 + c < dv ? st_global[int64_t(d) * dv + c0 + c] : 0.f;
-          sm[L::s_t + c * L::kLdK + d] = S[m][n][e];
-        }
+        for (int e = 0; e < 4; ++e) f(S[m][n][e], srow + 16 * m + g + 8 * (e >> 1), scol + 8 * n + 2 * tq + (e & 1));
+  };
+  if (state_team) {
+    for_state([&](float& x, int d, int c) {
+      x = c0 + c < dv ? st_global[int64_t(d) * dv + c0 + c] : 0.f;
+      sm[L::s_t + c * L::kLdK + d] = x;
+    });
   } else {
     mbarrier_wait(&bars[0], 0);
     prepare_chunk(sc_base);
@@ -591,16 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       mbarrier_wait(&bars[1], c & 1);
-      {  // P = e^{G_i - G_j} (Q^K^^T)_ij for j <= i, else 0
-        const int jj = tid % kChunk, i0 = tid / kChunk;
-        const float gj = G[jj];
-#pragma unroll
-        for (int m = 0; m < kChunk * kChunk / kTeamThreads; ++m) {
-          const int i = i0 + m * (kTeamThreads / kChunk);
-          float* x = sm + L::p + i * kLdC + jj;
-          *x = jj <= i ? __expf(G[i] - gj) * *x : 0.f;
-        }
-      }
+      decay_lower<false>(sm + L::p, G, nullptr, tid);  // P = e^{G_i - G_j} (Q^K^^T)_ij, j <= i
     }
     fence_async_writes();
     __syncthreads();  // Delta and P are complete; t, q, the gates and v are free
@@ -608,26 +610,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (state_team) {
       // S = e^{G_last} S + K^^T diag(e^{G_last - G}) Delta, and S^T for the next chunk.
       const float decay_all = sc[kExpG * kChunk + kChunk - 1];
-#pragma unroll
-      for (int m = 0; m < MS; ++m)
-#pragma unroll
-        for (int nn = 0; nn < NTS; ++nn)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[m][nn][e] *= decay_all;
+      for_state([&](float& x, int, int) { x *= decay_all; });
       const float* kt_rows[MS];
 #pragma unroll
       for (int m = 0; m < MS; ++m) kt_rows[m] = sm + L::kt + (srow + 16 * m) * kLdC;
       warp_mma<true, true, kPrecise>(S, kt_rows, kLdC, sm + L::delta_t + scol * kLdC, kLdC, sc + kExpToLast * kChunk,
                                      kChunk);
-#pragma unroll
-      for (int m = 0; m < MS; ++m)
-#pragma unroll
-        for (int nn = 0; nn < NTS; ++nn)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int d = srow + 16 * m + g + 8 * (e >> 1), cc = scol + 8 * nn + 2 * tq + (e & 1);
-            sm[L::s_t + cc * L::kLdK + d] = S[m][nn][e];
-          }
+      for_state([&](float& x, int d, int c) { sm[L::s_t + c * L::kLdK + d] = x; });
     } else {
       if (has_next)  // the next chunk's first inputs
         issue_early<DK>(sm, &bars[0], src, first + c + 1, t0 + kChunk, min(kChunk, t_end - t0 - kChunk), tid);
@@ -649,15 +638,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (state_team)
-#pragma unroll
-    for (int m = 0; m < MS; ++m)
-#pragma unroll
-      for (int nn = 0; nn < NTS; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = srow + 16 * m + g + 8 * (e >> 1), cc = scol + 8 * nn + 2 * tq + (e & 1);
-          if (c0 + cc < dv) st_global[int64_t(d) * dv + c0 + cc] = S[m][nn][e];
-        }
+    for_state([&](float& x, int d, int c) {
+      if (c0 + c < dv) st_global[int64_t(d) * dv + c0 + c] = x;
+    });
 }
 
 bool precise_from_env() {
@@ -684,7 +667,11 @@ void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_l
 }  // namespace
 
 bool gdn_chunked_supported(int dk, int dv) {
-  if (!(dk == 64 || dk == 128) || dv <= 0 || dv % 4 != 0) return false;
+  static const bool disabled = [] {
+    const char* e = std::getenv("FATHOM_GDN_CHUNKED");
+    return e && std::atoi(e) == 0;
+  }();
+  if (disabled || !(dk == 64 || dk == 128) || dv <= 0 || dv % 4 != 0) return false;
   // The chunk kernel takes 214 KB of shared memory (dk 128): SM90 and SM100 have it, SM120 not.
   int dev = 0, optin = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -162,7 +162,8 @@ struct DeviceSpan {
   void* data = nullptr;
   size_t bytes = 0;
 };
-// dk 64 or 128, dv a multiple of 4, and the current device has the shared memory (not SM120).
+// dk 64 or 128, dv a multiple of 4, and the current device has the shared memory (not SM120);
+// FATHOM_GDN_CHUNKED=0 turns the chunked form off (every sequence takes the recurrent one).
 bool gdn_chunked_supported(int dk, int dv);
 void set_gdn_chunked_precise(bool precise);
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk);
