@@ -487,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* G = sm + L::gates;
   const float* beta = G + kChunk;
   const bool state_team = warp < kTeamWarps;
-  const int tw = warp % kTeamWarps,
-            tid = threadIdx.x % kTeamThreads;  // index within the team
+  const int tw = warp % kTeamWarps, tid = threadIdx.x % kTeamThreads;  // indices within the team
   __syncthreads();
   if (!state_team) issue_early<DK>(sm, &bars[0], src, first, t_begin, min(kChunk, t_end - t_begin), tid);
 
@@ -522,9 +521,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) f(S[m][n][e], srow + 16 * m + g + 8 * (e >> 1), scol + 8 * n + 2 * tq + (e & 1));
   };
   if (state_team) {
-    for_state([&](float& x, int d, int c) {
-      x = c0 + c < dv ? st_global[int64_t(d) * dv + c0 + c] : 0.f;
-      sm[L::s_t + c * L::kLdK + d] = x;
+    for_state([&](float& x, int d, int col) {
+      x = c0 + col < dv ? st_global[int64_t(d) * dv + c0 + col] : 0.f;
+      sm[L::s_t + col * L::kLdK + d] = x;
     });
   } else {
     mbarrier_wait(&bars[0], 0);
@@ -544,13 +543,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has_next = t0 + kChunk < t_end;
     float* sc = sc_base + (c & 1) * kNumScalars * kChunk;
     fence_async_writes();
-    __syncthreads();  // chunk c's t is masked; the previous chunk is done with
-                      // kt, p, delta_t, s_t
+    __syncthreads();  // chunk c's t is masked; the previous chunk is done with kt, p, delta_t, s_t
 
     float o[1][NT][4];
     if (state_team) {
-      mbarrier_wait(&bars[0],
-                    c & 1);  // (landed already: the output team waited)
+      mbarrier_wait(&bars[0], c & 1);  // (landed already: the output team waited)
       solve_unit_lower(sm + L::t, sm + L::solve, 1);
       mbarrier_wait(&bars[1], c & 1);
       // -W = -T diag(beta e^G) K^, in 32-column parts (registers: the state stays live).
@@ -584,8 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else {
       if (tid == 0) issue_late<DK>(sm, &bars[1], src, first + c);
-      {  // The output's first part: e^{G_i} (Q^ S)_i with the state before the
-         // chunk.
+      {  // The output's first part: e^{G_i} (Q^ S)_i with the state before the chunk.
 #pragma unroll
         for (int nn = 0; nn < NT; ++nn)
 #pragma unroll
@@ -616,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int m = 0; m < MS; ++m) kt_rows[m] = sm + L::kt + (srow + 16 * m) * kLdC;
       warp_mma<true, true, kPrecise>(S, kt_rows, kLdC, sm + L::delta_t + scol * kLdC, kLdC, sc + kExpToLast * kChunk,
                                      kChunk);
-      for_state([&](float& x, int d, int c) { sm[L::s_t + c * L::kLdK + d] = x; });
+      for_state([&](float& x, int d, int col) { sm[L::s_t + col * L::kLdK + d] = x; });
     } else {
       if (has_next)  // the next chunk's first inputs
         issue_early<DK>(sm, &bars[0], src, first + c + 1, t0 + kChunk, min(kChunk, t_end - t0 - kChunk), tid);
@@ -638,8 +634,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (state_team)
-    for_state([&](float& x, int d, int c) {
-      if (c0 + c < dv) st_global[int64_t(d) * dv + c0 + c] = x;
+    for_state([&](float& x, int d, int col) {
+      if (c0 + col < dv) st_global[int64_t(d) * dv + c0 + col] = x;
     });
 }
 
