@@ -241,28 +241,29 @@ void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s) {
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// The vectorised kernel where the row and pointers allow it, else the scalar one.
+template <bool kAdd>
+void launch_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, float* y_f32, bf16_t* y3, int rows,
+                     int n, float eps, bool zero_centered, cudaStream_t s) {
+  if (rows == 0) return;
+  if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32, y3))
+    launch(rms_norm_vec_kernel<kAdd>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered);
+  else
+    launch(rms_norm_kernel<kAdd>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
 void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int rows, int n, float eps,
               bool zero_centered, cudaStream_t s) {
-  if (rows == 0) return;
   // x is only read (kAdd = false); the kernels' pointer is non-const for the add variant.
-  float* xw = const_cast<float*>(x);
-  if (const int threads = norm_threads(n, x, nullptr, w, y_bf16, y_f32, nullptr))
-    launch(rms_norm_vec_kernel<false>, rows, threads, 0, s, xw, nullptr, w, y_bf16, y_f32, nullptr, n, eps,
-           zero_centered);
-  else
-    launch(rms_norm_kernel<false>, rows, 256, 0, s, xw, nullptr, w, y_bf16, y_f32, nullptr, n, eps, zero_centered);
-  FATHOM_CUDA_LAUNCH_CHECK();
+  launch_rms_norm<false>(const_cast<float*>(x), nullptr, w, y_bf16, y_f32, nullptr, rows, n, eps, zero_centered, s);
 }
 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
                   bool zero_centered, cudaStream_t s, float* y_f32, bf16_t* y_split3) {
-  if (rows == 0) return;
-  if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32, y_split3))
-    launch(rms_norm_vec_kernel<true>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y_split3, n, eps,
-           zero_centered);
-  else
-    launch(rms_norm_kernel<true>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, y_split3, n, eps, zero_centered);
-  FATHOM_CUDA_LAUNCH_CHECK();
+  launch_rms_norm<true>(x, delta, w, y_bf16, y_f32, y_split3, rows, n, eps, zero_centered, s);
 }
 
 void split_bf16x3(const float* x, bf16_t* out, int rows, int n, bool weights, cudaStream_t s) {
