@@ -6,7 +6,7 @@ Texts: (1) the tokenizer test corpus concatenated and repeated to --mb MB, (2) p
 Two modes: "docs" encodes the text as ~2 KB documents one after the other; "whole" encodes the
 first --whole-mb MB as one string. add_special_tokens=False; median of --repeats runs after one
 warm-up run (which fills both tokenizers' word caches). Token counts are checked to be equal.
-Usage: python3 bench/tokenizer_bench.py --fathom build/fathom [--shared ../shared] [--mb 4] [--repeats 5]
+Usage: python3 bench/tokenizer_bench.py --fathom build/fathom [--fixtures tests/fixtures] [--mb 4] [--repeats 5]
 """
 import argparse
 import glob
@@ -46,7 +46,7 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", default=os.path.join(root, "build", "fathom"))
-    ap.add_argument("--shared", default=os.path.join(root, "..", "shared"))
+    ap.add_argument("--fixtures", default=os.path.join(root, "tests", "fixtures"))
     ap.add_argument("--mb", type=float, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--whole-mb", type=float, default=1)
@@ -76,7 +76,7 @@ def main():
                 json.dump(inputs, open(path, "w", encoding="utf-8"), ensure_ascii=False)
                 nbytes = sum(len(s.encode()) for s in inputs)
                 for name in args.tokenizers.split(","):
-                    d = os.path.join(args.shared, "fixtures", "tokenizers", name)
+                    d = os.path.join(args.fixtures, "tokenizers", name)
                     hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
                     for s in inputs:  # warm-up
                         hf.encode(s, add_special_tokens=False)

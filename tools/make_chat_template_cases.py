@@ -3,7 +3,10 @@
 jinja2 under transformers' apply_chat_template conventions (no transformers import needed).
 
 Each case is rendered with every template; the expected output or the raised error is recorded.
-Usage: tools/make_chat_template_cases.py [--shared ../shared] [--out tests/fixtures/chat/cases.json]
+The tokenizer folders are read from tests/fixtures/tokenizers, the snapshot chat templates
+(Qwen3.5, Qwen3-Coder: never copied into the repository) from ../shared.
+Usage: tools/make_chat_template_cases.py [--shared ../shared] [--fixtures tests/fixtures]
+                                         [--out tests/fixtures/chat/cases.json]
 """
 import argparse
 import json
@@ -15,7 +18,9 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# name -> folder under the shared fixtures dir (chat_template.jinja or tokenizer_config.json)
+# name -> folder under the shared dir (chat_template.jinja or tokenizer_config.json), as recorded
+# in cases.json. "fixtures/tokenizers/X" is also checked in as tests/fixtures/tokenizers/X;
+# "fixtures/chat_templates/X" (a snapshot template) is only in ../shared: see template_folder().
 TEMPLATES = {
     "qwen3": "fixtures/tokenizers/qwen3",
     "qwen3.5": "fixtures/chat_templates/qwen3.5",
@@ -23,6 +28,20 @@ TEMPLATES = {
     "llama3": "fixtures/tokenizers/llama3",
     "deepseek_v3": "fixtures/tokenizers/deepseek_v3",
 }
+SNAPSHOT_PREFIX = "fixtures/chat_templates/"
+
+
+def is_snapshot(rel: str) -> bool:
+    return rel.startswith(SNAPSHOT_PREFIX)
+
+
+def template_folder(rel: str, fixtures: Path, shared: Path | None):
+    """Where the template TEMPLATES names by `rel` lives: tests/fixtures or ../shared."""
+    if is_snapshot(rel):
+        return shared / rel
+    return fixtures / rel[len("fixtures/"):]
+
+
 SPECIAL_TOKENS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
 
 
@@ -275,13 +294,14 @@ def main():
     here = Path(__file__).resolve().parent.parent
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=str(here.parent / "shared"))
+    ap.add_argument("--fixtures", default=str(here / "tests/fixtures"))
     ap.add_argument("--out", default=str(here / "tests/fixtures/chat/cases.json"))
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--count", type=int, default=70)
     args = ap.parse_args()
-    shared = Path(args.shared)
     env = make_env()
-    templates = {name: load_template(shared / rel) for name, rel in TEMPLATES.items()}
+    templates = {name: load_template(template_folder(rel, Path(args.fixtures), Path(args.shared)))
+                 for name, rel in TEMPLATES.items()}
     cases = fixed_cases() + build_cases(args.seed, args.count)
     expected = []
     n_err = 0

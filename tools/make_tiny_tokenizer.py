@@ -3,7 +3,7 @@
 
 Usage:
     python tools/make_tiny_tokenizer.py OUT_DIR [--vocab-size 512]
-                                        [--chat-template /work/shared/fixtures/chat_templates/qwen3.5/chat_template.jinja]
+                                        [--chat-template tests/fixtures/tokenizers/qwen3/tokenizer_config.json]
 
 The checked-in fixtures (tests/fixtures/qwen35_moe, ...) are random models with vocab 512 and no
 tokenizer. This writes OUT_DIR/tokenizer.json and OUT_DIR/tokenizer_config.json (and touches no
@@ -109,11 +109,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
     ap.add_argument("--vocab-size", type=int, default=512)
+    # Qwen3's template (its tokenizer files are test fixtures); a .jinja file works too. The
+    # Qwen3.5 template is not ours to ship: tests that need it read it from ../shared.
     ap.add_argument("--chat-template", default=os.path.join(
-        here, "..", "..", "shared", "fixtures", "chat_templates", "qwen3.5", "chat_template.jinja"))
+        here, "..", "tests", "fixtures", "tokenizers", "qwen3", "tokenizer_config.json"))
     a = ap.parse_args()
     with open(a.chat_template, encoding="utf-8") as f:
         chat_template = f.read()
+    if a.chat_template.endswith(".json"):
+        chat_template = json.loads(chat_template)["chat_template"]
     tok = build(a.vocab_size)
     os.makedirs(a.out_dir, exist_ok=True)
     tok.save(os.path.join(a.out_dir, "tokenizer.json"), pretty=True)

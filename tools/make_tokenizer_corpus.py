@@ -7,7 +7,8 @@ Writes (deterministically, seeded):
       for qwen3, llama3, deepseek_v3 and qwen35 (Qwen3's tokenizer.json with the Qwen3.5 regex)
   tests/fixtures/tokenizer/synthetic.json         a small byte-level BPE plus component variants
                                                   (Split behaviours, Digits, added-token flags, ...)
-Usage: python3 tools/make_tokenizer_corpus.py [--shared ../shared] [--out tests/fixtures/tokenizer]
+Reads the real tokenizers from tests/fixtures/tokenizers/{qwen3,llama3,deepseek_v3}.
+Usage: python3 tools/make_tokenizer_corpus.py [--tokenizers tests/fixtures/tokenizers] [--out tests/fixtures/tokenizer]
 Needs: pip install tokenizers
 """
 import argparse
@@ -306,12 +307,12 @@ def synthetic(qwen_json, corpus, rng):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default=os.path.join(here, "..", "..", "shared"))
+    ap.add_argument("--tokenizers", default=os.path.join(here, "..", "tests", "fixtures", "tokenizers"))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "tokenizer"))
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
-    tok_dir = os.path.join(args.shared, "fixtures", "tokenizers")
+    tok_dir = args.tokenizers
     names = ["qwen3", "llama3", "deepseek_v3"]
     jsons = {n: json.load(open(os.path.join(tok_dir, n, "tokenizer.json"), encoding="utf-8")) for n in names}
     rng = random.Random(SEED)

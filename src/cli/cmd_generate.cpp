@@ -15,7 +15,7 @@ namespace fathom::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, token_ids, device = "cpu";
+  std::string model, token_ids, device = "auto";
   int max_new_tokens = 16, chunk = 512;
   SamplingParams sampling;
   bool json = false, ignore_eos = false;
@@ -64,6 +64,7 @@ void run_generate(GenerateArgs a) {
                  a.spec.num_steps, ")");
   EngineOptions eo;
   if (a.spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = a.spec.num_steps;
+  a.device = resolve_device(a.device);  // the JSON names the engine that ran
   auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp, eo);
   if (!a.ignore_eos) opt.stop_token_ids = runner->config().eos_token_ids;
   print_result(a, generate(*runner, prompt, opt, a.spec));
@@ -80,7 +81,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0 = off)");
   sub->add_option("--min-p", args->sampling.min_p, "Drop tokens below min_p x the top probability");
   sub->add_option("--seed", args->sampling.seed, "Sampling seed");
-  sub->add_option("--device", args->device, "cpu or cuda");
+  sub->add_option("--device", args->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--prefill-chunk", args->chunk, "Tokens per prefill forward pass");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's eos tokens");
   sub->add_flag("--json", args->json, "Print a JSON object with token_ids and timings");

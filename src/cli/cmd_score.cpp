@@ -12,7 +12,7 @@ namespace fathom::cli {
 namespace {
 
 struct ScoreArgs {
-  std::string model, token_ids, logits_out, device = "cpu";
+  std::string model, token_ids, logits_out, device = "auto";
   int chunk = 512;
 };
 
@@ -44,7 +44,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--token-ids", args->token_ids, "Comma-separated token ids")->required();
   sub->add_option("--logits-out", args->logits_out, "Output .npy (float32 [T, vocab]; row t predicts token t+1)")
       ->required();
-  sub->add_option("--device", args->device, "cpu or cuda");
+  sub->add_option("--device", args->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--prefill-chunk", args->chunk, "Tokens per forward pass");
   sub->callback([args] { run_score(*args); });
 });

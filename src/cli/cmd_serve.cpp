@@ -1,6 +1,6 @@
 // `fathom serve MODEL [--host --port --served-model-name --max-model-len --max-num-seqs
 //  --max-num-batched-tokens --api-key --reasoning-parser qwen3 --skip-tokenizer-init
-//  --device cpu|cuda --max-queue-len --speculative-algorithm mtp|nextn|ngram
+//  --device auto|cpu|cuda --max-queue-len --speculative-algorithm mtp|nextn|ngram
 //  --speculative-num-steps K]`: the OpenAI-compatible HTTP server (vLLM flag names; SGLang's for
 //  speculative decoding).
 #include <cstdlib>
@@ -25,14 +25,25 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--max-queue-len", a->max_queue_len, "Waiting sequences beyond which requests get 429")->capture_default_str();
   sub->add_option("--num-kv-blocks", a->num_kv_blocks, "KV-cache blocks of 16 tokens (default: max-num-seqs full-length sequences)");
   sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
+  sub->add_option("--chat-template", a->chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
   sub->add_flag("--skip-tokenizer-init", a->skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
-  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--device", a->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--load-format", a->load_format, "auto, or dummy: random weights at MODEL's config (CUDA)")->capture_default_str();
   sub->add_option("--num-layers", a->num_layers, "With --load-format dummy: cut depth, keeping the layer pattern");
-  sub->add_option("--http-threads", a->http_threads, "HTTP worker threads (default: max-num-seqs + max-queue-len + 64)");
+  sub->add_option("--max-connections", a->max_connections,
+                  "Open HTTP connections at most; near it idle ones are closed first, past it new ones get 503")
+      ->capture_default_str();
+  sub->add_option("--http-idle-timeout", a->http_idle_timeout, "Seconds a connection may wait before sending a request")
+      ->capture_default_str();
+  sub->add_option("--http-request-timeout", a->http_request_timeout,
+                  "Seconds a client has to send one request's headers and body")
+      ->capture_default_str();
+  sub->add_option("--http-workers", a->http_workers, "Threads that parse and tokenize requests (default: the cores)");
   sub->add_option("--listen-backlog", a->listen_backlog, "TCP listen backlog")->capture_default_str();
   sub->add_flag("--log-requests", a->log_requests, "Log every HTTP request to stderr");
+  sub->add_flag("--enable-fault-injection", a->enable_fault_injection,
+                "Tests only: accept the request field \"fathom_fault\" that makes the engine fail that request");
   add_speculative_options(sub, a->speculative_algorithm, a->speculative_num_steps, a->speculative_ngram_min,
                           a->speculative_ngram_max, a->speculative_adaptive);
   sub->add_option("--speculative-disable-by-batch-size", a->speculative_disable_by_batch_size,

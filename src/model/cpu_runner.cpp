@@ -62,6 +62,10 @@ ForwardOutput CpuRunner::forward(std::span<const ForwardStep> steps) {
   std::vector<std::vector<int64_t>> rows(2);
   std::vector<bool> logits_all;
   for (const ForwardStep& s : steps) {
+    for (int32_t t : s.tokens)  // before any state changes: the caller may run the others again
+      if (t < 0 || t >= config().vocab_size)
+        throw SequenceError(s.seq, "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                       std::to_string(config().vocab_size) + ")");
     const int g = s.all_rows || s.all_hidden ? 1 : 0;
     groups[g].push_back(HybridModel::Segment{&state(s.seq), s.tokens, s.keep_history});
     group_of.push_back(g);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/model_config.h"
 
 namespace fathom {
@@ -42,6 +43,18 @@ struct MtpStep {
   bool all_rows = true;
 };
 
+// A problem with one sequence of a step (too long, a token outside the vocabulary), raised by
+// forward() before it changes any sequence's state: the caller may drop that sequence and run
+// the others again.
+class SequenceError : public Error {
+ public:
+  SequenceError(SequenceId seq, const std::string& what) : Error(what), seq_(seq) {}
+  SequenceId seq() const { return seq_; }
+
+ private:
+  SequenceId seq_;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -73,7 +86,11 @@ struct EngineOptions {
                                      // kept for K + 1 positions per sequence
 };
 
-// Opens a checkpoint on "cpu" (the reference engine) or "cuda" (when built with CUDA).
+// "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"
+// (and says which on stderr); other names are returned as they are.
+std::string resolve_device(const std::string& device);
+
+// Opens a checkpoint on "cpu" (the reference engine), "cuda" (when built with CUDA) or "auto".
 // Defined in src/runtime/engine_factory.cpp, the layer that knows every engine.
 std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp,
                                         const EngineOptions& options = {});

@@ -69,6 +69,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
   stat_blocks_free_ = blocks_.num_free();
   for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
+  for (const char* st : {"sample", "detokenize", "stop", "forward", "postprocess"}) metrics_.errors[st] = 0;
 }
 
 Engine::~Engine() { shutdown(); }
@@ -206,8 +207,10 @@ std::string Engine::process_token(Request& r, int32_t token, const float* logits
 
   const size_t prev_size = r.text.size();
   if (r.detok) {
+    maybe_inject_fault(p.fault, FaultSite::Detokenize, r.num_output());
     if (auto piece = r.detok->step(uint32_t(token))) r.text += *piece;
   }
+  maybe_inject_fault(p.fault, FaultSite::Stop, r.num_output());
 
   std::string reason;
   const bool is_eos = !p.ignore_eos && eos_.count(token);
@@ -261,9 +264,10 @@ std::string Engine::process_token(Request& r, int32_t token, const float* logits
 Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int32_t* draft) {
   const RequestParams& p = r.spec.params;
   const bool mask = r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty());
+  maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
   const float* logits = row;
   std::vector<float>& scratch = logits_scratch_;
-  if (mask || (draft && r.sampler.has_penalties())) {
+  if (mask || (draft && r.sampler.adjusts_logits())) {
     scratch.assign(row, row + vocab);
     const float ninf = -std::numeric_limits<float>::infinity();
     if (mask && !p.ignore_eos)
@@ -275,7 +279,8 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
     logits = scratch.data();
   }
   if (!draft) return Acceptance{false, r.sampler.sample(logits, vocab, r.prompt_span(), r.output_span())};
-  if (r.sampler.has_penalties()) apply_penalties(scratch.data(), vocab, p.sampling, r.prompt_span(), r.output_span());
+  if (r.sampler.adjusts_logits())
+    apply_logit_adjustments(scratch.data(), vocab, p.sampling, r.prompt_span(), r.output_span());
   return verify_draft(logits, vocab, p.sampling, *draft, r.sampler.rng());
 }
 
@@ -346,67 +351,102 @@ bool Engine::step() {
   }
   ForwardOutput fo;
   try {
+    for (const ScheduledChunk& c : plan.chunks)
+      if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
+        throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
     fo = runner_->forward(steps);
+  } catch (const SequenceError& e) {
+    // Raised before any state changed: that sequence ends, the others run again next step.
+    for (const ScheduledChunk& c : plan.chunks)
+      if (c.req->seq == e.seq()) {
+        fail_request(*c.req, "forward", e.what());
+        break;
+      }
+    for (auto& [r, up] : live_) r->drafts.clear();
+    return true;
   } catch (const std::exception& e) {
+    // Anything else may have left the batch's state half-updated: every sequence of it ends.
     std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
-    for (const ScheduledChunk& c : plan.chunks) {
-      c.req->pending.error = e.what();
-      finish(*c.req, "error");
-    }
+    for (const ScheduledChunk& c : plan.chunks) fail_request(*c.req, "forward", e.what());
     return true;
   }
   const auto now = Clock::now();
-  const int64_t vocab = runner_->config().vocab_size, H = runner_->config().hidden_size;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Request& r = *plan.chunks[i].req;
-    const SequenceId seq = r.seq;
-    const int64_t pos = len_before[i], n = int64_t(steps[i].tokens.size());
-    const int nd = int(r.drafts.size());
-    const int64_t first_row = fo.row_begin[i], rows = steps[i].all_rows ? n : 1;
-    const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
-    r.num_computed += n;
-    // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
-    auto observe = [&](int64_t count) {
-      if (need_hidden)
-        spec_->observe(seq, pos,
-                       std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, size_t(count * H)),
-                       std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
-    };
-    if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
-      observe(n);
-      continue;
+    try {
+      finish_chunk(r, steps[i], fo, i, len_before[i], now);
+    } catch (const RequestError& e) {
+      fail_request(r, e.stage(), e.what());
+    } catch (const std::exception& e) {
+      fail_request(r, "postprocess", e.what());
     }
-    // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
-    int accepted = 0;
-    std::string finish_reason;
-    for (int d = 0; d <= nd && finish_reason.empty(); ++d) {
-      const float* row = fo.logits.data() + (first_row + rows - 1 - nd + d) * vocab;
-      const Acceptance acc = choose(r, row, vocab, d < nd ? &r.drafts[size_t(d)] : nullptr);
-      if (d < nd && acc.accepted) ++accepted;
-      finish_reason = process_token(r, acc.token, row, vocab, now);
-      if (d < nd && !acc.accepted) break;
-    }
-    if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length
-      {
-        std::lock_guard<std::mutex> l(metrics_mu_);
-        metrics_.spec.record(nd, accepted);
-      }
-      spec_->record(seq, nd, accepted);
-    }
-    if (!finish_reason.empty()) {
-      finish(r, finish_reason);  // frees r
-      continue;
-    }
-    if (nd > 0) {
-      r.num_computed = int64_t(r.tokens.size()) - 1;  // the pending token + the accepted drafts
-      if (accepted < nd) runner_->rollback(seq, r.num_computed);
-      blocks_.shrink(r.block_table, r.num_computed);
-    }
-    observe(r.num_computed - pos);
-    r.drafts.clear();
   }
   if (spec_) spec_->flush_long_backlogs();
   return true;
+}
+
+void Engine::fail_request(Request& r, const std::string& stage, const std::string& what) {
+  std::fprintf(stderr, "engine: request %llu/%d failed (%s): %s\n", (unsigned long long)r.spec.group, r.spec.index,
+               stage.c_str(), what.c_str());
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    ++metrics_.errors[stage];
+  }
+  r.pending.error = what;
+  finish(r, "error");
+}
+
+// Samples (and verifies drafts) from one sequence's rows of a forward, streams what it produced,
+// and keeps the engine's count of consumed tokens equal to the runner's.
+void Engine::finish_chunk(Request& r, const ForwardStep& step, const ForwardOutput& fo, size_t i, int64_t pos,
+                          Clock::time_point now) {
+  const bool need_hidden = spec_ && spec_->needs_hidden();
+  const int64_t vocab = runner_->config().vocab_size, H = runner_->config().hidden_size;
+  const SequenceId seq = r.seq;
+  const int64_t n = int64_t(step.tokens.size());
+  const int nd = int(r.drafts.size());
+  const int64_t first_row = fo.row_begin[i], rows = step.all_rows ? n : 1;
+  const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
+  r.num_computed += n;
+  // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
+  auto observe = [&](int64_t count) {
+    if (need_hidden)
+      spec_->observe(seq, pos,
+                     std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, size_t(count * H)),
+                     std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
+  };
+  if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
+    observe(n);
+    return;
+  }
+  // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
+  int accepted = 0;
+  std::string finish_reason;
+  for (int d = 0; d <= nd && finish_reason.empty(); ++d) {
+    const float* row = fo.logits.data() + (first_row + rows - 1 - nd + d) * vocab;
+    const Acceptance acc = choose(r, row, vocab, d < nd ? &r.drafts[size_t(d)] : nullptr);
+    if (d < nd && acc.accepted) ++accepted;
+    finish_reason = process_token(r, acc.token, row, vocab, now);
+    if (d < nd && !acc.accepted) break;
+  }
+  if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length
+    {
+      std::lock_guard<std::mutex> l(metrics_mu_);
+      metrics_.spec.record(nd, accepted);
+    }
+    spec_->record(seq, nd, accepted);
+  }
+  if (!finish_reason.empty()) {
+    finish(r, finish_reason);  // frees r
+    return;
+  }
+  if (nd > 0) {
+    r.num_computed = int64_t(r.tokens.size()) - 1;  // the pending token + the accepted drafts
+    if (accepted < nd) runner_->rollback(seq, r.num_computed);
+    blocks_.shrink(r.block_table, r.num_computed);
+  }
+  observe(r.num_computed - pos);
+  r.drafts.clear();
 }
 
 void Engine::loop() {
@@ -417,12 +457,13 @@ void Engine::loop() {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "engine: step failed: %s\n", e.what());
     }
+    // Blocks first: a reader that sees a request's end in num_requests_running also sees its blocks freed.
+    stat_blocks_free_ = blocks_.num_free();
     stat_running_ = int(sched_.num_running());
     {
       std::lock_guard<std::mutex> l(mu_);
       stat_waiting_ = int(sched_.num_waiting());
     }
-    stat_blocks_free_ = blocks_.num_free();
     if (!worked) {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait_for(l, std::chrono::milliseconds(50),
@@ -433,6 +474,7 @@ void Engine::loop() {
   std::vector<Request*> all;
   for (auto& [r, up] : live_) all.push_back(r);
   for (Request* r : all) finish(*r, "abort");
+  stat_blocks_free_ = blocks_.num_free();
   stat_running_ = 0;
   stat_waiting_ = 0;
 }
@@ -458,6 +500,10 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
   counter("prompt_tokens_total", "Number of prefill tokens processed.", metrics_.prompt_tokens);
   counter("generation_tokens_total", "Number of generation tokens processed.", metrics_.generation_tokens);
   counter("requests_received_total", "Number of client requests accepted.", metrics_.requests_received);
+  os << "# HELP " << prefix << "request_errors_total Sequences ended by an error, by where it was raised.\n"
+     << "# TYPE " << prefix << "request_errors_total counter\n";
+  for (const auto& [stage, n] : metrics_.errors)
+    os << prefix << "request_errors_total{" << labels << ",stage=\"" << stage << "\"} " << n << "\n";
   os << "# HELP " << prefix << "request_success_total Count of finished sequences by finish reason.\n"
      << "# TYPE " << prefix << "request_success_total counter\n";
   for (const auto& [reason, n] : metrics_.finished)

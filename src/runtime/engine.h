@@ -58,6 +58,7 @@ class Histogram {
 
 struct EngineMetrics {
   std::map<std::string, uint64_t> finished;  // by finish reason
+  std::map<std::string, uint64_t> errors;    // sequences ended by an error, by stage
   uint64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0, requests_received = 0;
   Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}};
@@ -107,6 +108,11 @@ class Engine {
   // Appends a token and streams its text; returns the finish reason ("" to go on), after which
   // the caller must finish(r, reason).
   std::string process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
+  // The rest of a step for one sequence: sampling, draft verification, streaming, bookkeeping.
+  void finish_chunk(Request& r, const ForwardStep& step, const ForwardOutput& fo, size_t i, int64_t pos,
+                    Clock::time_point now);
+  // Ends `r` alone with finish reason "error" (counted by `stage` in /metrics).
+  void fail_request(Request& r, const std::string& stage, const std::string& what);
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);

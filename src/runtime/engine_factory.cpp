@@ -1,5 +1,6 @@
 // Chooses the engine for --device: the CPU reference engine, or the CUDA engine when built.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
@@ -23,8 +24,23 @@ std::string read_config_text(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& device, bool with_mtp,
+std::string resolve_device(const std::string& device) {
+  if (device != "auto") return device;
+#ifdef FATHOM_HAVE_CUDA
+  if (const int n = cuda::visible_device_count(); n > 0) {
+    std::fprintf(stderr, "fathom: --device auto: cuda (%d GPU%s visible)\n", n, n > 1 ? "s" : "");
+    return "cuda";
+  }
+  std::fprintf(stderr, "fathom: --device auto: cpu (no GPU visible)\n");
+#else
+  std::fprintf(stderr, "fathom: --device auto: cpu (this build has no CUDA engine)\n");
+#endif
+  return "cpu";
+}
+
+std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& requested_device, bool with_mtp,
                                         const EngineOptions& options) {
+  const std::string device = resolve_device(requested_device);
   FATHOM_CHECK(options.load_format == "auto" || options.load_format == "dummy",
                "--load-format must be auto or dummy, got '", options.load_format, "'");
   const bool dummy = options.load_format == "dummy";
@@ -51,7 +67,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
     fail("--device cuda: this build of fathom has no CUDA engine (nvcc was not found at configure time)");
 #endif
   }
-  fail("unknown device '", device, "' (expected cpu or cuda)");
+  fail("unknown device '", device, "' (expected auto, cpu or cuda)");
 }
 
 }  // namespace fathom

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "model/model_runner.h"
+#include "runtime/fault_injection.h"
 #include "runtime/sampler.h"
 #include "tokenizer/decode_stream.h"
 
@@ -35,6 +37,7 @@ struct RequestParams {
   int logprobs = -1;                   // -1: none; k >= 0: chosen token + k top alternatives
   bool skip_special_tokens = true;
   bool detokenize = true;
+  FaultInjection fault;                // tests only
 };
 
 struct TokenLogprob {
@@ -50,7 +53,7 @@ struct RequestOutput {
   std::string text;                   // newly released text (stop-string hold-back applied)
   std::vector<TokenLogprob> logprobs; // one per token, when requested
   bool finished = false;
-  std::string finish_reason;          // "stop", "length", "abort", "error"
+  std::string finish_reason;          // "stop", "length", "abort", "error" (then `error` says why)
   std::string stop_str;               // the stop string that matched, if any
   std::optional<int32_t> stop_token;  // the stop token id that matched, if any (not eos)
   std::string error;
@@ -58,15 +61,31 @@ struct RequestOutput {
   int completion_tokens = 0;
 };
 
-// Thread-safe queue of events for one client request (shared by its n sequences).
+// Thread-safe queue of events for one client request (shared by its n sequences). A consumer
+// either waits in pop(), or sets a notify callback (called by the producer after each push; it
+// must be quick, e.g. posting work elsewhere) and drains with try_pop().
 class OutputChannel {
  public:
+  void set_notify(std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(m_);
+    notify_ = std::move(fn);
+  }
   void push(RequestOutput o) {
+    std::function<void()> notify;
     {
       std::lock_guard<std::mutex> l(m_);
       q_.push_back(std::move(o));
+      notify = notify_;
     }
     cv_.notify_one();
+    if (notify) notify();
+  }
+  std::optional<RequestOutput> try_pop() {
+    std::lock_guard<std::mutex> l(m_);
+    if (q_.empty()) return std::nullopt;
+    RequestOutput o = std::move(q_.front());
+    q_.pop_front();
+    return o;
   }
   // Waits up to `timeout` for an event.
   template <class Dur>
@@ -82,6 +101,7 @@ class OutputChannel {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<RequestOutput> q_;
+  std::function<void()> notify_;
 };
 
 enum class RequestStatus { Waiting, Running, Finished };

@@ -15,7 +15,7 @@ int32_t argmax(const float* logits, int64_t n) {
   return int32_t(best);
 }
 
-void apply_penalties(float* logits, int64_t n, const SamplingParams& p, std::span<const int32_t> prompt,
+void apply_logit_adjustments(float* logits, int64_t n, const SamplingParams& p, std::span<const int32_t> prompt,
                      std::span<const int32_t> output) {
   if (p.repetition_penalty != 1.f && p.repetition_penalty > 0.f) {
     std::vector<char> seen(size_t(n), 0);
@@ -32,6 +32,8 @@ void apply_penalties(float* logits, int64_t n, const SamplingParams& p, std::spa
       if (t >= 0 && t < n) ++counts[t];
     for (auto [t, c] : counts) logits[t] -= p.frequency_penalty * float(c) + p.presence_penalty;
   }
+  for (auto [t, bias] : p.logit_bias)
+    if (t >= 0 && t < n) logits[t] += bias;
 }
 
 TokenLogprobs compute_logprobs(const float* logits, int64_t n, int32_t token, int k) {
@@ -53,15 +55,16 @@ TokenLogprobs compute_logprobs(const float* logits, int64_t n, int32_t token, in
   return r;
 }
 
-bool Sampler::has_penalties() const {
-  return params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f || params_.repetition_penalty != 1.f;
+bool Sampler::adjusts_logits() const {
+  return params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f || params_.repetition_penalty != 1.f ||
+         !params_.logit_bias.empty();
 }
 
 int32_t Sampler::sample(const float* logits, int64_t n, std::span<const int32_t> prompt,
                         std::span<const int32_t> output) {
-  if (!has_penalties()) return sample(logits, n);
+  if (!adjusts_logits()) return sample(logits, n);
   scratch_.assign(logits, logits + n);
-  apply_penalties(scratch_.data(), n, params_, prompt, output);
+  apply_logit_adjustments(scratch_.data(), n, params_, prompt, output);
   return sample(scratch_.data(), n);
 }
 

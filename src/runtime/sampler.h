@@ -1,7 +1,8 @@
 // Token selection from logits: greedy (temperature 0) or sampling with temperature, top-k,
 // top-p and min-p, from a per-request seeded generator so results are reproducible.
-// Penalties (repetition, frequency, presence) follow vLLM/HF semantics and are applied to a copy
-// of the logits before selection; logprobs are reported from the raw (unpenalised) logits.
+// Penalties (repetition, frequency, presence) follow vLLM/HF semantics and, with OpenAI's logit
+// bias, are applied to a copy of the logits before selection; logprobs are reported from the raw
+// (unadjusted) logits.
 #pragma once
 #include <cstdint>
 #include <random>
@@ -20,14 +21,15 @@ struct SamplingParams {
   float presence_penalty = 0.f;    // subtracted once from every logit of a token already generated
   float frequency_penalty = 0.f;   // subtracted count times (count in the generated tokens)
   float repetition_penalty = 1.f;  // HF style over prompt + generated tokens: l>0 ? l/r : l*r
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to the token's logit
 };
 
 // Index of the largest logit; ties go to the lowest index (as torch.argmax).
 int32_t argmax(const float* logits, int64_t n);
 
-// Applies the penalties of `p` in place. Presence/frequency use `output` only, repetition uses
-// `prompt` and `output` (as vLLM).
-void apply_penalties(float* logits, int64_t n, const SamplingParams& p, std::span<const int32_t> prompt,
+// Applies the penalties and the logit bias of `p` in place. Presence/frequency use `output` only,
+// repetition uses `prompt` and `output` (as vLLM); the bias is added last.
+void apply_logit_adjustments(float* logits, int64_t n, const SamplingParams& p, std::span<const int32_t> prompt,
                      std::span<const int32_t> output);
 
 // log_softmax(logits)[token] and the `k` most likely tokens with their log-probabilities
@@ -54,7 +56,7 @@ class Sampler {
   // Copies the logits, applies the penalties when any is set, then samples.
   int32_t sample(const float* logits, int64_t n, std::span<const int32_t> prompt, std::span<const int32_t> output);
   const SamplingParams& params() const { return params_; }
-  bool has_penalties() const;
+  bool adjusts_logits() const;  // penalties or a logit bias
   std::mt19937_64& rng() { return rng_; }  // also drives speculative rejection sampling
 
  private:

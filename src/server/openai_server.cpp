@@ -1,33 +1,26 @@
 #include "server/openai_server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <ctime>
-#include <filesystem>
+#include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
+#include "server/completion_job.h"
+#include "server/http_server.h"
 #include "server/protocol.h"
+#include "server/request_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
 namespace {
 
 using json = nlohmann::ordered_json;
-using httplib::DataSink;
 
 std::atomic<bool> g_signal{false};
 extern "C" void on_signal(int) { g_signal = true; }
@@ -35,66 +28,28 @@ extern "C" void on_signal(int) { g_signal = true; }
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string random_id(const char* prefix) {
-  static thread_local std::mt19937_64 gen{std::random_device{}()};
+  static std::mutex mu;
+  static std::mt19937_64 gen{std::random_device{}()};
+  std::lock_guard<std::mutex> l(mu);
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016llx%08llx", (unsigned long long)gen(), (unsigned long long)(gen() & 0xffffffffu));
   return std::string(prefix) + buf;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(dump(error_json(e)), "application/json");
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r{e.status, "application/json", dump(error_json(e)), {}};
+  if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
+  return r;
 }
 
-// Raises the listen backlog of the socket bound to `port` (cpp-httplib hard-codes 5): Linux
-// lets listen() be called again on a listening socket to change it.
-void raise_backlog(int port, int backlog) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    int fd = std::atoi(e->d_name);
-    if (fd <= 2) continue;
-    int acc = 0;
-    socklen_t len = sizeof acc;
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) != 0 || !acc) continue;
-    sockaddr_storage ss{};
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
-    int p = ss.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
-                                    : ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
-    if (p == port) ::listen(fd, backlog);
-  }
-  closedir(d);
-}
-
-struct ChoiceState {
-  std::string text;  // completions text / chat raw text
-  std::vector<int32_t> token_ids;
-  std::vector<TokenLogprob> logprobs;
-  std::string reasoning, content;
-  std::unique_ptr<ReasoningParser> rp;
-  std::string finish_reason;
-  json stop_reason = nullptr;
-  bool finished = false;
-  int completion_tokens = 0;
-  size_t text_offset = 0;
-};
-
-// One client request (n choices per prompt), shared by the handler and the stream provider.
-struct Job {
-  bool chat = false, stream = false, include_usage = false, return_token_ids = false, reasoning = false;
-  int logprobs = -1;
-  int n = 1;
-  std::string id, model;
-  int64_t created = 0;
-  uint64_t group = 0;
+// A request in flight: the job (response assembly) and where its events go. All of it is
+// touched on the connection's strand only, after submission.
+struct Flight {
+  std::unique_ptr<CompletionJob> job;
   std::shared_ptr<OutputChannel> chan = std::make_shared<OutputChannel>();
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<ChoiceState> choices;
-  int remaining = 0;
-  int64_t prompt_tokens = 0;
-  bool done = false, started = false;
-  Clock::time_point last_write = Clock::now();
+  std::shared_ptr<HttpExchange> ex;
+  uint64_t group = 0;
+  bool started = false, done = false;
 };
 
 class OpenAIServer {
@@ -103,455 +58,164 @@ class OpenAIServer {
   int run();
 
  private:
+  void load();
   void setup_routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  std::shared_ptr<Job> build_job(const json& body, bool chat);
-  std::string token_str(int32_t id) const {
-    if (!tok_) return "token_id:" + std::to_string(id);
-    return tok_->decode({uint32_t(id)}, false);
-  }
-  json logprobs_json(Job& job, ChoiceState& c, const std::vector<TokenLogprob>& lps);
-  void apply_event(Job& job, RequestOutput& ev, std::string& d_text, std::string& d_reason, std::string& d_content);
-  json final_response(Job& job);
-  json usage_json(const Job& job) const;
+  void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f);
+  // Moves the flight's pending engine events to the client (on the strand).
+  void drain(Flight& f);
 
   ServerConfig cfg_;
   std::string name_;
   std::unique_ptr<tok::Tokenizer> tok_;
   std::unique_ptr<chat::ChatTemplate> tmpl_;
-  json special_tokens_ = json::object();
-  std::string template_error_;
+  RequestContext ctx_;
   std::unique_ptr<Engine> engine_;
-  httplib::Server http_;
+  std::unique_ptr<HttpServer> http_;
   std::atomic<bool> stopping_{false};
-  int64_t vocab_ = 0, max_len_ = 0;
 };
 
-json OpenAIServer::usage_json(const Job& job) const {
-  int64_t comp = 0;
-  for (const auto& c : job.choices) comp += c.completion_tokens;
-  return json{{"prompt_tokens", job.prompt_tokens}, {"total_tokens", job.prompt_tokens + comp}, {"completion_tokens", comp}};
-}
-
-json OpenAIServer::logprobs_json(Job& job, ChoiceState& c, const std::vector<TokenLogprob>& lps) {
-  auto bytes_of = [](const std::string& s) {
-    json b = json::array();
-    for (unsigned char ch : s) b.push_back(int(ch));
-    return b;
-  };
-  if (job.chat) {
-    json content = json::array();
-    for (const auto& lp : lps) {
-      std::string t = token_str(lp.token);
-      json top = json::array();
-      for (auto [id, v] : lp.top) {
-        std::string ts = token_str(id);
-        top.push_back({{"token", ts}, {"logprob", v}, {"bytes", bytes_of(ts)}});
-      }
-      content.push_back({{"token", t}, {"logprob", lp.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
-    }
-    return json{{"content", content}};
-  }
-  json tokens = json::array(), tlp = json::array(), top = json::array(), off = json::array();
-  for (const auto& lp : lps) {
-    std::string t = token_str(lp.token);
-    tokens.push_back(t);
-    tlp.push_back(lp.logprob);
-    json m = json::object();
-    for (auto [id, v] : lp.top) m[token_str(id)] = v;
-    top.push_back(m);
-    off.push_back(c.text_offset);
-    c.text_offset += t.size();
-  }
-  return json{{"text_offset", off}, {"token_logprobs", tlp}, {"tokens", tokens}, {"top_logprobs", top}};
-}
-
-void OpenAIServer::apply_event(Job& job, RequestOutput& ev, std::string& d_text, std::string& d_reason,
-                               std::string& d_content) {
-  ChoiceState& c = job.choices.at(size_t(ev.index));
-  d_text = ev.text;
-  c.text += ev.text;
-  c.token_ids.insert(c.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-  c.completion_tokens = ev.completion_tokens;
-  if (c.rp) {
-    c.rp->feed(ev.text, d_reason, d_content);
-    if (ev.finished) c.rp->finish(d_reason, d_content);
-  } else {
-    d_content = ev.text;
-  }
-  c.reasoning += d_reason;
-  c.content += d_content;
-  if (ev.finished) {
-    c.finished = true;
-    c.finish_reason = ev.finish_reason;
-    if (!ev.stop_str.empty()) c.stop_reason = ev.stop_str;
-    else if (ev.stop_token) c.stop_reason = *ev.stop_token;
-    --job.remaining;
-  }
-}
-
-json OpenAIServer::final_response(Job& job) {
-  json choices = json::array();
-  for (size_t i = 0; i < job.choices.size(); ++i) {
-    ChoiceState& c = job.choices[i];
-    json lp = nullptr;
-    if (job.logprobs >= 0) lp = logprobs_json(job, c, c.logprobs);
-    json ch;
-    if (job.chat) {
-      json msg = {{"role", "assistant"}};
-      msg["content"] = (c.content.empty() && c.rp) ? json(nullptr) : json(c.content);
-      if (job.reasoning) msg["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
-      ch = {{"index", i}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason}, {"stop_reason", c.stop_reason}};
-    } else {
-      ch = {{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}, {"stop_reason", c.stop_reason}};
-    }
-    if (job.return_token_ids) {
-      ch["token_ids"] = c.token_ids;
-      ch["prompt_token_ids"] = job.prompts[i / size_t(job.n)];
-    }
-    choices.push_back(ch);
-  }
-  return json{{"id", job.id},
-              {"object", job.chat ? "chat.completion" : "text_completion"},
-              {"created", job.created},
-              {"model", job.model},
-              {"choices", choices},
-              {"usage", usage_json(job)}};
-}
-
-std::shared_ptr<Job> OpenAIServer::build_job(const json& body, bool chat) {
-  if (!body.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_type"};
-  auto job = std::make_shared<Job>();
-  job->chat = chat;
-  if (auto m = get_string(body, "model"); m && *m != name_ && *m != cfg_.model)
-    throw ApiError{400, "The model `" + *m + "` does not exist.", "model", "model_not_found"};
-  CommonParams cp = parse_common(body, chat, vocab_, tok_ != nullptr);
-  std::string prompt_text;
-  if (chat) {
-    if (!tok_) throw ApiError{400, "chat completions need a tokenizer (server runs with --skip-tokenizer-init)", "messages", ""};
-    if (!tmpl_) throw ApiError{400, "the model has no chat template: " + template_error_, "messages", ""};
-    auto it = body.find("messages");
-    if (it == body.end() || it->is_null()) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
-    if (!it->is_array()) throw ApiError{400, "'messages' must be a list", "messages", "invalid_type"};
-    if (it->empty()) throw ApiError{400, "'messages' must not be empty", "messages", "invalid_value"};
-    json msgs = json::array();
-    for (const auto& m : *it) {
-      if (!m.is_object()) throw ApiError{400, "each message must be an object", "messages", "invalid_type"};
-      auto role = m.find("role");
-      if (role == m.end() || !role->is_string())
-        throw ApiError{400, "each message needs a string 'role'", "messages", "invalid_value"};
-      static const std::set<std::string> roles = {"system", "user", "assistant", "tool", "developer"};
-      if (!roles.count(role->get<std::string>()))
-        throw ApiError{400, "unknown message role '" + role->get<std::string>() + "'", "messages", "invalid_value"};
-      json out = m;
-      auto content = m.find("content");
-      if (content != m.end() && content->is_array()) {
-        std::string joined;
-        for (const auto& part : *content) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-            throw ApiError{400, "only text content parts are supported", "messages", "invalid_value"};
-          if (!joined.empty()) joined += "\n";
-          joined += part["text"].get<std::string>();
-        }
-        out["content"] = joined;
-      } else if (content != m.end() && !content->is_string() && !content->is_null()) {
-        throw ApiError{400, "message 'content' must be a string, a list of parts or null", "messages", "invalid_type"};
-      }
-      msgs.push_back(out);
-    }
-    json tools = nullptr;
-    if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-      if (!t->is_array()) throw ApiError{400, "'tools' must be a list", "tools", "invalid_type"};
-      if (!t->empty()) tools = *t;
-    }
-    json kwargs = json::object();
-    if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
-      if (!k->is_object()) throw ApiError{400, "'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type"};
-      kwargs = *k;
-    }
-    bool add_gen = get_bool(body, "add_generation_prompt").value_or(true);
-    try {
-      prompt_text = tmpl_->render(msgs, tools, add_gen, kwargs, special_tokens_);
-    } catch (const std::exception& e) {
-      throw ApiError{400, std::string("chat template error: ") + e.what(), "messages", ""};
-    }
-    std::vector<uint32_t> ids = tok_->encode(prompt_text, false);
-    job->prompts.emplace_back(ids.begin(), ids.end());
-    job->reasoning = cfg_.reasoning_parser == "qwen3";
-  } else {
-    auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
-    auto encode = [&](const std::string& s) {
-      if (!tok_) throw ApiError{400, "text prompts need a tokenizer (server runs with --skip-tokenizer-init): send token ids", "prompt", ""};
-      std::vector<uint32_t> ids;
-      try {
-        ids = tok_->encode(s, true);
-      } catch (const std::exception& e) {
-        throw ApiError{400, std::string("cannot tokenize prompt: ") + e.what(), "prompt", ""};
-      }
-      return std::vector<int32_t>(ids.begin(), ids.end());
-    };
-    auto ids_of = [&](const json& arr) {
-      std::vector<int32_t> v;
-      for (const auto& e : arr) {
-        if (!e.is_number_integer()) throw ApiError{400, "token id prompts must hold integers", "prompt", "invalid_type"};
-        int64_t t = e.get<int64_t>();
-        if (t < 0 || t >= vocab_)
-          throw ApiError{400, "token id " + std::to_string(t) + " is out of range [0, " + std::to_string(vocab_) + ")", "prompt", "invalid_value"};
-        v.push_back(int32_t(t));
-      }
-      return v;
-    };
-    if (it->is_string()) {
-      job->prompts.push_back(encode(it->get<std::string>()));
-    } else if (it->is_array()) {
-      if (it->empty()) throw ApiError{400, "'prompt' must not be empty", "prompt", "invalid_value"};
-      const json& first = (*it)[0];
-      if (first.is_string()) {
-        for (const auto& e : *it) {
-          if (!e.is_string()) throw ApiError{400, "'prompt' mixes strings and other values", "prompt", "invalid_type"};
-          job->prompts.push_back(encode(e.get<std::string>()));
-        }
-      } else if (first.is_number()) {
-        job->prompts.push_back(ids_of(*it));
-      } else if (first.is_array()) {
-        for (const auto& e : *it) {
-          if (!e.is_array()) throw ApiError{400, "'prompt' mixes token lists and other values", "prompt", "invalid_type"};
-          job->prompts.push_back(ids_of(e));
-        }
-      } else {
-        throw ApiError{400, "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt", "invalid_type"};
-      }
-    } else {
-      throw ApiError{400, "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt", "invalid_type"};
-    }
-    if (job->prompts.size() * size_t(cp.n) > 256) throw ApiError{400, "too many prompts x n (at most 256)", "prompt", "invalid_value"};
-  }
-  // Lengths.
-  int64_t max_tokens_all = std::numeric_limits<int32_t>::max();
-  for (const auto& p : job->prompts) {
-    const int64_t len = int64_t(p.size());
-    if (len == 0) throw ApiError{400, "the prompt is empty", chat ? "messages" : "prompt", "invalid_value"};
-    if (len > max_len_)
-      throw ApiError{413, "This model's maximum context length is " + std::to_string(max_len_) + " tokens. However, your prompt has " +
-                              std::to_string(len) + " tokens.", chat ? "messages" : "prompt", "context_length_exceeded"};
-    const int64_t room = max_len_ - len;
-    if (cp.max_tokens) {
-      if (*cp.max_tokens > room)
-        throw ApiError{400, "This model's maximum context length is " + std::to_string(max_len_) + " tokens. However, you requested " +
-                                std::to_string(len + *cp.max_tokens) + " tokens (" + std::to_string(len) + " in the prompt, " +
-                                std::to_string(*cp.max_tokens) + " in the completion).", chat ? "max_completion_tokens" : "max_tokens",
-                       "context_length_exceeded"};
-      max_tokens_all = std::min(max_tokens_all, *cp.max_tokens);
-    } else {
-      if (room <= 0)
-        throw ApiError{400, "the prompt leaves no room for a completion within max-model-len " + std::to_string(max_len_), "prompt", "context_length_exceeded"};
-      max_tokens_all = std::min(max_tokens_all, chat ? room : std::min<int64_t>(16, room));
-    }
-  }
-  cp.params.max_tokens = int(max_tokens_all);
-  if (cp.params.min_tokens > cp.params.max_tokens) cp.params.min_tokens = cp.params.max_tokens;
-  cp.params.detokenize = tok_ != nullptr;
-
-  job->stream = cp.stream;
-  job->include_usage = cp.include_usage;
-  job->return_token_ids = cp.return_token_ids;
-  job->logprobs = cp.params.logprobs;
-  job->n = cp.n;
-  job->id = random_id(chat ? "chatcmpl-" : "cmpl-");
-  job->model = name_;
-  job->created = int64_t(std::time(nullptr));
-  const bool starts_in_reasoning = job->reasoning && ReasoningParser::prompt_opens_reasoning(prompt_text);
-  job->choices.resize(job->prompts.size() * size_t(cp.n));
-  for (auto& c : job->choices)
-    if (job->reasoning) c.rp = std::make_unique<ReasoningParser>(starts_in_reasoning);
-  for (const auto& p : job->prompts) job->prompt_tokens += int64_t(p.size());
-  job->remaining = int(job->choices.size());
-  job->group = engine_->new_group_id();
-  // Build the engine requests.
+void OpenAIServer::submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f) {
   std::vector<RequestSpec> specs;
-  for (size_t pi = 0; pi < job->prompts.size(); ++pi)
-    for (int i = 0; i < cp.n; ++i) {
+  const int n = pr.common.n;
+  for (size_t pi = 0; pi < pr.prompts.size(); ++pi)
+    for (int i = 0; i < n; ++i) {
       RequestSpec s;
-      s.group = job->group;
-      s.index = int(pi) * cp.n + i;
-      s.prompt = job->prompts[pi];
-      s.params = cp.params;
-      s.params.sampling.seed = cp.params.sampling.seed + uint64_t(s.index);
-      s.out = job->chan;
+      s.group = f->group;
+      s.index = int(pi) * n + i;
+      s.prompt = pr.prompts[pi];
+      s.params = pr.common.params;
+      s.params.sampling.seed = pr.common.params.sampling.seed + uint64_t(s.index);
+      s.out = f->chan;
       specs.push_back(std::move(s));
     }
   if (stopping_) throw ApiError{503, "the server is shutting down", "", "service_unavailable"};
   switch (engine_->submit(std::move(specs))) {
-    case Engine::SubmitResult::Ok: break;
+    case Engine::SubmitResult::Ok: return;
     case Engine::SubmitResult::QueueFull:
-      throw ApiError{429, "the request queue is full (--max-queue-len " + std::to_string(cfg_.max_queue_len) + "); retry later", "", "queue_full"};
+      throw ApiError{429, "the request queue is full (--max-queue-len " + std::to_string(cfg_.max_queue_len) + "); retry later", "",
+                     "queue_full"};
     case Engine::SubmitResult::ShuttingDown: throw ApiError{503, "the server is shutting down", "", "service_unavailable"};
   }
-  return job;
 }
 
-void OpenAIServer::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-  std::shared_ptr<Job> job;
+void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
+  auto f = std::make_shared<Flight>();
+  f->ex = ex;
   try {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) throw ApiError{400, "the request body is not valid JSON", "", "invalid_json"};
-    job = build_job(body, chat);
+    const ParsedRequest pr = parse_request(req.body, chat, ctx_);
+    f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
+                                             cfg_.reasoning_parser == "qwen3", tok_.get());
+    f->group = engine_->new_group_id();
+    // Events are handled on the connection's strand; the flight is kept by the engine's channel
+    // only weakly (the exchange's callbacks hold it until the response is complete).
+    std::weak_ptr<Flight> weak = f;
+    f->chan->set_notify([this, weak] {
+      if (auto fl = weak.lock()) fl->ex->post([this, fl] { drain(*fl); });
+    });
+    ex->on_client_gone([this, f] {
+      if (!f->done) engine_->abort(f->group);
+    });
+    submit(pr, f);
   } catch (const ApiError& e) {
-    return send_error(res, e);
+    return ex->respond(error_response(e));
   } catch (const std::exception& e) {
-    return send_error(res, ApiError{400, e.what(), "", ""});
+    return ex->respond(error_response(ApiError{400, e.what(), "", ""}));
   }
-  if (!job->stream) {
-    while (job->remaining > 0) {
-      auto ev = job->chan->pop(std::chrono::milliseconds(200));
-      if (!ev) continue;
-      std::string a, b, c;
-      ChoiceState& ch = job->choices.at(size_t(ev->index));
-      ch.logprobs.insert(ch.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
-      apply_event(*job, *ev, a, b, c);
+  ex->post([this, f] { drain(*f); });
+}
+
+void OpenAIServer::drain(Flight& f) {
+  if (f.done) return;
+  CompletionJob& job = *f.job;
+  try {
+    if (!f.started) {
+      f.started = true;
+      if (job.stream()) {
+        f.ex->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        if (std::string s = job.sse_start(); !s.empty()) f.ex->write(std::move(s));
+      }
     }
-    for (const auto& c : job->choices)
-      if (c.finish_reason == "abort" && stopping_) return send_error(res, ApiError{503, "the server is shutting down", "", ""});
-    res.set_content(dump(final_response(*job)), "application/json");
-    return;
+    while (auto ev = f.chan->try_pop()) {
+      std::string chunk = job.apply(*ev);
+      if (!chunk.empty()) f.ex->write(std::move(chunk));
+    }
+    if (!job.done()) return;
+    f.done = true;
+    f.chan->set_notify(nullptr);
+    if (job.stream()) {
+      f.ex->write(job.sse_end());
+      f.ex->end_stream();
+    } else if (!job.error().empty()) {
+      f.ex->respond(error_response(ApiError{500, job.error(), "", "internal_error"}));
+    } else if (job.aborted() && stopping_) {
+      f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}));
+    } else {
+      f.ex->respond(HttpResponse{200, "application/json", dump(job.response()), {}});
+    }
+  } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
+    std::fprintf(stderr, "fathom serve: response failed: %s\n", e.what());
+    f.done = true;
+    f.chan->set_notify(nullptr);
+    engine_->abort(f.group);
+    const ApiError err{500, std::string("internal error: ") + e.what(), "", "internal_error"};
+    if (job.stream()) {
+      f.ex->write("data: " + dump(error_json(err)) + "\n\ndata: [DONE]\n\n");
+      f.ex->end_stream();
+    } else {
+      f.ex->respond(error_response(err));
+    }
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  Engine* engine = engine_.get();
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, job](size_t, DataSink& sink) -> bool {
-        auto write = [&](const std::string& s) {
-          job->last_write = Clock::now();
-          return sink.write(s.data(), s.size());
-        };
-        auto chunk_base = [&]() {
-          json j = {{"id", job->id}, {"object", job->chat ? "chat.completion.chunk" : "text_completion"},
-                    {"created", job->created}, {"model", job->model}};
-          return j;
-        };
-        if (!job->started) {
-          job->started = true;
-          if (job->chat) {
-            for (size_t i = 0; i < job->choices.size(); ++i) {
-              json j = chunk_base();
-              j["choices"] = json::array({json{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                               {"logprobs", nullptr}, {"finish_reason", nullptr}}});
-              if (job->include_usage) j["usage"] = nullptr;
-              if (!write("data: " + dump(j) + "\n\n")) return false;
-            }
-          }
-        }
-        if (job->remaining == 0) {
-          if (job->include_usage) {
-            json j = chunk_base();
-            j["choices"] = json::array();
-            j["usage"] = usage_json(*job);
-            if (!write("data: " + dump(j) + "\n\n")) return false;
-          }
-          if (!write("data: [DONE]\n\n")) return false;
-          job->done = true;
-          sink.done();
-          return true;
-        }
-        auto ev = job->chan->pop(std::chrono::milliseconds(250));
-        if (!ev) {
-          // Idle (queued): an SSE comment keeps proxies happy and detects a gone client.
-          if (Clock::now() - job->last_write > std::chrono::seconds(1)) return write(": ping\n\n");
-          return true;
-        }
-        std::string d_text, d_reason, d_content;
-        apply_event(*job, *ev, d_text, d_reason, d_content);
-        ChoiceState& c = job->choices.at(size_t(ev->index));
-        const bool has_lp = job->logprobs >= 0 && !ev->logprobs.empty();
-        json choice = {{"index", ev->index}};
-        if (job->chat) {
-          json delta = json::object();
-          if (!d_reason.empty()) delta["reasoning_content"] = d_reason;
-          if (!d_content.empty()) delta["content"] = d_content;
-          if (delta.empty() && !ev->finished && !has_lp && !job->return_token_ids) return true;
-          choice["delta"] = delta;
-        } else {
-          if (d_text.empty() && !ev->finished && !has_lp && !job->return_token_ids) return true;
-          choice["text"] = d_text;
-        }
-        choice["logprobs"] = has_lp ? logprobs_json(*job, c, ev->logprobs) : json(nullptr);
-        choice["finish_reason"] = ev->finished ? json(ev->finish_reason) : json(nullptr);
-        if (ev->finished) choice["stop_reason"] = c.stop_reason;
-        if (job->return_token_ids) choice["token_ids"] = ev->token_ids;
-        json j = chunk_base();
-        j["choices"] = json::array({choice});
-        if (job->include_usage) j["usage"] = nullptr;
-        return write("data: " + dump(j) + "\n\n");
-      },
-      [job, engine](bool) {
-        if (job->remaining > 0) engine->abort(job->group);  // client went away
-      });
 }
 
 void OpenAIServer::setup_routes() {
-  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!cfg_.api_key.empty() && req.path.rfind("/v1", 0) == 0) {
-      if (req.get_header_value("Authorization") != "Bearer " + cfg_.api_key) {
-        send_error(res, ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key"});
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+  http_->set_pre_routing([this](const HttpRequest& req) -> std::optional<HttpResponse> {
+    if (cfg_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return std::nullopt;
+    if (req.header("authorization") == "Bearer " + cfg_.api_key) return std::nullopt;
+    return error_response(ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key"});
   });
-  http_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg;
-    switch (res.status) {
-      case 404: msg = "Not found: " + req.method + " " + req.path; break;
-      case 413: msg = "Request body too large"; break;
-      case 405: msg = "Method not allowed"; break;
-      default: msg = "Bad request"; break;
-    }
-    send_error(res, ApiError{res.status, msg, "", res.status == 404 ? "not_found" : ""});
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      msg = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError{500, msg, "", ""});
-  });
-  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (stopping_ || !engine_->accepting()) return send_error(res, ApiError{503, "shutting down", "", ""});
-    res.set_content("", "text/plain");
-  });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(engine_->render_metrics("fathom:", name_), "text/plain; version=0.0.4");
-  });
-  auto models = [this](const httplib::Request&, httplib::Response& res) {
+  // Cheap routes answer on the IO thread, so that they stay fast however busy the workers are.
+  http_->route("GET", "/health", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
+    if (stopping_ || !engine_->accepting()) return ex->respond(error_response(ApiError{503, "shutting down", "", ""}));
+    ex->respond(HttpResponse{200, "text/plain", "", {}});
+  }, /*on_io_thread=*/true);
+  http_->route("GET", "/metrics", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
+    std::string text = engine_->render_metrics("fathom:", name_);
+    text += "# HELP fathom:http_connections_open Open HTTP connections.\n# TYPE fathom:http_connections_open gauge\n"
+            "fathom:http_connections_open{model_name=\"" + name_ + "\"} " + std::to_string(http_->open_connections()) + "\n";
+    ex->respond(HttpResponse{200, "text/plain; version=0.0.4", std::move(text), {}});
+  }, true);
+  http_->route("GET", "/v1/models", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
     json m = {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
-              {"root", cfg_.model}, {"parent", nullptr}, {"max_model_len", max_len_}};
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
-  };
-  http_.Get("/v1/models", models);
-  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, false); });
-  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, true); });
+              {"root", cfg_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
+    ex->respond(HttpResponse{200, "application/json", dump(json{{"object", "list"}, {"data", json::array({m})}}), {}});
+  }, true);
+  http_->route("POST", "/v1/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_generate(req, ex, false);
+  });
+  http_->route("POST", "/v1/chat/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_generate(req, ex, true);
+  });
 }
 
-int OpenAIServer::run() {
+void OpenAIServer::load() {
   name_ = cfg_.served_model_name.empty() ? cfg_.model : cfg_.served_model_name;
   if (!cfg_.reasoning_parser.empty() && cfg_.reasoning_parser != "qwen3")
     fail("--reasoning-parser: only 'qwen3' is supported, got '", cfg_.reasoning_parser, "'");
   if (!cfg_.skip_tokenizer_init) {
     tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_dir(cfg_.model));
+    // --chat-template (a file) wins over the model's template; special tokens still come from the model.
+    if (!cfg_.chat_template.empty())
+      tmpl_ = std::make_unique<chat::ChatTemplate>(chat::load_chat_template(cfg_.chat_template).source);
     try {
       chat::ChatTemplateSource src = chat::load_chat_template(cfg_.model);
-      tmpl_ = std::make_unique<chat::ChatTemplate>(src.source);
-      special_tokens_ = src.special_tokens;
+      ctx_.special_tokens = src.special_tokens;
+      if (!tmpl_) tmpl_ = std::make_unique<chat::ChatTemplate>(src.source);
     } catch (const std::exception& e) {
-      template_error_ = e.what();
-      std::fprintf(stderr, "fathom serve: no chat template (%s); /v1/chat/completions disabled\n", e.what());
+      if (!tmpl_) {
+        ctx_.template_error = e.what();
+        std::fprintf(stderr, "fathom serve: no chat template (%s); /v1/chat/completions disabled\n", e.what());
+      }
     }
   }
   EngineOptions eo;
@@ -573,37 +237,49 @@ int OpenAIServer::run() {
   if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;
   auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp, eo);
   const ModelConfig& mc = runner->config();
-  vocab_ = mc.vocab_size;
-  max_len_ = cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
+  const int64_t max_len =
+      cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
   EngineConfig ec;
   ec.max_num_seqs = cfg_.max_num_seqs;
   ec.max_num_batched_tokens = cfg_.max_num_batched_tokens;
-  ec.max_model_len = max_len_;
+  ec.max_model_len = max_len;
   ec.max_queue_len = cfg_.max_queue_len;
   ec.num_kv_blocks = cfg_.num_kv_blocks;
   ec.eos_token_ids.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
   ec.spec = spec;
-  if (tok_ && special_tokens_.contains("eos_token") && special_tokens_["eos_token"].is_string())
-    if (auto id = tok_->token_to_id(special_tokens_["eos_token"].get<std::string>())) ec.eos_token_ids.push_back(int32_t(*id));
+  if (tok_ && ctx_.special_tokens.contains("eos_token") && ctx_.special_tokens["eos_token"].is_string())
+    if (auto id = tok_->token_to_id(ctx_.special_tokens["eos_token"].get<std::string>())) ec.eos_token_ids.push_back(int32_t(*id));
   FATHOM_CHECK(cfg_.max_num_seqs > 0, "--max-num-seqs must be positive");
   FATHOM_CHECK(cfg_.max_queue_len >= 0, "--max-queue-len must be >= 0");
   engine_ = std::make_unique<Engine>(std::move(runner), tok_.get(), ec);
 
-  const int threads = cfg_.http_threads > 0 ? cfg_.http_threads : cfg_.max_num_seqs + cfg_.max_queue_len + 64;
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http_.set_payload_max_length(size_t(64) << 20);
-  http_.set_keep_alive_max_count(1000);
-  http_.set_keep_alive_timeout(30);
-  http_.set_read_timeout(60);
-  http_.set_write_timeout(60);
-  http_.set_tcp_nodelay(true);
-  if (cfg_.log_requests)
-    http_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-      std::fprintf(stderr, "%s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
-    });
+  ctx_.tokenizer = tok_.get();
+  ctx_.chat_template = tmpl_.get();
+  ctx_.model_names = {name_, cfg_.model};
+  ctx_.vocab_size = mc.vocab_size;
+  ctx_.max_model_len = max_len;
+  ctx_.allow_fault_injection = cfg_.enable_fault_injection;
+}
+
+int OpenAIServer::run() {
+  load();
+  HttpServerOptions ho;
+  ho.host = cfg_.host;
+  ho.port = cfg_.port;
+  ho.max_connections = cfg_.max_connections;
+  ho.idle_timeout_s = cfg_.http_idle_timeout;
+  ho.request_timeout_s = cfg_.http_request_timeout;
+  ho.worker_threads = cfg_.http_workers;
+  ho.backlog = cfg_.listen_backlog;
+  ho.log_requests = cfg_.log_requests;
+  ho.error_body = [](int status, const std::string& msg) {
+    const char* code = status == 404 ? "not_found" : status == 503 ? "service_unavailable" : "";
+    return dump(error_json(ApiError{status, msg, "", code}));
+  };
+  FATHOM_CHECK(cfg_.http_idle_timeout > 0 && cfg_.http_request_timeout > 0, "HTTP timeouts must be positive");
+  http_ = std::make_unique<HttpServer>(ho);
   setup_routes();
-  if (!http_.bind_to_port(cfg_.host, cfg_.port)) fail("cannot listen on ", cfg_.host, ":", cfg_.port);
-  raise_backlog(cfg_.port, cfg_.listen_backlog);
+  http_->bind();
 
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGINT, on_signal);
@@ -614,13 +290,15 @@ int OpenAIServer::run() {
     stopping_ = true;
     engine_->shutdown();  // in-flight requests end with finish_reason "abort"
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    http_.stop();
+    http_->stop();
   });
-  std::fprintf(stderr, "fathom serve: %s on %s, listening on http://%s:%d (max-model-len %lld, max-num-seqs %d, max-num-batched-tokens %lld, %d HTTP threads)\n",
-               name_.c_str(), engine_->device_name().c_str(), cfg_.host.c_str(), cfg_.port, (long long)max_len_,
-               cfg_.max_num_seqs, (long long)cfg_.max_num_batched_tokens, threads);
+  std::fprintf(stderr,
+               "fathom serve: %s on %s, listening on http://%s:%d (max-model-len %lld, max-num-seqs %d, "
+               "max-num-batched-tokens %lld, max-connections %d)\n",
+               name_.c_str(), engine_->device_name().c_str(), cfg_.host.c_str(), http_->port(), (long long)ctx_.max_model_len,
+               cfg_.max_num_seqs, (long long)cfg_.max_num_batched_tokens, http_->max_connections());
   std::fflush(stderr);
-  http_.listen_after_bind();
+  http_->run();
   stopping_ = true;
   watcher.join();
   engine_->shutdown();

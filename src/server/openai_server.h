@@ -1,5 +1,7 @@
-// OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching Engine:
-// /v1/models, /v1/completions, /v1/chat/completions (SSE streaming), /health, /metrics.
+// OpenAI-compatible HTTP server over the continuous-batching Engine: /v1/models,
+// /v1/completions, /v1/chat/completions (SSE streaming), /health, /metrics. The HTTP side is
+// event-driven (http_server.h); responses are assembled from engine events on the connection's
+// strand, never on the engine thread, and a client that disconnects aborts its request.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,13 +20,18 @@ struct ServerConfig {
   int64_t num_kv_blocks = 0;      // 0: max_num_seqs full-length sequences
   std::string api_key;
   std::string reasoning_parser;   // "" or "qwen3"
+  std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's
   bool skip_tokenizer_init = false;
-  std::string device = "cpu";
+  std::string device = "auto";  // cuda when a GPU is visible, else cpu
   std::string load_format = "auto";  // "dummy": random weights at a config's shapes (CUDA)
   int num_layers = 0;                // dummy only: cut depth, keeping the layer pattern
-  int http_threads = 0;           // 0: max_num_seqs + max_queue_len + 64
+  int max_connections = 4096;     // open HTTP connections (idle ones are closed first near it)
+  double http_idle_timeout = 5;   // seconds a connection may wait before (the next) request
+  double http_request_timeout = 30;  // seconds to deliver one request's headers and body
+  int http_workers = 0;           // request parsing threads (0: the number of cores)
   int listen_backlog = 4096;
   bool log_requests = false;
+  bool enable_fault_injection = false;  // tests: the "fathom_fault" request field
   // Speculative decoding (SGLang flag names): "", "mtp"/"nextn" or "ngram".
   std::string speculative_algorithm;
   int speculative_num_steps = 3;

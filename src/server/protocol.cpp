@@ -160,9 +160,23 @@ CommonParams parse_common(const json& b, bool chat, int64_t vocab, bool have_tok
       bad("logprobs", "'logprobs' must be an integer for completions", "invalid_type");
     if (auto v = get_int(b, "logprobs", 0, 20)) p.logprobs = int(*v);
   }
-  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null() && !it->is_object())
-    bad("logit_bias", "'logit_bias' must be an object", "invalid_type");
-  if (auto v = get_int(b, "best_of", 1, 128); v && *v < c.n) bad("best_of", "'best_of' must be >= n");
+  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
+    // OpenAI: {"token id": bias in [-100, 100]}, the bias added to the token's logit.
+    if (!it->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias", "invalid_type");
+    for (auto e = it->begin(); e != it->end(); ++e) {
+      const std::string& key = e.key();
+      int64_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 12 && key.find_first_not_of("0123456789") == std::string::npos;
+      if (digits) id = std::stoll(key);
+      if (id < 0 || id >= vocab)
+        bad("logit_bias", "'logit_bias' key '" + key + "' is not a token id of the vocabulary [0, " + std::to_string(vocab) + ")");
+      if (!e.value().is_number()) bad("logit_bias", "'logit_bias' values must be numbers", "invalid_type");
+      const double v = e.value().get<double>();
+      if (!std::isfinite(v) || v < -100 || v > 100)
+        bad("logit_bias", "'logit_bias' value for token " + key + " must be in [-100, 100], got " + e.value().dump());
+      s.logit_bias.emplace_back(int32_t(id), float(v));
+    }
+  }
   if (!c.seed_given) {
     static thread_local std::mt19937_64 gen{std::random_device{}()};
     s.seed = gen();

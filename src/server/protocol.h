@@ -1,6 +1,6 @@
-// OpenAI-compatible request parsing and validation, error objects, and the qwen3 reasoning
-// parser. Everything a client can get wrong becomes an ApiError (status + OpenAI error JSON);
-// unknown fields are ignored, as vLLM does.
+// OpenAI-compatible field parsing and validation, error objects, and the qwen3 reasoning
+// parser. Everything a client can get wrong becomes an ApiError (status + OpenAI error JSON).
+// Which fields a request may hold at all is decided in request_parser.h.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

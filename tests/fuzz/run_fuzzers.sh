@@ -23,15 +23,15 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
     -DFATHOM_BUILD_TESTS=OFF -DFATHOM_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; exit 1; }
 fi
-nice -n 5 cmake --build "$build" -j2 --target fuzz_safetensors fuzz_config
+nice -n 5 cmake --build "$build" -j2 --target fuzz_safetensors fuzz_config fuzz_request
 
 status=0
-for name in safetensors config; do
+for name in safetensors config request; do
   work="$build/corpus_work/$name"
   artifacts="$build/artifacts/$name/"
   mkdir -p "$work" "$artifacts"
   echo "== fuzz_$name for ${secs}s"
-  if ! "$build/fuzz_$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+  if ! "$build/fuzz_$name" -max_total_time="$secs" -timeout=30 -rss_limit_mb=2048 -max_len=65536 \
       -print_final_stats=1 -artifact_prefix="$artifacts" "$work" "$src/tests/fuzz/corpus/$name" 2>"$build/fuzz_$name.log"; then
     echo "fuzz_$name found a problem (artifacts in $artifacts):"
     tail -n 60 "$build/fuzz_$name.log"

@@ -68,8 +68,8 @@ inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, Eng
     submit(i);
   }
   for (size_t i = 0; i < jobs.size(); ++i) drain(i, true);
+  engine.shutdown();  // every request has ended: the metrics are final
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
-  engine.shutdown();
   return out;
 }
 

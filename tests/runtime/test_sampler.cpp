@@ -77,5 +77,23 @@ TEST(Sampler, MinPDropsUnlikelyTokens) {
   for (int i = 0; i < 200; ++i) EXPECT_LT(s.sample(logits.data(), 4), 2);
 }
 
+// OpenAI's logit bias is added to the logits before selection, after the penalties.
+TEST(Sampler, LogitBiasShiftsTheChoice) {
+  std::vector<float> logits = {0.5f, 3.0f, 1.0f, -2.0f};
+  SamplingParams p;
+  p.logit_bias = {{3, 100.f}};
+  Sampler s(p);
+  EXPECT_TRUE(s.adjusts_logits());
+  EXPECT_EQ(s.sample(logits.data(), 4, {}, {}), 3);
+  p.logit_bias = {{1, -100.f}};
+  EXPECT_EQ(Sampler(p).sample(logits.data(), 4, {}, {}), 2);
+  std::vector<float> adjusted = logits;
+  p.logit_bias = {{0, 1.5f}, {7, 5.f}};  // an id past the vocabulary changes nothing
+  apply_logit_adjustments(adjusted.data(), 4, p, {}, {});
+  EXPECT_FLOAT_EQ(adjusted[0], 2.0f);
+  EXPECT_FLOAT_EQ(adjusted[1], 3.0f);
+  EXPECT_FALSE(Sampler(SamplingParams{}).adjusts_logits());
+}
+
 }  // namespace
 }  // namespace fathom

@@ -188,7 +188,7 @@ TEST(Errors, BadInputAndPaths) {
   EXPECT_THROW(tok.encode("ok\xFF", false), Error);
   EXPECT_THROW(Tokenizer::from_dir("/nonexistent/dir"), Error);
   EXPECT_THROW(Tokenizer::from_json_string("{not json"), Error);
-  auto t = Tokenizer::from_dir(shared_tokenizer_dir("deepseek_v3") + "/tokenizer.json");  // a file works too
+  auto t = Tokenizer::from_dir(real_tokenizer_dir("deepseek_v3") + "/tokenizer.json");  // a file works too
   EXPECT_EQ(t.token_to_id("<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"), 0u);
 }
 

@@ -13,8 +13,9 @@
 namespace fathom::tok::testing {
 
 inline std::string fixtures_dir() { return std::string(FATHOM_FIXTURES_DIR) + "/tokenizer"; }
-inline std::string shared_tokenizer_dir(const std::string& name) {
-  return std::string(FATHOM_SHARED_DIR) + "/fixtures/tokenizers/" + name;
+// A real HF tokenizer folder (qwen3, llama3, deepseek_v3) checked in under tests/fixtures/tokenizers.
+inline std::string real_tokenizer_dir(const std::string& name) {
+  return std::string(FATHOM_FIXTURES_DIR) + "/tokenizers/" + name;
 }
 
 inline std::string read_text(const std::string& path) {
@@ -25,9 +26,10 @@ inline std::string read_text(const std::string& path) {
 }
 inline nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
 
-// Qwen3.5's pre-tokenizer regex: Qwen3's with \p{M} counted with letters (see shared/README.md).
+// Qwen3.5's pre-tokenizer regex: Qwen3's with \p{M} counted with letters (the Qwen3.5 tokenizer
+// itself is not a fixture: its files are large).
 inline std::string qwen35_tokenizer_json() {
-  auto j = read_json(shared_tokenizer_dir("qwen3") + "/tokenizer.json");
+  auto j = read_json(real_tokenizer_dir("qwen3") + "/tokenizer.json");
   auto replace = [](std::string s, const std::string& a, const std::string& b) {
     auto p = s.find(a);
     if (p == std::string::npos) throw std::runtime_error("qwen3 regex changed: " + a);
@@ -51,7 +53,7 @@ inline const Tokenizer& get_tokenizer(const std::string& name) {
     if (name == "qwen35") {
       slot = std::make_unique<Tokenizer>(Tokenizer::from_json_string(qwen35_tokenizer_json(), "qwen35"));
     } else {
-      slot = std::make_unique<Tokenizer>(Tokenizer::from_dir(shared_tokenizer_dir(name)));
+      slot = std::make_unique<Tokenizer>(Tokenizer::from_dir(real_tokenizer_dir(name)));
     }
   }
   return *slot;

@@ -17,6 +17,15 @@
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
+
+int visible_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
 namespace {
 
 struct DevLayer {
@@ -713,12 +722,18 @@ struct CudaRunner::Impl {
   // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
   // grown as needed), the output rows (hidden states of every token with all_rows or all_hidden,
   // logits of every token with all_rows; else the last token's), its state slot and block table.
-  void add_to_plan(Plan& p, int i, Sequence& sq, int64_t start, std::span<const int32_t> tokens, bool all_rows,
-                   bool all_hidden = false) {
+  // A sequence too long or holding a token outside the vocabulary fails alone (SequenceError).
+  void add_to_plan(Plan& p, int i, SequenceId id, Sequence& sq, int64_t start, std::span<const int32_t> tokens,
+                   bool all_rows, bool all_hidden = false) {
     const int n = int(tokens.size());
     const int bs = opt.block_size;
-    FATHOM_CHECK(start + n <= opt.max_seq_len, "sequence of ", start + n, " tokens exceeds the engine's max_seq_len ",
-                 opt.max_seq_len);
+    if (start + n > opt.max_seq_len)
+      throw SequenceError(id, "sequence of " + std::to_string(start + n) + " tokens exceeds the engine's max_seq_len " +
+                                  std::to_string(opt.max_seq_len));
+    for (int j = 0; j < n; ++j)
+      if (tokens[j] < 0 || tokens[j] >= cfg.vocab_size)
+        throw SequenceError(id, "token id " + std::to_string(tokens[j]) + " is outside the vocabulary [0, " +
+                                    std::to_string(cfg.vocab_size) + ")");
     while (int64_t(sq.blocks.size()) * bs < start + n) {
       FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
       sq.blocks.push_back(free_blocks.back());
@@ -727,8 +742,6 @@ struct CudaRunner::Impl {
     for (int j = 0; j < n; ++j) {
       const int t = p.T + j;
       const int64_t posn = start + j;
-      FATHOM_CHECK(tokens[j] >= 0 && tokens[j] < cfg.vocab_size, "token id ", tokens[j],
-                   " is outside the vocabulary [0, ", cfg.vocab_size, ")");
       hmeta.ids[t] = tokens[j];
       hmeta.pos[t] = int32_t(posn);
       hmeta.seq_of_token[t] = i;
@@ -779,7 +792,7 @@ struct CudaRunner::Impl {
         sq.hist_len = n;
       }
       if (n != 1 && !(st.keep_history && st.all_rows && !st.all_hidden)) p.graphable = false;
-      add_to_plan(p, i, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
+      add_to_plan(p, i, st.seq, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
     return p;
@@ -1174,7 +1187,7 @@ struct CudaRunner::Impl {
       hmeta.keep_hist[i] = 0;
       // Chained drafts run ahead of the verified tokens; the block table grows for them and the
       // main pools use the same blocks at those positions later.
-      add_to_plan(p, i, sq, sq.mtp_length, st.next_tokens, st.all_rows);
+      add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
       hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
     }
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));

@@ -15,6 +15,9 @@
 
 namespace fathom::cuda {
 
+// GPUs this process can use (0 when the driver or device is missing).
+int visible_device_count();
+
 struct CudaRunnerOptions {
   int max_seqs = 16;               // linear-attention state slots
   int max_tokens_per_step = 2048;  // tokens in one forward (longer steps are split)

@@ -1,0 +1,75 @@
+// One client request in flight (its n choices per prompt), and how its engine events become
+// OpenAI responses: the whole JSON body when it ends, or SSE chunks as it streams. Touched by
+// one thread at a time (the connection's strand).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/request.h"
+#include "server/protocol.h"
+#include "server/request_parser.h"
+
+namespace fathom::tok {
+class Tokenizer;
+}
+
+namespace fathom::server {
+
+class CompletionJob {
+ public:
+  // `tokenizer` may be null (token ids stand in for token text in logprobs).
+  CompletionJob(const ParsedRequest& request, std::string id, std::string model, bool reasoning,
+                const tok::Tokenizer* tokenizer);
+
+  bool stream() const { return stream_; }
+  int num_choices() const { return int(choices_.size()); }
+  bool done() const { return remaining_ == 0; }
+  // The first error event's message ("" when none), and whether any choice was aborted.
+  const std::string& error() const { return error_; }
+  bool aborted() const { return aborted_; }
+
+  // Streaming: the chunks sent before any token (the chat role, the echoed prompt).
+  std::string sse_start();
+  // Applies one engine event; streaming: returns its SSE chunk ("" when there is nothing to send).
+  std::string apply(RequestOutput& ev);
+  // Streaming: after the last event, the usage chunk (if asked) and [DONE]; with an error, an
+  // error event first.
+  std::string sse_end();
+  // Not streaming: the response body once done().
+  nlohmann::ordered_json response();
+
+ private:
+  struct Choice {
+    std::string text;  // completions text / chat raw text
+    std::vector<int32_t> token_ids;
+    std::vector<TokenLogprob> logprobs;
+    std::string reasoning, content;
+    std::unique_ptr<ReasoningParser> reasoning_parser;
+    std::string finish_reason;
+    nlohmann::ordered_json stop_reason = nullptr;
+    int completion_tokens = 0;
+    size_t text_offset = 0;
+  };
+  std::string token_str(int32_t id) const;
+  nlohmann::ordered_json logprobs_json(Choice& c, const std::vector<TokenLogprob>& lps) const;
+  nlohmann::ordered_json usage_json() const;
+  nlohmann::ordered_json chunk_base() const;
+
+  const tok::Tokenizer* tok_;
+  bool chat_, stream_, include_usage_, return_token_ids_, reasoning_;
+  int logprobs_, n_;
+  std::string id_, model_;
+  int64_t created_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<std::string> echo_texts_;
+  std::vector<Choice> choices_;
+  int remaining_;
+  int64_t prompt_tokens_ = 0;
+  std::string error_;
+  bool aborted_ = false;
+};
+
+}  // namespace fathom::server

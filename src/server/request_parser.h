@@ -1,0 +1,58 @@
+// From the bytes of a /v1/completions or /v1/chat/completions body to a validated request:
+// JSON parsed with a nesting limit (before anything walks it recursively), every field either
+// taken into account, explicitly ignored (a short documented list), or refused with a 400 that
+// names it; chat messages reduced to the keys a template reads, then rendered and tokenized.
+// Pure: no engine, no sockets, so the fuzzer drives it directly (tests/fuzz/fuzz_request.cpp).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/protocol.h"
+
+namespace fathom::tok {
+class Tokenizer;
+}
+namespace fathom::chat {
+class ChatTemplate;
+}
+
+namespace fathom::server {
+
+constexpr int kMaxJsonDepth = 64;
+
+// Parses `text` as JSON, refusing nesting deeper than kMaxJsonDepth while parsing (ApiError 400
+// naming the limit) and anything that is not JSON (ApiError 400).
+nlohmann::ordered_json parse_json_limited(std::string_view text, const char* what = "the request body");
+
+// What the parser needs from the server: the model's tokenizer, chat template and limits.
+struct RequestContext {
+  const tok::Tokenizer* tokenizer = nullptr;    // null: --skip-tokenizer-init
+  const chat::ChatTemplate* chat_template = nullptr;
+  std::string template_error;                  // why there is no chat template
+  nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();
+  std::vector<std::string> model_names;         // names a request may give in "model"
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  bool allow_fault_injection = false;           // the test-only "fathom_fault" field
+};
+
+struct ParsedRequest {
+  bool chat = false;
+  CommonParams common;                      // params.max_tokens final
+  std::vector<std::vector<int32_t>> prompts;
+  std::string rendered_prompt;              // chat: the template's output
+  bool echo = false;                        // completions: the prompt's text leads each choice
+  std::vector<std::string> echo_texts;      // per prompt, when echo
+};
+
+ParsedRequest parse_request(std::string_view body, bool chat, const RequestContext& ctx);
+
+// The fields each endpoint accepts, and those accepted but without effect (documented in
+// docs/api.md). Anything else gets a 400 naming it.
+const std::vector<std::string>& accepted_fields(bool chat);
+const std::vector<std::string>& ignored_fields();
+
+}  // namespace fathom::server

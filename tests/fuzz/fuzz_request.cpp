@@ -1,0 +1,50 @@
+// libFuzzer target: arbitrary bytes as the body of /v1/chat/completions and /v1/completions,
+// through the whole request path before the engine: JSON with the nesting limit, field checks,
+// message sanitizing, JSON -> template values, rendering with a real chat template (Qwen3's,
+// from the tiny fixture model), tokenizing, length checks. Only ApiError (a 4xx for the client)
+// may escape; anything else, like a crash or a stack overflow, is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "chat/chat_template.h"
+#include "server/request_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct Context {
+  std::unique_ptr<fathom::tok::Tokenizer> tok;
+  std::unique_ptr<fathom::chat::ChatTemplate> tmpl;
+  fathom::server::RequestContext ctx;
+  Context() {
+    const std::string model = std::string(FATHOM_FUZZ_FIXTURES_DIR) + "/qwen35_moe";
+    tok = std::make_unique<fathom::tok::Tokenizer>(fathom::tok::Tokenizer::from_dir(model));
+    auto src = fathom::chat::load_chat_template(model);
+    tmpl = std::make_unique<fathom::chat::ChatTemplate>(src.source);
+    ctx.tokenizer = tok.get();
+    ctx.chat_template = tmpl.get();
+    ctx.special_tokens = src.special_tokens;
+    ctx.model_names = {"m"};
+    ctx.vocab_size = 512;
+    ctx.max_model_len = 4096;
+    ctx.allow_fault_injection = true;
+  }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Context c;
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  for (bool chat : {true, false}) {
+    try {
+      (void)fathom::server::parse_request(body, chat, c.ctx);
+    } catch (const fathom::server::ApiError& e) {
+      if (e.status < 400 || e.status >= 500) __builtin_trap();  // a client error must be a 4xx
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,88 @@
+"""Helpers of the `fathom serve` end-to-end tests: a server process on a free port, named checks
+that count passes and failures, and /metrics lookups."""
+import os
+import socket
+import subprocess
+import time
+import traceback
+
+import openai
+import requests
+
+PASSED, FAILED = [], []
+
+
+def check(name):
+    """A named check: calling the decorated function runs it; a failure is recorded, not raised."""
+    def deco(fn):
+        def run(*a, **kw):
+            t0 = time.time()
+            try:
+                fn(*a, **kw)
+                PASSED.append(name)
+                print(f"PASS {name} ({time.time() - t0:.1f}s)", flush=True)
+            except Exception as e:  # noqa: BLE001
+                FAILED.append(name)
+                print(f"FAIL {name}: {e!r}", flush=True)
+                traceback.print_exc()
+        return run
+    return deco
+
+
+def summary():
+    print(f"{len(PASSED)} passed, {len(FAILED)} failed")
+    return 1 if FAILED else 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_fd_limit():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Server:
+    def __init__(self, fathom, model, *extra):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
+        self.proc = subprocess.Popen([fathom, "serve", model, "--device", "cpu", "--host", "127.0.0.1",
+                                      "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become healthy")
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    def metric(self, name):
+        text = requests.get(self.url + "/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

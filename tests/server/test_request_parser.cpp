@@ -1,0 +1,143 @@
+// The request path before the engine (server/request_parser.h): the JSON nesting limit, fields
+// accepted / ignored / refused by name, logit_bias, echo and suffix (fill-in-the-middle), tool
+// choice and tool-call arguments as the template sees them, and the test-only fault field.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "chat/chat_template.h"
+#include "golden_reader.h"
+#include "server/request_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The tiny fixture model's tokenizer and template (Qwen3's), or another tokenizer folder.
+struct Ctx {
+  std::unique_ptr<tok::Tokenizer> tok;
+  std::unique_ptr<chat::ChatTemplate> tmpl;
+  RequestContext rc;
+  explicit Ctx(const std::string& dir) {
+    tok = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_dir(dir));
+    auto src = chat::load_chat_template(dir);
+    tmpl = std::make_unique<chat::ChatTemplate>(src.source);
+    rc.tokenizer = tok.get();
+    rc.chat_template = tmpl.get();
+    rc.special_tokens = src.special_tokens;
+    rc.model_names = {"m"};
+    rc.vocab_size = int64_t(tok->vocab_size());
+    rc.max_model_len = 4096;
+  }
+};
+
+Ctx& tiny() {
+  static Ctx c((testing::fixtures_dir() / "qwen35_moe").string());
+  return c;
+}
+
+ApiError error_of(const std::string& body, bool chat, const RequestContext& rc = tiny().rc) {
+  try {
+    parse_request(body, chat, rc);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body.substr(0, 200);
+  return {};
+}
+
+std::string nested(int levels) { return std::string(size_t(levels), '[') + std::string(size_t(levels), ']'); }
+
+TEST(RequestParser, NestingLimitIsEnforcedWhileParsing) {
+  // The body object is level 1: a value inside it may nest 63 more levels.
+  EXPECT_NO_THROW(parse_json_limited("{\"x\": " + nested(kMaxJsonDepth - 1) + "}"));
+  const ApiError e = error_of("{\"messages\": " + nested(100000) + "}", true);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("64 levels"), std::string::npos) << e.message;
+  EXPECT_EQ(error_of("{\"x\": " + nested(kMaxJsonDepth) + "}", false).status, 400);
+  EXPECT_NE(error_of("{\"prompt\": \"\xff\"}", false).message.find("not valid JSON"), std::string::npos);
+}
+
+TEST(RequestParser, UnknownFieldsAreNamedAndIgnoredOnesAccepted) {
+  const ApiError e = error_of(R"({"prompt": "hi", "frobnicate": 1, "guided_json": {}})", false);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "frobnicate");
+  EXPECT_NE(e.message.find("'frobnicate', 'guided_json'"), std::string::npos) << e.message;
+  EXPECT_EQ(error_of(R"({"prompt": "hi", "prompt_logprobs": 2})", false).param, "prompt_logprobs");
+  EXPECT_EQ(error_of(R"({"prompt": "hi", "best_of": 2})", false).param, "best_of");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true).param,
+            "tool_choice");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})", true)
+                .param,
+            "response_format");
+  EXPECT_EQ(error_of(R"({"prompt": "hi", "fathom_fault": {"site": "sample"}})", false).param, "fathom_fault");
+  for (const auto& f : ignored_fields())
+    EXPECT_NO_THROW(parse_request(R"({"prompt": "hi", ")" + f + R"(": "x"})", false, tiny().rc)) << f;
+  EXPECT_NO_THROW(parse_request(R"({"prompt": "hi", "best_of": 1, "n": 1})", false, tiny().rc));
+}
+
+TEST(RequestParser, LogitBias) {
+  const ParsedRequest r = parse_request(R"({"prompt": [1, 2], "logit_bias": {"5": -100, "7": 2.5}})", false, tiny().rc);
+  const auto& bias = r.common.params.sampling.logit_bias;
+  ASSERT_EQ(bias.size(), 2u);
+  EXPECT_EQ(bias[0], std::make_pair(int32_t(5), -100.f));
+  EXPECT_EQ(bias[1], std::make_pair(int32_t(7), 2.5f));
+  EXPECT_EQ(error_of(R"({"prompt": [1], "logit_bias": {"512": 1}})", false).param, "logit_bias");
+  EXPECT_EQ(error_of(R"({"prompt": [1], "logit_bias": {"-1": 1}})", false).param, "logit_bias");
+  EXPECT_EQ(error_of(R"({"prompt": [1], "logit_bias": {"1": 100.5}})", false).param, "logit_bias");
+}
+
+TEST(RequestParser, EchoKeepsThePromptText) {
+  const ParsedRequest r = parse_request(R"({"prompt": ["Hello there", "Bye"], "echo": true})", false, tiny().rc);
+  EXPECT_TRUE(r.echo);
+  ASSERT_EQ(r.echo_texts.size(), 2u);
+  EXPECT_EQ(r.echo_texts[0], "Hello there");
+  const ParsedRequest ids = parse_request(R"({"prompt": [300, 301], "echo": true})", false, tiny().rc);
+  EXPECT_EQ(ids.echo_texts[0], tiny().tok->decode({300, 301}, false));
+}
+
+TEST(RequestParser, SuffixNeedsFillInTheMiddleTokens) {
+  EXPECT_EQ(error_of(R"({"prompt": "def f(", "suffix": "return x"})", false).param, "suffix");
+  Ctx qwen3((testing::fixtures_dir() / "tokenizers" / "qwen3").string());
+  const ParsedRequest r = parse_request(R"({"prompt": "def f(", "suffix": "return x"})", false, qwen3.rc);
+  const auto want = qwen3.tok->encode("<|fim_prefix|>def f(<|fim_suffix|>return x<|fim_middle|>", true);
+  EXPECT_EQ(r.prompts[0], std::vector<int32_t>(want.begin(), want.end()));
+}
+
+TEST(RequestParser, ToolChoiceNoneHidesToolsAndArgumentsReachTheTemplateAsObjects) {
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny", "extra_key": {"ignored": true}}])";
+  const ParsedRequest with_tools = parse_request("{" + msgs + ", " + tools + "}", true, tiny().rc);
+  EXPECT_NE(with_tools.rendered_prompt.find("get_weather"), std::string::npos);
+  EXPECT_NE(with_tools.rendered_prompt.find("{\"city\": \"Paris\"}"), std::string::npos) << with_tools.rendered_prompt;
+  const ParsedRequest none = parse_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", true, tiny().rc);
+  EXPECT_EQ(none.rendered_prompt.find("# Tools"), std::string::npos) << none.rendered_prompt;
+  EXPECT_NE(with_tools.rendered_prompt.find("# Tools"), std::string::npos);
+}
+
+TEST(RequestParser, FaultFieldOnlyWhenEnabled) {
+  RequestContext rc = tiny().rc;
+  rc.allow_fault_injection = true;
+  const ParsedRequest r = parse_request(R"({"prompt": [1], "fathom_fault": {"site": "stop", "after_tokens": 4}})", false, rc);
+  EXPECT_EQ(r.common.params.fault.site, FaultSite::Stop);
+  EXPECT_EQ(r.common.params.fault.after_tokens, 4);
+  EXPECT_EQ(error_of(R"({"prompt": [1], "fathom_fault": {"site": "disk"}})", false, rc).param, "fathom_fault");
+}
+
+TEST(RequestParser, LengthsAgainstTheContext) {
+  RequestContext rc = tiny().rc;
+  rc.max_model_len = 8;
+  EXPECT_EQ(error_of(R"({"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})", false, rc).status, 413);
+  EXPECT_EQ(error_of(R"({"prompt": [1, 2, 3], "max_tokens": 6})", false, rc).code, "context_length_exceeded");
+  EXPECT_EQ(parse_request(R"({"prompt": [1, 2, 3]})", false, rc).common.params.max_tokens, 5);
+}
+
+}  // namespace
+}  // namespace fathom::server
