@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|all]...   (results under $OUT)
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all]...   (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
 NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p)))" 2>/dev/null)
@@ -71,6 +71,28 @@ for what in "${@:-all}"; do
       wait_healthy 18601 $SRV || { tail -5 "$OUT/serve_spec.log"; continue; }
       timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18601 --concurrency 1,16 --input-len 512 \
         --output-len 64 --num-prompts 32 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve_spec.log"
-      kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;
+      kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;&
+    load|all)
+      # Real checkpoints at real size (issue 13): a synthetic Qwen3.5-35B-A3B in the layout of the
+      # ModelOpt NVFP4 release (24.5 GB), streamed to the GPU: the streamed path against the host
+      # path bit for bit on a cut-down copy, the load against its ceiling with the peak host RSS,
+      # decode on the loaded weights beside dummy weights, and `fathom serve` with defaults.
+      python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35 --format nvfp4 --jobs 8 2>&1 | tail -2
+      python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35cut --format nvfp4 --num-layers 4 2>&1 | tail -1
+      python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35bf16 --format bf16 --num-layers 4 2>&1 | tail -1
+      for d in /tmp/q35cut /tmp/q35bf16; do
+        FATHOM_LOAD_CHECKPOINT=$d timeout 300 "$BIN/test_cuda" --gtest_filter='CudaLoad*' 2>&1 | grep -E "equal|OK|FAILED|Failure|differ" | tail -12
+      done
+      timeout 300 "$BIN/fathom" bench /tmp/q35 --load-only 2>&1 | tee "$OUT/load.log"
+      timeout 420 "$BIN/fathom" bench /tmp/q35 --batch 1,8,64 --input-len 4096 --output-len 64 --repeats 3 \
+        --json-out "$OUT/bench_q35.json" 2>&1 | grep -vE "^loading" | tee "$OUT/bench_q35.log"
+      timeout 420 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,8,64 --input-len 4096 \
+        --output-len 64 --repeats 3 2>&1 | tee "$OUT/bench_q35_dummy.log"
+      "$BIN/fathom" serve /tmp/q35 --port 18602 > "$OUT/serve_q35.log" 2>&1 &
+      SRV=$!
+      wait_healthy 18602 $SRV || { tail -5 "$OUT/serve_q35.log"; continue; }
+      timeout 300 python3 tools/serve_check.py --url http://127.0.0.1:18602 --long-prompt 32768 --long-output 256 \
+        2>&1 | tee "$OUT/serve_q35_check.log"
+      kill $SRV; wait $SRV; grep -vE "^loading" "$OUT/serve_q35.log" | tail -8 ;;
   esac
 done

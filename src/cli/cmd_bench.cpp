@@ -17,7 +17,9 @@
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "cli/load_ceiling.h"
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "io/model_config.h"
 #include "io/text_file.h"
 #include "runtime/spec_decode.h"
@@ -34,7 +36,7 @@ namespace {
 struct BenchArgs {
   std::string model, load_format = "auto", batches = "1,8,64", json_out;
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
-  bool profile = false, bf16_experts = false, no_graphs = false;
+  bool profile = false, bf16_experts = false, no_graphs = false, load_only = false;
   std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
   std::string spec_algorithm;                     // also generate end to end with this drafter
   int spec_ngram_min = 1, spec_ngram_max = 12;
@@ -179,24 +181,37 @@ void print_profile(const cuda::OpProfile& p, const char* title) {
   for (auto& [v, k] : rows) std::printf("    %-12s %9.3f ms  %5.1f%%\n", k.c_str(), v, 100 * v / total);
 }
 
+// Whether a checkpoint folder stores its routed experts in NVFP4 (the first MoE layer's first expert).
+bool stores_nvfp4_experts(const std::string& dir, const ModelConfig& cfg) {
+  auto ck = Checkpoint::open(dir);
+  for (int i = 0; i < cfg.num_hidden_layers; ++i)
+    if (cfg.is_moe_layer(i)) {
+      const std::string name = cfg.weight_prefix + "layers." + std::to_string(i) + ".mlp.experts.0.gate_proj.weight";
+      return ck->has(name) && ck->info(name).dtype == DType::U8;
+    }
+  return false;
+}
+
 void run_bench(const BenchArgs& a) {
   namespace fs = std::filesystem;
   std::string cfg_path = a.model;
   if (fs::is_directory(cfg_path)) cfg_path = (fs::path(cfg_path) / "config.json").string();
   const std::string cfg_text = read_text_file(cfg_path);
   const bool dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
-  FATHOM_CHECK(dummy, "bench with real weights: pass --load-format dummy (real-weight benchmarking comes later)");
+  FATHOM_CHECK(dummy || a.num_layers == 0, "--num-layers applies to --load-format dummy only");
   ModelConfig cfg = ModelConfig::parse(cfg_text, "", cfg_path).truncated_to(a.num_layers);
   const std::vector<int> spec_ks = a.spec_steps.empty() ? std::vector<int>{} : parse_list(a.spec_steps);
   const std::vector<int> spec_bs = parse_list(a.spec_batches);
-  if (!spec_ks.empty()) cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
-  const bool nvfp4 = !a.bf16_experts && cfg.num_experts > 0;
+  if (!spec_ks.empty() && dummy) cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
+  FATHOM_CHECK(spec_ks.empty() || cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
+  const bool nvfp4 = dummy ? !a.bf16_experts && cfg.num_experts > 0 : stores_nvfp4_experts(a.model, cfg);
   std::vector<int> batches = parse_list(a.batches);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
 
-  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, dummy weights\n",
+  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s\n",
               cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
-              cfg.num_linear_attention_layers(), nvfp4 ? "NVFP4" : "BF16");
+              cfg.num_linear_attention_layers(), nvfp4 ? "NVFP4" : "BF16",
+              dummy ? "dummy weights" : ("weights of " + a.model).c_str());
   cudaDeviceProp prop{};
   FATHOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const Ceilings ceil = measure_ceilings();
@@ -219,14 +234,34 @@ void run_bench(const BenchArgs& a) {
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
     opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
   }
-  auto runner = cuda::CudaRunner::dummy(cfg, opt, nvfp4, 1234);
+  std::unique_ptr<cuda::CudaRunner> runner;
+  nlohmann::json load_report;
+  if (dummy) {
+    runner = cuda::CudaRunner::dummy(cfg, opt, nvfp4, 1234);
+  } else {
+    // The load against its ceiling, measured now on the same files (which this pass also brings
+    // into the page cache, so both read from it).
+    const LoadCeiling ceiling = measure_load_ceiling(a.model), ceiling4 = measure_load_ceiling(a.model, 4);
+    const auto t0 = std::chrono::steady_clock::now();
+    runner = cuda::CudaRunner::from_checkpoint(a.model, opt);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double gbs = double(ceiling.bytes) / 1e9 / secs;
+    std::printf("load: %.2f GB in %.2f s = %.2f GB/s, %.0f%% of the ceiling measured now (page cache -> pinned -> device, "
+                "one reader: %.2f GB/s; four readers: %.2f GB/s = %.0f%%); peak host RSS %.2f GB\n",
+                double(ceiling.bytes) / 1e9, secs, gbs, 100 * gbs / ceiling.gbs(), ceiling.gbs(), ceiling4.gbs(),
+                100 * gbs / ceiling4.gbs(), peak_rss_gb());
+    load_report = {{"bytes", ceiling.bytes}, {"seconds", secs}, {"gbs", gbs}, {"ceiling_gbs", ceiling.gbs()},
+                   {"ceiling_4_readers_gbs", ceiling4.gbs()}, {"peak_rss_gb", peak_rss_gb()}};
+    if (a.load_only) return;
+  }
   const auto fp = runner->footprint();
   std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB\n",
               fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9);
   const ModelShape shape = shape_of(cfg, nvfp4);
   nlohmann::json report = {{"model", cfg.architecture}, {"layers", cfg.num_hidden_layers},
                            {"device", prop.name}, {"copy_tbs", ceil.copy_tbs}, {"gemm_tflops", ceil.gemm_tflops},
-                           {"nvfp4_experts", nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len}};
+                           {"nvfp4_experts", nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len},
+                           {"load", load_report}};
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
     std::vector<int32_t> v(n);
@@ -452,7 +487,8 @@ CommandRegistrar reg([](CLI::App& app) {
   CLI::App* sub = app.add_subcommand("bench", "Prefill/decode throughput against the roofline (CUDA)");
   sub->add_option("model", args->model, "Checkpoint folder or config.json (configs/*.json)");
   add_bench_serve(sub, "serve");
-  sub->add_option("--load-format", args->load_format, "dummy: random weights at the config's shapes");
+  sub->add_option("--load-format", args->load_format,
+                  "auto: the weights of MODEL (a checkpoint folder); dummy: random weights at the config's shapes");
   sub->add_option("--batch", args->batches, "Decode batch sizes, comma-separated");
   sub->add_option("--input-len", args->input_len, "Prompt / context length");
   sub->add_option("--output-len", args->output_len, "Decode steps timed per batch size");
@@ -462,6 +498,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
+  sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");
   sub->add_option("--speculative-num-steps", args->spec_steps,
                   "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");
   sub->add_option("--speculative-batch", args->spec_batches, "Batch sizes for the speculative costs");

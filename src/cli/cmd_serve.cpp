@@ -19,11 +19,17 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->port, "Port to listen on")->capture_default_str();
   sub->add_option("--served-model-name", a->served_model_name, "Model name in the API (default: the model path)");
-  sub->add_option("--max-model-len", a->max_model_len, "Longest prompt + completion (default: max_position_embeddings)");
+  sub->add_option("--max-model-len", a->max_model_len,
+                  "Longest prompt + completion (default: max_position_embeddings, capped by what the KV cache holds)");
   sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once (linear-attention state slots)")->capture_default_str();
   sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Token budget of one engine step")->capture_default_str();
   sub->add_option("--max-queue-len", a->max_queue_len, "Waiting sequences beyond which requests get 429")->capture_default_str();
-  sub->add_option("--num-kv-blocks", a->num_kv_blocks, "KV-cache blocks of 16 tokens (default: max-num-seqs full-length sequences)");
+  sub->add_option("--num-kv-blocks", a->num_kv_blocks,
+                  "KV-cache blocks of 16 tokens (default: from --gpu-memory-utilization on CUDA, max-num-seqs "
+                  "full-length sequences on the CPU)");
+  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
+                  "CUDA: share of the GPU's memory for weights, KV cache and buffers; the KV cache takes the rest")
+      ->capture_default_str();
   sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
   sub->add_option("--chat-template", a->chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");

@@ -114,6 +114,12 @@ const std::string& Checkpoint::file_of(std::string_view name) const {
   return it->second.first->label();
 }
 
+Checkpoint::Location Checkpoint::location(std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) fail("missing tensor ", name, " in ", dir_.string());
+  return Location{dir_ / file_of(name), it->second.first->file_offset(*it->second.second), it->second.second->nbytes};
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   out.reserve(index_.size());

@@ -28,6 +28,13 @@ class Checkpoint {
   const std::string& file_of(std::string_view name) const;
   std::vector<std::string> names() const;  // sorted
 
+  // The shard file and byte range holding a tensor (validated against the file's size at open).
+  struct Location {
+    std::filesystem::path path;
+    uint64_t offset = 0, bytes = 0;
+  };
+  Location location(std::string_view name) const;
+
   // Checks dtype/shape and converts a float tensor to fp32. Errors name the tensor, its file,
   // and the expected vs. found shape or dtype.
   std::vector<float> read_f32(std::string_view name, const std::vector<int64_t>& expected_shape) const;

@@ -1,6 +1,7 @@
 #include "io/nvfp4.h"
 
 #include <array>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -46,8 +47,24 @@ void dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales, float global
   });
 }
 
-std::vector<float> read_nvfp4_linear(const Checkpoint& ckpt, const std::string& module, int64_t rows,
-                                     int64_t cols) {
+// Eight bytes at a time: a byte is bad when its top bit is set or its low seven bits are all ones
+// (adding 1 to them carries into the top bit, never into the next byte).
+void check_nvfp4_scales(std::string_view tensor, const uint8_t* p, size_t n, uint64_t first_index) {
+  constexpr uint64_t kHigh = 0x8080808080808080ull, kLow = 0x7F7F7F7F7F7F7F7Full, kOne = 0x0101010101010101ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (((w & kHigh) | (((w & kLow) + kOne) & kHigh)) != 0) break;
+  }
+  for (; i < n; ++i) {
+    const uint8_t b = p[i];
+    FATHOM_CHECK((b & 0x7F) != 0x7F && !(b & 0x80), "tensor '", tensor, "': block scale ", first_index + i, " is ",
+                 (b & 0x7F) == 0x7F ? "NaN" : "negative", " (E4M3 byte ", int(b), ")");
+  }
+}
+
+float check_nvfp4_linear(const Checkpoint& ckpt, const std::string& module, int64_t rows, int64_t cols) {
   FATHOM_CHECK(rows > 0 && cols > 0, "NVFP4 module ", module, ": invalid size [", rows, ", ", cols, "]");
   FATHOM_CHECK(cols % 16 == 0, "NVFP4 module ", module, ": input size ", cols,
                " is not a multiple of the group size 16");
@@ -63,6 +80,17 @@ std::vector<float> read_nvfp4_linear(const Checkpoint& ckpt, const std::string& 
          shape_str(g.shape));
   float global_scale;
   std::memcpy(&global_scale, ckpt.bytes(gname).data(), 4);
+  if (!std::isfinite(global_scale) || global_scale <= 0.f)
+    fail("tensor '", gname, "' in ", ckpt.file_of(gname), ": the global scale ", global_scale, " is not a finite positive number");
+  return global_scale;
+}
+
+std::vector<float> read_nvfp4_linear(const Checkpoint& ckpt, const std::string& module, int64_t rows,
+                                     int64_t cols) {
+  const float global_scale = check_nvfp4_linear(ckpt, module, rows, cols);
+  const std::string wname = module + ".weight", sname = module + ".weight_scale";
+  const auto scale_bytes = ckpt.bytes(sname);
+  check_nvfp4_scales(sname, reinterpret_cast<const uint8_t*>(scale_bytes.data()), scale_bytes.size());
   std::vector<float> out(size_t(rows * cols));
   dequantize_nvfp4(reinterpret_cast<const uint8_t*>(ckpt.bytes(wname).data()),
                    reinterpret_cast<const uint8_t*>(ckpt.bytes(sname).data()), global_scale, rows, cols,

@@ -41,6 +41,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorInfo* find(std::string_view name) const;
   std::span<const std::byte> bytes(const TensorInfo& t) const;
+  // Where a tensor's bytes start in the file (for readers that pread instead of touching the
+  // mapping, which would count the pages in the process's resident memory).
+  uint64_t file_offset(const TensorInfo& t) const { return uint64_t(data_ - base_) + t.offset; }
 
  private:
   SafetensorsFile() = default;

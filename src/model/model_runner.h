@@ -73,6 +73,13 @@ class ModelRunner {
   virtual void rollback(SequenceId seq, int64_t new_length) = 0;
   virtual ForwardOutput mtp_forward(std::span<const MtpStep> steps) = 0;
   virtual void mtp_rollback(SequenceId seq, int64_t new_length) = 0;
+
+  // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
+  // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The
+  // serving engine takes its limits from these, so that it never schedules what cannot run.
+  virtual int64_t kv_capacity_tokens() const { return 0; }
+  virtual int64_t max_sequence_length() const { return 0; }
+  virtual int max_sequences() const { return 0; }
 };
 
 // How to build an engine beyond the checkpoint path (flag names as vLLM's).
@@ -84,6 +91,8 @@ struct EngineOptions {
   int max_batched_tokens = 0;        // tokens in one forward (0: engine default)
   int speculative_tokens = 0;        // drafts verified per step (K): linear-attention state is
                                      // kept for K + 1 positions per sequence
+  int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
+  double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
 };
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"

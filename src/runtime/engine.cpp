@@ -51,8 +51,18 @@ std::string Histogram::render(const std::string& name, const std::string& help, 
   return os.str();
 }
 
-static int64_t default_blocks(const EngineConfig& c) {
+// KV blocks to account: what the runner was sized for when it says (the CUDA engine: from device
+// memory or --num-kv-blocks), else --num-kv-blocks or room for max_num_seqs full sequences.
+static int64_t num_blocks(const EngineConfig& c, const ModelRunner& r) {
   const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
+  if (const int64_t cap = r.kv_capacity_tokens(); cap > 0) {
+    FATHOM_CHECK(r.max_sequence_length() <= 0 || c.max_model_len <= r.max_sequence_length(), "max-model-len ",
+                 c.max_model_len, " exceeds the longest sequence the engine holds (", r.max_sequence_length(),
+                 " tokens of KV cache or block table)");
+    FATHOM_CHECK(r.max_sequences() <= 0 || c.max_num_seqs <= r.max_sequences(), "max-num-seqs ", c.max_num_seqs,
+                 " exceeds the engine's ", r.max_sequences(), " sequence slots");
+    return cap / c.block_size;
+  }
   return c.num_kv_blocks > 0 ? std::max(c.num_kv_blocks, per_seq) : per_seq * c.max_num_seqs;
 }
 
@@ -60,7 +70,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
     : runner_(std::move(runner)),
       tok_(tokenizer),
       cfg_(cfg),
-      blocks_(default_blocks(cfg), cfg.block_size),
+      blocks_(num_blocks(cfg, *runner_), cfg.block_size),
       slots_(cfg.max_num_seqs),
       sched_(SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens}, blocks_, slots_),
       eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()) {

@@ -49,19 +49,30 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
   if (device == "cpu") return std::make_unique<CpuRunner>(HybridModel::load(path, with_mtp));
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
+    ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(dummy ? options.num_layers : 0);
     cuda::CudaRunnerOptions opt;
     opt.load_mtp = with_mtp;
     if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
-    if (options.max_model_len > 0) opt.max_seq_len = int(options.max_model_len);
+    // The longest sequence: --max-model-len, else the model's (the KV cache may cap it further).
+    const int64_t max_len = options.max_model_len > 0 ? options.max_model_len
+                            : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : opt.max_seq_len;
+    FATHOM_CHECK(max_len <= (int64_t(1) << 30), "--max-model-len ", max_len, " is too large");
+    opt.max_seq_len = int(max_len);
     if (options.max_batched_tokens > 0) opt.max_tokens_per_step = options.max_batched_tokens;
     // State history (allocated on the first verify step) costs K + 2 states per sequence slot.
-    if (options.speculative_tokens > 0) opt.max_history = options.speculative_tokens + 1;
-    opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
-    opt.kv_cache_tokens = std::max<int64_t>(opt.kv_cache_tokens, int64_t(opt.max_seqs) * opt.max_seq_len);
-    if (dummy) {
-      ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(options.num_layers);
-      return cuda::CudaRunner::dummy(cfg, opt, /*nvfp4_experts=*/cfg.num_experts > 0, /*seed=*/1234);
+    if (options.speculative_tokens > 0) {
+      opt.max_history = options.speculative_tokens + 1;
+      opt.reserve_history = true;
     }
+    opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
+    if (options.num_kv_blocks > 0) {
+      opt.kv_cache_tokens = options.num_kv_blocks * opt.block_size;
+    } else {
+      FATHOM_CHECK(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1,
+                   "--gpu-memory-utilization must be in (0, 1], got ", options.gpu_memory_utilization);
+      opt.gpu_memory_utilization = options.gpu_memory_utilization;
+    }
+    if (dummy) return cuda::CudaRunner::dummy(cfg, opt, /*nvfp4_experts=*/cfg.num_experts > 0, /*seed=*/1234);
     return cuda::CudaRunner::from_checkpoint(path, opt);
 #else
     fail("--device cuda: this build of fathom has no CUDA engine (nvcc was not found at configure time)");

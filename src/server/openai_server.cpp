@@ -1,5 +1,6 @@
 #include "server/openai_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -224,6 +225,8 @@ void OpenAIServer::load() {
   eo.max_seqs = cfg_.max_num_seqs;
   eo.max_model_len = cfg_.max_model_len;
   eo.max_batched_tokens = int(cfg_.max_num_batched_tokens);
+  eo.num_kv_blocks = cfg_.num_kv_blocks;
+  eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
   SpecOptions spec;
   spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
   spec.num_steps = cfg_.speculative_num_steps;
@@ -237,8 +240,15 @@ void OpenAIServer::load() {
   if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;
   auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp, eo);
   const ModelConfig& mc = runner->config();
-  const int64_t max_len =
+  // One limit for the server and the engine: --max-model-len, else the model's own, capped by
+  // what the engine can hold (the KV cache sized from device memory).
+  int64_t max_len =
       cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
+  if (cfg_.max_model_len <= 0 && runner->max_sequence_length() > 0) max_len = std::min(max_len, runner->max_sequence_length());
+  if (runner->kv_capacity_tokens() > 0)
+    std::fprintf(stderr, "fathom serve: KV cache %lld tokens (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
+                 (long long)runner->kv_capacity_tokens(), (long long)runner->kv_capacity_tokens() / 16, (long long)max_len,
+                 runner->max_sequences());
   EngineConfig ec;
   ec.max_num_seqs = cfg_.max_num_seqs;
   ec.max_num_batched_tokens = cfg_.max_num_batched_tokens;

@@ -13,11 +13,12 @@ struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_model_name;  // default: the model path
-  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
+  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings, or what the KV cache holds
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
   int max_queue_len = 1024;
-  int64_t num_kv_blocks = 0;      // 0: max_num_seqs full-length sequences
+  int64_t num_kv_blocks = 0;      // 0: from device memory (CUDA) or max_num_seqs full-length sequences (CPU)
+  double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take
   std::string api_key;
   std::string reasoning_parser;   // "" or "qwen3"
   std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's

@@ -270,7 +270,7 @@ void finalize_lengths(ParsedRequest& out, const RequestContext& ctx) {
     const int64_t len = int64_t(p.size());
     if (len == 0) bad(prompt_param, "the prompt is empty");
     if (len > ctx.max_model_len)
-      throw ApiError{413, "This model's maximum context length is " + std::to_string(ctx.max_model_len) +
+      throw ApiError{400, "This model's maximum context length is " + std::to_string(ctx.max_model_len) +
                               " tokens. However, your prompt has " + std::to_string(len) + " tokens.",
                      prompt_param, "context_length_exceeded"};
     const int64_t room = ctx.max_model_len - len;

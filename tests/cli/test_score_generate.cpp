@@ -81,7 +81,7 @@ TEST_P(CliFixture, ScoreWritesGoldenLogitsAndGenerateGoldenTokens) {
   EXPECT_LT(err / double(*mx - *mn), 1e-3);
 
   out = run("generate '" + dir.string() + "' --token-ids " + join(prompt) + " --max-new-tokens " +
-                std::to_string(greedy.size()) + " --ignore-eos --json 2>&1",
+                std::to_string(greedy.size()) + " --ignore-eos --json",  // stdout only: the JSON (logs go to stderr)
             &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, false);

@@ -1,6 +1,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
+
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors_writer.h"
@@ -162,4 +165,23 @@ TEST(Checkpoint, WrongDtype) {
 TEST(Checkpoint, ShapeStr) {
   EXPECT_EQ(shape_str({}), "[]");
   EXPECT_EQ(shape_str({2, 3}), "[2, 3]");
+}
+
+// Streaming loaders pread tensors: location() gives each tensor's shard and absolute byte range.
+TEST(Checkpoint, LocationPointsAtTheTensorBytesInItsShard) {
+  TempDir d;
+  write_sharded(d);
+  auto ck = Checkpoint::open(d.path());
+  for (const std::string name : {"model.embed_tokens.weight", "model.layers.0.mlp.gate.weight", "lm_head.weight"}) {
+    const Checkpoint::Location loc = ck->location(name);
+    EXPECT_EQ(loc.path.filename().string(), ck->file_of(name));
+    ASSERT_EQ(loc.bytes, ck->info(name).nbytes);
+    std::ifstream in(loc.path, std::ios::binary);
+    std::vector<char> got(loc.bytes);
+    in.seekg(std::streamoff(loc.offset));
+    in.read(got.data(), std::streamsize(got.size()));
+    ASSERT_TRUE(in) << name;
+    const auto want = ck->bytes(name);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size())) << name;
+  }
 }

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "io/nvfp4.h"
 #include "io/safetensors_writer.h"
@@ -101,4 +103,44 @@ TEST(Nvfp4, ReadLinearValidates) {
   EXPECT_THAT(read_error(d, 2, 32), HasSubstr("tensor 'm.weight_scale_2' in model.safetensors: expected dtype F32, found I32"));
   write_module(d, "F32", {1, 1});
   EXPECT_THAT(read_error(d, 2, 32), HasSubstr("expected a scalar (shape [] or [1]), found [1, 1]"));
+}
+
+// Block scales are checked as they stream past, eight bytes at a time: a NaN code or a sign bit
+// anywhere (inside a word or in the tail) is named with its index; ordinary scales pass.
+TEST(Nvfp4, ScaleCheckFindsNanAndNegativeAnywhere) {
+  std::vector<uint8_t> ok(37);
+  for (size_t i = 0; i < ok.size(); ++i) ok[i] = uint8_t(i * 3 % 0x7F);  // 0x00..0x7E, never 0x7F
+  EXPECT_NO_THROW(check_nvfp4_scales("s", ok.data(), ok.size()));
+  for (size_t at : {size_t(0), size_t(5), size_t(8), size_t(31), size_t(36)}) {
+    for (uint8_t bad : {uint8_t(0x7F), uint8_t(0xFF), uint8_t(0x80), uint8_t(0xB8)}) {
+      std::vector<uint8_t> v = ok;
+      v[at] = bad;
+      try {
+        check_nvfp4_scales("m.weight_scale", v.data(), v.size(), 1000);
+        ADD_FAILURE() << "byte " << int(bad) << " at " << at << " passed";
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), HasSubstr("block scale " + std::to_string(1000 + at)));
+        EXPECT_THAT(e.what(), HasSubstr((bad & 0x7F) == 0x7F ? "NaN" : "negative"));
+      }
+    }
+  }
+}
+
+TEST(Nvfp4, CheckLinearReadsNoCodesAndRejectsBadGlobalScales) {
+  TempDir d;
+  write_module(d, "F32", {});
+  EXPECT_FLOAT_EQ(check_nvfp4_linear(*Checkpoint::open(d.path()), "m", 2, 32), 0.25f);
+  for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    write_bytes(d / "model.safetensors",
+                build_safetensors({{"m.weight", "U8", {2, 16}, std::vector<uint8_t>(32, 0x77)},
+                                   {"m.weight_scale", "F8_E4M3", {2, 2}, std::vector<uint8_t>(4, 0x38)},
+                                   {"m.weight_scale_2", "F32", {}, f32_bytes({bad})}}));
+    EXPECT_THAT(read_error(d, 2, 32), HasSubstr("is not a finite positive number")) << bad;
+  }
+  // A NaN block scale is refused by the reading path as well.
+  write_bytes(d / "model.safetensors",
+              build_safetensors({{"m.weight", "U8", {2, 16}, std::vector<uint8_t>(32, 0x77)},
+                                 {"m.weight_scale", "F8_E4M3", {2, 2}, {0x38, 0x38, 0x7F, 0x38}},
+                                 {"m.weight_scale_2", "F32", {}, f32_bytes({0.25f})}}));
+  EXPECT_THAT(read_error(d, 2, 32), HasSubstr("tensor 'm.weight_scale': block scale 2 is NaN"));
 }

@@ -268,7 +268,7 @@ def main():
                 ("POST", "/v1/completions", {"prompt": "hi", "model": "no-such-model"}, 400),
                 ("POST", "/v1/completions", {"prompt": "hi", "seed": "abc"}, 400),
                 ("POST", "/v1/completions", {"prompt": "hi", "stream": "yes"}, 400),
-                ("POST", "/v1/completions", {"prompt": big}, 413),
+                ("POST", "/v1/completions", {"prompt": big}, 400, "4096 tokens. However, your prompt has 5000 tokens"),
                 ("POST", "/v1/completions", {"prompt": [5, 6], "max_tokens": 5000}, 400),
                 ("POST", "/v1/chat/completions", {}, 400),
                 ("POST", "/v1/chat/completions", {"messages": []}, 400),

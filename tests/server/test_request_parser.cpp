@@ -134,7 +134,7 @@ TEST(RequestParser, FaultFieldOnlyWhenEnabled) {
 TEST(RequestParser, LengthsAgainstTheContext) {
   RequestContext rc = tiny().rc;
   rc.max_model_len = 8;
-  EXPECT_EQ(error_of(R"({"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})", false, rc).status, 413);
+  EXPECT_EQ(error_of(R"({"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})", false, rc).status, 400);  // as OpenAI and vLLM
   EXPECT_EQ(error_of(R"({"prompt": [1, 2, 3], "max_tokens": 6})", false, rc).code, "context_length_exceeded");
   EXPECT_EQ(parse_request(R"({"prompt": [1, 2, 3]})", false, rc).common.params.max_tokens, 5);
 }

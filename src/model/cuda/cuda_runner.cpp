@@ -1,5 +1,7 @@
 #include "model/cuda/cuda_runner.h"
 
+#include "model/cuda/device_weights.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,30 +30,6 @@ int visible_device_count() {
 }
 namespace {
 
-struct DevLayer {
-  LayerType type = LayerType::FullAttention;
-  const float* input_norm = nullptr;
-  const float* post_norm = nullptr;
-  DeviceLinear q, k, v, o;
-  DeviceLinear attn_qkv;  // [q | k | v] in one bf16 matrix when none is NVFP4 (one GEMV/GEMM, not three)
-  const float *q_norm = nullptr, *k_norm = nullptr;
-  DeviceLinear qkv, z, b, a, out;
-  DeviceLinear gdn_in;  // [qkv | z | b | a] in one bf16 matrix when none is NVFP4 (one GEMM, not four)
-  const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;
-  bool is_moe = false;
-  DeviceLinear router;
-  DeviceLinear router3;  // the router split into bf16 [hi | lo | hi] columns (prefill on tensor cores)
-  DeviceExperts experts;                             // device descriptor arrays (bf16 experts)
-  std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
-  bool packed = false;                               // NVFP4 experts, repacked for the tensor-core kernels
-  PackedExperts pexperts;
-  bool has_shared = false;
-  DeviceLinear s_gate, s_up, s_down, s_gate_logit;
-  DeviceLinear s_fused;  // [gate | up | gate logit | zero rows] in one bf16 matrix when none is NVFP4
-  DeviceLinear m_gate, m_up, m_down;  // dense MLP
-  int attn_index = -1, linear_index = -1;
-};
-
 struct Sequence {
   int64_t length = 0;
   int slot = -1;
@@ -73,13 +51,8 @@ struct CudaRunner::Impl {
   ModelConfig cfg;
   CudaRunnerOptions opt;
   cudaStream_t stream = nullptr;
-  std::vector<DeviceBuffer> arena;
+  DeviceWeights w;
   Footprint fp;
-
-  const bf16_t* embed = nullptr;
-  const bf16_t* lm_head = nullptr;
-  const float* final_norm = nullptr;
-  std::vector<DevLayer> layers;
   int n_attn = 0, n_linear = 0;
 
   std::vector<DeviceBuffer> k_pool, v_pool;
@@ -90,6 +63,7 @@ struct CudaRunner::Impl {
   std::map<SequenceId, Sequence> seqs;
   SequenceId next_id = 1;
   int max_blocks = 0;
+  int64_t kv_tokens = 0;  // the KV pools' capacity
 
   // scratch
   int T_max = 0, R_max = 0, pair_limit = 0;
@@ -105,11 +79,7 @@ struct CudaRunner::Impl {
   size_t meta_ints = 0;
   Meta dmeta{}, hmeta{};
 
-  // MTP draft layer (optional): its own full-attention layer and KV pool (index n_attn).
-  bool has_mtp = false;
-  DevLayer mtp_layer;
-  DeviceLinear mtp_fc_e, mtp_fc_h;  // fc split into its embedding half and its hidden half
-  const float *mtp_norm_e = nullptr, *mtp_norm_h = nullptr, *mtp_norm = nullptr;
+  // MTP draft layer (optional, in w): its own full-attention layer and KV pool (index n_attn).
   DeviceBuffer mtp_hidden, mtp_e, mtp_h;
   // Linear-attention state history for keep_history steps, allocated on first use.
   DeviceBuffer conv_hist, rec_hist;
@@ -147,425 +117,21 @@ struct CudaRunner::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
-  // on the hundreds of thousands of small expert tensors of a 512-expert model.
-  size_t slab_used = 0;
-  template <class T>
-  T* alloc_weight(int64_t count, bool expert) {
-    constexpr size_t kSlab = size_t(1) << 30, kAlign = 256;
-    const size_t bytes = (size_t(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    if (arena.empty() || slab_used + bytes > arena.back().bytes()) {
-      arena.emplace_back(std::max(kSlab, bytes));
-      slab_used = 0;
-    }
-    T* p = reinterpret_cast<T*>(static_cast<char*>(arena.back().data()) + slab_used);
-    slab_used += bytes;
-    fp.weight_bytes += int64_t(count * sizeof(T));
-    (expert ? fp.expert_bytes : fp.dense_bytes) += int64_t(count * sizeof(T));
-    return p;
-  }
-
-  // ---- weights from host
-  DeviceLinear upload_linear(const LinearWeight& w, bool expert) {
-    DeviceLinear d;
-    d.out = w.out;
-    d.in = w.in;
-    if (!w.fp4.empty()) {
-      uint8_t* p = alloc_weight<uint8_t>(int64_t(w.fp4.size()), expert);
-      FATHOM_CUDA_CHECK(cudaMemcpy(p, w.fp4.data(), w.fp4.size(), cudaMemcpyHostToDevice));
-      uint8_t* s = alloc_weight<uint8_t>(int64_t(w.fp4_scale.size()), expert);
-      FATHOM_CUDA_CHECK(cudaMemcpy(s, w.fp4_scale.data(), w.fp4_scale.size(), cudaMemcpyHostToDevice));
-      d.fp4 = p;
-      d.fp4_scale = s;
-      d.fp4_global = w.fp4_global;
-    } else {
-      std::vector<bf16_t> h(w.w.size());
-      for (size_t i = 0; i < h.size(); ++i) h[i] = ::fathom::f32_to_bf16(w.w[i]);
-      bf16_t* p = alloc_weight<bf16_t>(int64_t(h.size()), expert);
-      FATHOM_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-      d.bf16 = p;
-    }
-    return d;
-  }
-  // Routers stay fp32: a bf16-rounded router flips near-tied expert choices. For prefill-sized
-  // steps the fp32 product (CUDA cores, no TF32) is done as one bf16 GEMM over a three-part split
-  // instead (split_bf16x3: within about 2^-16 of fp32).
-  DeviceLinear split_router(const DeviceLinear& r) {
-    DeviceLinear d;
-    d.out = r.out;
-    d.in = 3 * r.in;
-    bf16_t* p = alloc_weight<bf16_t>(int64_t(d.out) * d.in, false);
-    split_bf16x3(r.f32, p, r.out, r.in, /*weights=*/true, stream);
-    d.bf16 = p;
-    return d;
-  }
-  DeviceLinear upload_linear_f32(const LinearWeight& w) {
-    FATHOM_CHECK(w.fp4.empty(), "router stored as NVFP4 is not supported");
-    DeviceLinear d;
-    d.out = w.out;
-    d.in = w.in;
-    d.f32 = upload_f32(w.w);
-    return d;
-  }
-  // Stacks the rows of several bf16-stored linears with the same input, or nothing when one of
-  // them is NVFP4 (those keep their own kernels).
-  static std::optional<LinearWeight> concat_rows(std::initializer_list<const LinearWeight*> parts) {
-    LinearWeight out;
-    out.in = (*parts.begin())->in;
-    for (const LinearWeight* w : parts) {
-      if (!w->fp4.empty() || w->in != out.in) return std::nullopt;
-      out.out += w->out;
-      out.w.insert(out.w.end(), w->w.begin(), w->w.end());
-    }
-    return out;
-  }
-
-  // Fused matrices get zero rows up to a multiple of 8: an output row pitch of 2S+1 floats
-  // (the shared expert's [gate | up | gate logit]) puts cuBLASLt on slow unaligned kernels.
-  static int padded_rows(int rows) { return (rows + 7) / 8 * 8; }
-  static LinearWeight pad_rows(LinearWeight w) {
-    w.out = padded_rows(w.out);
-    w.w.resize(size_t(w.out) * w.in, 0.f);
-    return w;
-  }
-
-  const float* upload_f32(const std::vector<float>& v) {
-    float* p = alloc_weight<float>(int64_t(v.size()), false);
-    FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return p;
-  }
-  const bf16_t* upload_bf16(const std::vector<float>& v) {
-    std::vector<bf16_t> h(v.size());
-    for (size_t i = 0; i < h.size(); ++i) h[i] = ::fathom::f32_to_bf16(v[i]);
-    bf16_t* p = alloc_weight<bf16_t>(int64_t(h.size()), false);
-    FATHOM_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    return p;
-  }
-  DeviceExperts upload_expert_table(DevLayer& l) {
-    DeviceExperts ex;
-    ex.num = int(l.ex_gate.size());
-    ex.inter = ex.num ? l.ex_gate[0].out : 0;
-    ex.hidden = cfg.hidden_size;
-    auto table = [&](const std::vector<DeviceLinear>& v) {
-      DeviceLinear* p = alloc_weight<DeviceLinear>(int64_t(v.size()), false);
-      FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(DeviceLinear), cudaMemcpyHostToDevice));
-      return p;
-    };
-    ex.gate = table(l.ex_gate);
-    ex.up = table(l.ex_up);
-    ex.down = table(l.ex_down);
-    return ex;
-  }
-
-  // NVFP4 experts are repacked (pack_fp4) from a staging buffer into the weight slabs, so they
-  // take no more memory than the checkpoint's layout.
-  DeviceBuffer pack_stage;
-  uint8_t* stage_for(int out, int in) {
-    const size_t bytes = size_t(out) * in / 2 + size_t(out) * in / 16 + 256;
-    if (pack_stage.bytes() < bytes) pack_stage = DeviceBuffer(bytes);
-    return pack_stage.as<uint8_t>();
-  }
-  PackedFp4 pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in) {
-    uint8_t* q = alloc_weight<uint8_t>(packed_fp4_code_bytes(out, in), true);
-    uint16_t* sc = alloc_weight<uint16_t>(packed_fp4_scale_bytes(out, in) / 2, true);
-    return pack_fp4(codes, scales, global, out, in, q, sc, stream);
-  }
-  PackedFp4 upload_packed(const LinearWeight& w) {
-    uint8_t* st = stage_for(w.out, w.in);
-    uint8_t* st_scales = st + (w.fp4.size() + 255) / 256 * 256;
-    FATHOM_CUDA_CHECK(cudaMemcpy(st, w.fp4.data(), w.fp4.size(), cudaMemcpyHostToDevice));
-    FATHOM_CUDA_CHECK(cudaMemcpy(st_scales, w.fp4_scale.data(), w.fp4_scale.size(), cudaMemcpyHostToDevice));
-    const PackedFp4 p = pack_staged(st, st_scales, w.fp4_global, w.out, w.in);
-    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stage is reused by the next matrix
-    return p;
-  }
-  PackedFp4 dummy_packed(int out, int in) {
-    uint8_t* st = stage_for(out, in);
-    const int64_t code_bytes = int64_t(out) * in / 2;
-    uint8_t* st_scales = st + (code_bytes + 255) / 256 * 256;
-    const float global = fill_dummy_fp4(st, st_scales, out, in);
-    return pack_staged(st, st_scales, global, out, in);  // stream-ordered reuse of the stage
-  }
-  PackedExperts upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
-                                    const std::vector<PackedFp4>& d) {
-    PackedExperts ex;
-    ex.num = int(g.size());
-    ex.inter = ex.num ? g[0].rows : 0;
-    ex.hidden = cfg.hidden_size;
-    auto table = [&](const std::vector<PackedFp4>& v) {
-      PackedFp4* p = alloc_weight<PackedFp4>(int64_t(v.size()), false);
-      FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(PackedFp4), cudaMemcpyHostToDevice));
-      return p;
-    };
-    ex.gate = table(g);
-    ex.up = table(u);
-    ex.down = table(d);
-    return ex;
-  }
-  // The tensor-core expert kernels need every matrix in NVFP4 (k a multiple of 16, which also
-  // keeps the bf16 activation rows 16-byte aligned).
-  static bool can_pack(int I, int H) { return I % 16 == 0 && H % 16 == 0; }
-
-  void upload(const ModelWeights& w) {
-    embed = upload_bf16(w.embed);
-    lm_head = w.tied_lm_head ? embed : upload_linear(w.lm_head, false).bf16;
-    FATHOM_CHECK(lm_head != nullptr, "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
-    final_norm = upload_f32(w.final_norm);
-    for (const LayerWeights& lw : w.layers) layers.push_back(upload_layer(lw));
-    if (w.mtp) {
-      const MtpWeights& m = *w.mtp;
-      const int H = cfg.hidden_size;
-      has_mtp = true;
-      mtp_layer = upload_layer(m.layer);
-      LinearWeight fe, fh;  // fc = [W_e | W_h] over the concatenated input
-      fe.out = fh.out = H;
-      fe.in = fh.in = H;
-      FATHOM_CHECK(m.fc.fp4.empty(), "mtp.fc stored as NVFP4 is not supported");
-      for (int r = 0; r < H; ++r) {
-        fe.w.insert(fe.w.end(), m.fc.w.begin() + int64_t(r) * 2 * H, m.fc.w.begin() + int64_t(r) * 2 * H + H);
-        fh.w.insert(fh.w.end(), m.fc.w.begin() + int64_t(r) * 2 * H + H, m.fc.w.begin() + int64_t(r + 1) * 2 * H);
-      }
-      mtp_fc_e = upload_linear(fe, false);
-      mtp_fc_h = upload_linear(fh, false);
-      mtp_norm_e = upload_f32(m.pre_fc_norm_embedding);
-      mtp_norm_h = upload_f32(m.pre_fc_norm_hidden);
-      mtp_norm = upload_f32(m.norm);
-    }
-  }
-
-  DevLayer upload_layer(const LayerWeights& lw) {
-    DevLayer l;
-    l.type = lw.type;
-    l.input_norm = upload_f32(lw.input_norm);
-    l.post_norm = upload_f32(lw.post_attention_norm);
-    if (lw.type == LayerType::FullAttention) {
-      if (const auto fused = concat_rows({&lw.attn.q, &lw.attn.k, &lw.attn.v})) {
-        l.attn_qkv = upload_linear(*fused, false);
-      } else {
-        l.q = upload_linear(lw.attn.q, false);
-        l.k = upload_linear(lw.attn.k, false);
-        l.v = upload_linear(lw.attn.v, false);
-      }
-      l.o = upload_linear(lw.attn.o, false);
-      l.q_norm = upload_f32(lw.attn.q_norm);
-      l.k_norm = upload_f32(lw.attn.k_norm);
-    } else {
-      if (const auto fused = concat_rows({&lw.gdn.qkv, &lw.gdn.z, &lw.gdn.b, &lw.gdn.a})) {
-        l.gdn_in = upload_linear(*fused, false);
-      } else {
-        l.qkv = upload_linear(lw.gdn.qkv, false);
-        l.z = upload_linear(lw.gdn.z, false);
-        l.b = upload_linear(lw.gdn.b, false);
-        l.a = upload_linear(lw.gdn.a, false);
-      }
-      l.out = upload_linear(lw.gdn.out, false);
-      l.conv_w = upload_f32(lw.gdn.conv);
-      l.dt_bias = upload_f32(lw.gdn.dt_bias);
-      l.a_log = upload_f32(lw.gdn.a_log);
-      l.gnorm = upload_f32(lw.gdn.norm);
-    }
-    l.is_moe = lw.is_moe;
-    if (lw.is_moe) {
-      l.router = upload_linear_f32(lw.moe.router);
-      l.router3 = split_router(l.router);
-      bool all_fp4 = !lw.moe.experts.empty();
-      for (const MlpWeights& e : lw.moe.experts)
-        all_fp4 = all_fp4 && !e.gate.fp4.empty() && !e.up.fp4.empty() && !e.down.fp4.empty() &&
-                  can_pack(e.gate.out, e.gate.in);
-      if (all_fp4) {
-        std::vector<PackedFp4> g, u, d;
-        for (const MlpWeights& e : lw.moe.experts) {
-          g.push_back(upload_packed(e.gate));
-          u.push_back(upload_packed(e.up));
-          d.push_back(upload_packed(e.down));
-        }
-        l.packed = true;
-        l.pexperts = upload_packed_table(g, u, d);
-      } else {
-        for (const MlpWeights& e : lw.moe.experts) {
-          l.ex_gate.push_back(upload_linear(e.gate, true));
-          l.ex_up.push_back(upload_linear(e.up, true));
-          l.ex_down.push_back(upload_linear(e.down, true));
-        }
-        l.experts = upload_expert_table(l);
-      }
-      if (lw.moe.shared) {
-        l.has_shared = true;
-        if (const auto fused = concat_rows({&lw.moe.shared->gate, &lw.moe.shared->up, &lw.moe.shared_gate})) {
-          l.s_fused = upload_linear(pad_rows(*fused), false);
-        } else {
-          l.s_gate = upload_linear(lw.moe.shared->gate, false);
-          l.s_up = upload_linear(lw.moe.shared->up, false);
-          l.s_gate_logit = upload_linear(lw.moe.shared_gate, false);
-        }
-        l.s_down = upload_linear(lw.moe.shared->down, false);
-      }
-    } else {
-      l.m_gate = upload_linear(lw.mlp.gate, false);
-      l.m_up = upload_linear(lw.mlp.up, false);
-      l.m_down = upload_linear(lw.mlp.down, false);
-    }
-    return l;
-  }
-
-
-  // ---- dummy weights made on the device
-  uint64_t seed = 1;
-  // Random NVFP4 codes and E4M3 scales (0.5 .. 0.94) of an [out, in] matrix; returns the global
-  // scale that gives outputs of about unit size.
-  float fill_dummy_fp4(uint8_t* codes, uint8_t* scales, int out, int in) {
-    fill_random_bytes(codes, int64_t(out) * in / 2, seed++, 0xff, 0, stream);
-    fill_random_bytes(scales, int64_t(out) * in / 16, seed++, 0x07, 0x30, stream);
-    return 0.3f / std::sqrt(float(in));
-  }
-  DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert) {
-    DeviceLinear d;
-    d.out = out;
-    d.in = in;
-    if (fp4) {
-      uint8_t* p = alloc_weight<uint8_t>(int64_t(out) * in / 2, expert);
-      uint8_t* s = alloc_weight<uint8_t>(int64_t(out) * in / 16, expert);
-      d.fp4_global = fill_dummy_fp4(p, s, out, in);
-      d.fp4 = p;
-      d.fp4_scale = s;
-    } else {
-      bf16_t* p = alloc_weight<bf16_t>(int64_t(out) * in, expert);
-      fill_random_bf16(p, int64_t(out) * in, 1.f / std::sqrt(float(in)), seed++, stream);
-      d.bf16 = p;
-    }
-    return d;
-  }
-  const float* dummy_f32(int64_t n, float v) {
-    float* p = alloc_weight<float>(n, false);
-    fill_f32(p, n, v, stream);
-    return p;
-  }
-
-  void make_dummy(bool nvfp4_experts) {
-    make_dummy_layers(nvfp4_experts);
-    if (opt.load_mtp && cfg.mtp_num_hidden_layers > 0) {
-      // One full-attention MoE layer like the model's own, plus fc (split in halves) and norms.
-      const int H = cfg.hidden_size;
-      const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
-      ModelConfig one = cfg;
-      one.num_hidden_layers = 1;
-      one.layer_types = {LayerType::FullAttention};
-      std::swap(cfg, one);
-      std::vector<DevLayer> saved;
-      std::swap(layers, saved);
-      make_dummy_layers(nvfp4_experts, /*with_embeddings=*/false);
-      mtp_layer = std::move(layers[0]);
-      std::swap(layers, saved);
-      std::swap(cfg, one);
-      mtp_fc_e = dummy_linear(H, H, false, false);
-      mtp_fc_h = dummy_linear(H, H, false, false);
-      mtp_norm_e = dummy_f32(H, norm_w);
-      mtp_norm_h = dummy_f32(H, norm_w);
-      mtp_norm = dummy_f32(H, norm_w);
-      has_mtp = true;
-    }
-    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
-
-  void make_dummy_layers(bool nvfp4_experts, bool with_embeddings = true) {
-    const int H = cfg.hidden_size, V = cfg.vocab_size;
-    const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
-    if (with_embeddings) {
-      bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
-      fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
-      embed = e;
-      lm_head = cfg.tie_word_embeddings ? embed : dummy_linear(V, H, false, false).bf16;
-      final_norm = dummy_f32(H, norm_w);
-    }
-    const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
-    const int conv_dim = 2 * hk * dk + hv * dv;
-    for (int i = 0; i < cfg.num_hidden_layers; ++i) {
-      DevLayer l;
-      l.type = cfg.layer_types[i];
-      l.input_norm = dummy_f32(H, norm_w);
-      l.post_norm = dummy_f32(H, norm_w);
-      if (l.type == LayerType::FullAttention) {
-        l.attn_qkv = dummy_linear(nh * d * (cfg.attn_output_gate ? 2 : 1) + 2 * nkv * d, H, false, false);
-        l.o = dummy_linear(H, nh * d, false, false);
-        l.q_norm = dummy_f32(d, norm_w);
-        l.k_norm = dummy_f32(d, norm_w);
-      } else {
-        l.gdn_in = dummy_linear(conv_dim + hv * dv + 2 * hv, H, false, false);
-        l.out = dummy_linear(H, hv * dv, false, false);
-        l.conv_w = dummy_f32(int64_t(conv_dim) * cfg.linear_conv_kernel_dim, 0.25f);
-        l.dt_bias = dummy_f32(hv, 0.f);
-        l.a_log = dummy_f32(hv, -2.f);
-        l.gnorm = dummy_f32(dv, 1.f);
-      }
-      l.is_moe = cfg.is_moe_layer(i);
-      if (l.is_moe) {
-        const int I = cfg.moe_intermediate_size;
-        {
-          float* r = alloc_weight<float>(int64_t(cfg.num_experts) * H, false);
-          fill_random_f32(r, int64_t(cfg.num_experts) * H, 1.f / std::sqrt(float(H)), seed++, stream);
-          l.router.out = cfg.num_experts;
-          l.router.in = H;
-          l.router.f32 = r;
-          l.router3 = split_router(l.router);
-        }
-        if (nvfp4_experts && can_pack(I, H)) {
-          std::vector<PackedFp4> g, u, dn;
-          for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
-            g.push_back(dummy_packed(I, H));
-            u.push_back(dummy_packed(I, H));
-            dn.push_back(dummy_packed(H, I));
-          }
-          l.packed = true;
-          l.pexperts = upload_packed_table(g, u, dn);
-        } else {
-          for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
-            l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
-            l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
-            l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
-          }
-          l.experts = upload_expert_table(l);
-        }
-        if (cfg.shared_expert_intermediate_size > 0) {
-          const int S = cfg.shared_expert_intermediate_size;
-          l.has_shared = true;
-          l.s_fused = dummy_linear(padded_rows(2 * S + 1), H, false, false);
-          l.s_down = dummy_linear(H, S, false, false);
-        }
-      } else {
-        l.m_gate = dummy_linear(cfg.intermediate_size, H, false, false);
-        l.m_up = dummy_linear(cfg.intermediate_size, H, false, false);
-        l.m_down = dummy_linear(H, cfg.intermediate_size, false, false);
-      }
-      layers.push_back(std::move(l));
-    }
-    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
-
   // ---- caches, states and scratch
   void allocate_runtime() {
+    fp.weight_bytes = w.weight_bytes;
+    fp.expert_bytes = w.expert_bytes;
+    fp.dense_bytes = w.dense_bytes;
     const int H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
     const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
     const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
     const int conv_dim = 2 * hk * dk + hv * dv;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i].type == LayerType::FullAttention) layers[i].attn_index = n_attn++;
-      else layers[i].linear_index = n_linear++;
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      if (w.layers[i].type == LayerType::FullAttention) w.layers[i].attn_index = n_attn++;
+      else w.layers[i].linear_index = n_linear++;
     }
-    const int bs = opt.block_size;
-    const int64_t num_blocks = (opt.kv_cache_tokens + bs - 1) / bs;
-    max_blocks = (opt.max_seq_len + bs - 1) / bs;
-    if (has_mtp) mtp_layer.attn_index = n_attn;
-    for (int i = 0; i < n_attn + (has_mtp ? 1 : 0); ++i) {
-      k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
-      v_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
-      // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
-      fill_random_bf16(k_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 77 + i, stream);
-      fill_random_bf16(v_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 99 + i, stream);
-      fp.kv_bytes += int64_t(k_pool.back().bytes() * 2);
-    }
-    for (int64_t b2 = num_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
+    max_blocks = (opt.max_seq_len + opt.block_size - 1) / opt.block_size;
+    if (w.has_mtp) w.mtp_layer.attn_index = n_attn;
     if (n_linear > 0) {
       conv_state = DeviceBuffer(size_t(n_linear) * opt.max_seqs * (kc - 1) * conv_dim * 4);
       rec_state = DeviceBuffer(size_t(n_linear) * opt.max_seqs * hv * dk * dv * 4);
@@ -578,8 +144,8 @@ struct CudaRunner::Impl {
     const int K = std::max(1, cfg.num_experts_per_tok);
     // Packed NVFP4 experts run any step on the device (graph-friendly); bf16 experts past 1,024
     // pairs are grouped on the host.
-    bool any_packed = has_mtp && mtp_layer.packed;
-    for (const DevLayer& l : layers) any_packed = any_packed || l.packed;
+    bool any_packed = w.has_mtp && w.mtp_layer.packed;
+    for (const DevLayer& l : w.layers) any_packed = any_packed || l.packed;
     pair_limit = any_packed ? std::max(1024, T_max * K) : std::max(1024, K);
     auto f32 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 4); };
     auto b16 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 2); };
@@ -635,12 +201,12 @@ struct CudaRunner::Impl {
     eg_rows = DeviceBuffer(size_t(T) * K * 4);
     eg_w = f32(T * K);
     int64_t max_fp4 = 1;
-    for (const DevLayer& l : layers)
+    for (const DevLayer& l : w.layers)
       for (const auto* v2 : {&l.ex_gate, &l.ex_up, &l.ex_down})
         for (const DeviceLinear& dl : *v2) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
     dequant = b16(std::max<int64_t>(max_fp4, int64_t(S) * H));
     sel = f32(int64_t(R_max) * H);
-    if (has_mtp) {
+    if (w.has_mtp) {
       mtp_hidden = f32(T * H);
       mtp_e = b16(T * H);
       mtp_h = b16(T * H);
@@ -667,7 +233,51 @@ struct CudaRunner::Impl {
     };
     carve(meta_dev.as<int32_t>(), dmeta);
     carve(meta_host, hmeta);
+    allocate_kv_pools();
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  int64_t kv_bytes_per_token() const {
+    return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
+  }
+  int64_t history_bytes() const {
+    const int64_t conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim +
+                             cfg.linear_num_value_heads * cfg.linear_value_head_dim;
+    const int64_t per_entry = (cfg.linear_conv_kernel_dim - 1) * conv_dim +
+                              int64_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+    return int64_t(n_linear) * opt.max_seqs * (opt.max_history + 1) * per_entry * 4;
+  }
+
+  // The KV pools come last: with gpu_memory_utilization they take what the weights, states and
+  // scratch leave of that share of the device, less a reserve for CUDA graphs and cuBLASLt
+  // workspaces (made later) and, when drafts will be verified, the state history.
+  void allocate_kv_pools() {
+    const int bs = opt.block_size;
+    int64_t tokens = opt.kv_cache_tokens;
+    if (opt.gpu_memory_utilization > 0) {
+      size_t free_b = 0, total_b = 0;
+      FATHOM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      constexpr double kReserve = 1.5e9;
+      const double used = double(total_b - free_b);
+      const double budget = opt.gpu_memory_utilization * double(total_b) - used - kReserve -
+                            (opt.reserve_history ? double(history_bytes()) : 0.0);
+      FATHOM_CHECK(budget >= double(kv_bytes_per_token()) * bs, "--gpu-memory-utilization ", opt.gpu_memory_utilization,
+                   ": no room left for a KV cache (weights, states and buffers take ", used / 1e9, " of ", total_b / 1e9,
+                   " GB; reserve ", (kReserve + (opt.reserve_history ? double(history_bytes()) : 0.0)) / 1e9, " GB)");
+      tokens = int64_t(budget / double(kv_bytes_per_token()));
+    }
+    const int64_t num_blocks = std::max<int64_t>(1, tokens / bs);
+    kv_tokens = num_blocks * bs;
+    const int nkv = cfg.num_key_value_heads, d = cfg.head_dim;
+    for (int i = 0; i < n_attn + (w.has_mtp ? 1 : 0); ++i) {
+      k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
+      v_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
+      // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
+      fill_random_bf16(k_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 77 + i, stream);
+      fill_random_bf16(v_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 99 + i, stream);
+      fp.kv_bytes += int64_t(k_pool.back().bytes() * 2);
+    }
+    for (int64_t b2 = num_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
   }
 
   // ---- profiling
@@ -735,7 +345,7 @@ struct CudaRunner::Impl {
         throw SequenceError(id, "token id " + std::to_string(tokens[j]) + " is outside the vocabulary [0, " +
                                     std::to_string(cfg.vocab_size) + ")");
     while (int64_t(sq.blocks.size()) * bs < start + n) {
-      FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", opt.kv_cache_tokens, " tokens)");
+      FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", kv_tokens, " tokens)");
       sq.blocks.push_back(free_blocks.back());
       free_blocks.pop_back();
     }
@@ -794,8 +404,16 @@ struct CudaRunner::Impl {
       if (n != 1 && !(st.keep_history && st.all_rows && !st.all_hidden)) p.graphable = false;
       add_to_plan(p, i, st.seq, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
     }
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
+    upload_meta(p.S);
     return p;
+  }
+
+  // The step's metadata to the device: the block tables come last, so only the rows of the
+  // step's S sequences travel (each row is max_seq_len / block_size wide, 16,384 entries at
+  // 262,144 tokens).
+  void upload_meta(int S) {
+    const size_t ints = meta_ints - size_t(opt.max_seqs - S) * size_t(max_blocks);
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, ints * 4, cudaMemcpyHostToDevice, stream));
   }
 
   void ensure_history() {
@@ -869,9 +487,9 @@ struct CudaRunner::Impl {
     float* D = delta.as<float>();
     {
       Scope sc(this, "embedding");
-      embedding(dmeta.ids, embed, X, T, H, s);
+      embedding(dmeta.ids, w.embed, X, T, H, s);
     }
-    for (size_t li = 0; li < layers.size(); ++li) decoder_layer(layers[li], p, /*first=*/li == 0);
+    for (size_t li = 0; li < w.layers.size(); ++li) decoder_layer(w.layers[li], p, /*first=*/li == 0);
     Scope sc(this, "norm");
     add_inplace(X, D, int64_t(T) * H, s);
   }
@@ -1120,7 +738,7 @@ struct CudaRunner::Impl {
   }
 
   // Final norm and lm_head over the selected rows; argmax on the device.
-  void head(const Plan& p) { head(p, final_norm); }
+  void head(const Plan& p) { head(p, w.final_norm); }
   void head(const Plan& p, const float* norm) {
     const cudaStream_t s = stream;
     const int H = cfg.hidden_size, V = cfg.vocab_size;
@@ -1133,7 +751,7 @@ struct CudaRunner::Impl {
       gather_rows_bf16(hidden_bf.as<bf16_t>(), dmeta.logit_rows, xn.as<bf16_t>(), p.RL, H, s);
       head_in = xn.as<bf16_t>();
     }
-    gemm_bf16(head_in, lm_head, logits.as<float>(), p.RL, V, H, s);
+    gemm_bf16(head_in, w.lm_head, logits.as<float>(), p.RL, V, H, s);
     argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.RL, V, s);
   }
 
@@ -1190,7 +808,7 @@ struct CudaRunner::Impl {
       add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
       hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
     }
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, meta_ints * 4, cudaMemcpyHostToDevice, stream));
+    upload_meta(p.S);
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), hidden.data(), hidden.size() * 4, cudaMemcpyHostToDevice,
                                       stream));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `hidden` is a local
@@ -1206,15 +824,15 @@ struct CudaRunner::Impl {
     float* X = x.as<float>();
     float* D = delta.as<float>();
     bf16_t* dq = dequant.as<bf16_t>();
-    embedding(dmeta.ids, embed, X, T, H, s);
-    rms_norm(X, mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-    rms_norm(mtp_hidden.as<float>(), mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-    linear(mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
-    linear(mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
+    embedding(dmeta.ids, w.embed, X, T, H, s);
+    rms_norm(X, w.mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+    rms_norm(mtp_hidden.as<float>(), w.mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+    linear(w.mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
+    linear(w.mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
     add_inplace(X, D, int64_t(T) * H, s);
-    decoder_layer(mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
+    decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
     add_inplace(X, D, int64_t(T) * H, s);
-    head(p, mtp_norm);
+    head(p, w.mtp_norm);
   }
 
   // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences.
@@ -1267,10 +885,14 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   impl->opt = opt;
   impl->init_device();
   auto ckpt = Checkpoint::open(dir);
-  const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
-  QuantConfig quant = QuantConfig::load(dir, config_text);
-  ModelWeights w = load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true);
-  impl->upload(w);
+  WeightBuilder build(impl->cfg, impl->stream, impl->w);
+  if (opt.host_weights) {  // the older path: the whole model on the host first
+    const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
+    QuantConfig quant = QuantConfig::load(dir, config_text);
+    build.from_host(load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true));
+  } else {
+    build.from_checkpoint(*ckpt, opt.load_mtp);
+  }
   impl->allocate_runtime();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
@@ -1280,14 +902,16 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   impl->opt = opt;
-  impl->seed = seed;
   impl->init_device();
-  impl->make_dummy(nvfp4_experts);
+  WeightBuilder(impl->cfg, impl->stream, impl->w).dummy(nvfp4_experts, opt.load_mtp, seed);
   impl->allocate_runtime();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
 
 const ModelConfig& CudaRunner::config() const { return impl_->cfg; }
+int64_t CudaRunner::kv_capacity_tokens() const { return impl_->kv_tokens; }
+int64_t CudaRunner::max_sequence_length() const { return std::min<int64_t>(impl_->opt.max_seq_len, impl_->kv_tokens); }
+int CudaRunner::max_sequences() const { return impl_->opt.max_seqs; }
 
 std::string CudaRunner::device_name() const {
   cudaDeviceProp prop{};
@@ -1441,13 +1065,13 @@ void CudaRunner::rollback(SequenceId id, int64_t new_length) {
   sq.mtp_length = std::min(sq.mtp_length, new_length);
 }
 
-bool CudaRunner::has_mtp() const { return impl_->has_mtp; }
+bool CudaRunner::has_mtp() const { return impl_->w.has_mtp; }
 
 int64_t CudaRunner::mtp_length(SequenceId id) const { return impl_->seq(id).mtp_length; }
 
 ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   Impl& m = *impl_;
-  FATHOM_CHECK(m.has_mtp, "this model has no MTP layer loaded");
+  FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   Impl::Plan p = m.prepare_mtp(steps);
   m.run_mtp(p);
@@ -1468,7 +1092,7 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
 
 std::vector<int32_t> CudaRunner::mtp_forward_argmax(std::span<const MtpStep> steps) {
   Impl& m = *impl_;
-  FATHOM_CHECK(m.has_mtp, "this model has no MTP layer loaded");
+  FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
   Impl::Plan p = m.prepare_mtp(steps);
   m.run_mtp(p);
   std::vector<int32_t> ids(size_t(p.R));

@@ -29,6 +29,13 @@ struct CudaRunnerOptions {
   bool profile = false;            // per-op CUDA-event timings (disables graphs)
   bool load_mtp = false;           // load the checkpoint's MTP layer (speculative decoding)
   int max_history = 8;             // tokens of a keep_history step (draft verification)
+  // Load through host weights (load_model_weights) instead of streaming the shards to the device:
+  // the older path, which needs the whole model in host memory; kept to check the streamed one.
+  bool host_weights = false;
+  // > 0: the KV pools take this share of the device's memory, less what weights, states and
+  // scratch use (vLLM's --gpu-memory-utilization); kv_cache_tokens is then ignored.
+  double gpu_memory_utilization = 0;
+  bool reserve_history = false;    // leave room for the state history of draft verification
 };
 
 struct OpProfile {
@@ -38,7 +45,7 @@ struct OpProfile {
 
 class CudaRunner final : public ModelRunner {
  public:
-  // Uploads weights loaded from a checkpoint (NVFP4 kept as NVFP4).
+  // Streams a checkpoint's weights to the device as stored (NVFP4 kept as NVFP4).
   static std::unique_ptr<CudaRunner> from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt);
   // Random weights at the config's shapes, made on the device (`--load-format dummy`). Routed
   // experts are NVFP4 when `nvfp4_experts`, like the NVFP4 releases.
@@ -57,6 +64,9 @@ class CudaRunner final : public ModelRunner {
   void rollback(SequenceId seq, int64_t new_length) override;
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
+  int64_t kv_capacity_tokens() const override;
+  int64_t max_sequence_length() const override;
+  int max_sequences() const override;
 
   // Greedy fast path: the argmax of each output row (each step's last row, or all of its rows with
   // all_rows) without copying logits; the batch must fit one engine step.

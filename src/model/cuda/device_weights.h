@@ -1,0 +1,146 @@
+// The model's weights in GPU memory, in the layouts the layer code runs on: fused bf16
+// projections, NVFP4 experts repacked for the tensor-core kernels, fp32 routers (and their bf16
+// three-way split), carved out of 1 GB slabs. WeightBuilder makes them one of three ways:
+//  - from_checkpoint (device_weights_stream.cpp): streamed from the shards as stored, so host
+//    memory stays at a few staging buffers whatever the model's size;
+//  - from_host (device_weights_host.cpp): from fp32/raw host weights (load_model_weights), the
+//    older path, kept to check the streamed one against it bit for bit;
+//  - dummy (device_weights_dummy.cpp): random weights at a config's shapes, made on the device.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/model_config.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+#include "model/model_weights.h"
+
+namespace fathom::cuda {
+
+struct DevLayer {
+  LayerType type = LayerType::FullAttention;
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  DeviceLinear q, k, v, o;
+  DeviceLinear attn_qkv;  // [q | k | v] in one bf16 matrix when none is NVFP4 (one GEMV/GEMM, not three)
+  const float *q_norm = nullptr, *k_norm = nullptr;
+  DeviceLinear qkv, z, b, a, out;
+  DeviceLinear gdn_in;  // [qkv | z | b | a] in one bf16 matrix when none is NVFP4 (one GEMM, not four)
+  const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;
+  bool is_moe = false;
+  DeviceLinear router;
+  DeviceLinear router3;  // the router split into bf16 [hi | lo | hi] columns (prefill on tensor cores)
+  DeviceExperts experts;                             // device descriptor arrays (bf16 experts)
+  std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
+  bool packed = false;                               // NVFP4 experts, repacked for the tensor-core kernels
+  PackedExperts pexperts;
+  bool has_shared = false;
+  DeviceLinear s_gate, s_up, s_down, s_gate_logit;
+  DeviceLinear s_fused;  // [gate | up | gate logit | zero rows] in one bf16 matrix when none is NVFP4
+  DeviceLinear m_gate, m_up, m_down;  // dense MLP
+  int attn_index = -1, linear_index = -1;
+};
+
+// Fused matrices get zero rows up to a multiple of 8: an output row pitch of 2S+1 floats
+// (the shared expert's [gate | up | gate logit]) puts cuBLASLt on slow unaligned kernels.
+inline int padded_rows(int rows) { return (rows + 7) / 8 * 8; }
+
+struct DeviceWeights {
+  const bf16_t* embed = nullptr;
+  const bf16_t* lm_head = nullptr;
+  const float* final_norm = nullptr;
+  std::vector<DevLayer> layers;
+  bool has_mtp = false;
+  DevLayer mtp_layer;
+  DeviceLinear mtp_fc_e, mtp_fc_h;  // fc split into its embedding half and its hidden half
+  const float *mtp_norm_e = nullptr, *mtp_norm_h = nullptr, *mtp_norm = nullptr;
+  int64_t weight_bytes = 0, expert_bytes = 0, dense_bytes = 0;
+  std::vector<DeviceBuffer> arena;  // the slabs
+};
+
+class CheckpointStreamer;
+
+class WeightBuilder {
+ public:
+  WeightBuilder(const ModelConfig& cfg, cudaStream_t stream, DeviceWeights& out) : cfg(cfg), stream(stream), w(out) {}
+
+  // Every tensor the model needs (and the MTP layer's when `load_mtp`), streamed to the device.
+  void from_checkpoint(const Checkpoint& ckpt, bool load_mtp);
+  void from_host(const ModelWeights& host);
+  void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed);
+
+ private:
+  // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
+  // on the hundreds of thousands of small expert tensors of a 512-expert model.
+  size_t slab_used = 0;
+  template <class T>
+  T* alloc_weight(int64_t count, bool expert) {
+    constexpr size_t kSlab = size_t(1) << 30, kAlign = 256;
+    const size_t bytes = (size_t(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    if (w.arena.empty() || slab_used + bytes > w.arena.back().bytes()) {
+      w.arena.emplace_back(std::max(kSlab, bytes));
+      slab_used = 0;
+    }
+    T* p = reinterpret_cast<T*>(static_cast<char*>(w.arena.back().data()) + slab_used);
+    slab_used += bytes;
+    w.weight_bytes += int64_t(count * sizeof(T));
+    (expert ? w.expert_bytes : w.dense_bytes) += int64_t(count * sizeof(T));
+    return p;
+  }
+
+  DeviceLinear split_router(const DeviceLinear& r);
+  const float* upload_f32(const std::vector<float>& v);
+  const bf16_t* upload_bf16(const std::vector<float>& v);
+  DeviceExperts upload_expert_table(DevLayer& l);
+  // NVFP4 experts are repacked (pack_fp4) from a device staging buffer into the weight slabs, so
+  // they take no more memory than the checkpoint's layout.
+  uint8_t* stage_for(int out, int in);
+  PackedFp4 pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in);
+  PackedExperts upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
+                                    const std::vector<PackedFp4>& d);
+  // The tensor-core expert kernels need every matrix in NVFP4 (k a multiple of 16, which also
+  // keeps the bf16 activation rows 16-byte aligned).
+  static bool can_pack(int I, int H) { return I % 16 == 0 && H % 16 == 0; }
+
+  // from_host
+  DeviceLinear upload_linear(const LinearWeight& lw, bool expert);
+  DeviceLinear upload_linear_f32(const LinearWeight& lw);
+  static std::optional<LinearWeight> concat_rows(std::initializer_list<const LinearWeight*> parts);
+  static LinearWeight pad_rows(LinearWeight lw);
+  PackedFp4 upload_packed(const LinearWeight& lw);
+  DevLayer upload_layer(const LayerWeights& lw);
+
+  // from_checkpoint
+  bool stored_fp4(const std::string& module) const;
+  void rows_bf16(const std::string& tensor, int rows, int in, bf16_t* dst, int64_t row0 = 0);
+  DeviceLinear fused_bf16(const std::vector<std::pair<std::string, int>>& parts, int in, int total_rows, bool expert);
+  DeviceLinear stored_linear(const std::string& module, int out, int in, bool expert);
+  DeviceLinear stored_router(const std::string& module);
+  PackedFp4 stored_packed(const std::string& module, int out, int in);
+  std::vector<float> small_f32(const std::string& tensor, const std::vector<int64_t>& shape);
+  DevLayer stream_layer(const std::string& prefix, LayerType type, bool is_moe);
+  void stream_attention(DevLayer& l, const std::string& p);
+  void stream_gated_delta_net(DevLayer& l, const std::string& p);
+  void stream_moe(DevLayer& l, const std::string& p);
+
+  // dummy
+  float fill_dummy_fp4(uint8_t* codes, uint8_t* scales, int out, int in);
+  DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert);
+  const float* dummy_f32(int64_t n, float v);
+  PackedFp4 dummy_packed(int out, int in);
+  void make_dummy_layers(bool nvfp4_experts, bool with_embeddings = true);
+
+  ModelConfig cfg;
+  cudaStream_t stream;
+  DeviceWeights& w;
+  DeviceBuffer pack_stage;
+  uint64_t seed = 1;
+  CheckpointStreamer* st = nullptr;  // during from_checkpoint
+};
+
+}  // namespace fathom::cuda
