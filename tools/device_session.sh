@@ -81,7 +81,7 @@ for what in "${@:-all}"; do
       python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35cut --format nvfp4 --num-layers 4 2>&1 | tail -1
       python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35bf16 --format bf16 --num-layers 4 2>&1 | tail -1
       for d in /tmp/q35cut /tmp/q35bf16; do
-        FATHOM_LOAD_CHECKPOINT=$d timeout 300 "$BIN/test_cuda" --gtest_filter='CudaLoad*' 2>&1 | grep -E "equal|OK|FAILED|Failure|differ" | tail -12
+        FATHOM_LOAD_CHECKPOINT=$d timeout 300 "$BIN/test_cuda" --gtest_filter='*CudaLoad*' 2>&1 | grep -E "equal|OK|FAILED|Failure|differ" | tail -12
       done
       timeout 300 "$BIN/fathom" bench /tmp/q35 --load-only 2>&1 | tee "$OUT/load.log"
       timeout 420 "$BIN/fathom" bench /tmp/q35 --batch 1,8,64 --input-len 4096 --output-len 64 --repeats 3 \

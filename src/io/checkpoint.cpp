@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <future>
 #include <set>
 #include <sstream>
 
@@ -69,9 +70,12 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
            " (expected model.safetensors, model.safetensors.index.json or *.safetensors files)");
   }
 
-  for (const auto& f : files) {
-    ck->files_.push_back(SafetensorsFile::open(dir / f));
-    ck->file_names_.push_back(f);
+  // Shard headers are parsed in parallel: a 512-expert checkpoint has 100,000s of tensor entries.
+  std::vector<std::future<std::unique_ptr<SafetensorsFile>>> opened;
+  for (const auto& f : files) opened.push_back(std::async(std::launch::async, [&dir, f] { return SafetensorsFile::open(dir / f); }));
+  for (size_t i = 0; i < files.size(); ++i) {
+    ck->files_.push_back(opened[i].get());  // rethrows the first shard's error, naming it
+    ck->file_names_.push_back(files[i]);
   }
   for (size_t i = 0; i < ck->files_.size(); ++i) {
     const SafetensorsFile* sf = ck->files_[i].get();

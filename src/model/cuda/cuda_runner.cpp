@@ -3,7 +3,9 @@
 #include "model/cuda/device_weights.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -884,7 +886,10 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   impl->cfg = ModelConfig::load(dir);
   impl->opt = opt;
   impl->init_device();
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   auto ckpt = Checkpoint::open(dir);
+  const auto t1 = clock::now();
   WeightBuilder build(impl->cfg, impl->stream, impl->w);
   if (opt.host_weights) {  // the older path: the whole model on the host first
     const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
@@ -893,7 +898,12 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   } else {
     build.from_checkpoint(*ckpt, opt.load_mtp);
   }
+  const auto t2 = clock::now();
   impl->allocate_runtime();
+  const auto t3 = clock::now();
+  auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::fprintf(stderr, "fathom: %s loaded in %.2f s: shards opened %.2f s, %.2f GB of weights %.2f s, KV cache and buffers %.2f s\n",
+               dir.c_str(), s(t0, t3), s(t0, t1), double(impl->w.weight_bytes) / 1e9, s(t1, t2), s(t2, t3));
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
 

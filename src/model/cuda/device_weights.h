@@ -121,7 +121,8 @@ class WeightBuilder {
   DeviceLinear fused_bf16(const std::vector<std::pair<std::string, int>>& parts, int in, int total_rows, bool expert);
   DeviceLinear stored_linear(const std::string& module, int out, int in, bool expert);
   DeviceLinear stored_router(const std::string& module);
-  PackedFp4 stored_packed(const std::string& module, int out, int in);
+  // Per-expert NVFP4 matrices, read in parallel into a ring of device stages and repacked there.
+  void stream_packed_experts(const std::string& experts, DevLayer& l);
   std::vector<float> small_f32(const std::string& tensor, const std::vector<int64_t>& shape);
   DevLayer stream_layer(const std::string& prefix, LayerType type, bool is_moe);
   void stream_attention(DevLayer& l, const std::string& p);
@@ -139,6 +140,8 @@ class WeightBuilder {
   cudaStream_t stream;
   DeviceWeights& w;
   DeviceBuffer pack_stage;
+  DeviceBuffer pack_ring;  // from_checkpoint's stages (kStageRing matrices)
+  static constexpr int kStageRing = 48;
   uint64_t seed = 1;
   CheckpointStreamer* st = nullptr;  // during from_checkpoint
 };

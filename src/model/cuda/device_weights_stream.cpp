@@ -1,9 +1,10 @@
 // Device weights streamed from the checkpoint's shards (CheckpointStreamer): BF16 tensors go to
 // their place in the device layout as stored (fused projections are row blocks of one buffer),
-// NVFP4 codes and scales go to a device stage and are repacked there, small tensors (norms,
-// routers) are converted on the host. The result is bit for bit what from_host makes from the
+// NVFP4 expert codes and scales go to a ring of device stages and are repacked there, small
+// tensors (norms, routers) are converted on the host. The result is bit for bit what from_host makes from the
 // same checkpoint; tensors stored in other float types take that path's host conversion.
 #include <cmath>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -108,15 +109,44 @@ DeviceLinear WeightBuilder::stored_router(const std::string& module) {
   return d;
 }
 
-// An NVFP4 matrix through the device stage into the tensor-core layout. Copies and the repack
-// kernel share the stream, so the stage is reused without waiting.
-PackedFp4 WeightBuilder::stored_packed(const std::string& module, int out, int in) {
-  const float global = check_nvfp4_linear(st->checkpoint(), module, out, in);
-  uint8_t* stage = stage_for(out, in);
-  uint8_t* stage_scales = stage + (size_t(out) * in / 2 + 255) / 256 * 256;
-  st->copy(module + ".weight", stage);
-  st->copy_scales(module + ".weight_scale", stage_scales);
-  return pack_staged(stage, stage_scales, global, out, in);
+// Expert matrices are small (0.6 MB at 35B, 2.3 MB at 397B): one at a time, reading would wait
+// on every repack. Codes and scales of up to kStageRing matrices go to a ring of device stages,
+// read by all the streamer's readers at once; then the loader's stream repacks them (after
+// fence) and the ring is refilled only after that (fence_back).
+void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
+  const int E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  const size_t code_bytes = (size_t(I) * H / 2 + 255) / 256 * 256, slot = code_bytes + (size_t(I) * H / 16 + 255) / 256 * 256;
+  if (pack_ring.bytes() < slot * kStageRing) pack_ring = DeviceBuffer(slot * kStageRing);
+  std::vector<PackedFp4> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
+  struct Pending {
+    PackedFp4* out;
+    int rows, cols;
+    float global;
+    uint8_t *codes, *scales;
+  };
+  std::vector<Pending> pending;
+  auto flush = [&] {
+    st->fence();
+    for (const Pending& p : pending) *p.out = pack_staged(p.codes, p.scales, p.global, p.rows, p.cols);
+    st->fence_back();
+    pending.clear();
+  };
+  for (int e = 0; e < E; ++e) {
+    const std::string m = ex + "." + std::to_string(e);
+    for (auto [name, out, rows, cols] : {std::tuple{m + ".gate_proj", &g[size_t(e)], I, H},
+                                         std::tuple{m + ".up_proj", &u[size_t(e)], I, H},
+                                         std::tuple{m + ".down_proj", &d[size_t(e)], H, I}}) {
+      if (int(pending.size()) == kStageRing) flush();
+      uint8_t* codes = pack_ring.as<uint8_t>() + pending.size() * slot;
+      const float global = check_nvfp4_linear(st->checkpoint(), name, rows, cols);
+      st->copy(name + ".weight", codes);
+      st->copy_scales(name + ".weight_scale", codes + code_bytes);
+      pending.push_back(Pending{out, rows, cols, global, codes, codes + code_bytes});
+    }
+  }
+  flush();
+  l.packed = true;
+  l.pexperts = upload_packed_table(g, u, d);
 }
 
 void WeightBuilder::stream_attention(DevLayer& l, const std::string& p) {
@@ -220,15 +250,7 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
       for (const char* m : {".gate_proj", ".up_proj", ".down_proj"})
         all_fp4 = all_fp4 && stored_fp4(ex + "." + std::to_string(e) + m);
     if (all_fp4) {
-      std::vector<PackedFp4> g, u, d;
-      for (int e = 0; e < E; ++e) {
-        const std::string m = ex + "." + std::to_string(e);
-        g.push_back(stored_packed(m + ".gate_proj", I, H));
-        u.push_back(stored_packed(m + ".up_proj", I, H));
-        d.push_back(stored_packed(m + ".down_proj", H, I));
-      }
-      l.packed = true;
-      l.pexperts = upload_packed_table(g, u, d);
+      stream_packed_experts(ex, l);
     } else {
       for (int e = 0; e < E; ++e) {
         const std::string m = ex + "." + std::to_string(e);
@@ -309,6 +331,7 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
     // fc = [W_e | W_h] over the concatenated input: the two column halves become two matrices.
     DeviceBuffer fc(size_t(H) * 2 * H * 2);
     rows_bf16("mtp.fc.weight", H, 2 * H, fc.as<bf16_t>());
+    st->fence();  // the strided copies below read what the readers brought
     FATHOM_CHECK(ck.info("mtp.fc.weight").shape == (std::vector<int64_t>{H, 2 * H}), "tensor 'mtp.fc.weight': expected shape ",
                  shape_str({H, 2 * H}));
     for (int half = 0; half < 2; ++half) {
