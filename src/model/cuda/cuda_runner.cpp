@@ -335,17 +335,23 @@ struct CudaRunner::Impl {
   // grown as needed), the output rows (hidden states of every token with all_rows or all_hidden,
   // logits of every token with all_rows; else the last token's), its state slot and block table.
   // A sequence too long or holding a token outside the vocabulary fails alone (SequenceError).
+  // forward() checks every step before it runs any chunk of the batch, so no state has changed.
+  void check_step(SequenceId id, int64_t start, std::span<const int32_t> tokens) const {
+    const int64_t n = int64_t(tokens.size());
+    if (start + n > opt.max_seq_len)
+      throw SequenceError(id, "sequence of " + std::to_string(start + n) + " tokens exceeds the engine's max_seq_len " +
+                                  std::to_string(opt.max_seq_len));
+    for (int32_t t : tokens)
+      if (t < 0 || t >= cfg.vocab_size)
+        throw SequenceError(id, "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                    std::to_string(cfg.vocab_size) + ")");
+  }
+
   void add_to_plan(Plan& p, int i, SequenceId id, Sequence& sq, int64_t start, std::span<const int32_t> tokens,
                    bool all_rows, bool all_hidden = false) {
     const int n = int(tokens.size());
     const int bs = opt.block_size;
-    if (start + n > opt.max_seq_len)
-      throw SequenceError(id, "sequence of " + std::to_string(start + n) + " tokens exceeds the engine's max_seq_len " +
-                                  std::to_string(opt.max_seq_len));
-    for (int j = 0; j < n; ++j)
-      if (tokens[j] < 0 || tokens[j] >= cfg.vocab_size)
-        throw SequenceError(id, "token id " + std::to_string(tokens[j]) + " is outside the vocabulary [0, " +
-                                    std::to_string(cfg.vocab_size) + ")");
+    check_step(id, start, tokens);
     while (int64_t(sq.blocks.size()) * bs < start + n) {
       FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", kv_tokens, " tokens)");
       sq.blocks.push_back(free_blocks.back());
@@ -967,6 +973,7 @@ int64_t CudaRunner::length(SequenceId id) const { return impl_->seq(id).length; 
 
 ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
   Impl& m = *impl_;
+  for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   ForwardOutput out;
   // Each original step's rows are appended in order; a split step contributes several pieces.
