@@ -38,6 +38,14 @@ def completion_ok(url, name):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text[:200]
 
 
+def wait_for_connections(srv, at_most, seconds=10):
+    """Waits until the server counts at most `at_most` open connections (this query's included)."""
+    deadline = time.time() + seconds
+    while srv.metric("fathom:http_connections_open") > at_most:
+        assert time.time() < deadline, "the server still counts closed connections"
+        time.sleep(0.05)
+
+
 def closed_by_server(s):
     """Whether the server has closed this socket (EOF or reset), without blocking."""
     s.setblocking(False)
@@ -136,26 +144,32 @@ def main():
             assert health_seconds(small.url) < 1.0
             for s in idle:
                 s.close()
-            time.sleep(0.3)
-            # Connections in the middle of a request are not idle: past the limit, 503.
-            busy = open_idle(small.port, 40)
-            for s in busy:
-                s.sendall(b"GET /health HTTP/1.1\r\n")
-            time.sleep(0.3)
+            wait_for_connections(small, 1)
+            # A connection whose request is being read is not idle. "Expect: 100-continue" makes
+            # the server say when it has read a request's headers, so each connection is busy
+            # before the next one opens: 32 fill the limit, and the next 8 get 503 (no idle one
+            # is left to close for them).
+            head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n")
+            busy = []
+            for _ in range(32):
+                s = socket.create_connection(("127.0.0.1", small.port), timeout=10)
+                s.sendall(head)
+                reply = s.recv(64)
+                assert reply.startswith(b"HTTP/1.1 100"), reply
+                busy.append(s)
             refused = 0
-            for s in busy:
-                s.settimeout(0.2)
-                try:
-                    data = s.recv(4096)
-                except (socket.timeout, OSError):
-                    continue
+            for _ in range(8):
+                s = socket.create_connection(("127.0.0.1", small.port), timeout=10)
+                data = s.recv(4096)
+                s.close()
                 if data.startswith(b"HTTP/1.1 503"):
                     assert b"Retry-After: 1" in data and b'"error"' in data, data
                     refused += 1
-            assert refused >= 7, f"{refused} of the 8 connections past the limit got 503"
+            assert refused == 8, f"{refused} of the 8 connections past the limit got 503"
             for s in busy:
                 s.close()
-            time.sleep(0.3)
+            wait_for_connections(small, 1)
             assert health_seconds(small.url) < 1.0
             completion_ok(small.url, model)
         _()
