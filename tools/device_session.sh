@@ -2,7 +2,8 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all]...   (results under $OUT)
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|exactness|moe]...
+# (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
 NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p)))" 2>/dev/null)
@@ -21,6 +22,23 @@ wait_healthy() {
   done
   return 1
 }
+# Starts `fathom serve` on the 397B-shape dummy model (28 layers) with extra flags $3..., on
+# port $1, logging to $OUT/$2.log; sets SRV. Fails when it does not come up.
+start_server() {
+  local port=$1 name=$2; shift 2
+  "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
+    --skip-tokenizer-init --max-model-len 2048 --port "$port" "$@" > "$OUT/$name.log" 2>&1 &
+  SRV=$!
+  wait_healthy "$port" $SRV || { tail -5 "$OUT/$name.log"; return 1; }
+}
+# `fathom bench serve` against port $1 (256 tokens out; --input-len among the flags $3...),
+# output to $OUT/$2.log.
+bench_serve() {
+  local port=$1 name=$2; shift 2
+  timeout 400 "$BIN/fathom" bench serve --url "http://127.0.0.1:$port" --output-len 256 \
+    --vocab-size 248320 --no-progress "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "concurrency|rate|throughput|Median|P99|P90|Mean TPOT|goodput|Failed"
+}
+stop_server() { kill $SRV; wait $SRV 2>/dev/null; grep -E "captured|KV cache|error" "$OUT/$1.log" | head -5; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for what in "${@:-all}"; do
   case $what in
@@ -72,6 +90,51 @@ for what in "${@:-all}"; do
       timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18601 --concurrency 1,16 --input-len 512 \
         --output-len 64 --num-prompts 32 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve_spec.log"
       kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;&
+    sampling)
+      # Device sampling against the CPU sampler, and the engines that now sample on the device
+      # (speculative decoding included), against their references.
+      timeout 240 "$BIN/test_cuda" --gtest_filter="*CudaSampling*:*CudaSpeculative*:*CudaFixture*" \
+        > "$OUT/test_sampling.log" 2>&1; echo "test_cuda (sampling) rc=$?"
+      grep -E -A3 "chi2|argmax_rows|OK|FAILED|Failure|error|equal before|repeat" "$OUT/test_sampling.log" | grep -vE "^--$" | head -60 ;;
+    throughput)
+      # Issue 14: the engine's decode steps beside the served path, one model (397B shapes, 28
+      # layers, NVFP4 experts, dummy weights), 512 prompt tokens, 256 generated.
+      timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+        --batch 1,64,128,256 --input-len 512 --output-len 64 --json-out "$OUT/bench_engine.json" 2>&1 \
+        | grep -E "^(decode|prefill|weights|device)" | tee "$OUT/bench_engine.log"
+      start_server 18610 serve_tp --max-num-seqs 256 --gpu-memory-utilization 0.97 || continue
+      bench_serve 18610 serve_c1 --input-len 512 --concurrency 1 --num-prompts 8
+      bench_serve 18610 serve_c64 --input-len 512 --concurrency 64,128,256 --num-prompts 256
+      bench_serve 18610 serve_mix --input-len 512 --concurrency 64 --num-prompts 256 --temperature 0.8 --top-p 0.95 \
+        --logprobs 5 --logprobs-fraction 0.1
+      stop_server serve_tp ;;
+    itl)
+      # Decode latency under a steady stream of new prompts, with prefill capped per step; the
+      # served path alone (16-token prompts: prefill negligible); the host sampler (before).
+      for cps in 2048 512 256; do
+        start_server 18611 serve_itl_$cps --max-num-seqs 64 --chunked-prefill-size $cps || continue
+        bench_serve 18611 itl_$cps --input-len 512 --concurrency 64 --num-prompts 256
+        [ $cps = 2048 ] && bench_serve 18611 short_c64 --concurrency 64 --num-prompts 256 --input-len 16
+        stop_server serve_itl_$cps
+      done
+      start_server 18612 serve_host --max-num-seqs 64 --sampler host || continue
+      bench_serve 18612 serve_host_c64 --input-len 512 --concurrency 64 --num-prompts 64
+      stop_server serve_host ;;
+    moe)
+      # Prefill-sized steps on the decode-shaped NVFP4 expert kernels: by T alone (0) or up to 8
+      # and 16 pairs per expert; 320 tokens is a batch-64 decode step with a 256-token chunk.
+      for pairs in 0 8 16; do
+        for len in 320 512; do
+          FATHOM_MOE_FP4_SMALL_PAIRS=$pairs timeout 120 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json \
+            --load-format dummy --num-layers 8 --batch 1 --input-len $len --output-len 4 --repeats 5 2>&1 \
+            | grep -E "^prefill" | sed "s/^/pairs<=$pairs: /" | tee -a "$OUT/moe_small.log"
+        done
+      done ;;
+    exactness)
+      # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
+      FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \
+        --gtest_also_run_disabled_tests --gtest_filter='*VerifyRowEqualsDecodeRow*' 2>&1 \
+        | grep -E "layer|OK|FAILED" | tee "$OUT/exactness.log" ;;
     load|all)
       # Real checkpoints at real size (issue 13): a synthetic Qwen3.5-35B-A3B in the layout of the
       # ModelOpt NVFP4 release (24.5 GB), streamed to the GPU: the streamed path against the host

@@ -1,5 +1,7 @@
 // `fathom bench serve --url U --concurrency 1,16,64,256 --input-len N --output-len M
-//  --num-prompts P [--model NAME]`: load test of a running server, `vllm bench serve` output.
+//  --num-prompts P [--model NAME] [--random-range-ratio R] [--request-rate RPS --max-concurrency C]
+//  [--temperature T --top-p P --logprobs K --logprobs-fraction F] [--goodput ttft:MS tpot:MS]`:
+//  load test of a running server, `vllm bench serve` flags and output.
 #include <cstdlib>
 
 #include "cli/command.h"
@@ -9,18 +11,41 @@ namespace fathom::cli {
 
 void add_bench_serve(CLI::App* parent, const std::string& name) {
   auto a = std::make_shared<server::BenchConfig>();
+  auto dataset = std::make_shared<std::string>("random");  // the only dataset: random token ids
   CLI::App* sub = parent->add_subcommand(name, "Benchmark a running OpenAI-compatible server (like `vllm bench serve`)");
   sub->add_option("--url", a->url, "Server base URL")->capture_default_str();
   sub->add_option("--model", a->model, "Model name (default: the first from /v1/models)");
   sub->add_option("--api-key", a->api_key, "Bearer key");
   sub->add_option("--concurrency", a->concurrency, "Comma-separated concurrency levels")->delimiter(',')->capture_default_str();
-  sub->add_option("--input-len", a->input_len, "Prompt tokens (random ids)")->capture_default_str();
-  sub->add_option("--output-len", a->output_len, "Generated tokens per request (ignore_eos)")->capture_default_str();
+  sub->add_option("--dataset-name", *dataset, "Prompt source: random (token ids)")
+      ->check(CLI::IsMember({"random"}))
+      ->capture_default_str();
+  sub->add_option("--input-len,--random-input-len", a->input_len, "Prompt tokens (random ids), mean")->capture_default_str();
+  sub->add_option("--output-len,--random-output-len", a->output_len, "Generated tokens per request (ignore_eos), mean")
+      ->capture_default_str();
+  sub->add_option("--random-range-ratio", a->range_ratio,
+                  "Lengths uniform in [len * (1 - r), len * (1 + r)] (vLLM's random dataset)")
+      ->capture_default_str();
+  sub->add_option("--request-rate", a->request_rate,
+                  "Requests per second with Poisson arrivals (default: fixed --concurrency levels)");
+  sub->add_option("--max-concurrency", a->max_concurrency, "With --request-rate: requests in flight at most");
+  sub->add_option("--temperature", a->temperature, "Sampling temperature of the requests (0: greedy)")->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "top_p of the requests")->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "top_k of the requests (0: off)")->capture_default_str();
+  sub->add_option("--logprobs", a->logprobs, "Ask for the chosen token's logprob and this many alternatives");
+  sub->add_option("--logprobs-fraction", a->logprobs_fraction, "Share of the requests that ask for --logprobs")
+      ->capture_default_str();
+  sub->add_option("--metric-percentiles", a->percentiles, "Percentiles of TTFT/TPOT/ITL/E2EL to print")
+      ->delimiter(',')
+      ->capture_default_str();
+  auto goodput = std::make_shared<std::vector<std::string>>();
+  sub->add_option("--goodput", *goodput, "SLOs for the goodput line: ttft:MS tpot:MS e2el:MS");
   sub->add_option("--num-prompts", a->num_prompts, "Requests per concurrency level")->capture_default_str();
   sub->add_option("--vocab-size", a->vocab_size, "Prompt ids are drawn from [0, vocab-size - 16)")->capture_default_str();
   sub->add_option("--seed", a->seed, "Prompt seed")->capture_default_str();
   sub->add_flag("--no-progress", [a](int64_t) { a->progress = false; }, "No progress bar on stderr");
-  sub->callback([a] {
+  sub->callback([a, goodput] {
+    server::parse_goodput(*a, *goodput);
     int rc = server::run_bench_serve(*a);
     if (rc != 0) std::exit(rc);
   });

@@ -23,6 +23,15 @@ CommandRegistrar reg([](CLI::App& app) {
                   "Longest prompt + completion (default: max_position_embeddings, capped by what the KV cache holds)");
   sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once (linear-attention state slots)")->capture_default_str();
   sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Token budget of one engine step")->capture_default_str();
+  sub->add_option("--chunked-prefill-size", a->chunked_prefill_size,
+                  "Prefill tokens that may join one engine step, beside the decoding sequences (SGLang's flag; "
+                  "0: up to --max-num-batched-tokens)")
+      ->capture_default_str();
+  sub->add_option("--sampler", a->sampler,
+                  "device: choose tokens on the GPU (only ids and asked-for logprobs come back); host: copy the "
+                  "logits and sample on the CPU")
+      ->check(CLI::IsMember({"device", "host"}))
+      ->capture_default_str();
   sub->add_option("--max-queue-len", a->max_queue_len, "Waiting sequences beyond which requests get 429")->capture_default_str();
   sub->add_option("--num-kv-blocks", a->num_kv_blocks,
                   "KV-cache blocks of 16 tokens (default: from --gpu-memory-utilization on CUDA, max-num-seqs "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/row_sampling.h"
 #include "io/model_config.h"
 
 namespace fathom {
@@ -34,6 +35,25 @@ struct ForwardOutput {
   std::vector<int64_t> row_begin;         // first logits row of each step
   std::vector<float> hidden;              // final post-norm hidden states: n rows per all_rows or
   std::vector<int64_t> hidden_row_begin;  // all_hidden step, else 1; first hidden row of each step
+};
+
+// forward() with each logits row's token chosen where the logits are (see core/row_sampling.h):
+// only the choices, the logprobs asked for and (when wanted) the hidden states come back.
+struct SampledOutput {
+  int64_t rows = 0;                       // as ForwardOutput
+  std::vector<int64_t> row_begin;
+  std::vector<RowSample> samples;         // [rows]
+  std::vector<int32_t> top_ids;           // [rows, kMaxTopLogprobs] when any row asks for logprobs
+  std::vector<float> top_logprobs;
+  std::vector<float> hidden;              // as ForwardOutput, when want_hidden
+  std::vector<int64_t> hidden_row_begin;
+};
+
+// The argmax of each MTP row and its hidden state (the draft chain needs nothing else).
+struct GreedyOutput {
+  std::vector<int32_t> ids;               // [rows]
+  std::vector<int64_t> row_begin;
+  std::vector<float> hidden;              // [rows, hidden]
 };
 
 struct MtpStep {
@@ -73,6 +93,32 @@ class ModelRunner {
   virtual void rollback(SequenceId seq, int64_t new_length) = 0;
   virtual ForwardOutput mtp_forward(std::span<const MtpStep> steps) = 0;
   virtual void mtp_rollback(SequenceId seq, int64_t new_length) = 0;
+
+  // Engines that choose tokens on the device say so and implement forward_sampled(): `rows` has
+  // one entry per logits row forward() would return (in its order), pointing into `adjust`.
+  virtual bool samples_on_device() const { return false; }
+  virtual SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                        std::span<const LogitAdjustment> adjust, bool want_hidden) {
+    (void)steps, (void)rows, (void)adjust, (void)want_hidden;
+    fail("forward_sampled: ", device_name(), " does not sample on the device");
+  }
+  // mtp_forward() reduced to argmax ids and hidden states; engines override it to skip the
+  // logits copy.
+  virtual GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) {
+    ForwardOutput fo = mtp_forward(steps);
+    const int64_t V = config().vocab_size;
+    GreedyOutput g;
+    g.row_begin = fo.row_begin;
+    g.hidden = std::move(fo.hidden);
+    for (int64_t r = 0; r < fo.rows; ++r) {  // ties to the lowest id, as torch.argmax
+      const float* row = fo.logits.data() + r * V;
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (row[i] > row[best]) best = i;
+      g.ids.push_back(int32_t(best));
+    }
+    return g;
+  }
 
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
   // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The

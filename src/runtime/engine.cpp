@@ -72,8 +72,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
       cfg_(cfg),
       blocks_(num_blocks(cfg, *runner_), cfg.block_size),
       slots_(cfg.max_num_seqs),
-      sched_(SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens}, blocks_, slots_),
-      eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()) {
+      sched_(SchedulerConfig{cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_prefill_tokens}, blocks_, slots_),
+      eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()),
+      device_sampling_(cfg.device_sampling && runner_->samples_on_device()),
+      sampling_rows_(runner_->config().vocab_size) {
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
@@ -192,13 +194,9 @@ void Engine::finish(Request& r, const std::string& reason) {
   drop(&r);
 }
 
-std::string Engine::process_token(Request& r, int32_t token, const float* logits, int64_t vocab,
-                                  Clock::time_point now) {
+std::string Engine::process_token(Request& r, int32_t token, TokenLogprob* logprob, Clock::time_point now) {
   const RequestParams& p = r.spec.params;
-  if (p.logprobs >= 0) {
-    TokenLogprobs lp = compute_logprobs(logits, vocab, token, p.logprobs);
-    r.pending.logprobs.push_back(TokenLogprob{token, lp.logprob, std::move(lp.top)});
-  }
+  if (logprob) r.pending.logprobs.push_back(std::move(*logprob));
   r.tokens.push_back(token);
   r.pending.token_ids.push_back(token);
   {
@@ -294,6 +292,45 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   return verify_draft(logits, vocab, p.sampling, *draft, r.sampler.rng());
 }
 
+Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp) {
+  const RequestParams& p = r.spec.params;
+  if (res.fo) {
+    const int64_t vocab = runner_->config().vocab_size;
+    const float* logits = res.fo->logits.data() + row * vocab;
+    const Acceptance acc = choose(r, logits, vocab, draft);
+    if (p.logprobs >= 0) {
+      TokenLogprobs t = compute_logprobs(logits, vocab, acc.token, p.logprobs);
+      lp = TokenLogprob{acc.token, t.logprob, std::move(t.top)};
+    }
+    return acc;
+  }
+  maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
+  const RowSample& s = res.so->samples[size_t(row)];
+  if (p.logprobs >= 0) {
+    lp = TokenLogprob{s.token, s.logprob, {}};
+    for (int j = 0; j < std::min(p.logprobs, kMaxTopLogprobs); ++j)
+      lp.top.emplace_back(res.so->top_ids[size_t(row * kMaxTopLogprobs + j)],
+                          res.so->top_logprobs[size_t(row * kMaxTopLogprobs + j)]);
+  }
+  return Acceptance{draft != nullptr && s.accepted != 0, s.token};
+}
+
+void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps) {
+  sampling_rows_.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Request& r = *chunks[i].req;
+    if (steps[i].all_rows) {  // draft verification: the pending token's row, then one per draft
+      const std::span<const int32_t> drafts(r.drafts);
+      for (size_t d = 0; d <= drafts.size(); ++d)
+        sampling_rows_.add(r, drafts.first(d), d < drafts.size() ? drafts[d] : -1, eos_);
+    } else if (r.num_computed + int64_t(steps[i].tokens.size()) >= int64_t(r.tokens.size())) {
+      sampling_rows_.add(r, {}, -1, eos_);
+    } else {
+      sampling_rows_.add_skip();  // a prefill chunk before the prompt's end
+    }
+  }
+}
+
 // Drafts for every running sequence that is decoding (all its tokens but the last consumed),
 // capped so the round can neither overshoot max_tokens nor the context.
 void Engine::propose_drafts() {
@@ -360,11 +397,20 @@ bool Engine::step() {
     }
   }
   ForwardOutput fo;
+  SampledOutput so;
+  StepResult res;
   try {
     for (const ScheduledChunk& c : plan.chunks)
       if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
         throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
-    fo = runner_->forward(steps);
+    if (device_sampling_) {
+      add_sampling_rows(plan.chunks, steps);
+      so = runner_->forward_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments(), need_hidden);
+      res.so = &so;
+    } else {
+      fo = runner_->forward(steps);
+      res.fo = &fo;
+    }
   } catch (const SequenceError& e) {
     // Raised before any state changed: that sequence ends, the others run again next step.
     for (const ScheduledChunk& c : plan.chunks)
@@ -384,7 +430,7 @@ bool Engine::step() {
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Request& r = *plan.chunks[i].req;
     try {
-      finish_chunk(r, steps[i], fo, i, len_before[i], now);
+      finish_chunk(r, steps[i], res, i, len_before[i], now);
     } catch (const RequestError& e) {
       fail_request(r, e.stage(), e.what());
     } catch (const std::exception& e) {
@@ -408,21 +454,21 @@ void Engine::fail_request(Request& r, const std::string& stage, const std::strin
 
 // Samples (and verifies drafts) from one sequence's rows of a forward, streams what it produced,
 // and keeps the engine's count of consumed tokens equal to the runner's.
-void Engine::finish_chunk(Request& r, const ForwardStep& step, const ForwardOutput& fo, size_t i, int64_t pos,
+void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                           Clock::time_point now) {
   const bool need_hidden = spec_ && spec_->needs_hidden();
-  const int64_t vocab = runner_->config().vocab_size, H = runner_->config().hidden_size;
+  const int64_t H = runner_->config().hidden_size;
   const SequenceId seq = r.seq;
   const int64_t n = int64_t(step.tokens.size());
   const int nd = int(r.drafts.size());
-  const int64_t first_row = fo.row_begin[i], rows = step.all_rows ? n : 1;
+  const int64_t first_row = res.row_begin()[i], rows = step.all_rows ? n : 1;
   const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
   r.num_computed += n;
   // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
   auto observe = [&](int64_t count) {
     if (need_hidden)
       spec_->observe(seq, pos,
-                     std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, size_t(count * H)),
+                     std::span<const float>(res.hidden().data() + res.hidden_row_begin()[i] * H, size_t(count * H)),
                      std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
   };
   if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
@@ -433,10 +479,10 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const ForwardOutp
   int accepted = 0;
   std::string finish_reason;
   for (int d = 0; d <= nd && finish_reason.empty(); ++d) {
-    const float* row = fo.logits.data() + (first_row + rows - 1 - nd + d) * vocab;
-    const Acceptance acc = choose(r, row, vocab, d < nd ? &r.drafts[size_t(d)] : nullptr);
+    TokenLogprob lp;
+    const Acceptance acc = pick(r, res, first_row + rows - 1 - nd + d, d < nd ? &r.drafts[size_t(d)] : nullptr, lp);
     if (d < nd && acc.accepted) ++accepted;
-    finish_reason = process_token(r, acc.token, row, vocab, now);
+    finish_reason = process_token(r, acc.token, r.spec.params.logprobs >= 0 ? &lp : nullptr, now);
     if (d < nd && !acc.accepted) break;
   }
   if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length

@@ -20,6 +20,7 @@
 #include "model/model_runner.h"
 #include "runtime/kv_cache_manager.h"
 #include "runtime/request.h"
+#include "runtime/sampling_rows.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_sampling.h"
 #include "runtime/spec_stats.h"
@@ -34,12 +35,16 @@ namespace fathom {
 struct EngineConfig {
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
+  int64_t max_prefill_tokens = 0;  // prefill tokens joining one step (0: max_num_batched_tokens)
   int64_t max_model_len = 4096;
   int max_queue_len = 1024;    // waiting requests (sequences) beyond this are refused
   int block_size = 16;
   int64_t num_kv_blocks = 0;   // 0: enough for max_num_seqs sequences of max_model_len
   std::vector<int32_t> eos_token_ids;
   SpecOptions spec;  // algorithm None: plain decoding
+  // Choose tokens where the logits are when the runner can (only ids and the logprobs asked for
+  // come back); false: copy every logits row to the host and sample there.
+  bool device_sampling = true;
 };
 
 class Histogram {
@@ -87,6 +92,7 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   const ModelConfig& model_config() const { return runner_->config(); }
   std::string device_name() const { return runner_->device_name(); }
+  bool samples_on_device() const { return device_sampling_; }
 
   struct Stats {
     int running = 0, waiting = 0;
@@ -105,11 +111,24 @@ class Engine {
   // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
   // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
   Acceptance choose(Request& r, const float* row, int64_t vocab, const int32_t* draft);
-  // Appends a token and streams its text; returns the finish reason ("" to go on), after which
-  // the caller must finish(r, reason).
-  std::string process_token(Request& r, int32_t token, const float* logits, int64_t vocab, Clock::time_point now);
+  // Appends a token (with its logprobs when the request asks) and streams its text; returns the
+  // finish reason ("" to go on), after which the caller must finish(r, reason).
+  std::string process_token(Request& r, int32_t token, TokenLogprob* logprob, Clock::time_point now);
+  // One forward's results, from either path: host logits (fo) or device choices (so).
+  struct StepResult {
+    const ForwardOutput* fo = nullptr;
+    const SampledOutput* so = nullptr;
+    const std::vector<int64_t>& row_begin() const { return fo ? fo->row_begin : so->row_begin; }
+    const std::vector<float>& hidden() const { return fo ? fo->hidden : so->hidden; }
+    const std::vector<int64_t>& hidden_row_begin() const { return fo ? fo->hidden_row_begin : so->hidden_row_begin; }
+  };
+  // The sampler rows of a planned step (device sampling): the rows forward() would return.
+  void add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps);
+  // The token chosen from logits row `row` (and whether `draft` was accepted); fills `lp` when the
+  // request asks for logprobs.
+  Acceptance pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp);
   // The rest of a step for one sequence: sampling, draft verification, streaming, bookkeeping.
-  void finish_chunk(Request& r, const ForwardStep& step, const ForwardOutput& fo, size_t i, int64_t pos,
+  void finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                     Clock::time_point now);
   // Ends `r` alone with finish reason "error" (counted by `stage` in /metrics).
   void fail_request(Request& r, const std::string& stage, const std::string& what);
@@ -130,6 +149,8 @@ class Engine {
   // Engine-thread state.
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
   std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
+  bool device_sampling_ = false;
+  SamplingRows sampling_rows_;
   std::unordered_multimap<uint64_t, Request*> by_group_;
 
   // Shared with client threads.

@@ -65,6 +65,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
       opt.reserve_history = true;
     }
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
+    opt.capture_graphs_at_start = true;
     if (options.num_kv_blocks > 0) {
       opt.kv_cache_tokens = options.num_kv_blocks * opt.block_size;
     } else {

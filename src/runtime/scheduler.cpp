@@ -31,40 +31,58 @@ void Scheduler::remove(Request* r) {
   r->status = RequestStatus::Finished;
 }
 
+bool Scheduler::grow(Request* r, int64_t tokens, SchedulerOutput& out) {
+  while (!blocks_.grow(r->block_table, tokens)) {
+    Request* victim = running_.back();  // lowest priority: admitted last
+    for (const ScheduledChunk& c : out.chunks)
+      if (c.req == victim) return false;  // never undo what this step already holds
+    out.preempted.push_back(victim);
+    preempt(victim);
+    if (victim == r) return false;
+  }
+  return true;
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = cfg_.max_num_batched_tokens;
+  int64_t prefill_budget = cfg_.max_prefill_tokens > 0 ? cfg_.max_prefill_tokens : budget;
+  auto decoding = [](const Request* r) { return int64_t(r->tokens.size()) - r->num_computed <= 1; };
 
-  // 1. Running sequences: decode tokens (or the rest of a chunked prefill).
+  // 1. Decoding sequences: their pending token and drafts, in admission order.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
     const int64_t n = std::min(r->num_wanted(), budget);
-    if (n <= 0) {
+    if (!decoding(r) || n <= 0) {
       ++i;
       continue;
     }
-    bool scheduled = true;
-    while (!blocks_.grow(r->block_table, r->num_computed + n)) {
-      Request* victim = running_.back();  // lowest priority: admitted last
-      out.preempted.push_back(victim);
-      preempt(victim);
-      if (victim == r) {
-        scheduled = false;
-        break;
-      }
+    if (!grow(r, r->num_computed + n, out)) {
+      if (std::find(running_.begin(), running_.end(), r) == running_.end()) break;  // r was the last one
+      ++i;
+      continue;
     }
-    if (!scheduled) break;  // r was the last running sequence: nothing after it
     out.chunks.push_back({r, n});
     out.num_tokens += n;
     budget -= n;
     ++i;
   }
-
-  // 2. Admit waiting sequences (FIFO; preempted ones were put at the front).
+  // 2. The rest of chunked prompts, then 3. new admissions, within the prefill cap.
+  for (size_t i = 0; i < running_.size() && budget > 0 && prefill_budget > 0; ++i) {
+    Request* r = running_[i];
+    if (decoding(r)) continue;
+    const int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
+    if (n <= 0 || !grow(r, r->num_computed + n, out)) continue;
+    out.chunks.push_back({r, n});
+    out.num_tokens += n;
+    budget -= n;
+    prefill_budget -= n;
+  }
   if (out.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs && slots_.num_free() > 0) {
+    while (!waiting_.empty() && budget > 0 && prefill_budget > 0 && int(running_.size()) < cfg_.max_num_seqs &&
+           slots_.num_free() > 0) {
       Request* r = waiting_.front();
-      const int64_t n = std::min(r->num_wanted(), budget);
+      const int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
       if (!blocks_.grow(r->block_table, r->num_computed + n)) break;  // wait for blocks to free up
       waiting_.pop_front();
       r->state_slot = *slots_.acquire();
@@ -73,6 +91,7 @@ SchedulerOutput Scheduler::schedule() {
       out.chunks.push_back({r, n});
       out.num_tokens += n;
       budget -= n;
+      prefill_budget -= n;
     }
   }
   return out;

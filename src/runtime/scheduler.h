@@ -1,7 +1,10 @@
 // Continuous batching: each step mixes decode tokens of running sequences with prefill chunks
-// under a token budget (max-num-batched-tokens). Running sequences are served first, in
-// admission order, then waiting ones are admitted while a state slot, budget and KV blocks are
-// free. When a running sequence needs a block and none is free, the most recently admitted
+// under a token budget (max-num-batched-tokens), decode first: every decoding sequence gets its
+// token (and drafts) before any prefill, and prefill tokens in one step are capped by
+// max_prefill_tokens (SGLang's --chunked-prefill-size), so a long prompt arriving costs the
+// running streams at most that much extra step time. Prefills of running sequences (a chunked
+// prompt's rest) come before new admissions, which are taken while a state slot, budget and KV
+// blocks are free. When a running sequence needs a block and none is free, the most recently admitted
 // sequence is preempted by recompute: its blocks and slot are freed and it goes back to the
 // front of the waiting queue with prompt + generated tokens, to be prefilled again.
 //
@@ -21,6 +24,7 @@ namespace fathom {
 struct SchedulerConfig {
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
+  int64_t max_prefill_tokens = 0;  // prefill tokens in one step (0: max_num_batched_tokens)
 };
 
 struct ScheduledChunk {
@@ -52,6 +56,9 @@ class Scheduler {
 
  private:
   void preempt(Request* r);
+  // Grows r's blocks to `tokens`, preempting from the back of the running list while none are
+  // free; false when r itself was preempted or the next victim is already in this step.
+  bool grow(Request* r, int64_t tokens, SchedulerOutput& out);
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;

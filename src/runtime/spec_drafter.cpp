@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "runtime/sampler.h"
 
 namespace fathom {
 
@@ -14,7 +13,7 @@ MtpDrafter::MtpDrafter(ModelRunner& runner) : runner_(runner) {
 
 void MtpDrafter::extend(std::span<const DraftExtend> batch) {
   if (batch.empty()) return;
-  const int64_t H = runner_.config().hidden_size, V = runner_.config().vocab_size;
+  const int64_t H = runner_.config().hidden_size;
   std::vector<MtpStep> steps;
   for (const DraftExtend& e : batch) {
     // Drop the chained draft rows of the previous round (and anything else past pos).
@@ -25,11 +24,11 @@ void MtpDrafter::extend(std::span<const DraftExtend> batch) {
                  e.hidden.size() / H, " hidden rows for ", e.next_tokens.size(), " tokens");
     steps.push_back(MtpStep{e.seq, e.hidden, e.next_tokens, /*all_rows=*/false});
   }
-  ForwardOutput out = runner_.mtp_forward(steps);
+  GreedyOutput out = runner_.mtp_forward_greedy(steps);
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t row = out.row_begin[i];
     State& st = state_[batch[i].seq];
-    st.first_draft = argmax(out.logits.data() + row * V, V);
+    st.first_draft = out.ids[size_t(row)];
     st.hidden.assign(out.hidden.begin() + row * H, out.hidden.begin() + (row + 1) * H);
     st.mtp_length = batch[i].pos + int64_t(batch[i].next_tokens.size());
     if (record_trace)
@@ -38,7 +37,7 @@ void MtpDrafter::extend(std::span<const DraftExtend> batch) {
 }
 
 void MtpDrafter::propose(std::span<DraftRequest> batch) {
-  const int64_t H = runner_.config().hidden_size, V = runner_.config().vocab_size;
+  const int64_t H = runner_.config().hidden_size;
   std::vector<size_t> active;
   std::vector<std::vector<float>> hidden(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -60,12 +59,12 @@ void MtpDrafter::propose(std::span<DraftRequest> batch) {
     std::vector<MtpStep> steps;
     for (size_t i : active)
       steps.push_back(MtpStep{batch[i].seq, hidden[i], std::span<const int32_t>(&batch[i].drafts.back(), 1), false});
-    ForwardOutput out = runner_.mtp_forward(steps);
+    GreedyOutput out = runner_.mtp_forward_greedy(steps);
     std::vector<size_t> still;
     for (size_t j = 0; j < active.size(); ++j) {
       const size_t i = active[j];
       const int64_t row = out.row_begin[j];
-      batch[i].drafts.push_back(argmax(out.logits.data() + row * V, V));
+      batch[i].drafts.push_back(out.ids[size_t(row)]);
       hidden[i].assign(out.hidden.begin() + row * H, out.hidden.begin() + (row + 1) * H);
       if (int(batch[i].drafts.size()) < batch[i].max_drafts) still.push_back(i);
     }

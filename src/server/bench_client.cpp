@@ -44,12 +44,24 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / double(v.size());
 }
 
-Result one_request(httplib::Client& cli, const BenchConfig& cfg, const std::string& model, const std::vector<int>& prompt) {
+// One request of a run: its prompt, output length, whether it asks for logprobs, and (with a
+// request rate) its arrival time after the start.
+struct Job {
+  std::vector<int> prompt;
+  int output_len = 0;
+  bool logprobs = false;
+  double arrival = 0;
+};
+
+Result one_request(httplib::Client& cli, const BenchConfig& cfg, const std::string& model, const Job& job) {
   Result r;
-  r.prompt_len = int(prompt.size());
-  json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", cfg.output_len}, {"temperature", 0},
-               {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true},
+  r.prompt_len = int(job.prompt.size());
+  json body = {{"model", model}, {"prompt", job.prompt}, {"max_tokens", job.output_len},
+               {"temperature", cfg.temperature}, {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true},
                {"stream_options", {{"include_usage", true}}}};
+  if (cfg.top_p < 1) body["top_p"] = cfg.top_p;
+  if (cfg.top_k > 0) body["top_k"] = cfg.top_k;
+  if (job.logprobs) body["logprobs"] = cfg.logprobs;
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -173,104 +185,177 @@ void progress(int done, int total) {
 
 }  // namespace
 
+void parse_goodput(BenchConfig& cfg, const std::vector<std::string>& entries) {
+  for (const std::string& e : entries) {
+    const size_t colon = e.find(':');
+    FATHOM_CHECK(colon != std::string::npos, "--goodput: '", e, "' is not NAME:MILLISECONDS (ttft, tpot, e2el)");
+    const std::string name = e.substr(0, colon);
+    char* end = nullptr;
+    const double ms = std::strtod(e.c_str() + colon + 1, &end);
+    FATHOM_CHECK(end && *end == '\0' && ms > 0, "--goodput: '", e, "' needs a positive number of milliseconds");
+    if (name == "ttft") cfg.slo_ttft_ms = ms;
+    else if (name == "tpot") cfg.slo_tpot_ms = ms;
+    else if (name == "e2el") cfg.slo_e2el_ms = ms;
+    else fail("--goodput: unknown metric '", name, "' (ttft, tpot, e2el)");
+  }
+}
+
+namespace {
+
+// The jobs of one run: random token-id prompts, lengths uniform around their means, a share
+// asking for logprobs, Poisson arrival times when a request rate is set.
+std::vector<Job> make_jobs(const BenchConfig& cfg) {
+  std::mt19937_64 gen(cfg.seed);
+  std::uniform_int_distribution<int> token(0, cfg.vocab_size - 17);
+  auto length = [&](int mean) {
+    const int lo = std::max(1, int(std::floor(mean * (1 - cfg.range_ratio))));
+    const int hi = std::max(lo, int(std::ceil(mean * (1 + cfg.range_ratio))));
+    return std::uniform_int_distribution<int>(lo, hi)(gen);
+  };
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::vector<Job> jobs(size_t(cfg.num_prompts));
+  double t = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    j.prompt.resize(size_t(length(cfg.input_len)));
+    for (int& x : j.prompt) x = token(gen);
+    j.output_len = length(cfg.output_len);
+    // Every 1/fraction-th request, spread evenly (the same requests in every run).
+    j.logprobs = cfg.logprobs >= 0 && std::floor(double(i + 1) * cfg.logprobs_fraction) > std::floor(double(i) * cfg.logprobs_fraction);
+    if (cfg.request_rate > 0) {
+      t += -std::log(1 - unit(gen)) / cfg.request_rate;
+      j.arrival = t;
+    }
+  }
+  return jobs;
+}
+
+// Runs the jobs with `workers` clients (each sends its next job once it has arrived) and prints
+// the result table; returns the failed requests.
+int run_level(const BenchConfig& cfg, const std::string& model, const std::vector<Job>& jobs, int workers,
+              const std::string& level_line) {
+  std::vector<Result> results(jobs.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int> finished{0};
+  std::mutex pm;
+  const SpecCounters spec0 = scrape_spec(cfg);
+  const auto t0 = BClock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < std::min<int>(workers, int(jobs.size())); ++w)
+    threads.emplace_back([&] {
+      httplib::Client cli(cfg.url);
+      cli.set_read_timeout(600);
+      cli.set_write_timeout(60);
+      cli.set_connection_timeout(30);
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        std::this_thread::sleep_until(t0 + std::chrono::duration_cast<BClock::duration>(
+                                               std::chrono::duration<double>(jobs[i].arrival)));
+        results[i] = one_request(cli, cfg, model, jobs[i]);
+        int d = ++finished;
+        if (cfg.progress) {
+          std::lock_guard<std::mutex> l(pm);
+          progress(d, int(jobs.size()));
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double dur = sec(BClock::now() - t0);
+  if (cfg.progress) std::fprintf(stderr, "\n");
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t in_tok = 0, out_tok = 0;
+  int ok = 0, good = 0;
+  std::string first_error;
+  for (const auto& r : results) {
+    if (!r.ok) {
+      if (first_error.empty()) first_error = r.error;
+      continue;
+    }
+    ++ok;
+    in_tok += r.prompt_len;
+    out_tok += r.output_tokens;
+    ttft.push_back(r.ttft * 1e3);
+    e2e.push_back(r.e2e * 1e3);
+    const double tp = r.output_tokens > 1 ? (r.e2e - r.ttft) * 1e3 / (r.output_tokens - 1) : 0;
+    if (r.output_tokens > 1) tpot.push_back(tp);
+    for (double x : r.itl) itl.push_back(x * 1e3);
+    good += (cfg.slo_ttft_ms <= 0 || r.ttft * 1e3 <= cfg.slo_ttft_ms) && (cfg.slo_tpot_ms <= 0 || tp <= cfg.slo_tpot_ms) &&
+            (cfg.slo_e2el_ms <= 0 || r.e2e * 1e3 <= cfg.slo_e2el_ms);
+  }
+  auto line = [](const std::string& k, const std::string& v) { std::printf("%-40s %s\n", k.c_str(), v.c_str()); };
+  auto f2 = [](double v) { char b[32]; std::snprintf(b, sizeof b, "%.2f", v); return std::string(b); };
+  auto pname = [](double p) { char b[32]; std::snprintf(b, sizeof b, "P%g", p); return std::string(b); };
+  std::printf("============ Serving Benchmark Result ============\n");
+  line("Successful requests:", std::to_string(ok));
+  line("Failed requests:", std::to_string(results.size() - size_t(ok)));
+  std::printf("%s", level_line.c_str());
+  line("Benchmark duration (s):", f2(dur));
+  line("Total input tokens:", std::to_string(in_tok));
+  line("Total generated tokens:", std::to_string(out_tok));
+  line("Request throughput (req/s):", f2(ok / dur));
+  if (cfg.slo_ttft_ms > 0 || cfg.slo_tpot_ms > 0 || cfg.slo_e2el_ms > 0) line("Request goodput (req/s):", f2(good / dur));
+  line("Output token throughput (tok/s):", f2(out_tok / dur));
+  line("Total Token throughput (tok/s):", f2((in_tok + out_tok) / dur));
+  auto block = [&](const char* title, const char* key, const std::vector<double>& v) {
+    std::printf("%s\n", title);
+    line(std::string("Mean ") + key + " (ms):", f2(mean(v)));
+    line(std::string("Median ") + key + " (ms):", f2(percentile(v, 50)));
+    for (double p : cfg.percentiles)
+      if (p != 50) line(pname(p) + " " + key + " (ms):", f2(percentile(v, p)));
+  };
+  block("---------------Time to First Token----------------", "TTFT", ttft);
+  block("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
+  block("---------------Inter-token Latency----------------", "ITL", itl);
+  block("----------------End-to-end Latency----------------", "E2EL", e2e);
+  if (const SpecCounters spec1 = scrape_spec(cfg); spec1.found) {  // this level's share of the counters
+    const double rounds = spec1.drafts - spec0.drafts, drafted = spec1.draft_tokens - spec0.draft_tokens;
+    const double accepted = spec1.accepted - spec0.accepted;
+    std::printf("---------------Speculative Decoding---------------\n");
+    line("Acceptance rate (%):", f2(drafted > 0 ? 100 * accepted / drafted : 0));
+    line("Acceptance length:", f2(rounds > 0 ? 1 + accepted / rounds : 0));
+    line("Drafts:", std::to_string(int64_t(rounds)));
+    line("Draft tokens:", std::to_string(int64_t(drafted)));
+    line("Accepted tokens:", std::to_string(int64_t(accepted)));
+    std::string per_pos;
+    for (size_t i = 0; i < spec1.accepted_at.size(); ++i) {
+      const double before = i < spec0.accepted_at.size() ? spec0.accepted_at[i] : 0;
+      per_pos += (i ? " " : "") + f2(rounds > 0 ? 100 * (spec1.accepted_at[i] - before) / rounds : 0);
+    }
+    line("Per-position acceptance (%):", per_pos);
+  }
+  std::printf("==================================================\n");
+  if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+  std::fflush(stdout);
+  return int(results.size()) - ok;
+}
+
+}  // namespace
+
 int run_bench_serve(const BenchConfig& cfg) {
   FATHOM_CHECK(cfg.num_prompts > 0 && cfg.input_len > 0 && cfg.output_len > 0, "--num-prompts, --input-len and --output-len must be positive");
   FATHOM_CHECK(cfg.vocab_size > 16, "--vocab-size must be > 16");
+  FATHOM_CHECK(cfg.range_ratio >= 0 && cfg.range_ratio < 1, "--random-range-ratio must be in [0, 1)");
+  FATHOM_CHECK(cfg.logprobs <= 20, "--logprobs must be at most 20");
+  FATHOM_CHECK(cfg.logprobs_fraction >= 0 && cfg.logprobs_fraction <= 1, "--logprobs-fraction must be in [0, 1]");
   const std::string model = cfg.model.empty() ? first_model(cfg) : cfg.model;
-  std::mt19937_64 gen(cfg.seed);
-  std::uniform_int_distribution<int> dist(0, cfg.vocab_size - 17);
-  std::vector<std::vector<int>> prompts(size_t(cfg.num_prompts));
-  for (auto& p : prompts) {
-    p.resize(size_t(cfg.input_len));
-    for (int& t : p) t = dist(gen);
+  const std::vector<Job> jobs = make_jobs(cfg);
+  auto pad = [](const std::string& k, const std::string& v) {
+    char b[128];
+    std::snprintf(b, sizeof b, "%-40s %s\n", k.c_str(), v.c_str());
+    return std::string(b);
+  };
+  if (cfg.request_rate > 0) {
+    const int workers = cfg.max_concurrency > 0 ? cfg.max_concurrency : cfg.num_prompts;
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.2f", cfg.request_rate);
+    return run_level(cfg, model, jobs, workers,
+                     pad("Request rate configured (RPS):", rate) +
+                         pad("Maximum request concurrency:", cfg.max_concurrency > 0 ? std::to_string(cfg.max_concurrency) : "none"))
+               ? 1 : 0;
   }
   int failures = 0;
   for (int conc : cfg.concurrency) {
     FATHOM_CHECK(conc > 0, "--concurrency values must be positive");
-    std::vector<Result> results(prompts.size());
-    std::atomic<size_t> next{0};
-    std::atomic<int> finished{0};
-    std::mutex pm;
-    const SpecCounters spec0 = scrape_spec(cfg);
-    const auto t0 = BClock::now();
-    std::vector<std::thread> workers;
-    for (int w = 0; w < std::min<int>(conc, cfg.num_prompts); ++w)
-      workers.emplace_back([&] {
-        httplib::Client cli(cfg.url);
-        cli.set_read_timeout(600);
-        cli.set_write_timeout(60);
-        cli.set_connection_timeout(30);
-        for (size_t i; (i = next.fetch_add(1)) < prompts.size();) {
-          results[i] = one_request(cli, cfg, model, prompts[i]);
-          int d = ++finished;
-          if (cfg.progress) {
-            std::lock_guard<std::mutex> l(pm);
-            progress(d, int(prompts.size()));
-          }
-        }
-      });
-    for (auto& t : workers) t.join();
-    const double dur = sec(BClock::now() - t0);
-    if (cfg.progress) std::fprintf(stderr, "\n");
-    std::vector<double> ttft, tpot, itl, e2e;
-    int64_t in_tok = 0, out_tok = 0;
-    int ok = 0;
-    std::string first_error;
-    for (const auto& r : results) {
-      if (!r.ok) {
-        if (first_error.empty()) first_error = r.error;
-        continue;
-      }
-      ++ok;
-      in_tok += r.prompt_len;
-      out_tok += r.output_tokens;
-      ttft.push_back(r.ttft * 1e3);
-      e2e.push_back(r.e2e * 1e3);
-      if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) * 1e3 / (r.output_tokens - 1));
-      for (double x : r.itl) itl.push_back(x * 1e3);
-    }
-    failures += int(results.size()) - ok;
-    auto line = [](const char* k, const std::string& v) { std::printf("%-40s %s\n", k, v.c_str()); };
-    auto f2 = [](double v) { char b[32]; std::snprintf(b, sizeof b, "%.2f", v); return std::string(b); };
-    std::printf("============ Serving Benchmark Result ============\n");
-    line("Successful requests:", std::to_string(ok));
-    line("Failed requests:", std::to_string(results.size() - size_t(ok)));
-    line("Maximum request concurrency:", std::to_string(conc));
-    line("Benchmark duration (s):", f2(dur));
-    line("Total input tokens:", std::to_string(in_tok));
-    line("Total generated tokens:", std::to_string(out_tok));
-    line("Request throughput (req/s):", f2(ok / dur));
-    line("Output token throughput (tok/s):", f2(out_tok / dur));
-    line("Total Token throughput (tok/s):", f2((in_tok + out_tok) / dur));
-    auto block = [&](const char* title, const char* key, const std::vector<double>& v) {
-      std::printf("%s\n", title);
-      line((std::string("Mean ") + key + " (ms):").c_str(), f2(mean(v)));
-      line((std::string("Median ") + key + " (ms):").c_str(), f2(percentile(v, 50)));
-      line((std::string("P99 ") + key + " (ms):").c_str(), f2(percentile(v, 99)));
-    };
-    block("---------------Time to First Token----------------", "TTFT", ttft);
-    block("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
-    block("---------------Inter-token Latency----------------", "ITL", itl);
-    block("----------------End-to-end Latency----------------", "E2EL", e2e);
-    if (const SpecCounters spec1 = scrape_spec(cfg); spec1.found) {  // this level's share of the counters
-      const double rounds = spec1.drafts - spec0.drafts, drafted = spec1.draft_tokens - spec0.draft_tokens;
-      const double accepted = spec1.accepted - spec0.accepted;
-      std::printf("---------------Speculative Decoding---------------\n");
-      line("Acceptance rate (%):", f2(drafted > 0 ? 100 * accepted / drafted : 0));
-      line("Acceptance length:", f2(rounds > 0 ? 1 + accepted / rounds : 0));
-      line("Drafts:", std::to_string(int64_t(rounds)));
-      line("Draft tokens:", std::to_string(int64_t(drafted)));
-      line("Accepted tokens:", std::to_string(int64_t(accepted)));
-      std::string per_pos;
-      for (size_t i = 0; i < spec1.accepted_at.size(); ++i) {
-        const double before = i < spec0.accepted_at.size() ? spec0.accepted_at[i] : 0;
-        per_pos += (i ? " " : "") + f2(rounds > 0 ? 100 * (spec1.accepted_at[i] - before) / rounds : 0);
-      }
-      line("Per-position acceptance (%):", per_pos);
-    }
-    std::printf("==================================================\n");
-    if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
-    std::fflush(stdout);
+    failures += run_level(cfg, model, jobs, conc, pad("Maximum request concurrency:", std::to_string(conc)));
   }
   return failures ? 1 : 0;
 }

@@ -20,6 +20,7 @@ struct Job {
 struct Finished {
   std::vector<int32_t> ids;
   std::string reason;
+  std::vector<TokenLogprob> logprobs;
 };
 
 // Runs `jobs` through an engine over `runner`: the first half is submitted at once, the rest
@@ -50,6 +51,7 @@ inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, Eng
         return;
       }
       out[i].ids.insert(out[i].ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+      out[i].logprobs.insert(out[i].logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
       if (ev->finished) {
         out[i].reason = ev->finish_reason;
         done[i] = true;
@@ -63,6 +65,7 @@ inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, Eng
     auto ev = chans[0]->pop(std::chrono::milliseconds(done[0] ? 0 : 60000));
     if (ev) {
       out[0].ids.insert(out[0].ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+      out[0].logprobs.insert(out[0].logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
       if (ev->finished) out[0].reason = ev->finish_reason, done[0] = true;
     }
     submit(i);

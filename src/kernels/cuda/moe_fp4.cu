@@ -533,6 +533,16 @@ PackedFp4 pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global
   return p;
 }
 
+// FATHOM_MOE_FP4_SMALL_PAIRS=n: average pairs per expert up to which steps longer than
+// kMoeFp4SmallT still run the decode-shaped kernels (0: by T alone).
+int moe_fp4_small_pairs_per_expert() {
+  static const int n = [] {
+    const char* v = std::getenv("FATHOM_MOE_FP4_SMALL_PAIRS");
+    return v ? std::max(0, std::atoi(v)) : kMoeFp4SmallPairsPerExpert;
+  }();
+  return n;
+}
+
 void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
                      int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s) {
@@ -540,7 +550,10 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_fp4: hidden ", ex.hidden, " and inter ",
                ex.inter, " must be multiples of 8");
   const int P = T * K;
-  const bool small = T <= kMoeFp4SmallT;
+  // Few tokens per expert (a decode step, or one with a prefill chunk beside it): the 8-token
+  // tiles, which read each expert once per 8 of its tokens; the 64-token tiles compute all 64
+  // columns however few tokens an expert has.
+  const bool small = T <= kMoeFp4SmallT || int64_t(P) <= int64_t(moe_fp4_small_pairs_per_expert()) * ex.num;
   const int tile = small ? kSmallTile : kLargeVariants[g_large_variant].tile_tokens;
   moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
   const int max_tiles = std::min(ex.num, P) + P / tile;

@@ -233,10 +233,13 @@ struct PackedExperts {
   const PackedFp4* up = nullptr;
   const PackedFp4* down = nullptr;
 };
-// Steps of at most this many tokens run the decode-shaped kernels (8-token tiles, k split over
-// warps); longer steps run 64-token tiles. Within each the arithmetic of a token does not depend
-// on the other tokens, so a token's output is bit-identical at any T up to this limit.
+// Steps of at most this many tokens, or with at most kMoeFp4SmallPairsPerExpert (token, expert)
+// pairs per expert on average, run the decode-shaped kernels (8-token tiles, k split over warps);
+// longer steps run 64-token tiles. Within each the arithmetic of a token does not depend on the
+// other tokens, so a token's output is bit-identical in any step that runs the same kernels.
 constexpr int kMoeFp4SmallT = 64;
+constexpr int kMoeFp4SmallPairsPerExpert = 8;
+int moe_fp4_small_pairs_per_expert();  // the above, or FATHOM_MOE_FP4_SMALL_PAIRS
 // The routed experts of moe_experts_decode on packed NVFP4 weights: pairs grouped by expert on
 // the device, gate/up GEMM with SwiGLU fused (h: bf16 [T*K, inter]), down GEMM times the routing
 // weight (pair_out: [T*K, hidden]), then the combine (left to the caller, moe_combine_pairs,

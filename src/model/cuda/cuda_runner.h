@@ -1,7 +1,8 @@
 // The CUDA engine: the same model as the CPU reference (src/model/hybrid_model.cpp), layer by
 // layer, over the operators of src/kernels/cuda. Weights live on the device in bf16 or NVFP4;
 // the KV cache is paged (block tables per sequence); Gated DeltaNet states live in a pool of
-// slots. Decode steps of a fixed batch size are captured once as CUDA graphs and replayed.
+// slots. Decode steps are padded to a few batch-size buckets, each captured once as a CUDA graph
+// and replayed.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -36,6 +37,7 @@ struct CudaRunnerOptions {
   // scratch use (vLLM's --gpu-memory-utilization); kv_cache_tokens is then ignored.
   double gpu_memory_utilization = 0;
   bool reserve_history = false;    // leave room for the state history of draft verification
+  bool capture_graphs_at_start = false;  // capture every decode bucket's graph when the engine opens
 };
 
 struct OpProfile {
@@ -64,6 +66,10 @@ class CudaRunner final : public ModelRunner {
   void rollback(SequenceId seq, int64_t new_length) override;
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
+  bool samples_on_device() const override;  // runner_sampling.cpp
+  SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                std::span<const LogitAdjustment> adjust, bool want_hidden) override;
+  GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
   int max_sequences() const override;

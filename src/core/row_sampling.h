@@ -1,0 +1,50 @@
+// What an engine needs to choose the token of one logits row where the logits are (sampling on
+// the GPU): plain structs, uploaded once per step, so that only the chosen ids (and the logprobs a
+// request asks for) come back instead of [rows, vocab] fp32 logits.
+//
+// Semantics are the CPU sampler's (runtime/sampler.h, runtime/spec_sampling.h): adjustments
+// (penalties, logit bias, min_tokens masking) first; temperature <= 0 picks the argmax (ties to
+// the lowest id); otherwise softmax(logits / temperature) cut by top-k, min-p and top-p. A draft
+// (deterministic: MTP argmax chain or n-gram) is accepted with probability p(draft), else the
+// token is drawn from p without the draft. Random numbers are a function of (seed, draw, j) only,
+// so a seeded request gets the same tokens whatever batch it runs in.
+#pragma once
+#include <cstdint>
+
+namespace fathom {
+
+struct RowSampling {
+  float temperature = 0.f;  // <= 0: greedy
+  int32_t top_k = 0;        // <= 0: off
+  float top_p = 1.f;
+  float min_p = 0.f;
+  uint64_t seed = 0;
+  uint64_t draw = 0;        // the request's draw counter (its output position)
+  int32_t draft = -1;       // >= 0: verify this deterministic draft
+  int32_t logprobs = -1;    // -1: none; k >= 0: the chosen token's logprob and the top k (k <= kMaxTopLogprobs)
+  int32_t adjust_begin = 0, adjust_end = 0;  // this row's entries of the adjustment list
+  int32_t skip = 0;         // a row nobody reads (a prefill chunk that is not the last): no work
+};
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// One token's change of one row, in the CPU order: repetition penalty (l > 0 ? l / rep : l * rep),
+// minus `sub` (frequency * count + presence), plus `bias`; `mask` makes it -inf (min_tokens).
+// `raw` receives the logit before the change (logprobs are reported from raw logits).
+struct LogitAdjustment {
+  int32_t token = 0;
+  float rep = 1.f;
+  float sub = 0.f;
+  float bias = 0.f;
+  int32_t mask = 0;
+  float raw = 0.f;
+};
+
+struct RowSample {
+  int32_t token = -1;
+  int32_t accepted = 0;   // with a draft: whether it was accepted (then token == draft)
+  float logprob = 0.f;    // log_softmax(raw logits)[token], when logprobs >= 0
+  float lse = 0.f;        // logsumexp of the raw row, when logprobs >= 0
+};
+
+}  // namespace fathom

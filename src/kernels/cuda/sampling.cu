@@ -1,0 +1,311 @@
+#include "kernels/cuda/sampling.h"
+
+#include <cfloat>
+#include <climits>
+
+#include "kernels/cuda/launch.cuh"
+
+namespace fathom::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+// Probabilities relative to the row's largest one, as fixed-point integers: sums are then exact and
+// independent of the order of addition, so a seeded draw gives the same token on every run.
+constexpr float kFixedOne = 1099511627776.f;  // 2^40; up to 2^18 tokens of weight <= 1 fit 64 bits
+
+// Order-preserving map of floats to unsigned keys (larger float, larger key).
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ uint64_t splitmix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) from (seed, draw, j) alone.
+__device__ __forceinline__ double uniform01(uint64_t seed, uint64_t draw, int j) {
+  const uint64_t z = splitmix(seed ^ splitmix(draw * 4 + uint64_t(j)));
+  return double(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+// (value, index) as one key whose maximum is the largest value, ties to the lowest index.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  return (static_cast<unsigned long long>(order_key(v)) << 32) | static_cast<uint32_t>(~i);
+}
+__device__ __forceinline__ float key_value(unsigned long long k) {
+  const uint32_t u = uint32_t(k >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+__device__ __forceinline__ int key_index(unsigned long long k) { return int(~uint32_t(k)); }
+
+struct Shared {
+  unsigned long long warp[kWarps];
+  unsigned long long result;
+  float f[kWarps];
+  int token;
+};
+
+// Block-wide reductions: each warp reduces, lane 0 posts, thread 0 combines in order and posts
+// the result, everyone reads it; the barrier at the end keeps the next reduction's writes away
+// from this one's readers.
+template <class Op>
+__device__ unsigned long long block_reduce_u64(unsigned long long x, Op op, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffff, x, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.warp[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long r = sh.warp[0];
+    for (int w = 1; w < kWarps; ++w) r = op(r, sh.warp[w]);
+    sh.result = r;
+  }
+  __syncthreads();
+  const unsigned long long r = sh.result;
+  __syncthreads();
+  return r;
+}
+
+struct MaxOp {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a > b ? a : b; }
+};
+struct SumOp {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a + b; }
+};
+
+// Largest (value, lowest index) over the block; every thread gets it.
+__device__ void block_argmax(float& v, int& idx, Shared& sh) {
+  const unsigned long long k = block_reduce_u64(idx == INT_MAX ? 0ull : argmax_key(v, idx), MaxOp{}, sh);
+  if (k == 0) {
+    v = -INFINITY, idx = INT_MAX;
+  } else {
+    v = key_value(k), idx = key_index(k);
+  }
+}
+
+__device__ unsigned long long block_sum_u64(unsigned long long x, Shared& sh) { return block_reduce_u64(x, SumOp{}, sh); }
+
+__device__ float block_sum(float x, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.f[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float r = 0;
+    for (int w = 0; w < kWarps; ++w) r += sh.f[w];
+    sh.f[0] = r;
+  }
+  __syncthreads();
+  const float r = sh.f[0];
+  __syncthreads();
+  return r;
+}
+
+// Exclusive prefix sum over the threads in order; `total` gets the sum.
+__device__ unsigned long long block_exclusive_scan(unsigned long long x, unsigned long long& total, Shared& sh) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned long long inc = x;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffff, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) sh.warp[warp] = inc;
+  __syncthreads();
+  unsigned long long before = 0;
+  total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sh.warp[w];
+    total += sh.warp[w];
+  }
+  __syncthreads();
+  return before + inc - x;
+}
+
+struct Weights {
+  float m, inv_t;
+  __device__ unsigned long long operator()(float x) const {
+    return static_cast<unsigned long long>(__expf((x - m) * inv_t) * kFixedOne);
+  }
+};
+
+// Sum of weights (count: 1 each) of the tokens whose key is >= t.
+template <bool kByMass>
+__device__ unsigned long long mass_from(const float* l, int V, uint32_t t, Weights w, Shared& sh) {
+  unsigned long long s = 0;
+  for (int i = threadIdx.x; i < V; i += kThreads) {
+    const float x = l[i];
+    if (order_key(x) >= t) s += kByMass ? w(x) : 1ull;
+  }
+  return block_sum_u64(s, sh);
+}
+
+// The largest key t in [lo, hi] whose tokens at or above it weigh at least `target` (lo when the
+// tokens from lo up weigh less). Binary search over keys: exact, with no atomics.
+template <bool kByMass>
+__device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, unsigned long long target, Weights w,
+                               Shared& sh) {
+  if (mass_from<kByMass>(l, V, hi, w, sh) >= target) return hi;
+  if (mass_from<kByMass>(l, V, lo, w, sh) < target) return lo;
+  uint32_t a = lo, b = hi - 1;  // W(a) >= target, W(b + 1) < target
+  while (a < b) {
+    const uint32_t mid = a + (b - a + 1) / 2;
+    if (mass_from<kByMass>(l, V, mid, w, sh) >= target) a = mid;
+    else b = mid - 1;
+  }
+  return a;
+}
+
+__global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
+                                                               LogitAdjustment* adjust, RowSample* out,
+                                                               int32_t* top_ids, float* top_lp) {
+  pdl_prologue();
+  __shared__ Shared sh;
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const RowSampling P = params[row];
+  if (P.skip) return;
+  float* l = logits + int64_t(row) * V;
+  RowSample res{};
+
+  // 1. Logprobs come from the raw logits: logsumexp and the top k before any adjustment.
+  if (P.logprobs >= 0) {
+    float m = -INFINITY;
+    int mi = INT_MAX;
+    for (int i = tid; i < V; i += kThreads)
+      if (better(l[i], i, m, mi)) m = l[i], mi = i;
+    block_argmax(m, mi, sh);
+    float s = 0;
+    for (int i = tid; i < V; i += kThreads) s += __expf(l[i] - m);
+    res.lse = m + logf(block_sum(s, sh));
+    const int k = min(min(P.logprobs, kMaxTopLogprobs), V);
+    float pv = INFINITY;
+    int pi = -1;
+    for (int r = 0; r < k; ++r) {  // the next (value, lowest index) below the previous pick
+      float bv = -INFINITY;
+      int bi = INT_MAX;
+      for (int i = tid; i < V; i += kThreads) {
+        const float v = l[i];
+        if ((v < pv || (v == pv && i > pi)) && better(v, i, bv, bi)) bv = v, bi = i;
+      }
+      block_argmax(bv, bi, sh);
+      if (tid == 0) {
+        top_ids[int64_t(row) * kMaxTopLogprobs + r] = bi;
+        top_lp[int64_t(row) * kMaxTopLogprobs + r] = bv - res.lse;
+      }
+      pv = bv, pi = bi;
+    }
+  }
+
+  // 2. Penalties, logit bias and min_tokens masking (one entry per token of the row).
+  for (int a = P.adjust_begin + tid; a < P.adjust_end; a += kThreads) {
+    LogitAdjustment& e = adjust[a];
+    float x = l[e.token];
+    e.raw = x;
+    if (e.rep != 1.f) x = x > 0 ? x / e.rep : x * e.rep;
+    x -= e.sub;
+    x += e.bias;
+    if (e.mask) x = -INFINITY;
+    l[e.token] = x;
+  }
+  __syncthreads();
+
+  // 3. The largest logit: the greedy choice, and the reference of the sampling weights.
+  float m = -INFINITY;
+  int amax = INT_MAX;
+  for (int i = tid; i < V; i += kThreads)
+    if (better(l[i], i, m, amax)) m = l[i], amax = i;
+  block_argmax(m, amax, sh);
+
+  int token = amax;
+  bool accepted = P.draft >= 0 && amax == P.draft;
+  if (P.temperature > 0.f) {
+    const Weights w{m, 1.f / P.temperature};
+    const uint32_t kmax = order_key(m);
+    uint32_t lo = 0;
+    if (P.top_k > 0 && P.top_k < V) lo = select_key<false>(l, V, 0, kmax, uint64_t(P.top_k), w, sh);
+    const uint32_t topk_key = lo;
+    if (P.min_p > 0.f) lo = max(lo, min(kmax, order_key(m + P.temperature * logf(P.min_p))));
+    uint32_t t = lo;
+    if (P.top_p < 1.f) {
+      // Top-p over the probabilities normalised on the top-k set (as the CPU sampler), cut from lo.
+      const unsigned long long mass_k = mass_from<true>(l, V, topk_key, w, sh);
+      unsigned long long target = static_cast<unsigned long long>(double(P.top_p) * double(mass_k));
+      target = max(target, 1ull);
+      t = select_key<true>(l, V, lo, kmax, target, w, sh);
+    }
+    // Inverse CDF over the kept tokens in id order: each thread owns a contiguous chunk.
+    const int chunk = (V + kThreads - 1) / kThreads, begin = min(V, tid * chunk), end = min(V, begin + chunk);
+    const bool has_draft = P.draft >= 0 && P.draft < V;
+    unsigned long long wd = 0;
+    if (has_draft && order_key(l[P.draft]) >= t) wd = w(l[P.draft]);
+    unsigned long long mine = 0;
+    for (int i = begin; i < end; ++i)
+      if (order_key(l[i]) >= t) mine += w(l[i]);
+    unsigned long long total = 0;
+    block_exclusive_scan(mine, total, sh);
+    int exclude = -1;
+    unsigned long long target = 0;
+    bool draw = true;
+    if (has_draft) {
+      // Accept the draft with probability p(draft), else draw from p without it.
+      if (uniform01(P.seed, P.draw, 0) * double(total) < double(wd) || total == wd) {
+        token = P.draft, accepted = true, draw = false;
+      } else {
+        exclude = P.draft;
+        if (P.draft >= begin && P.draft < end) mine -= wd;
+        target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 1) * double(total - wd));
+      }
+    } else {
+      target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 0) * double(total));
+    }
+    if (draw) {
+      accepted = false;
+      const unsigned long long before = block_exclusive_scan(mine, total, sh);
+      if (tid == 0) sh.token = -1;
+      __syncthreads();
+      if (mine > 0 && target >= before && target < before + mine) {
+        unsigned long long acc = before;
+        for (int i = begin; i < end; ++i) {
+          if (i == exclude || order_key(l[i]) < t) continue;
+          acc += w(l[i]);
+          if (target < acc) {
+            sh.token = i;
+            break;
+          }
+        }
+      }
+      __syncthreads();
+      token = sh.token >= 0 ? sh.token : amax;  // amax only if rounding left no owner
+    }
+  }
+
+  if (tid == 0) {
+    res.token = token;
+    res.accepted = accepted ? 1 : 0;
+    if (P.logprobs >= 0) {
+      float raw = l[token];
+      for (int a = P.adjust_begin; a < P.adjust_end; ++a)
+        if (adjust[a].token == token) raw = adjust[a].raw;
+      res.logprob = raw - res.lse;
+    }
+    out[row] = res;
+  }
+}
+
+}  // namespace
+
+void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
+                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s) {
+  if (rows == 0) return;
+  // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
+  // and one launch per step costs nothing worth saving.
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace fathom::cuda

@@ -1,0 +1,18 @@
+// Token choice on the device: one block per logits row applies the row's adjustments, then picks
+// greedily, samples (temperature, top-k, min-p, top-p) or verifies a draft by rejection sampling,
+// and reports the chosen token's logprob and the top-k alternatives when asked. The CPU sampler
+// (runtime/sampler.h) is the reference; core/row_sampling.h has the semantics.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "core/row_sampling.h"
+
+namespace fathom::cuda {
+
+// logits [rows, vocab] are changed in place (adjustments). `adjust` holds every row's entries
+// (their `raw` fields are written). top_ids / top_logprobs: [rows, kMaxTopLogprobs].
+void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
+                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s);
+
+}  // namespace fathom::cuda

@@ -1,0 +1,35 @@
+// The device sampler's rows (core/row_sampling.h) for the engine's requests: each row carries the
+// request's sampling parameters, its draw counter, the draft it verifies, and the adjustments
+// (penalties, logit bias, min_tokens masking) the CPU sampler would apply to that row's logits.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "core/row_sampling.h"
+#include "runtime/request.h"
+
+namespace fathom {
+
+class SamplingRows {
+ public:
+  explicit SamplingRows(int64_t vocab) : vocab_(vocab) {}
+  // A row nobody reads (a prefill chunk that does not finish its prompt).
+  void add_skip();
+  // The row that picks output token number r.num_output() + prior.size() of `r`, `prior` being the
+  // drafts before it in this step (they count as output when that row is read); `draft` >= 0 is
+  // the draft this row verifies.
+  void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos);
+  void clear();
+
+  const std::vector<RowSampling>& rows() const { return rows_; }
+  const std::vector<LogitAdjustment>& adjustments() const { return adjust_; }
+
+ private:
+  std::vector<RowSampling> rows_;
+  std::vector<LogitAdjustment> adjust_;
+  int64_t vocab_;
+};
+
+}  // namespace fathom

@@ -1,0 +1,333 @@
+// Device sampling (kernels/cuda/sampling.cu) against the CPU sampler (runtime/sampler.h,
+// runtime/spec_sampling.h): greedy choices bit for bit, logprobs to rounding, and sampled
+// distributions (temperature, top-k, top-p, min-p, penalties, draft rejection) by a chi-square
+// test on many independent draws. Seeds are fixed, so each run draws the same numbers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/row_sampling.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/sampling.h"
+#include "runtime/sampler.h"
+#include "runtime/spec_sampling.h"
+
+namespace fathom {
+namespace {
+
+struct DeviceResult {
+  std::vector<RowSample> samples;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_lp;
+};
+
+// Runs sample_rows over `logits` [rows, V] with `params` (one per row) and `adjust`.
+DeviceResult run_device(const std::vector<float>& logits, int V, const std::vector<RowSampling>& params,
+                        const std::vector<LogitAdjustment>& adjust) {
+  const int rows = int(params.size());
+  cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
+      da(std::max<size_t>(1, adjust.size()) * sizeof(LogitAdjustment)), dout(params.size() * sizeof(RowSample)),
+      dti(params.size() * kMaxTopLogprobs * 4), dtl(params.size() * kMaxTopLogprobs * 4);
+  FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+  FATHOM_CUDA_CHECK(cudaMemcpy(dp.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
+  if (!adjust.empty())
+    FATHOM_CUDA_CHECK(
+        cudaMemcpy(da.data(), adjust.data(), adjust.size() * sizeof(LogitAdjustment), cudaMemcpyHostToDevice));
+  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies may still be in flight when cudaMemcpy returns
+  cuda::sample_rows(dl.as<float>(), rows, V, dp.as<RowSampling>(), da.as<LogitAdjustment>(), dout.as<RowSample>(),
+                    dti.as<int32_t>(), dtl.as<float>(), nullptr);
+  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+  DeviceResult r;
+  r.samples.resize(size_t(rows));
+  r.top_ids.resize(size_t(rows) * kMaxTopLogprobs);
+  r.top_lp.resize(size_t(rows) * kMaxTopLogprobs);
+  FATHOM_CUDA_CHECK(cudaMemcpy(r.samples.data(), dout.data(), r.samples.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
+  FATHOM_CUDA_CHECK(cudaMemcpy(r.top_ids.data(), dti.data(), r.top_ids.size() * 4, cudaMemcpyDeviceToHost));
+  FATHOM_CUDA_CHECK(cudaMemcpy(r.top_lp.data(), dtl.data(), r.top_lp.size() * 4, cudaMemcpyDeviceToHost));
+  return r;
+}
+
+std::vector<float> random_logits(int rows, int V, float scale, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> n(0.f, scale);
+  std::vector<float> l(size_t(rows) * V);
+  for (float& x : l) x = n(g);
+  return l;
+}
+
+bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Greedy picks equal the CPU's argmax bit for bit, with ties (to the lowest id), with the
+// adjustments applied as apply_logit_adjustments and min_tokens masking apply them, and with a
+// draft (accepted exactly when it is the argmax).
+TEST(CudaSampling, GreedyEqualsCpuArgmax) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  for (int V : {1000, 248320}) {
+    const int rows = 48;
+    std::vector<float> logits = random_logits(rows, V, 3.f, 7u + uint32_t(V));
+    // Ties: rows 0..7 get their maximum copied to a lower and a higher id.
+    for (int r = 0; r < 8; ++r) {
+      float* row = logits.data() + int64_t(r) * V;
+      const int32_t a = argmax(row, V);
+      row[a / 2] = row[a];
+      row[std::min(V - 1, a + 5)] = row[a];
+    }
+    std::vector<RowSampling> params(rows);
+    std::vector<LogitAdjustment> adjust;
+    std::vector<float> ref = logits;
+    std::vector<int32_t> draft(rows, -1);
+    for (int r = 0; r < rows; ++r) {
+      params[size_t(r)].adjust_begin = int32_t(adjust.size());
+      float* row = ref.data() + int64_t(r) * V;
+      if (r % 3 == 1) {  // penalties, a bias and a masked token, as the engine would send them
+        SamplingParams sp;
+        sp.repetition_penalty = 1.5f;
+        sp.presence_penalty = 0.7f;
+        sp.frequency_penalty = 0.3f;
+        const int32_t top = argmax(row, V);
+        sp.logit_bias = {{(top + 11) % V, 4.f}};
+        std::vector<int32_t> prompt = {top, 5, 9}, output = {top, top, 17, 5};
+        std::map<int32_t, LogitAdjustment> e;
+        for (int32_t t : prompt) e[t].rep = sp.repetition_penalty;
+        std::map<int32_t, int> counts;
+        for (int32_t t : output) ++counts[t], e[t].rep = sp.repetition_penalty;
+        for (auto [t, c] : counts) e[t].sub = sp.frequency_penalty * float(c) + sp.presence_penalty;
+        for (auto [t, b] : sp.logit_bias) e[t].bias += b;
+        e[3].mask = 1;
+        row[3] = -INFINITY;
+        apply_logit_adjustments(row, V, sp, prompt, output);
+        for (auto& [t, x] : e) {
+          x.token = t;
+          adjust.push_back(x);
+        }
+      }
+      if (r % 4 == 2) draft[size_t(r)] = r % 8 == 2 ? argmax(row, V) : (argmax(row, V) + 1) % V;
+      params[size_t(r)].draft = draft[size_t(r)];
+      params[size_t(r)].adjust_end = int32_t(adjust.size());
+    }
+    const DeviceResult got = run_device(logits, V, params, adjust);
+    const DeviceResult again = run_device(logits, V, params, adjust);
+    {  // The engine's plain argmax kernel on the same rows, as a second opinion.
+      cuda::DeviceBuffer dl(logits.size() * 4), di(size_t(rows) * 4);
+      FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+      cuda::argmax_rows(dl.as<float>(), di.as<int32_t>(), rows, V, nullptr);
+      std::vector<int32_t> ids(static_cast<size_t>(rows));
+      FATHOM_CUDA_CHECK(cudaMemcpy(ids.data(), di.data(), ids.size() * 4, cudaMemcpyDeviceToHost));
+      int differ = 0;
+      for (int r = 0; r < rows; ++r)
+        differ += ids[size_t(r)] != argmax(logits.data() + int64_t(r) * V, V) && params[size_t(r)].adjust_begin == params[size_t(r)].adjust_end;
+      std::printf("  V=%d: argmax_rows differs from the host argmax on %d unadjusted rows\n", V, differ);
+    }
+    for (int r = 0; r < rows; ++r) {
+      const int32_t want = argmax(ref.data() + int64_t(r) * V, V);
+      const int32_t tok = got.samples[size_t(r)].token;
+      EXPECT_EQ(again.samples[size_t(r)].token, tok) << "V=" << V << " row " << r << ": not deterministic";
+      EXPECT_EQ(tok, want) << "V=" << V << " row " << r << ": values (host-adjusted) "
+                           << (tok >= 0 && tok < V ? ref[size_t(int64_t(r) * V + tok)] : NAN) << " vs "
+                           << ref[size_t(int64_t(r) * V + want)] << ", raw " << (tok >= 0 && tok < V ? logits[size_t(int64_t(r) * V + tok)] : NAN)
+                           << " vs " << logits[size_t(int64_t(r) * V + want)];
+      EXPECT_EQ(got.samples[size_t(r)].accepted != 0, draft[size_t(r)] >= 0 && draft[size_t(r)] == want) << "row " << r;
+    }
+  }
+}
+
+// Logprobs come from the raw logits (before the adjustments): the chosen token's and the top k,
+// as compute_logprobs gives them.
+TEST(CudaSampling, LogprobsMatchCpu) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 248320, rows = 8;
+  const std::vector<float> logits = random_logits(rows, V, 2.f, 99u);
+  std::vector<RowSampling> params(rows);
+  std::vector<LogitAdjustment> adjust;
+  for (int r = 0; r < rows; ++r) {
+    params[size_t(r)].logprobs = r == 0 ? 0 : (r == 1 ? kMaxTopLogprobs : 5);
+    params[size_t(r)].adjust_begin = int32_t(adjust.size());
+    LogitAdjustment a;  // the chosen token's logprob stays the raw one
+    a.token = argmax(logits.data() + int64_t(r) * V, V);
+    a.bias = 1.f;
+    adjust.push_back(a);
+    params[size_t(r)].adjust_end = int32_t(adjust.size());
+  }
+  const DeviceResult got = run_device(logits, V, params, adjust);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = logits.data() + int64_t(r) * V;
+    const RowSample& s = got.samples[size_t(r)];
+    const TokenLogprobs want = compute_logprobs(row, V, s.token, params[size_t(r)].logprobs);
+    EXPECT_NEAR(s.logprob, want.logprob, 1e-4) << "row " << r;
+    ASSERT_EQ(int(want.top.size()), params[size_t(r)].logprobs);
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      EXPECT_EQ(got.top_ids[size_t(r) * kMaxTopLogprobs + j], want.top[j].first) << "row " << r << " rank " << j;
+      EXPECT_NEAR(got.top_lp[size_t(r) * kMaxTopLogprobs + j], want.top[j].second, 1e-4) << "row " << r;
+    }
+  }
+}
+
+// Chi-square statistic of observed counts against expected probabilities (cells with an expected
+// count below 5 pooled), with its degrees of freedom; `outside` counts draws of probability-0 tokens.
+struct ChiSquare {
+  double stat = 0;
+  int df = 0;
+  int64_t outside = 0;
+  // The 1e-6 upper quantile (Wilson-Hilferty): a correct sampler fails once in a million seeds.
+  double critical() const {
+    const double k = std::max(1, df), z = 4.753;
+    return k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+  }
+};
+
+ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n) {
+  ChiSquare c;
+  double pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] <= 0) {
+      c.outside += counts[i];
+      continue;
+    }
+    const double e = p[i] * double(n);
+    if (e < 5) {
+      pooled_e += e, pooled_o += double(counts[i]);
+      continue;
+    }
+    c.stat += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+    ++cells;
+  }
+  if (pooled_e > 0) c.stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e, ++cells;
+  c.df = cells - 1;
+  return c;
+}
+
+// Many draws of one row (each with its own draw counter) follow the CPU sampler's distribution:
+// target_distribution after apply_logit_adjustments, for each filter combination; with a draft,
+// the accepted-or-replaced token still follows it (rejection sampling is lossless) and the draft
+// is accepted with probability p(draft).
+TEST(CudaSampling, DistributionsMatchCpuSampler) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 96, N = 200000;
+  std::vector<float> base = random_logits(1, V, 2.f, 4242u);
+  struct Case {
+    const char* name;
+    SamplingParams sp;
+    bool penalties = false;
+    bool with_draft = false;
+  };
+  std::vector<Case> cases;
+  auto add = [&](const char* name, float t, int k, float p, float mp, bool pen = false, bool draft = false) {
+    Case c;
+    c.name = name;
+    c.sp.temperature = t, c.sp.top_k = k, c.sp.top_p = p, c.sp.min_p = mp;
+    c.penalties = pen, c.with_draft = draft;
+    cases.push_back(c);
+  };
+  add("t0.8 top_p0.95", 0.8f, 0, 0.95f, 0.f);
+  add("t1 top_k10", 1.f, 10, 1.f, 0.f);
+  add("t0.7 min_p0.05", 0.7f, 0, 1.f, 0.05f);
+  add("t1.3 top_k20 top_p0.8 min_p0.02", 1.3f, 20, 0.8f, 0.02f);
+  add("t1 penalties", 1.f, 0, 1.f, 0.f, true);
+  add("t0.8 top_p0.95 draft", 0.8f, 0, 0.95f, 0.f, false, true);
+  add("t1 top_k5 draft outside", 1.f, 5, 1.f, 0.f, false, true);
+  for (const Case& c : cases) {
+    SamplingParams sp = c.sp;
+    std::vector<int32_t> prompt, output;
+    std::vector<LogitAdjustment> adjust;
+    std::vector<float> ref = base;
+    if (c.penalties) {
+      sp.repetition_penalty = 1.4f, sp.presence_penalty = 0.5f, sp.frequency_penalty = 0.25f;
+      sp.logit_bias = {{7, 2.5f}};
+      prompt = {argmax(base.data(), V), 1, 2};
+      output = {3, 3, 4, prompt[0]};
+      std::map<int32_t, LogitAdjustment> e;
+      for (int32_t t : prompt) e[t].rep = sp.repetition_penalty;
+      std::map<int32_t, int> counts;
+      for (int32_t t : output) ++counts[t], e[t].rep = sp.repetition_penalty;
+      for (auto [t, n] : counts) e[t].sub = sp.frequency_penalty * float(n) + sp.presence_penalty;
+      for (auto [t, b] : sp.logit_bias) e[t].bias += b;
+      for (auto& [t, x] : e) x.token = t, adjust.push_back(x);
+      apply_logit_adjustments(ref.data(), V, sp, prompt, output);
+    }
+    const std::vector<double> p = target_distribution(ref.data(), V, sp);
+    int32_t draft = -1;
+    if (c.with_draft) {  // the second most likely token, or one outside the top-k set
+      std::vector<int32_t> order(V);
+      for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ref[size_t(a)] > ref[size_t(b)]; });
+      draft = sp.top_k > 0 ? order[size_t(sp.top_k + 3)] : order[1];
+    }
+    std::vector<float> logits(size_t(N) * V);
+    for (int i = 0; i < N; ++i) std::copy(base.begin(), base.end(), logits.begin() + int64_t(i) * V);
+    std::vector<RowSampling> params(static_cast<size_t>(N));
+    std::vector<LogitAdjustment> all_adjust;
+    for (int i = 0; i < N; ++i) {
+      RowSampling& r = params[size_t(i)];
+      r.temperature = sp.temperature, r.top_k = sp.top_k, r.top_p = sp.top_p, r.min_p = sp.min_p;
+      r.seed = 1234567, r.draw = uint64_t(i), r.draft = draft;
+      r.adjust_begin = int32_t(all_adjust.size());
+      all_adjust.insert(all_adjust.end(), adjust.begin(), adjust.end());
+      r.adjust_end = int32_t(all_adjust.size());
+    }
+    const DeviceResult got = run_device(logits, V, params, all_adjust);
+    std::vector<int64_t> counts(size_t(V), 0);
+    int64_t accepted = 0;
+    for (const RowSample& s : got.samples) {
+      ASSERT_TRUE(s.token >= 0 && s.token < V) << c.name;
+      ++counts[size_t(s.token)];
+      accepted += s.accepted;
+      if (s.accepted) {
+        ASSERT_EQ(s.token, draft);
+      }
+    }
+    const ChiSquare cs = chi_square(counts, p, N);
+    std::printf("  %-34s chi2 %.1f (df %d, critical %.1f)", c.name, cs.stat, cs.df, cs.critical());
+    EXPECT_EQ(cs.outside, 0) << c.name << ": draws of tokens the filters drop";
+    EXPECT_LT(cs.stat, cs.critical()) << c.name;
+    if (draft >= 0) {  // acceptance ~ Binomial(N, p(draft)): within 5 standard deviations
+      const double pd = p[size_t(draft)], sd = std::sqrt(N * pd * (1 - pd));
+      std::printf(", accepted %lld of %d (p(draft) %.4f)", (long long)accepted, N, pd);
+      EXPECT_LE(std::fabs(double(accepted) - N * pd), 5 * sd + 1) << c.name;
+    }
+    std::printf("\n");
+  }
+}
+
+// A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
+// it: the random numbers depend on (seed, draw) only.
+TEST(CudaSampling, SeededRowsIndependentOfBatch) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 248320, rows = 16;
+  const std::vector<float> logits = random_logits(rows, V, 1.f, 5u);
+  std::vector<RowSampling> params(rows);
+  for (int r = 0; r < rows; ++r) {
+    params[size_t(r)].temperature = 0.9f;
+    params[size_t(r)].top_p = 0.9f;
+    params[size_t(r)].top_k = r % 2 ? 50 : 0;
+    params[size_t(r)].seed = 1000 + uint64_t(r);
+    params[size_t(r)].draw = uint64_t(3 * r);
+  }
+  const DeviceResult a = run_device(logits, V, params, {});
+  // The same rows reversed.
+  std::vector<float> rl(logits.size());
+  std::vector<RowSampling> rp(params.rbegin(), params.rend());
+  for (int r = 0; r < rows; ++r)
+    std::copy_n(logits.begin() + int64_t(rows - 1 - r) * V, V, rl.begin() + int64_t(r) * V);
+  const DeviceResult b = run_device(rl, V, rp, {});
+  for (int r = 0; r < rows; ++r) {
+    EXPECT_EQ(a.samples[size_t(r)].token, b.samples[size_t(rows - 1 - r)].token) << "row " << r;
+    // The token is one the filters keep.
+    SamplingParams sp;
+    sp.temperature = params[size_t(r)].temperature, sp.top_p = params[size_t(r)].top_p, sp.top_k = params[size_t(r)].top_k;
+    const std::vector<double> p = target_distribution(logits.data() + int64_t(r) * V, V, sp);
+    EXPECT_GT(p[size_t(a.samples[size_t(r)].token)], 0.0) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace fathom
