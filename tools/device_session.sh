@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|exactness|moe]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -130,6 +130,20 @@ for what in "${@:-all}"; do
             | grep -E "^prefill" | sed "s/^/pairs<=$pairs: /" | tee -a "$OUT/moe_small.log"
         done
       done ;;
+    overlap)
+      # Overlapped scheduling against the plain loop, quickly: batch 1 and short prompts at 64.
+      for mode in on off; do
+        flag=; [ $mode = off ] && flag=--disable-overlap-schedule
+        start_server 18613 serve_ov_$mode --max-num-seqs 64 $flag || continue
+        bench_serve 18613 ov_${mode}_c1 --input-len 512 --concurrency 1 --num-prompts 4
+        bench_serve 18613 ov_${mode}_short --input-len 16 --concurrency 64 --num-prompts 128
+        stop_server serve_ov_$mode
+      done ;;
+    itl256)
+      # The latency setting alone: prefill chunks of 256 beside the decoding sequences.
+      start_server 18614 serve_itl256 --max-num-seqs 64 --chunked-prefill-size 256 || continue
+      bench_serve 18614 itl256_c64 --input-len 512 --concurrency 64 --num-prompts 256
+      stop_server serve_itl256 ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

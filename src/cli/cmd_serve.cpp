@@ -32,6 +32,9 @@ CommandRegistrar reg([](CLI::App& app) {
                   "logits and sample on the CPU")
       ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
+  sub->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
+                "Plan each step only after the previous step's tokens are on the host (SGLang's flag); by default "
+                "the next step is planned and launched while the GPU runs this one");
   sub->add_option("--max-queue-len", a->max_queue_len, "Waiting sequences beyond which requests get 429")->capture_default_str();
   sub->add_option("--num-kv-blocks", a->num_kv_blocks,
                   "KV-cache blocks of 16 tokens (default: from --gpu-memory-utilization on CUDA, max-num-seqs "

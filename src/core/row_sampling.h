@@ -24,6 +24,8 @@ struct RowSampling {
   int32_t logprobs = -1;    // -1: none; k >= 0: the chosen token's logprob and the top k (k <= kMaxTopLogprobs)
   int32_t adjust_begin = 0, adjust_end = 0;  // this row's entries of the adjustment list
   int32_t skip = 0;         // a row nobody reads (a prefill chunk that is not the last): no work
+  int32_t state_slot = -1;  // >= 0: also store the chosen token as that sequence's last token on the
+                            // device (the next step may read it before the host has it)
 };
 
 inline constexpr int kMaxTopLogprobs = 20;

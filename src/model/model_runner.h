@@ -17,6 +17,10 @@ namespace fathom {
 
 using SequenceId = int64_t;
 
+// A step token the host does not know yet: the token the sequence's previous forward_sampled()
+// step chose on the device (overlapped scheduling, on engines with supports_pending_tokens()).
+inline constexpr int32_t kPendingToken = -1;
+
 struct ForwardStep {
   SequenceId seq;
   std::span<const int32_t> tokens;  // appended at positions length(seq) ...
@@ -102,6 +106,17 @@ class ModelRunner {
     (void)steps, (void)rows, (void)adjust, (void)want_hidden;
     fail("forward_sampled: ", device_name(), " does not sample on the device");
   }
+  // forward_sampled() in two halves, for scheduling the next step while this one runs: launch
+  // returns once the step is queued (sequence lengths already advanced), finish waits for it and
+  // returns its results. One launched step at a time; the next launch may use kPendingToken for
+  // a sequence whose last row this one samples.
+  virtual bool supports_pending_tokens() const { return false; }
+  virtual void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                              std::span<const LogitAdjustment> adjust) {
+    (void)steps, (void)rows, (void)adjust;
+    fail("launch_sampled: ", device_name(), " cannot overlap steps");
+  }
+  virtual SampledOutput finish_sampled() { fail("finish_sampled: ", device_name(), " cannot overlap steps"); }
   // mtp_forward() reduced to argmax ids and hidden states; engines override it to skip the
   // logits copy.
   virtual GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) {

@@ -76,6 +76,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
       eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()),
       device_sampling_(cfg.device_sampling && runner_->samples_on_device()),
       sampling_rows_(runner_->config().vocab_size) {
+  overlap_ = device_sampling_ && cfg.overlap_schedule && runner_->supports_pending_tokens() &&
+             cfg.spec.algorithm == SpecAlgorithm::None;
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
@@ -194,10 +196,14 @@ void Engine::finish(Request& r, const std::string& reason) {
   drop(&r);
 }
 
-std::string Engine::process_token(Request& r, int32_t token, TokenLogprob* logprob, Clock::time_point now) {
+std::string Engine::process_token(Request& r, int64_t out_pos, int32_t token, TokenLogprob* logprob,
+                                  Clock::time_point now) {
   const RequestParams& p = r.spec.params;
   if (logprob) r.pending.logprobs.push_back(std::move(*logprob));
-  r.tokens.push_back(token);
+  // The token's place: the end, or a placeholder an overlapped step already fed back.
+  if (out_pos < int64_t(r.tokens.size())) r.tokens[size_t(out_pos)] = token;
+  else r.tokens.push_back(token);
+  const int64_t produced = out_pos + 1 - r.num_prompt;  // output tokens up to this one
   r.pending.token_ids.push_back(token);
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
@@ -215,17 +221,17 @@ std::string Engine::process_token(Request& r, int32_t token, TokenLogprob* logpr
 
   const size_t prev_size = r.text.size();
   if (r.detok) {
-    maybe_inject_fault(p.fault, FaultSite::Detokenize, r.num_output());
+    maybe_inject_fault(p.fault, FaultSite::Detokenize, produced);
     if (auto piece = r.detok->step(uint32_t(token))) r.text += *piece;
   }
-  maybe_inject_fault(p.fault, FaultSite::Stop, r.num_output());
+  maybe_inject_fault(p.fault, FaultSite::Stop, produced);
 
   std::string reason;
   const bool is_eos = !p.ignore_eos && eos_.count(token);
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
   size_t max_stop = 0;
   for (const auto& s : p.stop) max_stop = std::max(max_stop, s.size());
-  if ((is_eos || is_stop_id) && r.num_output() >= p.min_tokens) {
+  if ((is_eos || is_stop_id) && produced >= p.min_tokens) {
     reason = "stop";
     if (is_stop_id && !is_eos) r.pending.stop_token = token;
   } else if (max_stop > 0 && r.text.size() > prev_size) {
@@ -244,8 +250,9 @@ std::string Engine::process_token(Request& r, int32_t token, TokenLogprob* logpr
     }
   }
   if (reason.empty() &&
-      (r.num_output() >= p.max_tokens || int64_t(r.tokens.size()) >= cfg_.max_model_len))
+      (produced >= p.max_tokens || out_pos + 1 >= cfg_.max_model_len))
     reason = "length";
+  if (!reason.empty()) r.tokens.resize(size_t(out_pos + 1));  // placeholders past the end go
 
   // At the end, text still pending in the detokenizer (an incomplete UTF-8 tail) is released as
   // a full decode gives it (U+FFFD), so the final text equals decode(output ids).
@@ -355,6 +362,7 @@ void Engine::propose_drafts() {
 }
 
 bool Engine::step() {
+  if (overlap_) return step_overlapped();
   drain_inbox();
   if (!sched_.has_work()) return false;
   if (spec_) propose_drafts();
@@ -441,6 +449,123 @@ bool Engine::step() {
   return true;
 }
 
+bool Engine::decodes_certainly_end(const Request& r, int64_t out_pos) const {
+  return out_pos + 1 - r.num_prompt >= r.spec.params.max_tokens || out_pos + 1 >= cfg_.max_model_len;
+}
+
+bool Engine::penalties_running() const {
+  for (const auto& [r, up] : live_) {
+    const SamplingParams& sp = r->spec.params.sampling;
+    if (sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f || sp.repetition_penalty != 1.f) return true;
+  }
+  return false;
+}
+
+// Overlapped scheduling: step N+1 is planned and launched while step N runs on the device, its
+// decode inputs being N's tokens still on the device (kPendingToken placeholders); then N's
+// results are read and processed (detokenization, stop checks, streaming) while N+1 runs. A
+// sequence that N ends wastes its row of N+1. Steps that might preempt, and requests whose
+// penalties depend on the tokens N produces, wait for N instead.
+bool Engine::step_overlapped() {
+  drain_inbox();
+  InflightStep next;
+  if (sched_.has_work() && (!inflight_.active || !penalties_running())) {
+    SchedulerOutput plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);
+    for (Request* p : plan.preempted) {
+      if (p->seq) runner_->remove_sequence(p->seq);
+      p->seq = 0;
+    }
+    {
+      std::lock_guard<std::mutex> l(metrics_mu_);
+      metrics_.preemptions += plan.preempted.size();
+    }
+    if (!plan.chunks.empty()) next = launch_overlapped(plan);
+  }
+  const bool worked = next.active || inflight_.active;
+  if (inflight_.active) finish_overlapped(inflight_);
+  inflight_ = std::move(next);
+  return worked;
+}
+
+Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan) {
+  InflightStep in;
+  std::vector<ForwardStep> steps;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Request* r = c.req;
+    if (!r->seq) {
+      r->seq = runner_->add_sequence();
+      if (r->num_preemptions == 0 && r->num_computed == 0) {
+        std::lock_guard<std::mutex> l(metrics_mu_);
+        metrics_.queue.observe(seconds(Clock::now() - r->arrival));
+      }
+    }
+    steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens))});
+  }
+  add_sampling_rows(plan.chunks, steps);
+  try {
+    for (const ScheduledChunk& c : plan.chunks)
+      if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
+        throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
+    runner_->launch_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments());
+  } catch (const SequenceError& e) {  // raised before any state changed: the others run next step
+    for (const ScheduledChunk& c : plan.chunks)
+      if (c.req->seq == e.seq()) {
+        fail_request(*c.req, "forward", e.what());
+        break;
+      }
+    return in;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
+    for (const ScheduledChunk& c : plan.chunks) fail_request(*c.req, "forward", e.what());
+    return in;
+  }
+  in.active = true;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Request* r = c.req;
+    r->num_computed += c.num_tokens;
+    int64_t out_pos = -1;  // a prefill chunk before the prompt's end samples nothing
+    if (r->num_computed == int64_t(r->tokens.size())) {
+      out_pos = int64_t(r->tokens.size());
+      if (!decodes_certainly_end(*r, out_pos)) r->tokens.push_back(kPendingToken);
+    }
+    in.chunks.push_back({r, r->seq, out_pos});
+  }
+  return in;
+}
+
+void Engine::finish_overlapped(InflightStep& in) {
+  SampledOutput so;
+  try {
+    so = runner_->finish_sampled();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
+    for (const InflightChunk& c : in.chunks)
+      if (live_.count(c.req) && c.req->seq == c.seq) fail_request(*c.req, "forward", e.what());
+    in.active = false;
+    return;
+  }
+  in.active = false;
+  StepResult res;
+  res.so = &so;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < in.chunks.size(); ++i) {
+    const InflightChunk& c = in.chunks[i];
+    Request& r = *c.req;
+    if (c.out_pos < 0 || !live_.count(c.req) || r.seq != c.seq) continue;  // ended meanwhile, or mid-prompt
+    try {
+      TokenLogprob lp;
+      const Acceptance acc = pick(r, res, so.row_begin[i], nullptr, lp);
+      const std::string reason =
+          process_token(r, c.out_pos, acc.token, r.spec.params.logprobs >= 0 ? &lp : nullptr, now);
+      if (!reason.empty()) finish(r, reason);
+    } catch (const RequestError& e) {
+      fail_request(r, e.stage(), e.what());
+    } catch (const std::exception& e) {
+      fail_request(r, "postprocess", e.what());
+    }
+  }
+}
+
 void Engine::fail_request(Request& r, const std::string& stage, const std::string& what) {
   std::fprintf(stderr, "engine: request %llu/%d failed (%s): %s\n", (unsigned long long)r.spec.group, r.spec.index,
                stage.c_str(), what.c_str());
@@ -482,7 +607,8 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
     TokenLogprob lp;
     const Acceptance acc = pick(r, res, first_row + rows - 1 - nd + d, d < nd ? &r.drafts[size_t(d)] : nullptr, lp);
     if (d < nd && acc.accepted) ++accepted;
-    finish_reason = process_token(r, acc.token, r.spec.params.logprobs >= 0 ? &lp : nullptr, now);
+    finish_reason =
+        process_token(r, int64_t(r.tokens.size()), acc.token, r.spec.params.logprobs >= 0 ? &lp : nullptr, now);
     if (d < nd && !acc.accepted) break;
   }
   if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length
@@ -526,6 +652,7 @@ void Engine::loop() {
                    [&] { return stopping_.load() || !inbox_.empty() || !aborts_.empty(); });
     }
   }
+  if (inflight_.active) finish_overlapped(inflight_);
   drain_inbox();
   std::vector<Request*> all;
   for (auto& [r, up] : live_) all.push_back(r);

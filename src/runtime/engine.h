@@ -45,6 +45,9 @@ struct EngineConfig {
   // Choose tokens where the logits are when the runner can (only ids and the logprobs asked for
   // come back); false: copy every logits row to the host and sample there.
   bool device_sampling = true;
+  // With device sampling: plan and launch the next step while the device runs this one
+  // (SGLang's overlap scheduler; off: --disable-overlap-schedule). Not with speculative decoding.
+  bool overlap_schedule = true;
 };
 
 class Histogram {
@@ -93,6 +96,7 @@ class Engine {
   const ModelConfig& model_config() const { return runner_->config(); }
   std::string device_name() const { return runner_->device_name(); }
   bool samples_on_device() const { return device_sampling_; }
+  bool overlaps_steps() const { return overlap_; }
 
   struct Stats {
     int running = 0, waiting = 0;
@@ -113,7 +117,8 @@ class Engine {
   Acceptance choose(Request& r, const float* row, int64_t vocab, const int32_t* draft);
   // Appends a token (with its logprobs when the request asks) and streams its text; returns the
   // finish reason ("" to go on), after which the caller must finish(r, reason).
-  std::string process_token(Request& r, int32_t token, TokenLogprob* logprob, Clock::time_point now);
+  // `out_pos` is the token's index in r.tokens: the end, or a placeholder (overlapped steps).
+  std::string process_token(Request& r, int64_t out_pos, int32_t token, TokenLogprob* logprob, Clock::time_point now);
   // One forward's results, from either path: host logits (fo) or device choices (so).
   struct StepResult {
     const ForwardOutput* fo = nullptr;
@@ -132,6 +137,23 @@ class Engine {
                     Clock::time_point now);
   // Ends `r` alone with finish reason "error" (counted by `stage` in /metrics).
   void fail_request(Request& r, const std::string& stage, const std::string& what);
+
+  // Overlapped scheduling (engine.cpp): a launched step whose results are not read yet.
+  struct InflightChunk {
+    Request* req;
+    SequenceId seq;    // to tell a request that ended meanwhile (and a new one at its address)
+    int64_t out_pos;   // where its token goes in req->tokens; -1: a chunk before the prompt's end
+  };
+  struct InflightStep {
+    bool active = false;
+    std::vector<InflightChunk> chunks;
+  };
+  bool step_overlapped();
+  InflightStep launch_overlapped(const SchedulerOutput& plan);
+  void finish_overlapped(InflightStep& in);
+  // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).
+  bool decodes_certainly_end(const Request& r, int64_t out_pos) const;
+  bool penalties_running() const;  // output-dependent penalties need each step's tokens first
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);
@@ -151,6 +173,8 @@ class Engine {
   std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
   bool device_sampling_ = false;
   SamplingRows sampling_rows_;
+  bool overlap_ = false;
+  InflightStep inflight_;
   std::unordered_multimap<uint64_t, Request*> by_group_;
 
   // Shared with client threads.

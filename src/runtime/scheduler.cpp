@@ -31,8 +31,9 @@ void Scheduler::remove(Request* r) {
   r->status = RequestStatus::Finished;
 }
 
-bool Scheduler::grow(Request* r, int64_t tokens, SchedulerOutput& out) {
+bool Scheduler::grow(Request* r, int64_t tokens, SchedulerOutput& out, bool allow_preemption) {
   while (!blocks_.grow(r->block_table, tokens)) {
+    if (!allow_preemption) return false;
     Request* victim = running_.back();  // lowest priority: admitted last
     for (const ScheduledChunk& c : out.chunks)
       if (c.req == victim) return false;  // never undo what this step already holds
@@ -43,7 +44,7 @@ bool Scheduler::grow(Request* r, int64_t tokens, SchedulerOutput& out) {
   return true;
 }
 
-SchedulerOutput Scheduler::schedule() {
+SchedulerOutput Scheduler::schedule(bool allow_preemption) {
   SchedulerOutput out;
   int64_t budget = cfg_.max_num_batched_tokens;
   int64_t prefill_budget = cfg_.max_prefill_tokens > 0 ? cfg_.max_prefill_tokens : budget;
@@ -57,7 +58,7 @@ SchedulerOutput Scheduler::schedule() {
       ++i;
       continue;
     }
-    if (!grow(r, r->num_computed + n, out)) {
+    if (!grow(r, r->num_computed + n, out, allow_preemption)) {
       if (std::find(running_.begin(), running_.end(), r) == running_.end()) break;  // r was the last one
       ++i;
       continue;
@@ -72,7 +73,7 @@ SchedulerOutput Scheduler::schedule() {
     Request* r = running_[i];
     if (decoding(r)) continue;
     const int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
-    if (n <= 0 || !grow(r, r->num_computed + n, out)) continue;
+    if (n <= 0 || !grow(r, r->num_computed + n, out, allow_preemption)) continue;
     out.chunks.push_back({r, n});
     out.num_tokens += n;
     budget -= n;

@@ -44,7 +44,9 @@ class Scheduler {
       : cfg_(cfg), blocks_(blocks), slots_(slots) {}
 
   void add(Request* r);           // to the back of the waiting queue
-  SchedulerOutput schedule();
+  // Without preemption (the overlapped engine while a step is in flight), a sequence that needs a
+  // block none can give waits.
+  SchedulerOutput schedule(bool allow_preemption = true);
   // Removes a request wherever it is and frees its blocks and slot (finish or abort).
   void remove(Request* r);
 
@@ -58,7 +60,7 @@ class Scheduler {
   void preempt(Request* r);
   // Grows r's blocks to `tokens`, preempting from the back of the running list while none are
   // free; false when r itself was preempted or the next victim is already in this step.
-  bool grow(Request* r, int64_t tokens, SchedulerOutput& out);
+  bool grow(Request* r, int64_t tokens, SchedulerOutput& out, bool allow_preemption);
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;

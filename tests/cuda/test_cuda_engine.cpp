@@ -357,8 +357,9 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
 
 // The serving engine choosing tokens on the device against the same engine sampling on the
 // host from copied logits: greedy requests (plain, with logprobs, with penalties and a logit
-// bias, with min_tokens masking) give the same tokens and logprobs; seeded sampled requests give
-// the same tokens on every run, whatever else runs beside them.
+// bias, with min_tokens masking and stop ids) give the same tokens and logprobs; seeded sampled
+// requests give the same tokens on every run, whatever else runs beside them, and with
+// overlapped scheduling on or off.
 TEST(CudaSampling, EngineDeviceSamplingMatchesHost) {
   const fs::path dir = fixtures_dir() / "qwen35_moe";
   EngineOptions eo;
@@ -393,10 +394,17 @@ TEST(CudaSampling, EngineDeviceSamplingMatchesHost) {
   cfg.device_sampling = false;
   const auto host = testing::run_engine(open(), cfg, jobs);
   cfg.device_sampling = true;
-  const auto dev = testing::run_engine(open(), cfg, jobs);
+  const auto dev = testing::run_engine(open(), cfg, jobs);  // overlapped scheduling (the default)
+  cfg.overlap_schedule = false;
+  const auto dev_sync = testing::run_engine(open(), cfg, jobs);
+  cfg.overlap_schedule = true;
   // The sampled jobs again, alone and in another order: the same tokens.
   std::vector<testing::Job> sampled = {jobs[6], jobs[5], jobs[4]};
   const auto dev2 = testing::run_engine(open(), cfg, sampled);
+  for (size_t i = 0; i < jobs.size(); ++i) {  // overlapped or not: the same tokens and ends
+    EXPECT_EQ(dev[i].ids, dev_sync[i].ids) << "job " << i;
+    EXPECT_EQ(dev[i].reason, dev_sync[i].reason) << "job " << i;
+  }
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(dev[i].ids, host[i].ids) << "greedy job " << i;
     EXPECT_EQ(dev[i].reason, host[i].reason) << "job " << i;

@@ -154,3 +154,76 @@ TEST(Scheduler, PreemptsTheLastAdmittedWhenBlocksRunOut) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+// Decode first: a decoding sequence gets its token, and a long prompt's chunks (first at
+// admission, then as a running sequence) take what the budget leaves after it.
+TEST(Scheduler, DecodingSequencesComeBeforePrefillChunks) {
+  SchedulerRig rig(1000, 16, 4, SchedulerConfig{4, 64});
+  auto a = make_request(200), b = make_request(3);
+  rig.sched.add(b.get());
+  SchedulerOutput p1 = rig.sched.schedule();  // b's prompt
+  run_plan(p1);
+  rig.sched.add(a.get());
+  SchedulerOutput p2 = rig.sched.schedule();  // b decodes; a's first chunk
+  ASSERT_EQ(p2.chunks.size(), 2u);
+  EXPECT_EQ(p2.chunks[0].req, b.get());
+  EXPECT_EQ(p2.chunks[0].num_tokens, 1);
+  EXPECT_EQ(p2.chunks[1].req, a.get());
+  EXPECT_EQ(p2.chunks[1].num_tokens, 63);
+  run_plan(p2);
+  // a is now running mid-prompt and admitted after b; b still comes first.
+  SchedulerOutput p3 = rig.sched.schedule();
+  ASSERT_EQ(p3.chunks.size(), 2u);
+  EXPECT_EQ(p3.chunks[0].req, b.get());
+  EXPECT_EQ(p3.chunks[1].num_tokens, 63);
+}
+
+// --chunked-prefill-size: prefill tokens in one step stop at the cap, however large the budget;
+// decode tokens do not count against it.
+TEST(Scheduler, PrefillTokensPerStepAreCapped) {
+  SchedulerRig rig(1000, 16, 8, SchedulerConfig{8, 2048, /*max_prefill_tokens=*/96});
+  auto d = make_request(4);
+  rig.sched.add(d.get());
+  run_plan(rig.sched.schedule());
+  std::vector<std::unique_ptr<Request>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(make_request(80));
+    rig.sched.add(prompts.back().get());
+  }
+  SchedulerOutput p = rig.sched.schedule();
+  int64_t prefill = 0, decode = 0;
+  for (const ScheduledChunk& c : p.chunks) (c.req == d.get() ? decode : prefill) += c.num_tokens;
+  EXPECT_EQ(decode, 1);
+  EXPECT_EQ(prefill, 96);  // 80 + the first 16 of the second prompt
+  run_plan(p);
+  SchedulerOutput q = rig.sched.schedule();  // d and the first prompt decode
+  prefill = 0;
+  for (const ScheduledChunk& c : q.chunks)
+    if (c.req == prompts[1].get() || c.req == prompts[2].get()) prefill += c.num_tokens;
+  EXPECT_EQ(prefill, 96);  // the second prompt's rest (64) and 32 of the third
+  EXPECT_EQ(q.num_tokens, 98);
+}
+
+// Without preemption (a step in flight), a sequence that needs a block none can give waits and
+// nobody is preempted.
+TEST(Scheduler, NoPreemptionWhenNotAllowed) {
+  SchedulerRig rig(2, 16, 4, SchedulerConfig{4, 64});
+  auto a = make_request(16), b = make_request(15);
+  rig.sched.add(a.get());
+  rig.sched.add(b.get());
+  run_plan(rig.sched.schedule());  // both prompts: one block each, pool empty
+  // a needs a second block for its next token; none is free.
+  SchedulerOutput p = rig.sched.schedule(/*allow_preemption=*/false);
+  EXPECT_TRUE(p.preempted.empty());
+  for (const ScheduledChunk& c : p.chunks) EXPECT_NE(c.req, a.get());
+  EXPECT_EQ(rig.sched.num_running(), 2u);
+  SchedulerOutput q = rig.sched.schedule(/*allow_preemption=*/true);  // now b (admitted last) goes
+  ASSERT_EQ(q.preempted.size(), 1u);
+  EXPECT_EQ(q.preempted[0], b.get());
+}
+
+}  // namespace
+}  // namespace fathom

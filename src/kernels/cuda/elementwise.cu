@@ -10,10 +10,13 @@
 namespace fathom::cuda {
 namespace {
 
-__global__ void embedding_kernel(const int32_t* ids, const bf16_t* table, float* out, int hidden) {
+__global__ void embedding_kernel(const int32_t* ids, const bf16_t* table, float* out, int hidden,
+                                 const int32_t* last_token) {
   pdl_prologue();
   const int t = blockIdx.x;
-  const bf16_t* row = table + int64_t(ids[t]) * hidden;
+  int32_t id = ids[t];
+  if (id < 0 && last_token) id = last_token[-1 - id];  // chosen on the device by the step before
+  const bf16_t* row = table + int64_t(id) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[int64_t(t) * hidden + i] = bf(row[i]);
 }
 
@@ -229,9 +232,10 @@ __global__ void fill_f32_kernel(float* p, int64_t n, float v) {
 
 }  // namespace
 
-void embedding(const int32_t* ids, const bf16_t* table, float* out, int n, int hidden, cudaStream_t s) {
+void embedding(const int32_t* ids, const bf16_t* table, float* out, int n, int hidden, cudaStream_t s,
+               const int32_t* last_token) {
   if (n == 0) return;
-  launch(embedding_kernel, n, 256, 0, s, ids, table, out, hidden);
+  launch(embedding_kernel, n, 256, 0, s, ids, table, out, hidden, last_token);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

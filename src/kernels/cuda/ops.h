@@ -24,7 +24,10 @@ struct DeviceLinear {
 };
 
 // ---- elementwise / norms (elementwise.cu)
-void embedding(const int32_t* ids, const bf16_t* table, float* out, int n, int hidden, cudaStream_t s);
+// A negative id -1 - slot stands for last_token[slot] (a token the previous step chose on the
+// device; overlapped scheduling), when last_token is given.
+void embedding(const int32_t* ids, const bf16_t* table, float* out, int n, int hidden, cudaStream_t s,
+               const int32_t* last_token = nullptr);
 void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s);
 // y = rmsnorm(x) * (zero_centered ? 1 + w : w); writes y_bf16 and/or y_f32 (either may be null).
 void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int rows, int n, float eps,

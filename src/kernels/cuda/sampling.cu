@@ -163,7 +163,7 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
 
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
                                                                LogitAdjustment* adjust, RowSample* out,
-                                                               int32_t* top_ids, float* top_lp) {
+                                                               int32_t* top_ids, float* top_lp, int32_t* last_token) {
   pdl_prologue();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x;
@@ -294,17 +294,18 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       res.logprob = raw - res.lse;
     }
     out[row] = res;
+    if (last_token && P.state_slot >= 0) last_token[P.state_slot] = token;
   }
 }
 
 }  // namespace
 
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
-                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s) {
+                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token) {
   if (rows == 0) return;
   // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
   // and one launch per step costs nothing worth saving.
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs);
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -70,6 +70,10 @@ class CudaRunner final : public ModelRunner {
   SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                 std::span<const LogitAdjustment> adjust, bool want_hidden) override;
   GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
+  bool supports_pending_tokens() const override { return true; }
+  void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                      std::span<const LogitAdjustment> adjust) override;
+  SampledOutput finish_sampled() override;
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
   int max_sequences() const override;

@@ -1,0 +1,74 @@
+// CUDA graphs for the CUDA engine: decode steps replayed per batch-size bucket, the buckets
+// captured at start-up; other steps run eagerly.
+#include "model/cuda/runner_impl.h"
+
+namespace fathom::cuda {
+
+void CudaRunner::Impl::start_up_graphs() {
+  if (!opt.capture_graphs_at_start || !uses_graphs()) return;
+  std::fprintf(stderr, "fathom: capturing CUDA graphs for decode batches of up to %d sequences ...\n", opt.max_seqs);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [n, bytes] = capture_decode_graphs();
+  std::fprintf(stderr, "fathom: captured %d decode graphs in %.2f s, %.1f MB of device memory (graphs and workspaces)\n", n,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), double(bytes) / 1e6);
+}
+
+// Captures the graphs of every decode bucket (a step of padding rows only), so that serving
+// never stops to capture. Returns the buckets and the device memory the graphs took.
+std::pair<int, int64_t> CudaRunner::Impl::capture_decode_graphs() {
+  if (!uses_graphs()) return {0, 0};
+  size_t free0 = 0, free1 = 0, total = 0;
+  FATHOM_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  const std::vector<int> buckets = graph_buckets();
+  // One uncaptured step first: lazily made resources (GEMM workspaces, kernel attributes)
+  // cannot be made while a stream is capturing.
+  for (int B : {buckets.front(), buckets.back()}) {
+    if (!fits_graph(B)) continue;
+    const Plan p = padding_plan(B);
+    set_programmatic_launch(p.T <= kSplitTokens);
+    run_layers(p);
+    head(p);
+  }
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (int B : buckets)
+    if (fits_graph(B)) run(padding_plan(B));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FATHOM_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  return {int(buckets.size()), int64_t(free0) - int64_t(free1)};
+}
+
+void CudaRunner::Impl::run(const Plan& p) {
+  // Programmatic dependent launch pays at decode sizes (launch gaps between small kernels) and
+  // costs at prefill sizes (waiting blocks hold SM resources): on for up to kSplitTokens tokens.
+  set_programmatic_launch(p.T <= kSplitTokens);
+  const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
+                         p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+  if (!graphable) {
+    run_layers(p);
+    head(p);
+    collect_profile();
+    return;
+  }
+  const GraphKey key{p.T, p.S, p.R, hist_step};
+  auto it = graphs.find(key);
+  if (it == graphs.end()) {
+    cudaGraph_t g;
+    FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(p);
+      head(p);
+    } catch (...) {  // leave the stream usable: end (and drop) the broken capture
+      if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    FATHOM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec;
+    FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    it = graphs.emplace(key, exec).first;
+  }
+  FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+}
+
+}  // namespace fathom::cuda

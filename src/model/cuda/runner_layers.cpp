@@ -1,0 +1,360 @@
+// The CUDA engine's layers (CudaRunner::Impl): a decoder layer (norms, attention or Gated
+// DeltaNet, MLP or MoE), the final norm and lm_head, and the MTP draft layer's step.
+#include "model/cuda/runner_impl.h"
+
+namespace fathom::cuda {
+
+// One decoder layer on the residual stream x: input norm (fused with adding the previous
+// layer's output `delta`, unless `first`), the mixer, post norm, the MLP or MoE; the layer's
+// output is left in `delta`. Used by the main layers and the MTP layer alike.
+void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool first) {
+  const cudaStream_t s = stream;
+  const int H = cfg.hidden_size, T = p.T;
+  const float eps = float(cfg.rms_norm_eps);
+  const bool zc = cfg.norm_zero_centered;
+  float* X = x.as<float>();
+  float* D = delta.as<float>();
+  bf16_t* XN = xn.as<bf16_t>();
+  {
+    Scope sc(this, "norm");
+    if (first) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
+    else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
+  }
+  if (l.type == LayerType::FullAttention) attention_block(l, p);
+  else gdn_block(l, p);
+  {
+    Scope sc(this, "norm");
+    // The router's input: fp32 for decode and verify steps, already split for its bf16 product
+    // in prefill-sized ones.
+    const bool split = l.is_moe && router_split(l, T);
+    add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe && !split ? xn32.as<float>() : nullptr,
+                 split ? router_x3.as<bf16_t>() : nullptr);
+  }
+  if (l.is_moe) moe_block(l, p);
+  else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
+}
+
+void CudaRunner::Impl::run_layers(const Plan& p) {
+  const cudaStream_t s = stream;
+  const int H = cfg.hidden_size, T = p.T;
+  float* X = x.as<float>();
+  float* D = delta.as<float>();
+  {
+    Scope sc(this, "embedding");
+    embedding(dmeta.ids, w.embed, X, T, H, s, last_token.as<int32_t>());
+  }
+  for (size_t li = 0; li < w.layers.size(); ++li) decoder_layer(w.layers[li], p, /*first=*/li == 0);
+  Scope sc(this, "norm");
+  add_inplace(X, D, int64_t(T) * H, s);
+}
+
+void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
+  const cudaStream_t s = stream;
+  const int T = p.T, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  bf16_t* dq = dequant.as<bf16_t>();
+  const float *qp = q_raw.as<float>(), *kp = k_raw.as<float>(), *vp = v_raw.as<float>();
+  int64_t qkv_ld = 0;
+  {
+    Scope sc(this, "attn.proj");
+    if (l.attn_qkv.out > 0) {
+      linear(l.attn_qkv, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+      qkv_ld = l.attn_qkv.out;
+      kp = qp + (qkv_ld - 2 * nkv * d);
+      vp = kp + nkv * d;
+    } else {
+      linear(l.q, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+      linear(l.k, xn.as<bf16_t>(), k_raw.as<float>(), T, dq, s);
+      linear(l.v, xn.as<bf16_t>(), v_raw.as<float>(), T, dq, s);
+    }
+  }
+  {
+    Scope sc(this, "attn.core");
+    attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, q.as<float>(),
+                      gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), T,
+                      nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
+                      cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
+    attend(l, p);
+  }
+  Scope sc(this, "attn.proj");
+  linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+}
+
+// Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
+// kernel, decode and verify tokens on the tensor-core split-K decode kernel, kSplitTokens tokens
+// at a time; the CUDA-core kernels take head sizes those do not cover. Steps holding a prefill
+// chunk are never graph-captured, so deciding on the host is safe.
+void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
+  const cudaStream_t s = stream;
+  const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const float* g = cfg.attn_output_gate ? gate.as<float>() : nullptr;
+  const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
+  auto run_of = [&](int t0, int n, bool prefill) {
+    const int64_t o = int64_t(t0) * nh * d;
+    const float* gt = g ? g + o : nullptr;
+    if (prefill && paged_attention_prefill(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
+                                           dmeta.block_tables, max_blocks, opt.block_size,
+                                           attn_out.as<bf16_t>() + o, n, nh, nkv, d, s))
+      return;
+    for (int c = 0; c < n; c += kSplitTokens) {
+      const int64_t oc = o + int64_t(c) * nh * d;
+      const int m = std::min(kSplitTokens, n - c);
+      const float* gc = g ? g + oc : nullptr;
+      if (!paged_attention_decode(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                                  dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh,
+                                  nkv, d, s, split))
+        paged_attention(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                        dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh, nkv, d,
+                        s, &split);
+    }
+  };
+  for (const AttentionRun& r : p.attention_runs) run_of(r.t0, r.n, r.prefill);
+}
+
+void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
+  const cudaStream_t s = stream;
+  const int T = p.T;
+  const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+  const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+  const int conv_dim = 2 * hk * dk + hv * dv;
+  bf16_t* dq = dequant.as<bf16_t>();
+  // Projections: one fused GEMM ([qkv | z | b | a] per row) or four.
+  const float *mix_p, *z_p, *b_p, *a_p;
+  int64_t mix_ld, z_ld, ba_ld;
+  {
+    Scope sc(this, "gdn.proj");
+    if (l.gdn_in.out > 0) {
+      const int64_t W = l.gdn_in.out;
+      linear(l.gdn_in, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+      mix_p = mixed.as<float>();
+      z_p = mix_p + conv_dim;
+      b_p = z_p + int64_t(hv) * dv;
+      a_p = b_p + hv;
+      mix_ld = z_ld = ba_ld = W;
+    } else {
+      linear(l.qkv, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+      linear(l.z, xn.as<bf16_t>(), zbuf.as<float>(), T, dq, s);
+      linear(l.b, xn.as<bf16_t>(), bbuf.as<float>(), T, dq, s);
+      linear(l.a, xn.as<bf16_t>(), abuf.as<float>(), T, dq, s);
+      mix_p = mixed.as<float>();
+      z_p = zbuf.as<float>();
+      b_p = bbuf.as<float>();
+      a_p = abuf.as<float>();
+      mix_ld = conv_dim;
+      z_ld = int64_t(hv) * dv;
+      ba_ld = hv;
+    }
+  }
+  {
+    float* cs = conv_state.as<float>() + int64_t(l.linear_index) * slots * (kc - 1) * conv_dim;
+    float* rs = rec_state.as<float>() + int64_t(l.linear_index) * slots * hv * dk * dv;
+    const StateHistory h = hist_step ? layer_history(l.linear_index) : StateHistory{};
+    {
+      Scope sc(this, "gdn.conv");
+      gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
+               s, hist_step ? &h : nullptr, p.max_seq_tokens);
+    }
+    {
+      // Prefill-sized sequences take the chunked form; the others (decode, verify) the
+      // recurrent one, whose bits do not depend on the step's other sequences.
+      const bool chunked = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens && gdn_scratch.bytes() > 0;
+      const int long_from = chunked ? kGdnChunkedMinTokens : 0;
+      Scope sc(this, "gdn.recurrent");
+      gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from);
+      if (long_from > 0)
+        gdn_chunked(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                    core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
+                    {gdn_scratch.data(), gdn_scratch.bytes()}, s);
+    }
+    Scope sc(this, "gdn.norm");
+    gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
+                   float(cfg.rms_norm_eps), s);
+  }
+  Scope sc(this, "gdn.proj");
+  linear(l.out, normed.as<bf16_t>(), delta.as<float>(), T, dq, s);
+}
+
+void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn,
+                                 const bf16_t* in, float* out, int T) {
+  const cudaStream_t s = stream;
+  bf16_t* dq = dequant.as<bf16_t>();
+  linear(g, in, sh_g.as<float>(), T, dq, s);
+  linear(u, in, sh_u.as<float>(), T, dq, s);
+  silu_mul(sh_g.as<float>(), sh_u.as<float>(), sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
+  linear(dn, sh_h.as<bf16_t>(), out, T, dq, s);
+}
+
+// The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
+// (at [t * gate_ld]), or null without a shared expert.
+const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
+  Scope sc(this, "moe.shared");
+  bf16_t* dq = dequant.as<bf16_t>();
+  if (l.has_shared && l.s_fused.out > 0) {
+    const int S = l.s_down.in;
+    linear(l.s_fused, xn.as<bf16_t>(), sh_g.as<float>(), T, dq, s);
+    silu_mul_rows(sh_g.as<float>(), l.s_fused.out, sh_h.as<bf16_t>(), T, S, s);
+    linear(l.s_down, sh_h.as<bf16_t>(), sh_out.as<float>(), T, dq, s);
+    *gate_ld = l.s_fused.out;
+    return sh_g.as<float>() + 2 * S;
+  }
+  if (l.has_shared) {
+    mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
+    linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
+    *gate_ld = 1;
+    return sh_gate.as<float>();
+  }
+  return nullptr;
+}
+
+void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
+  const cudaStream_t s = stream;
+  const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
+  bf16_t* dq = dequant.as<bf16_t>();
+  float* D = delta.as<float>();
+  // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
+  const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
+  const cudaStream_t shared_stream = overlap ? side_stream : s;
+  if (overlap) {
+    FATHOM_CUDA_CHECK(cudaEventRecord(fork_event, s));
+    FATHOM_CUDA_CHECK(cudaStreamWaitEvent(side_stream, fork_event));
+  }
+  const float* shared_gate = nullptr;
+  int64_t gate_ld = 1;
+  if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
+  {
+    Scope sc(this, "moe.router");
+    if (router_split(l, T)) {  // router_x3 from the norm before the block
+      gemm_bf16(router_x3.as<bf16_t>(), l.router3.bf16, router_logits.as<float>(), T, E, 3 * H, s);
+    } else {
+      linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
+    }
+    moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
+  }
+  if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
+  Scope sc(this, "moe.experts");
+  const float* shared = l.has_shared ? sh_out.as<float>() : nullptr;
+  if (l.packed) {
+    moe_experts_fp4(l.pexperts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
+                    pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, group, s);
+    if (overlap) {
+      FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
+      FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
+    }
+    moe_combine_pairs(pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s);
+  } else if (T * K <= pair_limit) {
+    // Writes D, shared expert included; grouping pays off once experts repeat.
+    moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
+                       pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s, T >= 4 ? &group : nullptr);
+  } else {
+    FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
+    // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::vector<float> w(size_t(T) * K);
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), topk_ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(w.data(), topk_w.data(), w.size() * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<std::vector<int32_t>> rows(E);
+    std::vector<std::vector<float>> wts(E);
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k) {
+        rows[ids[size_t(t) * K + k]].push_back(t);
+        wts[ids[size_t(t) * K + k]].push_back(w[size_t(t) * K + k]);
+      }
+    std::vector<int32_t> all_rows;
+    std::vector<float> all_w;
+    std::vector<int> offset(E + 1, 0);
+    for (int e = 0; e < E; ++e) {
+      offset[e] = int(all_rows.size());
+      all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
+      all_w.insert(all_w.end(), wts[e].begin(), wts[e].end());
+    }
+    offset[E] = int(all_rows.size());
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_rows.data(), all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_w.data(), all_w.data(), all_w.size() * 4, cudaMemcpyHostToDevice, s));
+    for (int e = 0; e < E; ++e) {
+      const int m = offset[e + 1] - offset[e];
+      if (m == 0) continue;
+      const int32_t* r = eg_rows.as<int32_t>() + offset[e];
+      gather_rows_bf16(xn.as<bf16_t>(), r, eg_x.as<bf16_t>(), m, H, s);
+      linear(l.ex_gate[e], eg_x.as<bf16_t>(), eg_g.as<float>(), m, dq, s);
+      linear(l.ex_up[e], eg_x.as<bf16_t>(), eg_u.as<float>(), m, dq, s);
+      silu_mul(eg_g.as<float>(), eg_u.as<float>(), eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
+      linear(l.ex_down[e], eg_h.as<bf16_t>(), eg_o.as<float>(), m, dq, s);
+      scatter_add_rows(D, eg_o.as<float>(), r, eg_w.as<float>() + offset[e], m, H, s);
+    }
+    // The host vectors above must outlive the async copies.
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (shared) add_sigmoid_gated(D, shared, shared_gate, gate_ld, T, H, s);
+  }
+}
+
+void CudaRunner::Impl::head(const Plan& p, const float* norm) {
+  const cudaStream_t s = stream;
+  const int H = cfg.hidden_size, V = cfg.vocab_size;
+  Scope sc(this, "lm_head");
+  gather_rows_f32(x.as<float>(), dmeta.rows, sel.as<float>(), p.R, H, s);
+  rms_norm(sel.as<float>(), norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
+           cfg.norm_zero_centered, s);
+  const bf16_t* head_in = hidden_bf.as<bf16_t>();
+  if (p.RL < p.R) {  // all_hidden steps: logits for a subset of the rows (xn is free by now)
+    gather_rows_bf16(hidden_bf.as<bf16_t>(), dmeta.logit_rows, xn.as<bf16_t>(), p.RL, H, s);
+    head_in = xn.as<bf16_t>();
+  }
+  gemm_bf16(head_in, w.lm_head, logits.as<float>(), p.RL, V, H, s);
+  argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.RL, V, s);
+}
+
+// u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
+void CudaRunner::Impl::run_mtp(const Plan& p) {
+  const cudaStream_t s = stream;
+  const int H = cfg.hidden_size, T = p.T;
+  const float eps = float(cfg.rms_norm_eps);
+  const bool zc = cfg.norm_zero_centered;
+  float* X = x.as<float>();
+  float* D = delta.as<float>();
+  bf16_t* dq = dequant.as<bf16_t>();
+  embedding(dmeta.ids, w.embed, X, T, H, s);
+  rms_norm(X, w.mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+  rms_norm(mtp_hidden.as<float>(), w.mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+  linear(w.mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
+  linear(w.mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
+  add_inplace(X, D, int64_t(T) * H, s);
+  decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
+  add_inplace(X, D, int64_t(T) * H, s);
+  head(p, w.mtp_norm);
+}
+
+// MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
+// hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
+CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> steps) {
+  wait_uploads();
+  Plan p;
+  p.S = int(steps.size());
+  FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
+  p.graphable = false;
+  hist_step = false;
+  const int H = cfg.hidden_size;
+  std::vector<float> hidden;
+  hmeta.seq_start[0] = 0;
+  for (int i = 0; i < p.S; ++i) {
+    const MtpStep& st = steps[i];
+    Sequence& sq = seq(st.seq);
+    const int n = int(st.next_tokens.size());
+    FATHOM_CHECK(n > 0 && int64_t(st.hidden.size()) == int64_t(n) * H, "mtp_forward: hidden rows (",
+                 st.hidden.size() / H, ") and next tokens (", n, ") differ");
+    FATHOM_CHECK(p.T + n <= T_max && p.R + (st.all_rows ? n : 1) <= R_max, "mtp_forward: batch of ", p.T + n,
+                 " tokens larger than one engine step (", T_max, " tokens, ", R_max, " rows)");
+    hmeta.keep_hist[i] = 0;
+    // Chained drafts run ahead of the verified tokens; the block table grows for them and the
+    // main pools use the same blocks at those positions later.
+    add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
+    hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
+  }
+  upload_meta(p.S);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), hidden.data(), hidden.size() * 4, cudaMemcpyHostToDevice,
+                                    stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `hidden` is a local
+  return p;
+}
+
+}  // namespace fathom::cuda
