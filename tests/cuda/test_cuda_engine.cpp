@@ -409,15 +409,22 @@ TEST(CudaSampling, EngineDeviceSamplingMatchesHost) {
     EXPECT_EQ(dev[i].ids, host[i].ids) << "greedy job " << i;
     EXPECT_EQ(dev[i].reason, host[i].reason) << "job " << i;
   }
+  // Arrivals are timed, so the two runs batch differently, and a step past 64 tokens (prompts
+  // beside each other) takes expert kernels whose bits depend on the step: logprobs agree to
+  // rounding here (the kernel test, CudaSampling.LogprobsMatchCpu, holds them to 1e-4).
   ASSERT_EQ(dev[1].logprobs.size(), host[1].logprobs.size());
+  double worst = 0;
   for (size_t t = 0; t < dev[1].logprobs.size(); ++t) {
-    EXPECT_NEAR(dev[1].logprobs[t].logprob, host[1].logprobs[t].logprob, 1e-4) << "token " << t;
+    worst = std::max(worst, double(std::fabs(dev[1].logprobs[t].logprob - host[1].logprobs[t].logprob)));
+    EXPECT_NEAR(dev[1].logprobs[t].logprob, host[1].logprobs[t].logprob, 1e-2) << "token " << t;
     ASSERT_EQ(dev[1].logprobs[t].top.size(), 5u);
     for (size_t j = 0; j < 5; ++j) {
       EXPECT_EQ(dev[1].logprobs[t].top[j].first, host[1].logprobs[t].top[j].first) << "token " << t;
-      EXPECT_NEAR(dev[1].logprobs[t].top[j].second, host[1].logprobs[t].top[j].second, 1e-4) << "token " << t;
+      EXPECT_NEAR(dev[1].logprobs[t].top[j].second, host[1].logprobs[t].top[j].second, 1e-2) << "token " << t;
+      worst = std::max(worst, double(std::fabs(dev[1].logprobs[t].top[j].second - host[1].logprobs[t].top[j].second)));
     }
   }
+  std::printf("  logprobs: largest difference from the host sampler's %.2e\n", worst);
   for (size_t k = 0; k < 3; ++k) {
     const size_t i = 6 - k;
     EXPECT_EQ(dev2[k].ids, dev[i].ids) << "seeded job " << i;
