@@ -361,6 +361,16 @@ void Engine::propose_drafts() {
   for (size_t i = 0; i < who.size(); ++i) who[i]->drafts = std::move(reqs[i].drafts);
 }
 
+// Gives a newly scheduled request its engine sequence (and counts its queue time once).
+void Engine::start_sequence(Request& r) {
+  if (r.seq) return;
+  r.seq = runner_->add_sequence();
+  if (r.num_preemptions == 0 && r.num_computed == 0) {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    metrics_.queue.observe(seconds(Clock::now() - r.arrival));
+  }
+}
+
 bool Engine::step() {
   if (overlap_) return step_overlapped();
   drain_inbox();
@@ -384,13 +394,7 @@ bool Engine::step() {
   steps.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
     Request* r = c.req;
-    if (!r->seq) {
-      r->seq = runner_->add_sequence();
-      if (r->num_preemptions == 0 && r->num_computed == 0) {
-        std::lock_guard<std::mutex> l(metrics_mu_);
-        metrics_.queue.observe(seconds(Clock::now() - r->arrival));
-      }
-    }
+    start_sequence(*r);
     len_before.push_back(r->num_computed);
     // A budget-cut chunk verifies fewer drafts.
     const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
@@ -491,15 +495,9 @@ Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan) {
   InflightStep in;
   std::vector<ForwardStep> steps;
   for (const ScheduledChunk& c : plan.chunks) {
-    Request* r = c.req;
-    if (!r->seq) {
-      r->seq = runner_->add_sequence();
-      if (r->num_preemptions == 0 && r->num_computed == 0) {
-        std::lock_guard<std::mutex> l(metrics_mu_);
-        metrics_.queue.observe(seconds(Clock::now() - r->arrival));
-      }
-    }
-    steps.push_back(ForwardStep{r->seq, std::span<const int32_t>(r->tokens.data() + r->num_computed, size_t(c.num_tokens))});
+    Request& r = *c.req;
+    start_sequence(r);
+    steps.push_back(ForwardStep{r.seq, std::span<const int32_t>(r.tokens.data() + r.num_computed, size_t(c.num_tokens))});
   }
   add_sampling_rows(plan.chunks, steps);
   try {

@@ -149,6 +149,7 @@ class Engine {
     std::vector<InflightChunk> chunks;
   };
   bool step_overlapped();
+  void start_sequence(Request& r);
   InflightStep launch_overlapped(const SchedulerOutput& plan);
   void finish_overlapped(InflightStep& in);
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).

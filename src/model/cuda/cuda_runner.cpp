@@ -217,7 +217,7 @@ int64_t CudaRunner::mtp_length(SequenceId id) const { return impl_->seq(id).mtp_
 ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
-  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
+  const int64_t V = m.cfg.vocab_size;
   Impl::Plan p = m.prepare_mtp(steps);
   m.run_mtp(p);
   ForwardOutput out;
@@ -225,13 +225,9 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   out.row_begin = p.row_begin;
   out.hidden_row_begin = p.row_begin;  // MTP steps take logits for every hidden row they output
   out.logits.resize(size_t(p.R) * V);
-  out.hidden.resize(size_t(p.R) * H);
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.logits.data(), out.logits.size() * 4, cudaMemcpyDeviceToHost,
                                     m.stream));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.hidden.data(), m.sel.data(), out.hidden.size() * 4, cudaMemcpyDeviceToHost,
-                                    m.stream));
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  m.finish_mtp(steps, p, &out.hidden);
   return out;
 }
 
@@ -242,8 +238,7 @@ std::vector<int32_t> CudaRunner::mtp_forward_argmax(std::span<const MtpStep> ste
   m.run_mtp(p);
   std::vector<int32_t> ids(size_t(p.R));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  m.finish_mtp(steps, p, nullptr);
   return ids;
 }
 

@@ -476,6 +476,16 @@ struct CudaRunner::Impl {
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
   // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
   Plan prepare_mtp(std::span<const MtpStep> steps);
+  // After an MTP step has been launched: its hidden rows to the host (when `hidden` is given), a
+  // wait for the step, and each sequence's MTP length advanced.
+  void finish_mtp(std::span<const MtpStep> steps, const Plan& p, std::vector<float>* hidden) {
+    if (hidden) {
+      hidden->resize(size_t(p.R) * cfg.hidden_size);
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), sel.data(), hidden->size() * 4, cudaMemcpyDeviceToHost, stream));
+    }
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (const MtpStep& st : steps) seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  }
 
   // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
   void run_mtp(const Plan& p);

@@ -179,19 +179,14 @@ SampledOutput CudaRunner::forward_sampled(std::span<const ForwardStep> steps, st
 GreedyOutput CudaRunner::mtp_forward_greedy(std::span<const MtpStep> steps) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
-  const int64_t H = m.cfg.hidden_size;
   Impl::Plan p = m.prepare_mtp(steps);
   m.run_mtp(p);
   GreedyOutput out;
   out.row_begin = p.row_begin;
   out.ids.resize(size_t(p.R));
-  out.hidden.resize(size_t(p.R) * H);
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.ids.data(), m.argmax.data(), out.ids.size() * 4, cudaMemcpyDeviceToHost,
                                     m.stream));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.hidden.data(), m.sel.data(), out.hidden.size() * 4, cudaMemcpyDeviceToHost,
-                                    m.stream));
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  for (const MtpStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  m.finish_mtp(steps, p, &out.hidden);
   return out;
 }
 
