@@ -200,3 +200,33 @@ TEST(Inspect, Fixtures) {
     }
   }
 }
+
+namespace {
+
+// --tensor-parallel-size: a bare config.json works (here the 397B's), auto reads a checkpoint's
+// NVFP4 quantization config, and a size that does not divide the heads is reported.
+TEST(Inspect, TensorParallelPlan) {
+  const std::string cfg = quote(std::string(FATHOM_SOURCE_DIR) + "/configs/qwen3.5-397b-a17b.json");
+  RunResult r = run("inspect " + cfg + " --tp 4 --weight-format nvfp4 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["weight_format"], "nvfp4");
+  EXPECT_NEAR(j["per_gpu"]["weight_bytes"].get<double>() / 1e9, 62.5, 0.05);
+  EXPECT_EQ(j["per_gpu"]["kv_heads"], 1);
+  EXPECT_EQ(j["fits"], true);
+  r = run("inspect " + cfg + " --tp 2 --weight-format nvfp4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("does not fit"));
+  r = run("inspect " + cfg + " --tp 3");
+  EXPECT_THAT(r.out, HasSubstr("problem: attention heads (32) do not split over 3 GPUs"));
+  const std::string nvfp4 = quote((fs::path(FATHOM_FIXTURES_DIR) / "qwen35_moe_nvfp4").string());
+  r = run("inspect " + nvfp4 + " --tp 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["weight_format"], "nvfp4");  // from the checkpoint's quantization config
+  r = run("inspect " + cfg + " --tp 0 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.out, HasSubstr("--tensor-parallel-size"));
+}
+
+}  // namespace
