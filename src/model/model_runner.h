@@ -107,9 +107,10 @@ class ModelRunner {
     fail("forward_sampled: ", device_name(), " does not sample on the device");
   }
   // forward_sampled() in two halves, for scheduling the next step while this one runs: launch
-  // returns once the step is queued (sequence lengths already advanced), finish waits for it and
-  // returns its results. One launched step at a time; the next launch may use kPendingToken for
-  // a sequence whose last row this one samples.
+  // returns once the step is queued (sequence lengths already advanced), finish waits for the
+  // oldest launched step and returns its results. A second step may be launched before the first
+  // is finished (not more), and may use kPendingToken for a sequence whose last row the first
+  // samples.
   virtual bool supports_pending_tokens() const { return false; }
   virtual void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                               std::span<const LogitAdjustment> adjust) {
