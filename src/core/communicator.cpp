@@ -81,35 +81,16 @@ void LocalGroup::arrive(int r, const float* in, size_t in_len, float* out, size_
     throw CommunicatorAborted("communicator aborted (" + why + ")");
   }
   in_[size_t(r)] = in;
-  uint64_t phase = phase_;
-  if (++arrived_ == size_) {
-    arrived_ = 0;
-    ++phase_;
-    cv_.notify_all();
-  } else {
-    wait_phase(l, phase);
-  }
+  rendezvous(l);
   // Everyone's buffers are posted: compute this rank's output, summing in rank order.
   l.unlock();
   const int N = size_;
+  std::vector<float> sum;  // all-reduce writes its output over its input only after rendezvous 2
   if (kind == kAllReduce) {
-    std::vector<float> sum(in_len, 0.f);
+    sum.assign(in_len, 0.f);
     for (int k = 0; k < N; ++k)
       for (size_t i = 0; i < in_len; ++i) sum[i] += in_[size_t(k)][i];
-    // Written only after rendezvous 2: other ranks may still read this rank's input (= out).
-    l.lock();
-    phase = phase_;
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      ++phase_;
-      cv_.notify_all();
-    } else {
-      wait_phase(l, phase);
-    }
-    std::copy(sum.begin(), sum.end(), out);
-    return;
-  }
-  if (kind == kAllGather) {
+  } else if (kind == kAllGather) {
     for (int k = 0; k < N; ++k) std::copy_n(in_[size_t(k)], in_len, out + size_t(k) * in_len);
   } else if (kind == kReduceScatter) {
     const size_t begin = size_t(r) * out_len;
@@ -119,8 +100,13 @@ void LocalGroup::arrive(int r, const float* in, size_t in_len, float* out, size_
   }
   // Rendezvous 2: nobody reads the posted inputs any more.
   l.lock();
-  phase = phase_;
-  if (++arrived_ == size_) {
+  rendezvous(l);
+  if (kind == kAllReduce) std::copy(sum.begin(), sum.end(), out);
+}
+
+void LocalGroup::rendezvous(std::unique_lock<std::mutex>& l) {
+  const uint64_t phase = phase_;
+  if (++arrived_ == size_) {  // the last to arrive releases everyone
     arrived_ = 0;
     ++phase_;
     cv_.notify_all();

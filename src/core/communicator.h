@@ -52,6 +52,8 @@ class LocalGroup {
   // from everyone's input, and waits again until all are done reading.
   void arrive(int r, const float* in, size_t in_len, float* out, size_t out_len, int kind);
   void wait_phase(std::unique_lock<std::mutex>& l, uint64_t phase);
+  // Counts this rank in at the current rendezvous and waits for the others (mu_ held).
+  void rendezvous(std::unique_lock<std::mutex>& l);
 
   const int size_;
   std::mutex mu_;

@@ -361,6 +361,30 @@ void Engine::propose_drafts() {
   for (size_t i = 0; i < who.size(); ++i) who[i]->drafts = std::move(reqs[i].drafts);
 }
 
+// Runs a step's forward (after any injected forward fault). A SequenceError is raised before any
+// state changed: that sequence ends, the others run again next step. Anything else may have left
+// the batch's state half-updated: every sequence of it ends. False when the forward failed.
+template <class Fn>
+bool Engine::guarded_forward(const std::vector<ScheduledChunk>& chunks, Fn&& forward) {
+  try {
+    for (const ScheduledChunk& c : chunks)
+      if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
+        throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
+    forward();
+    return true;
+  } catch (const SequenceError& e) {
+    for (const ScheduledChunk& c : chunks)
+      if (c.req->seq == e.seq()) {
+        fail_request(*c.req, "forward", e.what());
+        break;
+      }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
+    for (const ScheduledChunk& c : chunks) fail_request(*c.req, "forward", e.what());
+  }
+  return false;
+}
+
 // Gives a newly scheduled request its engine sequence (and counts its queue time once).
 void Engine::start_sequence(Request& r) {
   if (r.seq) return;
@@ -411,10 +435,7 @@ bool Engine::step() {
   ForwardOutput fo;
   SampledOutput so;
   StepResult res;
-  try {
-    for (const ScheduledChunk& c : plan.chunks)
-      if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
-        throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
+  const bool ran = guarded_forward(plan.chunks, [&] {
     if (device_sampling_) {
       add_sampling_rows(plan.chunks, steps);
       so = runner_->forward_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments(), need_hidden);
@@ -423,19 +444,9 @@ bool Engine::step() {
       fo = runner_->forward(steps);
       res.fo = &fo;
     }
-  } catch (const SequenceError& e) {
-    // Raised before any state changed: that sequence ends, the others run again next step.
-    for (const ScheduledChunk& c : plan.chunks)
-      if (c.req->seq == e.seq()) {
-        fail_request(*c.req, "forward", e.what());
-        break;
-      }
+  });
+  if (!ran) {
     for (auto& [r, up] : live_) r->drafts.clear();
-    return true;
-  } catch (const std::exception& e) {
-    // Anything else may have left the batch's state half-updated: every sequence of it ends.
-    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
-    for (const ScheduledChunk& c : plan.chunks) fail_request(*c.req, "forward", e.what());
     return true;
   }
   const auto now = Clock::now();
@@ -500,23 +511,9 @@ Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan) {
     steps.push_back(ForwardStep{r.seq, std::span<const int32_t>(r.tokens.data() + r.num_computed, size_t(c.num_tokens))});
   }
   add_sampling_rows(plan.chunks, steps);
-  try {
-    for (const ScheduledChunk& c : plan.chunks)
-      if (c.req->spec.params.fault.fires(FaultSite::Forward, c.req->num_output()))
-        throw SequenceError(c.req->seq, "injected fault at forward (--enable-fault-injection)");
-    runner_->launch_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments());
-  } catch (const SequenceError& e) {  // raised before any state changed: the others run next step
-    for (const ScheduledChunk& c : plan.chunks)
-      if (c.req->seq == e.seq()) {
-        fail_request(*c.req, "forward", e.what());
-        break;
-      }
+  if (!guarded_forward(plan.chunks,
+                       [&] { runner_->launch_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments()); }))
     return in;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
-    for (const ScheduledChunk& c : plan.chunks) fail_request(*c.req, "forward", e.what());
-    return in;
-  }
   in.active = true;
   for (const ScheduledChunk& c : plan.chunks) {
     Request* r = c.req;

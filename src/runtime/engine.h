@@ -150,6 +150,8 @@ class Engine {
   };
   bool step_overlapped();
   void start_sequence(Request& r);
+  template <class Fn>
+  bool guarded_forward(const std::vector<ScheduledChunk>& chunks, Fn&& forward);
   InflightStep launch_overlapped(const SchedulerOutput& plan);
   void finish_overlapped(InflightStep& in);
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).

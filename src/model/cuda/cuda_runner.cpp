@@ -132,19 +132,15 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
     for (size_t i = 0; i < pieces.size(); ++i) {
       const Impl::Piece& pc = pieces[i];
       const ForwardStep& st = steps[pc.step];
-      const int64_t prow = p.row_begin[i], lrow = p.logit_row_begin[i];
+      const int64_t lrow = p.logit_row_begin[i];
       if (st.all_rows) {
         std::copy_n(logits.begin() + lrow * V, pc.n * V, out.logits.begin() + (out.row_begin[pc.step] + pc.offset) * V);
       } else if (pc.last) {
         std::copy_n(logits.begin() + lrow * V, V, out.logits.begin() + out.row_begin[pc.step] * V);
       }
-      if (st.all_rows || st.all_hidden) {
-        std::copy_n(hidden.begin() + prow * H, pc.n * H,
-                    out.hidden.begin() + (out.hidden_row_begin[pc.step] + pc.offset) * H);
-      } else if (pc.last) {
-        std::copy_n(hidden.begin() + prow * H, H, out.hidden.begin() + out.hidden_row_begin[pc.step] * H);
-      }
     }
+    for (const Impl::RowCopy& c : Impl::hidden_copies(steps, pieces, p, out.hidden_row_begin))
+      std::copy_n(hidden.begin() + c.from * H, c.n * H, out.hidden.begin() + c.to * H);
   });
   return out;
 }

@@ -98,6 +98,9 @@ class CudaRunner final : public ModelRunner {
  private:
   struct Impl;
   explicit CudaRunner(std::unique_ptr<Impl> impl);
+  // launch_sampled(), also returning hidden states (forward_sampled for speculative decoding).
+  void launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+              std::span<const LogitAdjustment> adjust, bool want_hidden);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -114,14 +114,15 @@ struct CudaRunner::Impl {
   // Recorded after a step's metadata copy: the pinned metadata is rewritten only after it.
   cudaEvent_t meta_uploaded = nullptr;
 
+  // n rows from row `from` of a chunk's output to row `to` of the step's.
+  struct RowCopy {
+    int64_t from, to, n;
+  };
   // A launched sampled chunk whose results are not read yet (runner_sampling.cpp).
   struct SampledChunk {
     int RL = 0, R = 0, buf = 0;
     std::vector<int64_t> source;  // logits row -> row of the launched steps (-1: nobody reads it)
-    struct HiddenCopy {
-      int64_t from, to, n;
-    };
-    std::vector<HiddenCopy> hidden_copies;
+    std::vector<RowCopy> hidden_copies;
     std::vector<float> hidden;
   };
   struct LaunchedStep {
@@ -132,7 +133,6 @@ struct CudaRunner::Impl {
   };
   std::deque<LaunchedStep> launched;  // oldest first; at most two (overlapped scheduling)
   cudaEvent_t chunk_done[2] = {};     // per output buffer: its chunk's results have arrived
-  bool want_hidden_next = false;  // forward_sampled's want_hidden for the launch it makes
   void scatter(LaunchedStep& ls, const SampledChunk& c);
 
   // Decode steps run the shared expert on a second stream, beside the router and the routed
@@ -531,6 +531,20 @@ struct CudaRunner::Impl {
       pc.n = int64_t(piece.tokens.size());
       pc.last = pc.offset + pc.n == int64_t(st.tokens.size());
       out.push_back(pc);
+    }
+    return out;
+  }
+
+  // Where a chunk's hidden rows go in the step's output: every row of an all_rows or all_hidden
+  // piece, else the last piece's one row.
+  static std::vector<RowCopy> hidden_copies(std::span<const ForwardStep> steps, const std::vector<Piece>& pieces,
+                                            const Plan& p, const std::vector<int64_t>& hidden_row_begin) {
+    std::vector<RowCopy> out;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& pc = pieces[i];
+      const ForwardStep& st = steps[pc.step];
+      if (st.all_rows || st.all_hidden) out.push_back({p.row_begin[i], hidden_row_begin[pc.step] + pc.offset, pc.n});
+      else if (pc.last) out.push_back({p.row_begin[i], hidden_row_begin[pc.step], 1});
     }
     return out;
   }

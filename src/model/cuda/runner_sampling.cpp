@@ -29,6 +29,11 @@ void CudaRunner::Impl::scatter(LaunchedStep& ls, const SampledChunk& c) {
 
 void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                 std::span<const LogitAdjustment> adjust) {
+  launch(steps, rows, adjust, /*want_hidden=*/false);
+}
+
+void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                        std::span<const LogitAdjustment> adjust, bool want_hidden) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.launched.size() < 2, "launch_sampled: two launched steps are not finished yet");
   for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
@@ -40,7 +45,7 @@ void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<co
                  "forward_sampled: a row's adjustments lie outside the list");
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   Impl::LaunchedStep& ls = m.launched.emplace_back();
-  ls.want_hidden = m.want_hidden_next;
+  ls.want_hidden = want_hidden;
   for (const RowSampling& r : rows) {
     ls.wants_logprobs.push_back(r.logprobs >= 0 && !r.skip);
     ls.any_logprobs = ls.any_logprobs || ls.wants_logprobs.back();
@@ -88,14 +93,8 @@ void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<co
           c.source[size_t(lrow)] = ls.out.row_begin[pc.step];
           slot_of_row[size_t(lrow)] = m.seq(st.seq).slot;  // the next step may read this token on the device
         }
-        if (ls.want_hidden) {
-          const int64_t prow = p.row_begin[i];
-          if (st.all_rows || st.all_hidden)
-            c.hidden_copies.push_back({prow, ls.out.hidden_row_begin[pc.step] + pc.offset, pc.n});
-          else if (pc.last)
-            c.hidden_copies.push_back({prow, ls.out.hidden_row_begin[pc.step], 1});
-        }
       }
+      if (ls.want_hidden) c.hidden_copies = Impl::hidden_copies(steps, pieces, p, ls.out.hidden_row_begin);
       size_t n_adjust = 0;
       for (int64_t src : c.source)
         if (src >= 0) n_adjust += size_t(rows[size_t(src)].adjust_end - rows[size_t(src)].adjust_begin);
@@ -170,9 +169,7 @@ SampledOutput CudaRunner::finish_sampled() {
 
 SampledOutput CudaRunner::forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                           std::span<const LogitAdjustment> adjust, bool want_hidden) {
-  impl_->want_hidden_next = want_hidden;
-  launch_sampled(steps, rows, adjust);
-  impl_->want_hidden_next = false;
+  launch(steps, rows, adjust, want_hidden);
   return finish_sampled();
 }
 
