@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -144,6 +144,26 @@ for what in "${@:-all}"; do
       start_server 18614 serve_itl256 --max-num-seqs 64 --chunked-prefill-size 256 || continue
       bench_serve 18614 itl256_c64 --input-len 512 --concurrency 64 --num-prompts 256
       stop_server serve_itl256 ;;
+    tp)
+      # Tensor parallelism (issue 15) on one GPU: the NCCL path over one rank (every collective
+      # runs) against the plain engine: tokens (tests) and decode step time at 28 layers, graphs
+      # on, alternating the two twice; then where the collectives' time goes. The split itself
+      # needs more GPUs (tools/multi_gpu_session.sh).
+      timeout 400 "$BIN/test_cuda" --gtest_filter='*TensorParallel*:*NcclCommunicator*' 2>&1 \
+        | grep -E "NCCL|OK|FAILED|Failure|SKIPPED|diff|Expected|Which|actual|exception" | tee "$OUT/tp_tests.log"
+      for mode in plain nccl plain nccl; do
+        flag=""; [ $mode = nccl ] && flag=--force-nccl
+        timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+          --batch 1,8,64 --input-len 512 --output-len 128 $flag 2>&1 \
+          | grep -E "^(device|prefill|decode|tensor|weights)|collectives|rror" | tee -a "$OUT/tp_bench_$mode.log"
+      done
+      timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+        --batch 1,64 --input-len 512 --output-len 16 --force-nccl --profile 2>&1 > "$OUT/tp_profile.log"
+      grep -E "^decode|allreduce|allgather|one decode step" "$OUT/tp_profile.log"
+      # Served through the tensor-parallel runner (NCCL over one rank), 16-token prompts.
+      start_server 18610 serve_nccl --max-num-seqs 64 --force-nccl && {
+        bench_serve 18610 bench_serve_nccl --concurrency 64 --input-len 16 --num-prompts 128
+        stop_server serve_nccl; } ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

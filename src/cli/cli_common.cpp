@@ -39,4 +39,16 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
                 "Adapt each sequence's draft length and stop drafting where drafts keep failing (default on)");
 }
 
+void add_parallel_options(CLI::App* sub, int& tensor_parallel_size, bool& expert_parallel, bool& force_nccl) {
+  sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
+                  "Split the model over this many ranks (GPUs; threads on the CPU engine)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_flag("--enable-expert-parallel", expert_parallel,
+                "Routed experts whole per rank (split by expert) instead of split by columns");
+  sub->add_flag("--force-nccl", force_nccl,
+                "CUDA: run the tensor-parallel path (NCCL collectives) even at --tensor-parallel-size 1, to measure "
+                "its cost on one GPU");
+}
+
 }  // namespace fathom::cli

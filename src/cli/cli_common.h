@@ -17,4 +17,8 @@ std::vector<int32_t> parse_token_ids(const std::string& text);
 void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_steps, int& ngram_min, int& ngram_max,
                              bool& adaptive);
 
+// --tensor-parallel-size/--tp and --enable-expert-parallel (vLLM's names) and --force-nccl, shared
+// by the commands that run a model.
+void add_parallel_options(CLI::App* sub, int& tensor_parallel_size, bool& expert_parallel, bool& force_nccl);
+
 }  // namespace fathom::cli

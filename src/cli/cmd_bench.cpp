@@ -28,6 +28,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/cuda_runner.h"
+#include "model/cuda/tensor_parallel_runner.h"
 #endif
 
 namespace fathom::cli {
@@ -41,6 +42,8 @@ struct BenchArgs {
   std::string spec_algorithm;                     // also generate end to end with this drafter
   int spec_ngram_min = 1, spec_ngram_max = 12;
   bool spec_adaptive = true;
+  int tensor_parallel_size = 1;
+  bool expert_parallel = false, force_nccl = false;
 };
 
 #ifdef FATHOM_HAVE_CUDA
@@ -234,16 +237,19 @@ void run_bench(const BenchArgs& a) {
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
     opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
   }
-  std::unique_ptr<cuda::CudaRunner> runner;
+  FATHOM_CHECK(!a.expert_parallel, "--enable-expert-parallel: the CUDA engine splits routed experts by columns only");
+  const int tp = a.tensor_parallel_size;
+  const bool nccl = tp > 1 || a.force_nccl;
+  std::unique_ptr<cuda::TensorParallelRunner> runner;
   nlohmann::json load_report;
   if (dummy) {
-    runner = cuda::CudaRunner::dummy(cfg, opt, nvfp4, 1234);
+    runner = cuda::TensorParallelRunner::dummy(cfg, opt, tp, nvfp4, 1234, nccl);
   } else {
     // The load against its ceiling, measured now on the same files (which this pass also brings
     // into the page cache, so both read from it).
     const LoadCeiling ceiling = measure_load_ceiling(a.model), ceiling4 = measure_load_ceiling(a.model, 4);
     const auto t0 = std::chrono::steady_clock::now();
-    runner = cuda::CudaRunner::from_checkpoint(a.model, opt);
+    runner = cuda::TensorParallelRunner::from_checkpoint(a.model, opt, tp, nccl);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double gbs = double(ceiling.bytes) / 1e9 / secs;
     std::printf("load: %.2f GB in %.2f s = %.2f GB/s, %.0f%% of the ceiling measured now (page cache -> pinned -> device, "
@@ -255,8 +261,14 @@ void run_bench(const BenchArgs& a) {
     if (a.load_only) return;
   }
   const auto fp = runner->footprint();
-  std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB\n",
-              fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9);
+  std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB%s\n",
+              fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9,
+              tp > 1 ? " (per GPU)" : "");
+  if (nccl)
+    std::printf("tensor parallel: %d GPU%s (%s); each step all-reduces every layer's attention/DeltaNet and MLP/MoE "
+                "output (fp32) and gathers the lm_head's vocabulary slices; --profile times them (allreduce, "
+                "allgather)\n",
+                tp, tp > 1 ? "s" : "", runner->device_name().c_str());
   const ModelShape shape = shape_of(cfg, nvfp4);
   nlohmann::json report = {{"model", cfg.architecture}, {"layers", cfg.num_hidden_layers},
                            {"device", prop.name}, {"copy_tbs", ceil.copy_tbs}, {"gemm_tflops", ceil.gemm_tflops},
@@ -335,15 +347,31 @@ void run_bench(const BenchArgs& a) {
       last = next;
     }
     const double t = median(times);
-    const StepCost c = decode_cost(cfg, shape, batch, a.input_len + a.output_len / 2.0);
+    StepCost c = decode_cost(cfg, shape, batch, a.input_len + a.output_len / 2.0);
+    // Split over tp GPUs each reads about 1/tp of it (the embedding rows, norms and routers
+    // that every GPU keeps are small beside the rest).
+    c.bytes /= tp;
+    c.flops /= tp;
     const double tbs = c.bytes / t / 1e12, tflops = c.flops / t / 1e12;
     std::printf("decode   batch %4d: step %8.3f ms  %9.1f tok/s  moves %6.2f GB -> %5.2f TB/s (%4.1f%% of copy ceiling)  "
                 "%6.1f TFLOP/s (%4.1f%%)  median of %d steps\n",
                 batch, t * 1e3, batch / t, c.bytes / 1e9, tbs, 100 * tbs / ceil.copy_tbs, tflops,
                 100 * tflops / ceil.gemm_tflops, a.output_len);
+    double collective_sent = 0;
+    if (nccl) {
+      // Ring all-reduce: each GPU sends and receives 2 (N-1)/N of the message; the gather (N-1)/N.
+      const int layers = cfg.num_hidden_layers;
+      const double msg = double(batch) * cfg.hidden_size * 4, logits = double(batch) * cfg.vocab_size * 4;
+      const double sent = 2.0 * layers * msg * 2.0 * (tp - 1) / tp + logits * (tp - 1) / tp;
+      std::printf("           collectives: %d all-reduces of %.1f KB + a gather of %.1f MB; each GPU sends %.2f MB a "
+                  "step\n",
+                  2 * layers, msg / 1e3, logits / 1e6, sent / 1e6);
+      collective_sent = sent;
+    }
     report["decode"].push_back({{"batch", batch}, {"step_ms", t * 1e3}, {"tok_s", batch / t}, {"bytes", c.bytes},
                                 {"tbs", tbs}, {"pct_copy_ceiling", 100 * tbs / ceil.copy_tbs}, {"tflops", tflops},
                                 {"pct_bf16_ceiling", 100 * tflops / ceil.gemm_tflops}});
+    if (nccl) report["decode"].back()["collective_bytes_sent_per_gpu"] = collective_sent;
     if (a.profile) {
       runner->set_profiling(true);
       runner->reset_profile();
@@ -498,6 +526,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
+  add_parallel_options(sub, args->tensor_parallel_size, args->expert_parallel, args->force_nccl);
   sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");
   sub->add_option("--speculative-num-steps", args->spec_steps,
                   "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");

@@ -13,14 +13,19 @@ namespace {
 
 struct ScoreArgs {
   std::string model, token_ids, logits_out, device = "auto";
-  int chunk = 512;
+  int chunk = 512, tensor_parallel_size = 1;
+  bool expert_parallel = false, force_nccl = false;
 };
 
 void run_score(const ScoreArgs& a) {
   std::vector<int32_t> ids = parse_token_ids(a.token_ids);
   FATHOM_CHECK(!ids.empty(), "--token-ids is empty");
   FATHOM_CHECK(a.chunk > 0, "--prefill-chunk must be positive");
-  auto runner = open_model(a.model, a.device, /*with_mtp=*/false);
+  EngineOptions eo;
+  eo.tensor_parallel_size = a.tensor_parallel_size;
+  eo.expert_parallel = a.expert_parallel;
+  eo.force_nccl = a.force_nccl;
+  auto runner = open_model(a.model, a.device, /*with_mtp=*/false, eo);
   const int64_t V = runner->config().vocab_size;
   SequenceId seq = runner->add_sequence();
   std::vector<float> logits;
@@ -46,6 +51,7 @@ CommandRegistrar reg([](CLI::App& app) {
       ->required();
   sub->add_option("--device", args->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--prefill-chunk", args->chunk, "Tokens per forward pass");
+  add_parallel_options(sub, args->tensor_parallel_size, args->expert_parallel, args->force_nccl);
   sub->callback([args] { run_score(*args); });
 });
 

@@ -1,6 +1,10 @@
 #include "model/cpu_runner.h"
 
+#include <exception>
+#include <thread>
+
 #include "core/error.h"
+#include "model/weight_shard.h"
 
 namespace fathom {
 namespace {
@@ -33,31 +37,117 @@ ForwardOutput merge_outputs(const std::vector<HybridModel::Output>& outs, const 
 
 }  // namespace
 
+CpuRunner::CpuRunner(std::unique_ptr<HybridModel> model) { ranks_.push_back(std::move(model)); }
+
+CpuRunner::~CpuRunner() = default;
+
+std::unique_ptr<CpuRunner> CpuRunner::open(const std::filesystem::path& dir, bool with_mtp, int tensor_parallel_size,
+                                           bool expert_parallel) {
+  FATHOM_CHECK(tensor_parallel_size >= 1, "--tensor-parallel-size must be at least 1, got ", tensor_parallel_size);
+  if (tensor_parallel_size == 1)  // expert parallelism over one rank is the whole model
+    return std::make_unique<CpuRunner>(HybridModel::load(dir, with_mtp));
+  auto r = group_of(tensor_parallel_size);
+  // Each rank reads its own slice (one layer of full tensors at a time), as a GPU rank would.
+  r->on_all_ranks([&](int i) {
+    r->ranks_[size_t(i)] = HybridModel::load(dir, with_mtp, *r->comms_[size_t(i)], expert_parallel);
+  });
+  return r;
+}
+
+std::unique_ptr<CpuRunner> CpuRunner::split(const ModelConfig& cfg, const ModelWeights& full, int tensor_parallel_size,
+                                            bool expert_parallel) {
+  auto r = group_of(tensor_parallel_size);
+  for (int i = 0; i < tensor_parallel_size; ++i) {
+    const TensorSplit s = TensorSplit::make(cfg, i, tensor_parallel_size, expert_parallel);
+    ModelWeights w;
+    w.embed = full.embed;
+    w.final_norm = full.final_norm;
+    w.lm_head = full.lm_head;
+    w.tied_lm_head = full.tied_lm_head;
+    for (const LayerWeights& l : full.layers) w.layers.push_back(shard_layer(l, cfg, s));
+    if (full.mtp) {
+      w.mtp = *full.mtp;
+      w.mtp->layer = shard_layer(full.mtp->layer, cfg, s);
+    }
+    shard_vocabulary(w, cfg, s);
+    r->ranks_[size_t(i)] = std::make_unique<HybridModel>(cfg, std::move(w), s, r->comms_[size_t(i)].get());
+  }
+  return r;
+}
+
+std::unique_ptr<CpuRunner> CpuRunner::group_of(int size) {
+  FATHOM_CHECK(size >= 1, "--tensor-parallel-size must be at least 1, got ", size);
+  std::unique_ptr<CpuRunner> r(new CpuRunner());
+  r->group_ = std::make_unique<LocalGroup>(size);
+  for (int i = 0; i < size; ++i) r->comms_.push_back(r->group_->rank(i));
+  r->ranks_.resize(size_t(size));
+  return r;
+}
+
+std::string CpuRunner::device_name() const {
+  return ranks_.size() == 1 ? "cpu" : "cpu (tensor parallel " + std::to_string(ranks_.size()) + ")";
+}
+
+void CpuRunner::on_all_ranks(const std::function<void(int)>& fn) {
+  const int n = int(comms_.empty() ? 1 : comms_.size());
+  if (n == 1) return fn(0);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  auto run = [&](int r) {
+    try {
+      fn(r);
+    } catch (const std::exception& e) {
+      errors[size_t(r)] = std::current_exception();
+      comms_[size_t(r)]->abort(std::string("rank ") + std::to_string(r) + ": " + e.what());
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) threads.emplace_back(run, r);
+  run(0);
+  for (std::thread& t : threads) t.join();
+  // The rank that failed first names the cause; the others only saw the abort.
+  for (int pass = 0; pass < 2; ++pass)
+    for (const std::exception_ptr& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const CommunicatorAborted&) {
+        if (pass == 1) throw;
+      } catch (...) {
+        if (pass == 0) throw;
+      }
+    }
+}
+
 SequenceId CpuRunner::add_sequence() {
   SequenceId id = next_id_++;
-  seqs_.emplace(id, model_->new_sequence());
+  std::vector<SequenceState> per_rank;
+  for (const auto& m : ranks_) per_rank.push_back(m->new_sequence());
+  seqs_.emplace(id, std::move(per_rank));
   return id;
 }
 
 void CpuRunner::remove_sequence(SequenceId seq) { seqs_.erase(seq); }
 
-SequenceState& CpuRunner::state(SequenceId seq) {
+std::vector<SequenceState>& CpuRunner::states(SequenceId seq) {
   auto it = seqs_.find(seq);
   FATHOM_CHECK(it != seqs_.end(), "unknown sequence id ", seq);
   return it->second;
 }
 
-const SequenceState& CpuRunner::state(SequenceId seq) const {
+const std::vector<SequenceState>& CpuRunner::states(SequenceId seq) const {
   auto it = seqs_.find(seq);
   FATHOM_CHECK(it != seqs_.end(), "unknown sequence id ", seq);
   return it->second;
 }
 
-int64_t CpuRunner::length(SequenceId seq) const { return state(seq).num_tokens; }
-int64_t CpuRunner::mtp_length(SequenceId seq) const { return state(seq).mtp_kv.length(); }
+int64_t CpuRunner::length(SequenceId seq) const { return states(seq)[0].num_tokens; }
+int64_t CpuRunner::mtp_length(SequenceId seq) const { return states(seq)[0].mtp_kv.length(); }
 
 ForwardOutput CpuRunner::forward(std::span<const ForwardStep> steps) {
-  std::vector<HybridModel::Segment> groups[2];  // 0: last row only, 1: all rows
+  const size_t n = ranks_.size();
+  std::vector<std::vector<HybridModel::Segment>> groups[2];  // [g][rank]; 0: last row only, 1: all rows
+  groups[0].resize(n);
+  groups[1].resize(n);
   std::vector<int> group_of;
   std::vector<std::vector<int64_t>> rows(2);
   std::vector<bool> logits_all;
@@ -67,41 +157,56 @@ ForwardOutput CpuRunner::forward(std::span<const ForwardStep> steps) {
         throw SequenceError(s.seq, "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                        std::to_string(config().vocab_size) + ")");
     const int g = s.all_rows || s.all_hidden ? 1 : 0;
-    groups[g].push_back(HybridModel::Segment{&state(s.seq), s.tokens, s.keep_history});
+    std::vector<SequenceState>& st = states(s.seq);
+    for (size_t r = 0; r < n; ++r) groups[g][r].push_back(HybridModel::Segment{&st[r], s.tokens, s.keep_history});
     group_of.push_back(g);
     rows[g].push_back(g == 1 ? int64_t(s.tokens.size()) : 1);
     logits_all.push_back(s.all_rows);
   }
-  std::vector<HybridModel::Output> outs(2);
-  for (int g = 0; g < 2; ++g)
-    if (!groups[g].empty()) outs[g] = model_->forward(groups[g], g == 1);
-  return merge_outputs(outs, group_of, rows, logits_all, config().vocab_size, config().hidden_size);
+  std::vector<std::vector<HybridModel::Output>> outs(n, std::vector<HybridModel::Output>(2));
+  on_all_ranks([&](int r) {
+    for (int g = 0; g < 2; ++g)
+      if (!groups[g][size_t(r)].empty()) outs[size_t(r)][g] = ranks_[size_t(r)]->forward(groups[g][size_t(r)], g == 1);
+  });
+  return merge_outputs(outs[0], group_of, rows, logits_all, config().vocab_size, config().hidden_size);
 }
 
-void CpuRunner::rollback(SequenceId seq, int64_t new_length) { model_->rollback(state(seq), new_length); }
+void CpuRunner::rollback(SequenceId seq, int64_t new_length) {
+  std::vector<SequenceState>& st = states(seq);
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->rollback(st[r], new_length);
+}
 
 ForwardOutput CpuRunner::mtp_forward(std::span<const MtpStep> steps) {
-  std::vector<HybridModel::MtpSegment> groups[2];
+  const size_t n = ranks_.size();
+  std::vector<std::vector<HybridModel::MtpSegment>> groups[2];
+  groups[0].resize(n);
+  groups[1].resize(n);
   std::vector<int> group_of;
   std::vector<std::vector<int64_t>> rows(2);
   std::vector<bool> logits_all;
   for (const MtpStep& s : steps) {
     const int g = s.all_rows ? 1 : 0;
-    groups[g].push_back(HybridModel::MtpSegment{&state(s.seq), s.hidden, s.next_tokens});
+    std::vector<SequenceState>& st = states(s.seq);
+    for (size_t r = 0; r < n; ++r) groups[g][r].push_back(HybridModel::MtpSegment{&st[r], s.hidden, s.next_tokens});
     group_of.push_back(g);
     rows[g].push_back(s.all_rows ? int64_t(s.next_tokens.size()) : 1);
     logits_all.push_back(s.all_rows);
   }
-  std::vector<HybridModel::Output> outs(2);
-  for (int g = 0; g < 2; ++g)
-    if (!groups[g].empty()) outs[g] = model_->mtp_forward(groups[g], g == 1);
-  return merge_outputs(outs, group_of, rows, logits_all, config().vocab_size, config().hidden_size);
+  std::vector<std::vector<HybridModel::Output>> outs(n, std::vector<HybridModel::Output>(2));
+  on_all_ranks([&](int r) {
+    for (int g = 0; g < 2; ++g)
+      if (!groups[g][size_t(r)].empty())
+        outs[size_t(r)][g] = ranks_[size_t(r)]->mtp_forward(groups[g][size_t(r)], g == 1);
+  });
+  return merge_outputs(outs[0], group_of, rows, logits_all, config().vocab_size, config().hidden_size);
 }
 
 void CpuRunner::mtp_rollback(SequenceId seq, int64_t new_length) {
-  KvCache& kv = state(seq).mtp_kv;
-  FATHOM_CHECK(new_length >= 0 && new_length <= kv.length(), "MTP rollback to ", new_length, " of ", kv.length());
-  kv.truncate(new_length);
+  for (SequenceState& st : states(seq)) {
+    KvCache& kv = st.mtp_kv;
+    FATHOM_CHECK(new_length >= 0 && new_length <= kv.length(), "MTP rollback to ", new_length, " of ", kv.length());
+    kv.truncate(new_length);
+  }
 }
 
 }  // namespace fathom

@@ -1,8 +1,16 @@
 // ModelRunner over the CPU reference engine: sequences are SequenceState values in a map.
+// With a tensor-parallel size N > 1 it holds N models, one slice each (ranks as threads joined by
+// a LocalGroup): every call runs on all ranks at once, each on its own states, and returns rank
+// 0's output, which the gathers make whole. This is the split the CUDA engine follows, tested
+// here without GPUs.
 #pragma once
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <vector>
 
+#include "core/communicator.h"
 #include "model/hybrid_model.h"
 #include "model/model_runner.h"
 
@@ -10,11 +18,19 @@ namespace fathom {
 
 class CpuRunner final : public ModelRunner {
  public:
-  explicit CpuRunner(std::unique_ptr<HybridModel> model) : model_(std::move(model)) {}
+  explicit CpuRunner(std::unique_ptr<HybridModel> model);
+  // Loads `dir` split over `tensor_parallel_size` ranks (routed experts by expert with
+  // expert_parallel); size 1 is the plain engine.
+  static std::unique_ptr<CpuRunner> open(const std::filesystem::path& dir, bool with_mtp, int tensor_parallel_size = 1,
+                                         bool expert_parallel = false);
+  // `full` (the whole model's weights) cut in memory over `tensor_parallel_size` ranks.
+  static std::unique_ptr<CpuRunner> split(const ModelConfig& cfg, const ModelWeights& full, int tensor_parallel_size,
+                                          bool expert_parallel);
+  ~CpuRunner() override;
 
-  const ModelConfig& config() const override { return model_->config(); }
-  std::string device_name() const override { return "cpu"; }
-  bool has_mtp() const override { return model_->has_mtp(); }
+  const ModelConfig& config() const override { return ranks_[0]->config(); }
+  std::string device_name() const override;
+  bool has_mtp() const override { return ranks_[0]->has_mtp(); }
   SequenceId add_sequence() override;
   void remove_sequence(SequenceId seq) override;
   int64_t length(SequenceId seq) const override;
@@ -24,14 +40,24 @@ class CpuRunner final : public ModelRunner {
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
 
-  const HybridModel& model() const { return *model_; }
+  int tensor_parallel_size() const { return int(ranks_.size()); }
+  const HybridModel& model() const { return *ranks_[0]; }
 
  private:
-  SequenceState& state(SequenceId seq);
-  const SequenceState& state(SequenceId seq) const;
+  CpuRunner() = default;
+  // An empty runner of `size` ranks joined by a LocalGroup (models still to be placed).
+  static std::unique_ptr<CpuRunner> group_of(int size);
+  // Sequence `seq`'s state on every rank.
+  std::vector<SequenceState>& states(SequenceId seq);
+  const std::vector<SequenceState>& states(SequenceId seq) const;
+  // fn(rank) on every rank at once; an error in one aborts the group (ending the others' waits)
+  // and is rethrown here.
+  void on_all_ranks(const std::function<void(int)>& fn);
 
-  std::unique_ptr<HybridModel> model_;
-  std::map<SequenceId, SequenceState> seqs_;
+  std::unique_ptr<LocalGroup> group_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<std::unique_ptr<HybridModel>> ranks_;
+  std::map<SequenceId, std::vector<SequenceState>> seqs_;
   SequenceId next_id_ = 1;
 };
 

@@ -29,7 +29,13 @@ void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_
   cpu::matmul_nt(x, w.w.data(), y, n, w.in, w.out);
 }
 
-HybridModel::HybridModel(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
+HybridModel::HybridModel(ModelConfig cfg, ModelWeights weights)
+    : HybridModel(cfg, std::move(weights), TensorSplit::whole(cfg), nullptr) {}
+
+HybridModel::HybridModel(ModelConfig cfg, ModelWeights weights, const TensorSplit& split, Communicator* comm)
+    : cfg_(std::move(cfg)), w_(std::move(weights)), split_(split), comm_(comm) {
+  FATHOM_CHECK(!split_.is_split() || (comm_ && comm_->size() == split_.size && comm_->rank() == split_.rank),
+               "a split model needs its rank's communicator");
   int a = 0, l = 0;
   for (LayerType t : cfg_.layer_types) {
     attn_slot_.push_back(t == LayerType::FullAttention ? a++ : -1);
@@ -45,22 +51,51 @@ std::unique_ptr<HybridModel> HybridModel::load(const std::filesystem::path& dir,
   return std::make_unique<HybridModel>(std::move(cfg), std::move(w));
 }
 
+std::unique_ptr<HybridModel> HybridModel::load(const std::filesystem::path& dir, bool with_mtp, Communicator& comm,
+                                               bool expert_parallel) {
+  ModelConfig cfg = ModelConfig::load(dir);
+  QuantConfig quant = QuantConfig::load(dir, read_text_file(dir / "config.json"));
+  auto ckpt = Checkpoint::open(dir);
+  const TensorSplit split = TensorSplit::make(cfg, comm.rank(), comm.size(), expert_parallel);
+  ModelWeights w = load_model_weights(*ckpt, cfg, quant, with_mtp, /*keep_nvfp4=*/false, &split);
+  return std::make_unique<HybridModel>(std::move(cfg), std::move(w), split, &comm);
+}
+
+void HybridModel::all_reduce(std::vector<float>& v) const {
+  if (comm_) comm_->all_reduce_sum(v);
+}
+
+void HybridModel::embed(std::span<const int32_t> tokens, float* dst) const {
+  const int H = cfg_.hidden_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t tok = tokens[i];
+    FATHOM_CHECK(tok >= 0 && tok < cfg_.vocab_size, "token id ", tok, " is outside the vocabulary [0, ",
+                 cfg_.vocab_size, ")");
+    float* row = dst + i * H;
+    if (split_.vocab.contains(tok))
+      std::copy_n(w_.embed.data() + size_t(tok - split_.vocab.begin) * H, H, row);
+    else
+      std::fill_n(row, H, 0.f);  // another rank holds it; the sum below brings it in
+  }
+  if (comm_) comm_->all_reduce_sum(std::span<float>(dst, tokens.size() * H));
+}
+
 SequenceState HybridModel::new_sequence() const {
   SequenceState s;
-  const int conv_dim = 2 * cfg_.linear_num_key_heads * cfg_.linear_key_head_dim +
-                       cfg_.linear_num_value_heads * cfg_.linear_value_head_dim;
+  const int hk = split_.linear_key_heads.size(), hv = split_.linear_value_heads.size();
+  const int conv_dim = 2 * hk * cfg_.linear_key_head_dim + hv * cfg_.linear_value_head_dim;
   for (LayerType t : cfg_.layer_types) {
     if (t == LayerType::FullAttention) {
-      s.kv.push_back(KvCache{cfg_.num_key_value_heads, cfg_.head_dim, {}, {}});
+      s.kv.push_back(KvCache{split_.kv_heads.size(), cfg_.head_dim, {}, {}});
     } else {
       LinearAttentionState st;
       st.conv.assign(size_t(cfg_.linear_conv_kernel_dim - 1) * conv_dim, 0.f);
-      st.recurrent.assign(size_t(cfg_.linear_num_value_heads) * cfg_.linear_key_head_dim *
+      st.recurrent.assign(size_t(hv) * cfg_.linear_key_head_dim *
                               cfg_.linear_value_head_dim, 0.f);
       s.linear.push_back(std::move(st));
     }
   }
-  s.mtp_kv = KvCache{cfg_.num_key_value_heads, cfg_.head_dim, {}, {}};
+  s.mtp_kv = KvCache{split_.kv_heads.size(), cfg_.head_dim, {}, {}};
   return s;
 }
 
@@ -78,15 +113,7 @@ HybridModel::Output HybridModel::forward(std::span<const Segment> batch, bool al
     total += int64_t(s.tokens.size());
   }
   std::vector<float> x(size_t(total) * H);
-  int64_t row = 0;
-  for (const Segment& s : batch) {
-    for (int32_t tok : s.tokens) {
-      FATHOM_CHECK(tok >= 0 && tok < cfg_.vocab_size, "token id ", tok, " is outside the vocabulary [0, ",
-                   cfg_.vocab_size, ")");
-      std::copy_n(w_.embed.data() + size_t(tok) * H, H, x.data() + row * H);
-      ++row;
-    }
-  }
+  for (size_t si = 0; si < batch.size(); ++si) embed(batch[si].tokens, x.data() + segs[si].offset * H);
   for (size_t li = 0; li < w_.layers.size(); ++li) {
     for (size_t si = 0; si < segs.size(); ++si) {
       SequenceState* st = batch[si].state;
@@ -115,14 +142,13 @@ HybridModel::Output HybridModel::mtp_forward(std::span<const MtpSegment> batch, 
     total += n;
   }
   // u = fc([norm_e(embed(next)) | norm_h(hidden)]): embedding first, hidden second.
-  std::vector<float> cat(size_t(total) * 2 * H), tmp(H);
+  std::vector<float> cat(size_t(total) * 2 * H), emb;
   for (size_t si = 0; si < batch.size(); ++si) {
+    emb.resize(size_t(segs[si].count) * H);
+    embed(batch[si].next_tokens, emb.data());
     for (int64_t i = 0; i < segs[si].count; ++i) {
-      const int32_t tok = batch[si].next_tokens[i];
-      FATHOM_CHECK(tok >= 0 && tok < cfg_.vocab_size, "token id ", tok, " is outside the vocabulary");
       float* dst = cat.data() + (segs[si].offset + i) * 2 * H;
-      cpu::rms_norm(w_.embed.data() + size_t(tok) * H, m.pre_fc_norm_embedding.data(), dst, 1, H, eps,
-                    cfg_.norm_zero_centered);
+      cpu::rms_norm(emb.data() + i * H, m.pre_fc_norm_embedding.data(), dst, 1, H, eps, cfg_.norm_zero_centered);
       cpu::rms_norm(batch[si].hidden.data() + i * H, m.pre_fc_norm_hidden.data(), dst + H, 1, H, eps,
                     cfg_.norm_zero_centered);
     }
@@ -154,7 +180,20 @@ HybridModel::Output HybridModel::finish(const std::vector<float>& x, const std::
   out.logits.resize(size_t(out.rows) * V);
   std::vector<float> head_in(out.hidden);
   round_activations(head_in.data(), head_in.size());
-  cpu::matmul_nt(head_in.data(), w_.lm_head_data(), out.logits.data(), out.rows, H, V);
+  if (!comm_) {
+    cpu::matmul_nt(head_in.data(), w_.lm_head_data(), out.logits.data(), out.rows, H, V);
+    return out;
+  }
+  // Each rank's vocabulary slice, gathered as [rank][row][slice] and laid out as [row][vocab].
+  const int64_t Vr = split_.vocab_rows;
+  std::vector<float> mine(size_t(out.rows) * Vr), all(mine.size() * split_.size);
+  cpu::matmul_nt(head_in.data(), w_.lm_head_data(), mine.data(), out.rows, H, Vr);
+  comm_->all_gather(mine, all);
+  for (int r = 0; r < split_.size; ++r) {
+    const int64_t v0 = r * Vr, n = std::min<int64_t>(Vr, V - v0);
+    for (int64_t row = 0; row < out.rows && n > 0; ++row)
+      std::copy_n(all.data() + (size_t(r) * out.rows + row) * Vr, n, out.logits.data() + row * V + v0);
+  }
   return out;
 }
 
@@ -170,6 +209,7 @@ void HybridModel::decoder_layer(const LayerWeights& lw, std::vector<float>& x,
     attention(lw.attn, xn.data(), mix.data(), segs);
   else
     gated_delta_net(lw.gdn, xn.data(), mix.data(), segs);
+  all_reduce(mix);
   for (size_t i = 0; i < x.size(); ++i) x[i] += mix[i];
   cpu::rms_norm(x.data(), lw.post_attention_norm.data(), xn.data(), n, H, eps, cfg_.norm_zero_centered);
   if (lw.is_moe) {
@@ -180,12 +220,13 @@ void HybridModel::decoder_layer(const LayerWeights& lw, std::vector<float>& x,
     round_activations(xn.data(), xn.size());
     mlp(lw.mlp, xn.data(), mix.data(), n);
   }
+  all_reduce(mix);
   for (size_t i = 0; i < x.size(); ++i) x[i] += mix[i];
 }
 
 void HybridModel::attention(const AttentionWeights& aw, const float* xn, float* out,
                             const std::vector<SegmentView>& segs) const {
-  const int nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, d = cfg_.head_dim;
+  const int nh = split_.q_heads.size(), nkv = split_.kv_heads.size(), d = cfg_.head_dim;
   const bool gated = cfg_.attn_output_gate;
   const int64_t n = segs.empty() ? 0 : segs.back().offset + segs.back().count;
   const float eps = float(cfg_.rms_norm_eps);
@@ -232,7 +273,9 @@ void HybridModel::attention(const AttentionWeights& aw, const float* xn, float* 
 
 void HybridModel::gated_delta_net(const GatedDeltaNetWeights& gw, const float* xn, float* out,
                                   const std::vector<SegmentView>& segs) const {
-  const int hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
+  // This rank's heads; with key heads replicated (fewer than ranks) hk is 1 and every local
+  // value head reads it, so h / (hv / hk) still names the right key head.
+  const int hk = split_.linear_key_heads.size(), hv = split_.linear_value_heads.size();
   const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
   const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
   const int kc = cfg_.linear_conv_kernel_dim, ratio = hv / hk;
@@ -352,14 +395,14 @@ void HybridModel::moe(const MoeWeights& mw, const float* xn, const float* xn_rou
   }
   std::fill(out, out + n * H, 0.f);
   std::vector<float> xs, ys;
-  for (int e = 0; e < E; ++e) {
+  for (int e = split_.experts.begin; e < split_.experts.end; ++e) {  // this rank's experts (all without EP)
     const auto& list = per_expert[e];
     if (list.empty()) continue;
     const int64_t m = int64_t(list.size());
     xs.resize(size_t(m) * H);
     ys.resize(size_t(m) * H);
     for (int64_t i = 0; i < m; ++i) std::copy_n(xn + list[i].first * H, H, xs.data() + i * H);
-    mlp(mw.experts[e], xs.data(), ys.data(), m, /*routed=*/true);
+    mlp(mw.experts[size_t(e - split_.experts.begin)], xs.data(), ys.data(), m, /*routed=*/true);
     for (int64_t i = 0; i < m; ++i) {
       float* o = out + list[i].first * H;
       const float wgt = list[i].second;

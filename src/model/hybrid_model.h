@@ -2,6 +2,12 @@
 // embeddings -> N decoder layers (gated full attention or Gated DeltaNet, then MoE or MLP)
 // -> final norm -> lm_head, plus the MTP draft layer. One forward call processes a ragged
 // batch: several sequences, each with any number of new tokens (prefill chunk or decode).
+//
+// Tensor parallel: one HybridModel per rank, each with its slice of the weights (TensorSplit)
+// and its rank's communicator; every rank runs the same calls on its own SequenceStates (which
+// hold its heads only). Partial sums are all-reduced after each attention / DeltaNet output
+// projection and each MLP / MoE, embeddings looked up by vocabulary slice and summed, and the
+// lm_head's vocabulary slices gathered, so every rank returns the whole logits.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -9,17 +15,24 @@
 #include <span>
 #include <vector>
 
+#include "core/communicator.h"
 #include "io/model_config.h"
 #include "model/model_weights.h"
 #include "model/sequence_state.h"
+#include "model/tensor_split.h"
 
 namespace fathom {
 
 class HybridModel {
  public:
   HybridModel(ModelConfig cfg, ModelWeights weights);
+  // One rank of a group: `weights` already cut to `split`; `comm` outlives the model.
+  HybridModel(ModelConfig cfg, ModelWeights weights, const TensorSplit& split, Communicator* comm);
   // Reads config, quantization and weights from a checkpoint folder.
   static std::unique_ptr<HybridModel> load(const std::filesystem::path& dir, bool with_mtp = true);
+  // The same, keeping only rank comm->rank()'s slice of a group of comm->size().
+  static std::unique_ptr<HybridModel> load(const std::filesystem::path& dir, bool with_mtp, Communicator& comm,
+                                           bool expert_parallel);
 
   const ModelConfig& config() const { return cfg_; }
 
@@ -73,11 +86,17 @@ class HybridModel {
   void mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n, bool routed = false) const;
   void linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed = false) const;
   void round_activations(float* p, size_t n) const;
+  // Sums partial results over the group (no-op on one rank).
+  void all_reduce(std::vector<float>& v) const;
+  // Embedding rows of `tokens` into dst [n, hidden] (each rank looks up its vocabulary slice).
+  void embed(std::span<const int32_t> tokens, float* dst) const;
   Output finish(const std::vector<float>& x, const std::vector<float>& final_norm,
                 const std::vector<SegmentView>& segs, bool all_rows) const;
 
   ModelConfig cfg_;
   ModelWeights w_;
+  TensorSplit split_;
+  Communicator* comm_ = nullptr;
   bool bf16_activations_ = false;
   std::vector<int> attn_slot_, linear_slot_;  // layer index -> index into SequenceState vectors
 };

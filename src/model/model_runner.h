@@ -155,6 +155,9 @@ struct EngineOptions {
                                      // kept for K + 1 positions per sequence
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
+  int tensor_parallel_size = 1;      // ranks the model is split over (docs/design.md, "Splitting over GPUs")
+  bool expert_parallel = false;      // routed experts whole per rank instead of split by columns
+  bool force_nccl = false;           // CUDA: the tensor-parallel path (NCCL collectives) even on one GPU
 };
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"

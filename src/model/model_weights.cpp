@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/nvfp4.h"
+#include "model/weight_shard.h"
 
 namespace fathom {
 namespace {
@@ -176,7 +177,9 @@ class WeightLoader {
 }  // namespace
 
 ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const QuantConfig& quant,
-                                bool load_mtp, bool keep_nvfp4) {
+                                bool load_mtp, bool keep_nvfp4, const TensorSplit* split) {
+  const TensorSplit whole = TensorSplit::whole(cfg);
+  const TensorSplit& s = split ? *split : whole;
   (void)quant;  // storage decides the format per tensor; QuantConfig is reported by `inspect`
   WeightLoader load(ckpt, cfg, keep_nvfp4);
   const std::string& pre = cfg.weight_prefix;
@@ -187,7 +190,8 @@ ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, 
   w.tied_lm_head = cfg.tie_word_embeddings && !ckpt.has("lm_head.weight");
   if (!w.tied_lm_head) w.lm_head = load.linear("lm_head", vocab, h);
   for (int i = 0; i < cfg.num_hidden_layers; ++i)
-    w.layers.push_back(load.layer(pre + "layers." + std::to_string(i), cfg.layer_types[i], cfg.is_moe_layer(i)));
+    w.layers.push_back(
+        shard_layer(load.layer(pre + "layers." + std::to_string(i), cfg.layer_types[i], cfg.is_moe_layer(i)), cfg, s));
   if (load_mtp && cfg.mtp_num_hidden_layers > 0) {
     FATHOM_CHECK(ckpt.has("mtp.fc.weight"), "config declares mtp_num_hidden_layers = ",
                  cfg.mtp_num_hidden_layers, " but tensor 'mtp.fc.weight' is missing in ", ckpt.dir().string());
@@ -196,9 +200,10 @@ ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, 
     m.pre_fc_norm_embedding = load.vec("mtp.pre_fc_norm_embedding.weight", h);
     m.pre_fc_norm_hidden = load.vec("mtp.pre_fc_norm_hidden.weight", h);
     m.norm = load.vec("mtp.norm.weight", h);
-    m.layer = load.layer("mtp.layers.0", LayerType::FullAttention, cfg.num_experts > 0);
+    m.layer = shard_layer(load.layer("mtp.layers.0", LayerType::FullAttention, cfg.num_experts > 0), cfg, s);
     w.mtp = std::move(m);
   }
+  shard_vocabulary(w, cfg, s);
   return w;
 }
 

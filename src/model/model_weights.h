@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "io/model_config.h"
 #include "io/quant_config.h"
+#include "model/tensor_split.h"
 
 namespace fathom {
 
@@ -78,7 +79,8 @@ struct ModelWeights {
 // Loads and validates every tensor the text model needs. `load_mtp` also loads the `mtp.*`
 // layer when the config declares one. Throws fathom::Error naming the tensor on any mismatch.
 // keep_nvfp4: NVFP4 linears keep their raw form (for engines with their own FP4 kernels).
+// split: keep only that rank's slice of every tensor, cut one layer at a time as it is read.
 ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const QuantConfig& quant,
-                                bool load_mtp, bool keep_nvfp4 = false);
+                                bool load_mtp, bool keep_nvfp4 = false, const TensorSplit* split = nullptr);
 
 }  // namespace fathom

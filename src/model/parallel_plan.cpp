@@ -28,32 +28,23 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
                o.weight_format, "'");
   ParallelPlan p;
   p.options = o;
-  auto divides = [&](int count, const char* what) {
-    if (count > 0 && count % N != 0)
-      p.problems.push_back(std::string(what) + " (" + std::to_string(count) + ") do not split over " +
-                           std::to_string(N) + " GPUs");
-  };
+  // The loader's own rules (model/tensor_split.h); counts below are rank 0's when they hold.
+  p.problems = tensor_split_problems(c, N, o.expert_parallel);
   const double H = c.hidden_size, d = c.head_dim;
   const double expert_bpw = o.weight_format == "nvfp4" ? kNvfp4 : kBf16;
 
   // Attention: q heads split; K/V heads split while there are enough, then one a GPU.
-  divides(c.num_attention_heads, "attention heads");
   p.q_heads = c.num_attention_heads / N;
   p.kv_heads_replicated = c.num_key_value_heads > 0 && c.num_key_value_heads < N;
-  if (c.num_key_value_heads >= N) divides(c.num_key_value_heads, "key/value heads");
-  else if (c.num_key_value_heads > 0 && N % c.num_key_value_heads != 0)
-    p.problems.push_back("key/value heads (" + std::to_string(c.num_key_value_heads) + ") do not replicate evenly over " +
-                         std::to_string(N) + " GPUs");
   p.kv_heads = c.num_key_value_heads >= N ? c.num_key_value_heads / N : 1;
   const double q_rows = double(c.num_attention_heads) * d * (c.attn_output_gate ? 2 : 1) / N;
   const double attention_layer = (q_rows + 2.0 * p.kv_heads * d) * H * kBf16   // q, k, v
                                  + H * c.num_attention_heads * d / N * kBf16  // o
                                  + 2 * d * kBf16;                              // q and k norms
 
-  // Gated DeltaNet: key and value heads split, with their conv channels and state.
-  divides(c.linear_num_key_heads, "DeltaNet key heads");
-  divides(c.linear_num_value_heads, "DeltaNet value heads");
-  p.linear_key_heads = c.linear_num_key_heads / N;
+  // Gated DeltaNet: value heads split, key heads split or replicated like K/V heads, with their
+  // conv channels and state.
+  p.linear_key_heads = c.linear_num_key_heads >= N ? c.linear_num_key_heads / N : (c.linear_num_key_heads > 0 ? 1 : 0);
   p.linear_value_heads = c.linear_num_value_heads / N;
   const double dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const double conv_dim = 2.0 * p.linear_key_heads * dk + p.linear_value_heads * dv;
@@ -64,10 +55,6 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
 
   // Routed experts: by columns (TP) or whole experts (EP); the shared expert by columns.
   const double routed_all = double(c.num_experts) * 3 * c.moe_intermediate_size * H * expert_bpw;
-  if (c.num_experts > 0) {
-    if (o.expert_parallel) divides(c.num_experts, "routed experts");
-    else divides(c.moe_intermediate_size, "expert intermediate columns");
-  }
   p.experts = c.num_experts == 0 ? 0 : o.expert_parallel ? c.num_experts / N : c.num_experts;
   const double routed = routed_all / N;
   const double shared = 3.0 * c.shared_expert_intermediate_size * H * expert_bpw / N + H * kBf16;  // + its gate
@@ -87,8 +74,10 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
     p.other_bytes += norms;
   }
   p.other_bytes += H * kBf16;  // final norm
-  // Embedding and lm_head by vocabulary.
-  p.embedding_bytes = double(c.vocab_size) * H * kBf16 * (c.tie_word_embeddings ? 1 : 2) / N;
+  // The embedding whole on every GPU (as the CUDA engine keeps it: a lookup needs no collective),
+  // lm_head by vocabulary (tied: this GPU's rows of the embedding, no extra bytes).
+  const double table = double(c.vocab_size) * H * kBf16;
+  p.embedding_bytes = table + (c.tie_word_embeddings ? 0 : table / N);
   // MTP: fc over [embedding | hidden], its norms, one full-attention MoE layer, all BF16.
   if (c.mtp_num_hidden_layers > 0) {
     const double mtp_moe = c.num_experts > 0 ? double(c.num_experts) * 3 * c.moe_intermediate_size * H * kBf16 / N +

@@ -7,14 +7,15 @@
 // The split follows vLLM's: attention q heads and output rows by head; K/V heads by head while
 // N <= their count, then replicated (each GPU keeps one); Gated DeltaNet key/value heads, their
 // conv channels and states by head; MLPs and the shared expert by the intermediate dimension;
-// routed experts by the intermediate dimension (TP) or whole experts per GPU (EP); embedding and
-// lm_head by vocabulary; norms, routers and gates replicated.
+// routed experts by the intermediate dimension (TP) or whole experts per GPU (EP); lm_head by
+// vocabulary; the embedding, norms, routers and gates replicated (model/tensor_split.h).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "io/model_config.h"
+#include "model/tensor_split.h"
 
 namespace fathom {
 

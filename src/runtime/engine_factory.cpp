@@ -9,6 +9,7 @@
 #include "model/model_runner.h"
 #ifdef FATHOM_HAVE_CUDA
 #include "model/cuda/cuda_runner.h"
+#include "model/cuda/tensor_parallel_runner.h"
 #endif
 
 namespace fathom {
@@ -46,7 +47,8 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
   const bool dummy = options.load_format == "dummy";
   FATHOM_CHECK(!dummy || device == "cuda", "--load-format dummy needs --device cuda");
   FATHOM_CHECK(options.num_layers == 0 || dummy, "--num-layers applies to --load-format dummy only");
-  if (device == "cpu") return std::make_unique<CpuRunner>(HybridModel::load(path, with_mtp));
+  FATHOM_CHECK(!options.force_nccl || device == "cuda", "--force-nccl needs --device cuda");
+  if (device == "cpu") return CpuRunner::open(path, with_mtp, options.tensor_parallel_size, options.expert_parallel);
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
     ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(dummy ? options.num_layers : 0);
@@ -72,6 +74,13 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
       FATHOM_CHECK(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1,
                    "--gpu-memory-utilization must be in (0, 1], got ", options.gpu_memory_utilization);
       opt.gpu_memory_utilization = options.gpu_memory_utilization;
+    }
+    FATHOM_CHECK(!options.expert_parallel, "--enable-expert-parallel: the CUDA engine splits routed experts by "
+                 "columns only (expert parallelism runs on the CPU engine)");
+    const int tp = options.tensor_parallel_size;
+    if (tp > 1 || options.force_nccl) {
+      if (dummy) return cuda::TensorParallelRunner::dummy(cfg, opt, tp, /*nvfp4_experts=*/cfg.num_experts > 0, 1234);
+      return cuda::TensorParallelRunner::from_checkpoint(path, opt, tp);
     }
     if (dummy) return cuda::CudaRunner::dummy(cfg, opt, /*nvfp4_experts=*/cfg.num_experts > 0, /*seed=*/1234);
     return cuda::CudaRunner::from_checkpoint(path, opt);

@@ -212,14 +212,14 @@ TEST(Inspect, TensorParallelPlan) {
   json j = json::parse(r.out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << r.out;
   EXPECT_EQ(j["weight_format"], "nvfp4");
-  EXPECT_NEAR(j["per_gpu"]["weight_bytes"].get<double>() / 1e9, 62.5, 0.05);
+  EXPECT_NEAR(j["per_gpu"]["weight_bytes"].get<double>() / 1e9, 64.0, 0.05);
   EXPECT_EQ(j["per_gpu"]["kv_heads"], 1);
   EXPECT_EQ(j["fits"], true);
   r = run("inspect " + cfg + " --tp 2 --weight-format nvfp4");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("does not fit"));
   r = run("inspect " + cfg + " --tp 3");
-  EXPECT_THAT(r.out, HasSubstr("problem: attention heads (32) do not split over 3 GPUs"));
+  EXPECT_THAT(r.out, HasSubstr("problem: attention heads (32) do not split over 3 ranks"));
   const std::string nvfp4 = quote((fs::path(FATHOM_FIXTURES_DIR) / "qwen35_moe_nvfp4").string());
   r = run("inspect " + nvfp4 + " --tp 2 --json");
   ASSERT_EQ(r.status, 0) << r.out;

@@ -66,22 +66,26 @@ TEST_P(CliFixture, ScoreWritesGoldenLogitsAndGenerateGoldenTokens) {
 
   const fs::path npy = fs::temp_directory_path() / ("fathom_score_" + GetParam() + ".npy");
   int status = 0;
-  std::string out = run("score '" + dir.string() + "' --token-ids " + join(prompt) + " --logits-out '" +
-                            npy.string() + "' --prefill-chunk 7 2>&1",
-                        &status);
-  ASSERT_EQ(status, 0) << out;
-  NpyArray a = read_npy_f32(npy);
-  fs::remove(npy);
-  ASSERT_EQ(a.shape.size(), 2u);
-  EXPECT_EQ(a.shape[0], int64_t(prompt.size()));
-  ASSERT_EQ(a.data.size(), logits.size());
-  auto [mn, mx] = std::minmax_element(logits.begin(), logits.end());
-  double err = 0;
-  for (size_t i = 0; i < logits.size(); ++i) err = std::max(err, double(std::fabs(a.data[i] - logits[i])));
-  EXPECT_LT(err / double(*mx - *mn), 1e-3);
+  std::string out;
+  // Whole, and split over ranks (threads of the CPU engine): the same golden either way.
+  for (const std::string split : {"", " --tp 2", " --tensor-parallel-size 4 --enable-expert-parallel"}) {
+    out = run("score '" + dir.string() + "' --token-ids " + join(prompt) + " --logits-out '" + npy.string() +
+                  "' --prefill-chunk 7" + split + " 2>&1",
+              &status);
+    ASSERT_EQ(status, 0) << out;
+    NpyArray a = read_npy_f32(npy);
+    fs::remove(npy);
+    ASSERT_EQ(a.shape.size(), 2u);
+    EXPECT_EQ(a.shape[0], int64_t(prompt.size()));
+    ASSERT_EQ(a.data.size(), logits.size());
+    auto [mn, mx] = std::minmax_element(logits.begin(), logits.end());
+    double err = 0;
+    for (size_t i = 0; i < logits.size(); ++i) err = std::max(err, double(std::fabs(a.data[i] - logits[i])));
+    EXPECT_LT(err / double(*mx - *mn), 1e-3) << split;
+  }
 
   out = run("generate '" + dir.string() + "' --token-ids " + join(prompt) + " --max-new-tokens " +
-                std::to_string(greedy.size()) + " --ignore-eos --json",  // stdout only: the JSON (logs go to stderr)
+                std::to_string(greedy.size()) + " --ignore-eos --json --tp 2",  // stdout only: the JSON (logs go to stderr)
             &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, false);
@@ -111,6 +115,10 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
             &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("vocabulary"), std::string::npos) << out;
+  out = run("generate '" + (fs::path(FATHOM_FIXTURES_DIR) / "qwen3_dense").string() + "' --token-ids 1,2 --tp 3 2>&1",
+            &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("attention heads (4) do not split over 3 ranks"), std::string::npos) << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CliFixture,

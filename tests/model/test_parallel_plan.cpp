@@ -60,13 +60,15 @@ TEST(ParallelPlan, SplitsDivideAndReplicateAsDocumented) {
       EXPECT_EQ(p.kv_heads, 1);  // 2 K/V heads: split at 2, one each (replicated) past it
       EXPECT_EQ(p.kv_heads_replicated, n > 2);
       EXPECT_NEAR(p.state_bytes_per_sequence * n, one.state_bytes_per_sequence, 1.0);
-      EXPECT_LT(p.weight_bytes, one.weight_bytes / n * 1.01);  // little is replicated
+      // Little is replicated beside the embedding, which every GPU keeps whole (2.03 GB).
+      const double table = 248320.0 * 4096 * 2;
+      EXPECT_LT(p.weight_bytes - table, (one.weight_bytes - table) / n * 1.01);
     }
   }
   // The docs' figures: 249.1 GB on one GPU; TP 2 does not fit an H200 at 0.9; TP 4 and 8 do.
   EXPECT_NEAR(one.weight_bytes / 1e9, 249.1, 0.05);
   EXPECT_LT(plan(c, 2, false, "nvfp4").free_bytes, 0);
-  EXPECT_GT(plan(c, 4, false, "nvfp4").kv_tokens, 3.6e6);
+  EXPECT_GT(plan(c, 4, false, "nvfp4").kv_tokens, 3.5e6);
   const ParallelPlan three = plan(c, 3, false, "nvfp4");
   EXPECT_FALSE(three.problems.empty());  // 32 attention heads over 3 GPUs
   EXPECT_THROW(plan(c, 0), Error);

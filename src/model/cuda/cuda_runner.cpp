@@ -24,18 +24,23 @@ CudaRunner::~CudaRunner() = default;
 
 std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt) {
   auto impl = std::make_unique<Impl>();
-  impl->cfg = ModelConfig::load(dir);
   impl->opt = opt;
+  impl->set_model(ModelConfig::load(dir));
   impl->init_device();
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto ckpt = Checkpoint::open(dir);
   const auto t1 = clock::now();
   WeightBuilder build(impl->cfg, impl->stream, impl->w);
-  if (opt.host_weights) {  // the older path: the whole model on the host first
+  if (opt.host_weights || impl->tp.is_split()) {
+    // The older path: host weights first. A split rank takes it too, cutting each layer to its
+    // slice as it is read (the streaming loader does not cut tensors yet).
     const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
     QuantConfig quant = QuantConfig::load(dir, config_text);
-    build.from_host(load_model_weights(*ckpt, impl->cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true));
+    TensorSplit split = impl->tp;
+    split.replicate_embedding = true;
+    build.from_host(load_model_weights(*ckpt, impl->model_cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true,
+                                       &split));
   } else {
     build.from_checkpoint(*ckpt, opt.load_mtp);
   }
@@ -52,16 +57,21 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
 std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt, bool nvfp4_experts,
                                               uint64_t seed) {
   auto impl = std::make_unique<Impl>();
-  impl->cfg = cfg;
   impl->opt = opt;
+  impl->set_model(cfg);
   impl->init_device();
-  WeightBuilder(impl->cfg, impl->stream, impl->w).dummy(nvfp4_experts, opt.load_mtp, seed);
+  WeightBuilder build(impl->cfg, impl->stream, impl->w);
+  if (impl->tp.is_split()) {
+    build.lm_head_row0 = impl->tp.vocab.begin;
+    build.lm_head_rows = impl->tp.vocab_rows;
+  }
+  build.dummy(nvfp4_experts, opt.load_mtp, seed);
   impl->allocate_runtime();
   impl->start_up_graphs();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
 
-const ModelConfig& CudaRunner::config() const { return impl_->cfg; }
+const ModelConfig& CudaRunner::config() const { return impl_->model_cfg; }
 int64_t CudaRunner::kv_capacity_tokens() const { return impl_->kv_tokens; }
 int64_t CudaRunner::max_sequence_length() const { return std::min<int64_t>(impl_->opt.max_seq_len, impl_->kv_tokens); }
 int CudaRunner::max_sequences() const { return impl_->opt.max_seqs; }

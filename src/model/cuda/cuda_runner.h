@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/communicator.h"
 #include "io/model_config.h"
 #include "model/model_runner.h"
 #include "model/model_weights.h"
+#include "model/tensor_split.h"
 
 namespace fathom::cuda {
 
@@ -38,6 +40,13 @@ struct CudaRunnerOptions {
   double gpu_memory_utilization = 0;
   bool reserve_history = false;    // leave room for the state history of draft verification
   bool capture_graphs_at_start = false;  // capture every decode bucket's graph when the engine opens
+  // Tensor parallelism (issue 15): this runner is rank split.rank of split.size on GPU `device`
+  // and holds that slice of the weights (model/tensor_split.h); partial sums go through
+  // `communicator` (an NcclCommunicator on `device`, not owned). With a communicator and a whole
+  // split every collective still runs, over one rank: the parallel path's cost on one GPU.
+  int device = 0;
+  TensorSplit split;                     // size 1: the whole model
+  Communicator* communicator = nullptr;
 };
 
 struct OpProfile {

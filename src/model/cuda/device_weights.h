@@ -74,6 +74,11 @@ class WeightBuilder {
   void from_host(const ModelWeights& host);
   void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed);
 
+  // A tensor-parallel rank's lm_head holds vocabulary rows [row0, row0 + rows) (rows 0: all);
+  // the embedding stays whole. Used by dummy(); from_host gets host weights already cut.
+  int64_t lm_head_row0 = 0;
+  int lm_head_rows = 0;
+
  private:
   // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
   // on the hundreds of thousands of small expert tensors of a 512-expert model.

@@ -82,7 +82,8 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
     bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
     fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
     w.embed = e;
-    w.lm_head = cfg.tie_word_embeddings ? w.embed : dummy_linear(V, H, false, false).bf16;
+    const int head_rows = lm_head_rows > 0 ? lm_head_rows : V;
+    w.lm_head = cfg.tie_word_embeddings ? w.embed + lm_head_row0 * H : dummy_linear(head_rows, H, false, false).bf16;
     w.final_norm = dummy_f32(H, norm_w);
   }
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;

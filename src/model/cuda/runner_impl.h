@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
@@ -48,8 +49,12 @@ struct CudaRunner::Impl {
   using Sequence = runner_detail::Sequence;
   using Meta = runner_detail::Meta;
 
-  ModelConfig cfg;
+  ModelConfig cfg;        // as this rank holds it (rank_config): its heads and widths
+  ModelConfig model_cfg;  // the whole model's, which config() reports
   CudaRunnerOptions opt;
+  TensorSplit tp;               // this rank's slice (whole on one GPU)
+  Communicator* comm = nullptr;  // tensor-parallel group, or null (no collectives)
+  DeviceBuffer logits_part, logits_all;  // split lm_head: this rank's vocabulary slice, every rank's
   cudaStream_t stream = nullptr;
   DeviceWeights w;
   Footprint fp;
@@ -140,13 +145,36 @@ struct CudaRunner::Impl {
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
+  // Sets the model (whole config) and this rank's view of it from opt.split.
+  void set_model(const ModelConfig& whole) {
+    model_cfg = whole;
+    tp = opt.split.is_split() ? opt.split : TensorSplit::whole(whole);
+    cfg = rank_config(whole, tp);
+    comm = opt.communicator;
+    FATHOM_CHECK(!tp.is_split() || comm, "a split model needs a communicator");
+    FATHOM_CHECK(!tp.expert_parallel, "the CUDA engine splits routed experts by columns only; "
+                 "--enable-expert-parallel runs on the CPU engine");
+    FATHOM_CHECK(!tp.is_split() || whole.vocab_size % tp.size == 0, "the CUDA engine splits lm_head evenly: vocabulary ",
+                 whole.vocab_size, " does not split over ", tp.size, " GPUs");
+  }
+
   void init_device() {
     int count = 0;
     FATHOM_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible");
+    FATHOM_CHECK(opt.device >= 0 && opt.device < count, "GPU ", opt.device, " is not visible (", count, " are)");
+    FATHOM_CUDA_CHECK(cudaSetDevice(opt.device));
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
+    if (auto* nccl = dynamic_cast<NcclCommunicator*>(comm)) nccl->set_stream(stream);
+  }
+
+  // Tensor parallel: the sum over ranks of a layer's partial output [T, hidden] (fp32, in place).
+  void reduce_partial(float* data, int T) {
+    if (!comm) return;
+    Scope sc(this, "allreduce");
+    comm->all_reduce_sum(std::span<float>(data, size_t(T) * cfg.hidden_size));
   }
 
   ~Impl() {

@@ -32,6 +32,7 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
   }
   if (l.is_moe) moe_block(l, p);
   else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
+  reduce_partial(D, T);
 }
 
 void CudaRunner::Impl::run_layers(const Plan& p) {
@@ -75,8 +76,11 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
                       cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
     attend(l, p);
   }
-  Scope sc(this, "attn.proj");
-  linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  {
+    Scope sc(this, "attn.proj");
+    linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  }
+  reduce_partial(delta.as<float>(), T);
 }
 
 // Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
@@ -170,8 +174,11 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
     gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
                    float(cfg.rms_norm_eps), s);
   }
-  Scope sc(this, "gdn.proj");
-  linear(l.out, normed.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  {
+    Scope sc(this, "gdn.proj");
+    linear(l.out, normed.as<bf16_t>(), delta.as<float>(), T, dq, s);
+  }
+  reduce_partial(delta.as<float>(), T);
 }
 
 void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn,
@@ -300,7 +307,23 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
     gather_rows_bf16(hidden_bf.as<bf16_t>(), dmeta.logit_rows, xn.as<bf16_t>(), p.RL, H, s);
     head_in = xn.as<bf16_t>();
   }
-  gemm_bf16(head_in, w.lm_head, logits.as<float>(), p.RL, V, H, s);
+  if (!tp.is_split()) {
+    gemm_bf16(head_in, w.lm_head, logits.as<float>(), p.RL, V, H, s);
+  } else {
+    // This rank's vocabulary slice, gathered from every rank as [rank][row][slice] and laid out
+    // as [row][vocab]: every rank then holds the whole logits and samples the same tokens.
+    const int Vr = tp.vocab_rows;
+    gemm_bf16(head_in, w.lm_head, logits_part.as<float>(), p.RL, Vr, H, s);
+    {
+      Scope sg(this, "allgather");
+      comm->all_gather(std::span<const float>(logits_part.as<float>(), size_t(p.RL) * Vr),
+                       std::span<float>(logits_all.as<float>(), size_t(p.RL) * Vr * tp.size));
+    }
+    for (int r = 0; r < tp.size; ++r)
+      FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(logits.as<float>() + int64_t(r) * Vr, size_t(V) * 4,
+                                          logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
+                                          size_t(Vr) * 4, size_t(p.RL), cudaMemcpyDeviceToDevice, s));
+  }
   argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.RL, V, s);
 }
 

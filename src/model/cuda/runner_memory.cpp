@@ -102,6 +102,10 @@ void CudaRunner::Impl::allocate_runtime() {
   }
   hidden_bf = b16(int64_t(R_max) * H);
   logits = f32(int64_t(R_max) * cfg.vocab_size);
+  if (tp.is_split()) {
+    logits_part = f32(int64_t(R_max) * tp.vocab_rows);
+    logits_all = f32(int64_t(R_max) * tp.vocab_rows * tp.size);
+  }
   argmax = DeviceBuffer(size_t(R_max) * 4);
   row_params = DeviceBuffer(size_t(R_max) * sizeof(RowSampling));
   row_out = DeviceBuffer(size_t(R_max) * sizeof(RowSample));

@@ -1,0 +1,229 @@
+#include "model/cuda/tensor_parallel_runner.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace fathom::cuda {
+
+TensorParallelRunner::TensorParallelRunner(int size, bool nccl) : ranks_(size_t(size)), errors_(size_t(size)) {
+  FATHOM_CHECK(size >= 1, "--tensor-parallel-size must be at least 1, got ", size);
+  FATHOM_CHECK(size == 1 || nccl, "ranks of a split model need NCCL");
+  const int visible = visible_device_count();
+  FATHOM_CHECK(size <= visible, "--tensor-parallel-size ", size, " needs ", size, " GPUs; ", visible, " visible");
+  if (nccl) {
+    std::vector<int> devices(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) devices[size_t(r)] = r;
+    comms_ = NcclCommunicator::create_group(devices);
+    std::fprintf(stderr, "fathom: tensor parallel over %d GPU%s, NCCL %s (NVLink multicast off)\n", size,
+                 size > 1 ? "s" : "", NcclCommunicator::version().c_str());
+  }
+  for (int r = 1; r < size; ++r) threads_.emplace_back(&TensorParallelRunner::worker, this, r);
+}
+
+TensorParallelRunner::~TensorParallelRunner() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+  // Runners before communicators; each communicator aborts rather than waits (its header).
+  for (int r = 0; r < size(); ++r) {
+    cudaSetDevice(r);
+    ranks_[size_t(r)].reset();
+  }
+}
+
+void TensorParallelRunner::worker(int r) {
+  cudaSetDevice(r);
+  uint64_t seen = 0;
+  for (;;) {
+    std::function<void(int)> job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    run_rank(job, r);
+    std::lock_guard<std::mutex> l(mu_);
+    if (--running_ == 0) cv_.notify_all();
+  }
+}
+
+void TensorParallelRunner::run_rank(const std::function<void(int)>& fn, int r) {
+  try {
+    fn(r);
+  } catch (const SequenceError&) {
+    // A sequence's own problem, found by every rank alike before any collective: the group
+    // stays usable and the caller drops that sequence.
+    errors_[size_t(r)] = std::current_exception();
+  } catch (...) {
+    errors_[size_t(r)] = std::current_exception();
+    if (!comms_.empty()) comms_[size_t(r)]->abort("rank " + std::to_string(r) + " failed");
+  }
+}
+
+void TensorParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
+  if (size() == 1) return fn(0);  // the calling thread, its current device
+  std::fill(errors_.begin(), errors_.end(), nullptr);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job_ = fn;
+    running_ = size() - 1;
+    ++generation_;
+  }
+  cv_.notify_all();
+  FATHOM_CUDA_CHECK(cudaSetDevice(0));  // rank 0 runs on the calling thread
+  run_rank(fn, 0);
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return running_ == 0; });
+  }
+  // The rank that failed first names the cause; the others only saw the abort.
+  std::exception_ptr aborted;
+  for (const std::exception_ptr& e : errors_) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommunicatorAborted&) {
+      aborted = e;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (aborted) std::rethrow_exception(aborted);
+}
+
+template <class R>
+R TensorParallelRunner::on_all(const std::function<R(CudaRunner&)>& fn) {
+  R out{};
+  on_all_ranks([&](int r) {
+    R mine = fn(*ranks_[size_t(r)]);
+    if (r == 0) out = std::move(mine);
+  });
+  return out;
+}
+
+void TensorParallelRunner::open(const CudaRunnerOptions& opt,
+                                const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&)>& make) {
+  on_all_ranks([&](int r) {
+    CudaRunnerOptions o = opt;
+    o.device = r;
+    o.communicator = comms_.empty() ? nullptr : comms_[size_t(r)].get();
+    ranks_[size_t(r)] = make(o);
+  });
+}
+
+std::unique_ptr<TensorParallelRunner> TensorParallelRunner::from_checkpoint(const std::string& dir,
+                                                                            const CudaRunnerOptions& opt, int size,
+                                                                            bool nccl) {
+  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(size, nccl));
+  const ModelConfig cfg = ModelConfig::load(dir);
+  t->open(opt, [&](const CudaRunnerOptions& o) {
+    CudaRunnerOptions rank_opt = o;
+    rank_opt.split = TensorSplit::make(cfg, o.device, size, false);
+    return CudaRunner::from_checkpoint(dir, rank_opt);
+  });
+  return t;
+}
+
+std::unique_ptr<TensorParallelRunner> TensorParallelRunner::dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt,
+                                                                  int size, bool nvfp4_experts, uint64_t seed,
+                                                                  bool nccl) {
+  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(size, nccl));
+  t->open(opt, [&](const CudaRunnerOptions& o) {
+    CudaRunnerOptions rank_opt = o;
+    rank_opt.split = TensorSplit::make(cfg, o.device, size, false);
+    // The same seed on every rank: replicated tensors (norms, routers, embedding) agree.
+    return CudaRunner::dummy(cfg, rank_opt, nvfp4_experts, seed);
+  });
+  return t;
+}
+
+std::vector<int32_t> TensorParallelRunner::forward_argmax(std::span<const ForwardStep> steps) {
+  return on_all<std::vector<int32_t>>([&](CudaRunner& c) { return c.forward_argmax(steps); });
+}
+
+std::vector<int32_t> TensorParallelRunner::mtp_forward_argmax(std::span<const MtpStep> steps) {
+  return on_all<std::vector<int32_t>>([&](CudaRunner& c) { return c.mtp_forward_argmax(steps); });
+}
+
+void TensorParallelRunner::fill_context_for_benchmark(SequenceId seq, int64_t length) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->fill_context_for_benchmark(seq, length); });
+}
+
+void TensorParallelRunner::reset_profile() {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->reset_profile(); });
+}
+
+void TensorParallelRunner::set_profiling(bool on) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->set_profiling(on); });
+}
+
+std::string TensorParallelRunner::device_name() const {
+  return ranks_[0]->device_name() + " x " + std::to_string(size()) + " (tensor parallel)";
+}
+
+SequenceId TensorParallelRunner::add_sequence() {
+  std::vector<SequenceId> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->add_sequence(); });
+  for (SequenceId id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one sequence different ids");
+  return ids[0];
+}
+
+void TensorParallelRunner::remove_sequence(SequenceId seq) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->remove_sequence(seq); });
+}
+
+ForwardOutput TensorParallelRunner::forward(std::span<const ForwardStep> steps) {
+  return on_all<ForwardOutput>([&](CudaRunner& c) { return c.forward(steps); });
+}
+
+void TensorParallelRunner::rollback(SequenceId seq, int64_t new_length) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->rollback(seq, new_length); });
+}
+
+ForwardOutput TensorParallelRunner::mtp_forward(std::span<const MtpStep> steps) {
+  return on_all<ForwardOutput>([&](CudaRunner& c) { return c.mtp_forward(steps); });
+}
+
+void TensorParallelRunner::mtp_rollback(SequenceId seq, int64_t new_length) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->mtp_rollback(seq, new_length); });
+}
+
+SampledOutput TensorParallelRunner::forward_sampled(std::span<const ForwardStep> steps,
+                                                    std::span<const RowSampling> rows,
+                                                    std::span<const LogitAdjustment> adjust, bool want_hidden) {
+  return on_all<SampledOutput>([&](CudaRunner& c) { return c.forward_sampled(steps, rows, adjust, want_hidden); });
+}
+
+GreedyOutput TensorParallelRunner::mtp_forward_greedy(std::span<const MtpStep> steps) {
+  return on_all<GreedyOutput>([&](CudaRunner& c) { return c.mtp_forward_greedy(steps); });
+}
+
+void TensorParallelRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                          std::span<const LogitAdjustment> adjust) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->launch_sampled(steps, rows, adjust); });
+}
+
+SampledOutput TensorParallelRunner::finish_sampled() {
+  return on_all<SampledOutput>([&](CudaRunner& c) { return c.finish_sampled(); });
+}
+
+int64_t TensorParallelRunner::kv_capacity_tokens() const {
+  int64_t n = ranks_[0]->kv_capacity_tokens();
+  for (const auto& r : ranks_) n = std::min(n, r->kv_capacity_tokens());
+  return n;
+}
+
+int64_t TensorParallelRunner::max_sequence_length() const {
+  int64_t n = ranks_[0]->max_sequence_length();
+  for (const auto& r : ranks_) n = std::min(n, r->max_sequence_length());
+  return n;
+}
+
+}  // namespace fathom::cuda

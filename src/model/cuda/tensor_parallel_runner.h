@@ -1,0 +1,95 @@
+// The CUDA engine split over the GPUs of this process (tensor parallelism, issue 15): one
+// CudaRunner per GPU, each holding its slice of the weights and driven by a thread of its own.
+// A thread per rank because CUDA calls act on the calling thread's current device, and because a
+// collective waits until every rank has enqueued it: the ranks' host code has to run at once.
+// Every call runs on all ranks and returns rank 0's result; the lm_head gather leaves every rank
+// the whole logits, so all ranks sample the same tokens and their sequences stay in step.
+// An error in one rank aborts the group (NCCL communicators included), so no rank is left
+// waiting in a collective, and is rethrown to the caller.
+#pragma once
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/nccl_communicator.h"
+#include "model/cuda/cuda_runner.h"
+
+namespace fathom::cuda {
+
+class TensorParallelRunner final : public ModelRunner {
+ public:
+  // `size` ranks on GPUs 0..size-1 joined by NCCL. One rank with `nccl` still runs every
+  // collective (over one rank); one rank without it is the plain engine. The options' split,
+  // device and communicator are set per rank here.
+  static std::unique_ptr<TensorParallelRunner> from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt,
+                                                               int size, bool nccl = true);
+  static std::unique_ptr<TensorParallelRunner> dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt, int size,
+                                                     bool nvfp4_experts, uint64_t seed, bool nccl = true);
+  ~TensorParallelRunner() override;
+
+  int size() const { return int(ranks_.size()); }
+  CudaRunner& rank(int r) { return *ranks_[size_t(r)]; }
+  // fn(r) on every rank's thread at once; the first error is rethrown after all have stopped.
+  void on_all_ranks(const std::function<void(int)>& fn);
+
+  const ModelConfig& config() const override { return ranks_[0]->config(); }
+  std::string device_name() const override;
+  bool has_mtp() const override { return ranks_[0]->has_mtp(); }
+  SequenceId add_sequence() override;
+  void remove_sequence(SequenceId seq) override;
+  int64_t length(SequenceId seq) const override { return ranks_[0]->length(seq); }
+  int64_t mtp_length(SequenceId seq) const override { return ranks_[0]->mtp_length(seq); }
+  ForwardOutput forward(std::span<const ForwardStep> steps) override;
+  void rollback(SequenceId seq, int64_t new_length) override;
+  ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
+  void mtp_rollback(SequenceId seq, int64_t new_length) override;
+  bool samples_on_device() const override { return true; }
+  SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                std::span<const LogitAdjustment> adjust, bool want_hidden) override;
+  GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
+  bool supports_pending_tokens() const override { return true; }
+  void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                      std::span<const LogitAdjustment> adjust) override;
+  SampledOutput finish_sampled() override;
+  int64_t kv_capacity_tokens() const override;
+  int64_t max_sequence_length() const override;
+  int max_sequences() const override { return ranks_[0]->max_sequences(); }
+
+  // CudaRunner's benchmark methods on every rank (results and footprint: rank 0's).
+  std::vector<int32_t> forward_argmax(std::span<const ForwardStep> steps);
+  std::vector<int32_t> mtp_forward_argmax(std::span<const MtpStep> steps);
+  void fill_context_for_benchmark(SequenceId seq, int64_t length);
+  CudaRunner::Footprint footprint() const { return ranks_[0]->footprint(); }
+  const OpProfile& profile() const { return ranks_[0]->profile(); }
+  void reset_profile();
+  void set_profiling(bool on);
+
+ private:
+  TensorParallelRunner(int size, bool nccl);
+  // Makes rank r's runner on its thread (opt completed per rank).
+  void open(const CudaRunnerOptions& opt, const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&)>& make);
+  // rank 0's result of fn(rank r's runner) run on every rank.
+  template <class R>
+  R on_all(const std::function<R(CudaRunner&)>& fn);
+  void worker(int r);
+  // fn(r), keeping its error; any error but a SequenceError aborts the group.
+  void run_rank(const std::function<void(int)>& fn, int r);
+
+  std::vector<std::unique_ptr<NcclCommunicator>> comms_;
+  std::vector<std::unique_ptr<CudaRunner>> ranks_;
+  // Rank threads and the job they run (one at a time).
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void(int)> job_;
+  uint64_t generation_ = 0;
+  int running_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;
+};
+
+}  // namespace fathom::cuda
