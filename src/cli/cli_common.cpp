@@ -39,14 +39,17 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
                 "Adapt each sequence's draft length and stop drafting where drafts keep failing (default on)");
 }
 
-void add_parallel_options(CLI::App* sub, int& tensor_parallel_size, bool& expert_parallel, bool& force_nccl) {
-  sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
+void add_parallel_options(CLI::App* sub, TensorParallelism& f) {
+  sub->add_option("--tensor-parallel-size,--tp", f.size,
                   "Split the model over this many ranks (GPUs; threads on the CPU engine)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_flag("--enable-expert-parallel", expert_parallel,
+  sub->add_flag("--enable-expert-parallel", f.expert_parallel,
                 "Routed experts whole per rank (split by expert) instead of split by columns");
-  sub->add_flag("--force-nccl", force_nccl,
+  sub->add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
+                "CUDA, N > 1: NCCL for every collective (by default decode-sized messages take one-shot collectives "
+                "over peer memory; vLLM's flag)");
+  sub->add_flag("--force-nccl", f.force_nccl,
                 "CUDA: run the tensor-parallel path (NCCL collectives) even at --tensor-parallel-size 1, to measure "
                 "its cost on one GPU");
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "model/model_runner.h"
+
 namespace CLI {
 class App;
 }
@@ -19,6 +21,6 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
 
 // --tensor-parallel-size/--tp and --enable-expert-parallel (vLLM's names) and --force-nccl, shared
 // by the commands that run a model.
-void add_parallel_options(CLI::App* sub, int& tensor_parallel_size, bool& expert_parallel, bool& force_nccl);
+void add_parallel_options(CLI::App* sub, TensorParallelism& parallel);
 
 }  // namespace fathom::cli

@@ -42,8 +42,7 @@ struct BenchArgs {
   std::string spec_algorithm;                     // also generate end to end with this drafter
   int spec_ngram_min = 1, spec_ngram_max = 12;
   bool spec_adaptive = true;
-  int tensor_parallel_size = 1;
-  bool expert_parallel = false, force_nccl = false;
+  TensorParallelism parallel;
 };
 
 #ifdef FATHOM_HAVE_CUDA
@@ -237,19 +236,19 @@ void run_bench(const BenchArgs& a) {
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
     opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
   }
-  FATHOM_CHECK(!a.expert_parallel, "--enable-expert-parallel: the CUDA engine splits routed experts by columns only");
-  const int tp = a.tensor_parallel_size;
-  const bool nccl = tp > 1 || a.force_nccl;
+  const int tp = a.parallel.size;
+  const cuda::ParallelGroup group = cuda::parallel_group(a.parallel);
+  const bool nccl = group.collectives != cuda::Collectives::None;
   std::unique_ptr<cuda::TensorParallelRunner> runner;
   nlohmann::json load_report;
   if (dummy) {
-    runner = cuda::TensorParallelRunner::dummy(cfg, opt, tp, nvfp4, 1234, nccl);
+    runner = cuda::TensorParallelRunner::dummy(cfg, opt, group, nvfp4, 1234);
   } else {
     // The load against its ceiling, measured now on the same files (which this pass also brings
     // into the page cache, so both read from it).
     const LoadCeiling ceiling = measure_load_ceiling(a.model), ceiling4 = measure_load_ceiling(a.model, 4);
     const auto t0 = std::chrono::steady_clock::now();
-    runner = cuda::TensorParallelRunner::from_checkpoint(a.model, opt, tp, nccl);
+    runner = cuda::TensorParallelRunner::from_checkpoint(a.model, opt, group);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double gbs = double(ceiling.bytes) / 1e9 / secs;
     std::printf("load: %.2f GB in %.2f s = %.2f GB/s, %.0f%% of the ceiling measured now (page cache -> pinned -> device, "
@@ -526,7 +525,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
-  add_parallel_options(sub, args->tensor_parallel_size, args->expert_parallel, args->force_nccl);
+  add_parallel_options(sub, args->parallel);
   sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");
   sub->add_option("--speculative-num-steps", args->spec_steps,
                   "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");

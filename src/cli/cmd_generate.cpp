@@ -16,8 +16,8 @@ namespace {
 
 struct GenerateArgs {
   std::string model, token_ids, device = "auto";
-  int max_new_tokens = 16, chunk = 512, tensor_parallel_size = 1;
-  bool expert_parallel = false, force_nccl = false;
+  int max_new_tokens = 16, chunk = 512;
+  TensorParallelism parallel;
   SamplingParams sampling;
   bool json = false, ignore_eos = false;
   std::string spec_algorithm;
@@ -64,9 +64,7 @@ void run_generate(GenerateArgs a) {
     FATHOM_CHECK(a.spec.num_steps >= 1 && a.spec.num_steps <= 4, "--speculative-num-steps must be 1..4 (got ",
                  a.spec.num_steps, ")");
   EngineOptions eo;
-  eo.tensor_parallel_size = a.tensor_parallel_size;
-  eo.expert_parallel = a.expert_parallel;
-  eo.force_nccl = a.force_nccl;
+  eo.parallel = a.parallel;
   if (a.spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = a.spec.num_steps;
   a.device = resolve_device(a.device);  // the JSON names the engine that ran
   auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp, eo);
@@ -91,7 +89,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--json", args->json, "Print a JSON object with token_ids and timings");
   add_speculative_options(sub, args->spec_algorithm, args->spec.num_steps, args->spec.ngram_min, args->spec.ngram_max,
                           args->spec.adaptive);
-  add_parallel_options(sub, args->tensor_parallel_size, args->expert_parallel, args->force_nccl);
+  add_parallel_options(sub, args->parallel);
   sub->callback([args] { run_generate(*args); });
 });
 

@@ -13,8 +13,8 @@ namespace {
 
 struct ScoreArgs {
   std::string model, token_ids, logits_out, device = "auto";
-  int chunk = 512, tensor_parallel_size = 1;
-  bool expert_parallel = false, force_nccl = false;
+  int chunk = 512;
+  TensorParallelism parallel;
 };
 
 void run_score(const ScoreArgs& a) {
@@ -22,9 +22,7 @@ void run_score(const ScoreArgs& a) {
   FATHOM_CHECK(!ids.empty(), "--token-ids is empty");
   FATHOM_CHECK(a.chunk > 0, "--prefill-chunk must be positive");
   EngineOptions eo;
-  eo.tensor_parallel_size = a.tensor_parallel_size;
-  eo.expert_parallel = a.expert_parallel;
-  eo.force_nccl = a.force_nccl;
+  eo.parallel = a.parallel;
   auto runner = open_model(a.model, a.device, /*with_mtp=*/false, eo);
   const int64_t V = runner->config().vocab_size;
   SequenceId seq = runner->add_sequence();
@@ -51,7 +49,7 @@ CommandRegistrar reg([](CLI::App& app) {
       ->required();
   sub->add_option("--device", args->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--prefill-chunk", args->chunk, "Tokens per forward pass");
-  add_parallel_options(sub, args->tensor_parallel_size, args->expert_parallel, args->force_nccl);
+  add_parallel_options(sub, args->parallel);
   sub->callback([args] { run_score(*args); });
 });
 

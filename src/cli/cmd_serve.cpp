@@ -64,7 +64,7 @@ CommandRegistrar reg([](CLI::App& app) {
                 "Tests only: accept the request field \"fathom_fault\" that makes the engine fail that request");
   add_speculative_options(sub, a->speculative_algorithm, a->speculative_num_steps, a->speculative_ngram_min,
                           a->speculative_ngram_max, a->speculative_adaptive);
-  add_parallel_options(sub, a->tensor_parallel_size, a->expert_parallel, a->force_nccl);
+  add_parallel_options(sub, a->parallel);
   sub->add_option("--speculative-disable-by-batch-size", a->speculative_disable_by_batch_size,
                   "No drafts in a step with at least this many decoding sequences (0: no limit)");
   sub->callback([a] {

@@ -144,6 +144,14 @@ class ModelRunner {
   virtual int max_sequences() const { return 0; }
 };
 
+// How an engine splits the model over ranks (docs/design.md, "Splitting over GPUs").
+struct TensorParallelism {
+  int size = 1;                            // --tensor-parallel-size
+  bool expert_parallel = false;            // routed experts whole per rank instead of split by columns
+  bool force_nccl = false;                 // CUDA: the tensor-parallel path (NCCL collectives) even on one GPU
+  bool disable_custom_all_reduce = false;  // CUDA, N > 1: NCCL for every message (no one-shot peer collectives)
+};
+
 // How to build an engine beyond the checkpoint path (flag names as vLLM's).
 struct EngineOptions {
   std::string load_format = "auto";  // "dummy": random weights at the config's shapes (path: config.json or folder)
@@ -155,9 +163,7 @@ struct EngineOptions {
                                      // kept for K + 1 positions per sequence
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
-  int tensor_parallel_size = 1;      // ranks the model is split over (docs/design.md, "Splitting over GPUs")
-  bool expert_parallel = false;      // routed experts whole per rank instead of split by columns
-  bool force_nccl = false;           // CUDA: the tensor-parallel path (NCCL collectives) even on one GPU
+  TensorParallelism parallel;
 };
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"

@@ -47,8 +47,9 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
   const bool dummy = options.load_format == "dummy";
   FATHOM_CHECK(!dummy || device == "cuda", "--load-format dummy needs --device cuda");
   FATHOM_CHECK(options.num_layers == 0 || dummy, "--num-layers applies to --load-format dummy only");
-  FATHOM_CHECK(!options.force_nccl || device == "cuda", "--force-nccl needs --device cuda");
-  if (device == "cpu") return CpuRunner::open(path, with_mtp, options.tensor_parallel_size, options.expert_parallel);
+  const TensorParallelism& par = options.parallel;
+  FATHOM_CHECK(!par.force_nccl || device == "cuda", "--force-nccl needs --device cuda");
+  if (device == "cpu") return CpuRunner::open(path, with_mtp, par.size, par.expert_parallel);
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
     ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(dummy ? options.num_layers : 0);
@@ -75,12 +76,11 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
                    "--gpu-memory-utilization must be in (0, 1], got ", options.gpu_memory_utilization);
       opt.gpu_memory_utilization = options.gpu_memory_utilization;
     }
-    FATHOM_CHECK(!options.expert_parallel, "--enable-expert-parallel: the CUDA engine splits routed experts by "
-                 "columns only (expert parallelism runs on the CPU engine)");
-    const int tp = options.tensor_parallel_size;
-    if (tp > 1 || options.force_nccl) {
-      if (dummy) return cuda::TensorParallelRunner::dummy(cfg, opt, tp, /*nvfp4_experts=*/cfg.num_experts > 0, 1234);
-      return cuda::TensorParallelRunner::from_checkpoint(path, opt, tp);
+    const int tp = par.size;
+    if (tp > 1 || par.force_nccl) {
+      const cuda::ParallelGroup group = cuda::parallel_group(par);
+      if (dummy) return cuda::TensorParallelRunner::dummy(cfg, opt, group, /*nvfp4_experts=*/cfg.num_experts > 0, 1234);
+      return cuda::TensorParallelRunner::from_checkpoint(path, opt, group);
     }
     if (dummy) return cuda::CudaRunner::dummy(cfg, opt, /*nvfp4_experts=*/cfg.num_experts > 0, /*seed=*/1234);
     return cuda::CudaRunner::from_checkpoint(path, opt);

@@ -227,9 +227,7 @@ void OpenAIServer::load() {
   eo.max_batched_tokens = int(cfg_.max_num_batched_tokens);
   eo.num_kv_blocks = cfg_.num_kv_blocks;
   eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
-  eo.tensor_parallel_size = cfg_.tensor_parallel_size;
-  eo.expert_parallel = cfg_.expert_parallel;
-  eo.force_nccl = cfg_.force_nccl;
+  eo.parallel = cfg_.parallel;
   SpecOptions spec;
   spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
   spec.num_steps = cfg_.speculative_num_steps;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/model_runner.h"
+
 namespace fathom::server {
 
 struct ServerConfig {
@@ -22,9 +24,7 @@ struct ServerConfig {
   int max_queue_len = 1024;
   int64_t num_kv_blocks = 0;      // 0: from device memory (CUDA) or max_num_seqs full-length sequences (CPU)
   double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take
-  int tensor_parallel_size = 1;         // ranks the model is split over
-  bool expert_parallel = false;         // routed experts split by expert
-  bool force_nccl = false;              // CUDA: the tensor-parallel path even on one GPU
+  TensorParallelism parallel;           // ranks the model is split over, and how
   std::string api_key;
   std::string reasoning_parser;   // "" or "qwen3"
   std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's

@@ -4,9 +4,14 @@
 //  - The engine with a one-rank NCCL group (every collective runs, over one rank) gives the plain
 //    engine's logits bit for bit on every fixture, and its greedy tokens at the 397B shapes (two
 //    layers, NVFP4 experts, decode steps replayed from graphs).
-//  - With two or more GPUs visible (skipped, and reported as skipped, on one): the model split
-//    over 2 GPUs against the whole, logits within the bf16 tolerance of the engine tests and
-//    greedy tokens equal until a near-tie.
+//  - One-shot peer collectives between two ranks sharing the GPU (threads, streams of their own):
+//    exact sums and gathers, eager and replayed from graphs.
+//  - The model split over two ranks on the one GPU (one-shot collectives), routed experts by
+//    column and by expert, against the whole engine: logits within the bf16 bounds of the engine
+//    tests, greedy tokens equal until a near-tie; MTP speculative decoding on the split engine
+//    gives its plain greedy output.
+//  - With two or more GPUs visible (skipped, and reported as skipped, on one): the same over two
+//    GPUs joined by NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "io/model_config.h"
@@ -22,6 +28,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_communicator.h"
+#include "kernels/cuda/peer_communicator.h"
+#include "runtime/spec_decode.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/tensor_parallel_runner.h"
 
@@ -78,6 +86,60 @@ TEST(NcclCommunicator, OneRankCollectivesEagerAndCaptured) {
   cudaStreamDestroy(s);
 }
 
+TEST(PeerCommunicator, TwoRanksSharingAGpu) {
+  const size_t n = 70001;  // not a multiple of the 32 blocks' chunks
+  auto group = cuda::PeerCommunicator::create_group({0, 0}, n);
+  auto value = [](int r, size_t i) { return float(int(i % 1000) - 500) * 0.5f + float(r) * 1024.f; };
+  std::vector<std::vector<float>> sums(2), gathers(2), replays(2);
+  auto rank = [&](int r) {
+    cuda::PeerCommunicator& c = *group[size_t(r)];
+    cudaStream_t s;
+    FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    c.set_stream(s);
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = value(r, i);
+    cuda::DeviceBuffer orig(n * 4), buf(n * 4), all(2 * n * 4);
+    FATHOM_CUDA_CHECK(cudaMemcpy(orig.data(), host.data(), n * 4, cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(buf.data(), orig.data(), n * 4, cudaMemcpyDeviceToDevice, s));
+    c.all_reduce_sum({buf.as<float>(), n});
+    c.all_gather({orig.as<float>(), n}, {all.as<float>(), 2 * n});
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    sums[size_t(r)].resize(n);
+    gathers[size_t(r)].resize(2 * n);
+    FATHOM_CUDA_CHECK(cudaMemcpy(sums[size_t(r)].data(), buf.data(), n * 4, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(gathers[size_t(r)].data(), all.data(), 2 * n * 4, cudaMemcpyDeviceToHost));
+    // Captured: a graph that restores the input and sums it, replayed five times.
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    FATHOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(buf.data(), orig.data(), n * 4, cudaMemcpyDeviceToDevice, s));
+    c.all_reduce_sum({buf.as<float>(), n});
+    FATHOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    FATHOM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 5; ++i) FATHOM_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+    replays[size_t(r)].resize(n);
+    FATHOM_CUDA_CHECK(cudaMemcpy(replays[size_t(r)].data(), buf.data(), n * 4, cudaMemcpyDeviceToHost));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  std::vector<float> want(n), want_all(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    want[i] = value(0, i) + value(1, i);
+    want_all[i] = value(0, i);
+    want_all[n + i] = value(1, i);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sums[size_t(r)], want) << "rank " << r;
+    EXPECT_EQ(gathers[size_t(r)], want_all) << "rank " << r;
+    EXPECT_EQ(replays[size_t(r)], want) << "rank " << r;
+  }
+}
+
 // Teacher-forced logits of two prompts (one chunked) and greedy decode steps.
 struct RunResult {
   std::vector<float> logits;
@@ -120,7 +182,7 @@ TEST_P(CudaTensorParallelFixture, OneRankNcclEqualsPlainEngine) {
   auto plain = cuda::CudaRunner::from_checkpoint(dir, opt);
   const RunResult want = run(*plain, 6);
   plain.reset();
-  auto one = cuda::TensorParallelRunner::from_checkpoint(dir, opt, 1, /*nccl=*/true);
+  auto one = cuda::TensorParallelRunner::from_checkpoint(dir, opt, {1, {}, cuda::Collectives::Nccl});
   const RunResult got = run(*one, 6);
   EXPECT_EQ(got.greedy, want.greedy);
   ASSERT_EQ(got.logits.size(), want.logits.size());
@@ -136,7 +198,7 @@ TEST_P(CudaTensorParallelFixture, TwoGpusMatchOne) {
   auto whole = cuda::CudaRunner::from_checkpoint(dir, opt);
   const RunResult want = run(*whole, 6);
   whole.reset();
-  auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, 2);
+  auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, {2, {}, cuda::Collectives::Nccl});
   const RunResult got = run(*split, 6);
   ASSERT_EQ(got.logits.size(), want.logits.size());
   const auto [lo, hi] = std::minmax_element(want.logits.begin(), want.logits.end());
@@ -148,6 +210,87 @@ TEST_P(CudaTensorParallelFixture, TwoGpusMatchOne) {
   size_t same = 0;
   for (; same < want.greedy.size() && want.greedy[same] == got.greedy[same]; ++same) {}
   EXPECT_GE(same, want.greedy.size() / 2) << "greedy tokens diverge early";
+}
+
+// Split over two ranks sharing the GPU, one-shot collectives: every N > 1 code path of the engine
+// (rank configs, sliced weights, all-reduces, the lm_head gather, expert-parallel routing) runs.
+class CudaSplitOnOneGpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaSplitOnOneGpu, TwoRanksMatchWhole) {
+  const std::string dir = fixture(GetParam()).string();
+  cuda::CudaRunnerOptions opt;
+  auto whole = cuda::CudaRunner::from_checkpoint(dir, opt);
+  const RunResult want = run(*whole, 8);
+  whole.reset();
+  const auto [lo, hi] = std::minmax_element(want.logits.begin(), want.logits.end());
+  const int V = 512;
+  opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
+  for (bool ep : {false, true}) {
+    cuda::ParallelGroup group{2, {0, 0}, cuda::Collectives::OneShot, ep};
+    auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, group);
+    ASSERT_EQ(split->config().vocab_size, V);
+    const RunResult got = run(*split, 8);
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    std::vector<double> rows;
+    for (size_t r = 0; r < want.logits.size() / V; ++r) {
+      double e = 0;
+      for (int v = 0; v < V; ++v) e = std::max(e, double(std::fabs(got.logits[r * V + v] - want.logits[r * V + v])));
+      rows.push_back(e / double(*hi - *lo));
+    }
+    std::sort(rows.begin(), rows.end());
+    size_t same = 0;
+    for (; same < want.greedy.size() && want.greedy[same] == got.greedy[same]; ++same) {}
+    std::printf("  %s, 2 ranks on one GPU (%s): row error median %.2e, max %.2e of the spread; greedy equal for "
+                "%zu of %zu\n",
+                GetParam().c_str(), ep ? "experts by expert" : "experts by column", rows[rows.size() / 2],
+                rows.back(), same, want.greedy.size());
+    EXPECT_LT(rows[rows.size() / 2], 5e-3);  // the engine tests' bounds against the bf16-emulating CPU
+    EXPECT_LT(rows.back(), 5e-2);
+    EXPECT_GE(same, want.greedy.size() / 2);
+  }
+}
+
+// Not the NVFP4 fixture: its 32-wide NVFP4 shared expert would split into 16 columns a rank,
+// below the 32 that the NVFP4 GEMV reads at a time (the real models' 1024 split over 8 give 128).
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaSplitOnOneGpu, ::testing::Values("qwen35_moe", "qwen3_next", "qwen3_dense"),
+                         [](const auto& info) { return info.param; });
+
+// The generation loop on two ranks gives the whole engine's greedy tokens.
+TEST(CudaTensorParallel, GenerateOnTwoRanks) {
+  const std::string dir = fixture("qwen35_moe").string();
+  cuda::CudaRunnerOptions opt;
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  std::vector<std::vector<int32_t>> prompts = {prompt_of(14, 512, 3), prompt_of(33, 512, 4)};
+  auto whole = cuda::CudaRunner::from_checkpoint(dir, opt);
+  const auto want = generate_batch(*whole, prompts, go);
+  whole.reset();
+  opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
+  auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, {2, {0, 0}, cuda::Collectives::OneShot, false});
+  const auto got = generate_batch(*split, prompts, go);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "prompt " << i;
+}
+
+TEST(CudaTensorParallel, MtpOnTwoRanksIsLossless) {
+  const std::string dir = fixture("qwen35_moe").string();
+  cuda::CudaRunnerOptions opt;
+  opt.load_mtp = true;
+  opt.max_history = 4;
+  opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
+  for (bool ep : {false, true}) {
+    auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, {2, {0, 0}, cuda::Collectives::OneShot, ep});
+    ASSERT_TRUE(split->has_mtp());
+    GenerateOptions go;
+    go.max_new_tokens = 24;
+    std::vector<std::vector<int32_t>> prompts = {prompt_of(14, 512, 3), prompt_of(33, 512, 4)};
+    const auto plain = generate_batch(*split, prompts, go);
+    SpecOptions spec;
+    spec.algorithm = SpecAlgorithm::Mtp;
+    spec.num_steps = 2;
+    const auto drafted = generate_batch(*split, prompts, go, spec);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(drafted[i].token_ids, plain[i].token_ids) << (ep ? "EP" : "TP") << ", prompt " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTensorParallelFixture,
@@ -187,11 +330,11 @@ TEST(CudaTensorParallel, OneRankNcclEqualsPlainAt397bShapes) {
   };
   std::vector<int32_t> want, got;
   {
-    auto plain = cuda::TensorParallelRunner::dummy(cfg, opt, 1, true, 99, /*nccl=*/false);
+    auto plain = cuda::TensorParallelRunner::dummy(cfg, opt, {1, {}, cuda::Collectives::None}, true, 99);
     want = decode(*plain);
   }
   {
-    auto one = cuda::TensorParallelRunner::dummy(cfg, opt, 1, true, 99, /*nccl=*/true);
+    auto one = cuda::TensorParallelRunner::dummy(cfg, opt, {1, {}, cuda::Collectives::Nccl}, true, 99);
     got = decode(*one);
   }
   EXPECT_EQ(got, want);

@@ -77,8 +77,16 @@ class GemmContext {
   std::map<std::tuple<int, int, int, bool>, Plan> plans_;
 };
 
+// One context (handle, workspace, plans) per thread and device: tensor-parallel ranks run on
+// threads of their own, each on its GPU (two may share one in tests), and neither the plan cache
+// nor the workspace may be shared by matrix products that run at once. Contexts live for the
+// process (CUDA teardown order).
 GemmContext* gemm_context() {
-  static GemmContext* ctx = new GemmContext();  // lives for the process (CUDA teardown order)
+  thread_local std::map<int, GemmContext*> contexts;
+  int device = 0;
+  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
+  GemmContext*& ctx = contexts[device];
+  if (!ctx) ctx = new GemmContext();
   return ctx;
 }
 

@@ -234,7 +234,8 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
   int32_t* cursor = counts + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&counts[ids[p]], 1);
+  for (int p = threadIdx.x; p < P; p += blockDim.x)
+    if (ids[p] >= 0) atomicAdd(&counts[ids[p]], 1);  // < 0: another rank's expert (expert parallel)
   __syncthreads();
   const int per = (E + blockDim.x - 1) / blockDim.x;
   const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
@@ -267,7 +268,8 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
     if (tile_tokens > 0) *num_tiles = total.z;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
+  for (int p = threadIdx.x; p < P; p += blockDim.x)
+    if (ids[p] >= 0) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
 
 // Block (row block, a): the a-th active expert, every pair routed to it (its weight rows stay in
@@ -305,13 +307,14 @@ __global__ void expert_down_grouped_kernel(DeviceExperts ex, const bf16_t* h, co
 }
 
 __global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
-                                     const float* shared_gate, int64_t gate_ld) {
+                                     const float* shared_gate, int64_t gate_ld, const int32_t* ids) {
   pdl_prologue();
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, n = i % hidden;
     float acc = 0.f;
-    for (int k = 0; k < K; ++k) acc += pair_out[(t * K + k) * hidden + n];
+    for (int k = 0; k < K; ++k)
+      if (!ids || ids[t * K + k] >= 0) acc += pair_out[(t * K + k) * hidden + n];
     if (shared) acc += sigmoid_f(shared_gate[t * gate_ld]) * shared[i];
     y[i] = acc;
   }
@@ -372,7 +375,19 @@ void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t*
            topk_ids, topk_w, pair_out);
     FATHOM_CUDA_LAUNCH_CHECK();
   }
-  moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
+  moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s, g ? topk_ids : nullptr);
+}
+
+__global__ void localize_ids_kernel(int32_t* ids, int P, int first, int count) {
+  pdl_prologue();
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p < P) ids[p] = ids[p] >= first && ids[p] < first + count ? ids[p] - first : -1;
+}
+
+void moe_localize_ids(int32_t* topk_ids, int P, int first, int count, cudaStream_t s) {
+  if (P == 0) return;
+  launch(localize_ids_kernel, (P + 255) / 256, 256, 0, s, topk_ids, P, first, count);
+  FATHOM_CUDA_LAUNCH_CHECK();
 }
 
 void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,
@@ -383,9 +398,9 @@ void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratc
 }
 
 void moe_combine_pairs(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
-                       const float* shared_gate, int64_t gate_ld, cudaStream_t s) {
+                       const float* shared_gate, int64_t gate_ld, cudaStream_t s, const int32_t* topk_ids) {
   launch(combine_pairs_kernel, grid_for(int64_t(T) * hidden), 256, 0, s, pair_out, y, T, K, hidden, shared, shared_gate,
-         gate_ld);
+         gate_ld, topk_ids);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

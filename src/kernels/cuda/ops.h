@@ -195,18 +195,22 @@ struct MoeGroupScratch {
   int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
   int32_t *tiles = nullptr, *num_tiles = nullptr;
 };
-// Counting sort of the P = T*K pairs by expert; with tile_tokens > 0 also the work tiles
+// Counting sort of the P = T*K pairs by expert (ids < 0 left out); with tile_tokens > 0 also the work tiles
 // (expert, first sorted pair, count <= tile_tokens), at most min(E, P) + P / tile_tokens of them.
 void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,
                      cudaStream_t s);
 // y[t] = sum_k pair_out[t*K + k] (k in order) + sigmoid(shared_gate[t*gate_ld]) * shared[t] when
-// shared is not null.
+// shared is not null. With topk_ids, pairs whose id is < 0 are left out.
 void moe_combine_pairs(const float* pair_out, float* y, int T, int K, int hidden, const float* shared,
-                       const float* shared_gate, int64_t gate_ld, cudaStream_t s);
+                       const float* shared_gate, int64_t gate_ld, cudaStream_t s, const int32_t* topk_ids = nullptr);
+// Expert parallelism: ids of this rank's experts [first, first + count) become local indices, the
+// others -1 (grouping and the combine leave those pairs out; other ranks add them).
+void moe_localize_ids(int32_t* topk_ids, int P, int first, int count, cudaStream_t s);
 // For each (token, k) pair p = t*K + k: h[p] = silu(x_t G^T) * (x_t U^T) (bf16 [T*K, inter]),
 // then y[t] = sum_k w[t,k] * (h[p] D^T) + sigmoid(shared_gate[t*gate_ld]) * shared[t] (the shared
 // expert's part when `shared` is not null). `y` is overwritten. With `group`, pairs are grouped
-// by expert first so each selected expert's weights are read once.
+// by expert first so each selected expert's weights are read once; ids < 0 (moe_localize_ids)
+// need `group`.
 void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                         bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared,
                         const float* shared_gate, int64_t gate_ld, cudaStream_t s,

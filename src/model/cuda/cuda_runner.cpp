@@ -64,6 +64,8 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
   if (impl->tp.is_split()) {
     build.lm_head_row0 = impl->tp.vocab.begin;
     build.lm_head_rows = impl->tp.vocab_rows;
+    build.expert_begin = impl->tp.experts.begin;
+    build.expert_count = impl->tp.experts.size();
   }
   build.dummy(nvfp4_experts, opt.load_mtp, seed);
   impl->allocate_runtime();

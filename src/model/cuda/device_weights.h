@@ -78,6 +78,10 @@ class WeightBuilder {
   // the embedding stays whole. Used by dummy(); from_host gets host weights already cut.
   int64_t lm_head_row0 = 0;
   int lm_head_rows = 0;
+  // An expert-parallel rank holds routed experts [expert_begin, expert_begin + expert_count)
+  // (count -1: all of them); the router stays whole. Used by dummy() and from_checkpoint().
+  int expert_begin = 0, expert_count = -1;
+  int experts_held() const { return expert_count < 0 ? cfg.num_experts : expert_count; }
 
  private:
   // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages

@@ -121,7 +121,7 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
       }
       if (nvfp4_experts && can_pack(I, H)) {
         std::vector<PackedFp4> g, u, dn;
-        for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
+        for (int e2 = 0; e2 < experts_held(); ++e2) {
           g.push_back(dummy_packed(I, H));
           u.push_back(dummy_packed(I, H));
           dn.push_back(dummy_packed(H, I));
@@ -129,7 +129,7 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
         l.packed = true;
         l.pexperts = upload_packed_table(g, u, dn);
       } else {
-        for (int e2 = 0; e2 < cfg.num_experts; ++e2) {
+        for (int e2 = 0; e2 < experts_held(); ++e2) {
           l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
           l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
           l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));

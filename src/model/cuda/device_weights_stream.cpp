@@ -114,7 +114,7 @@ DeviceLinear WeightBuilder::stored_router(const std::string& module) {
 // read by all the streamer's readers at once; then the loader's stream repacks them (after
 // fence) and the ring is refilled only after that (fence_back).
 void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
-  const int E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  const int E = experts_held(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   const size_t code_bytes = (size_t(I) * H / 2 + 255) / 256 * 256, slot = code_bytes + (size_t(I) * H / 16 + 255) / 256 * 256;
   if (pack_ring.bytes() < slot * kStageRing) pack_ring = DeviceBuffer(slot * kStageRing);
   std::vector<PackedFp4> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
@@ -132,7 +132,7 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
     pending.clear();
   };
   for (int e = 0; e < E; ++e) {
-    const std::string m = ex + "." + std::to_string(e);
+    const std::string m = ex + "." + std::to_string(expert_begin + e);
     for (auto [name, out, rows, cols] : {std::tuple{m + ".gate_proj", &g[size_t(e)], I, H},
                                          std::tuple{m + ".up_proj", &u[size_t(e)], I, H},
                                          std::tuple{m + ".down_proj", &d[size_t(e)], H, I}}) {
@@ -216,18 +216,19 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
 }
 
 void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, E = cfg.num_experts, I = cfg.moe_intermediate_size;
+  const int H = cfg.hidden_size, E_all = cfg.num_experts, E = experts_held(), I = cfg.moe_intermediate_size;
   const Checkpoint& ck = st->checkpoint();
   l.router = stored_router(p + ".gate");
   l.router3 = split_router(l.router);
   const std::string ex = p + ".experts";
   if (ck.has(ex + ".gate_up_proj")) {  // fused [E, 2I, H] + [E, H, I], stored unquantized
-    FATHOM_CHECK(ck.info(ex + ".gate_up_proj").shape == (std::vector<int64_t>{E, 2 * I, H}), "tensor '", ex,
-                 ".gate_up_proj': expected shape ", shape_str({E, 2 * I, H}), ", found ",
+    FATHOM_CHECK(ck.info(ex + ".gate_up_proj").shape == (std::vector<int64_t>{E_all, 2 * I, H}), "tensor '", ex,
+                 ".gate_up_proj': expected shape ", shape_str({E_all, 2 * I, H}), ", found ",
                  shape_str(ck.info(ex + ".gate_up_proj").shape));
-    FATHOM_CHECK(ck.info(ex + ".down_proj").shape == (std::vector<int64_t>{E, H, I}), "tensor '", ex,
-                 ".down_proj': expected shape ", shape_str({E, H, I}), ", found ", shape_str(ck.info(ex + ".down_proj").shape));
-    for (int e = 0; e < E; ++e) {
+    FATHOM_CHECK(ck.info(ex + ".down_proj").shape == (std::vector<int64_t>{E_all, H, I}), "tensor '", ex,
+                 ".down_proj': expected shape ", shape_str({E_all, H, I}), ", found ",
+                 shape_str(ck.info(ex + ".down_proj").shape));
+    for (int e = expert_begin; e < expert_begin + E; ++e) {
       auto rows_of = [&](const std::string& t, int64_t row0, int out, int in) {
         DeviceLinear d;
         d.out = out;
@@ -246,13 +247,13 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
     FATHOM_CHECK(ck.has(ex + ".0.gate_proj.weight"), "missing tensor '", ex, ".gate_up_proj' (fused experts) or '", ex,
                  ".0.gate_proj.weight' (per expert) in ", ck.dir().string());
     bool all_fp4 = can_pack(I, H);
-    for (int e = 0; e < E && all_fp4; ++e)
+    for (int e = expert_begin; e < expert_begin + E && all_fp4; ++e)
       for (const char* m : {".gate_proj", ".up_proj", ".down_proj"})
         all_fp4 = all_fp4 && stored_fp4(ex + "." + std::to_string(e) + m);
     if (all_fp4) {
       stream_packed_experts(ex, l);
     } else {
-      for (int e = 0; e < E; ++e) {
+      for (int e = expert_begin; e < expert_begin + E; ++e) {
         const std::string m = ex + "." + std::to_string(e);
         l.ex_gate.push_back(stored_linear(m + ".gate_proj", I, H, true));
         l.ex_up.push_back(stored_linear(m + ".up_proj", I, H, true));

@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/nccl_communicator.h"
+#include "kernels/cuda/mixed_communicator.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
@@ -152,8 +152,6 @@ struct CudaRunner::Impl {
     cfg = rank_config(whole, tp);
     comm = opt.communicator;
     FATHOM_CHECK(!tp.is_split() || comm, "a split model needs a communicator");
-    FATHOM_CHECK(!tp.expert_parallel, "the CUDA engine splits routed experts by columns only; "
-                 "--enable-expert-parallel runs on the CPU engine");
     FATHOM_CHECK(!tp.is_split() || whole.vocab_size % tp.size == 0, "the CUDA engine splits lm_head evenly: vocabulary ",
                  whole.vocab_size, " does not split over ", tp.size, " GPUs");
   }
@@ -167,7 +165,7 @@ struct CudaRunner::Impl {
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
-    if (auto* nccl = dynamic_cast<NcclCommunicator*>(comm)) nccl->set_stream(stream);
+    set_communicator_stream(comm, stream);
   }
 
   // Tensor parallel: the sum over ranks of a layer's partial output [T, hidden] (fp32, in place).

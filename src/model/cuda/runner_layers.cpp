@@ -236,7 +236,9 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
     }
     moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
+    if (tp.expert_parallel) moe_localize_ids(topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
   }
+  const int32_t* skip_ids = tp.expert_parallel ? topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
   if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
   Scope sc(this, "moe.experts");
   const float* shared = l.has_shared ? sh_out.as<float>() : nullptr;
@@ -247,11 +249,12 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
       FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
     }
-    moe_combine_pairs(pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s);
+    moe_combine_pairs(pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s, skip_ids);
   } else if (T * K <= pair_limit) {
     // Writes D, shared expert included; grouping pays off once experts repeat.
     moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
-                       pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s, T >= 4 ? &group : nullptr);
+                       pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s,
+                       T >= 4 || skip_ids ? &group : nullptr);
   } else {
     FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
     // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
@@ -260,25 +263,27 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), topk_ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost, s));
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(w.data(), topk_w.data(), w.size() * 4, cudaMemcpyDeviceToHost, s));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<std::vector<int32_t>> rows(E);
-    std::vector<std::vector<float>> wts(E);
+    const int E_held = int(l.ex_gate.size());  // this rank's experts (all without expert parallelism)
+    std::vector<std::vector<int32_t>> rows(E_held);
+    std::vector<std::vector<float>> wts(E_held);
     for (int t = 0; t < T; ++t)
       for (int k = 0; k < K; ++k) {
+        if (ids[size_t(t) * K + k] < 0) continue;  // another rank's expert
         rows[ids[size_t(t) * K + k]].push_back(t);
         wts[ids[size_t(t) * K + k]].push_back(w[size_t(t) * K + k]);
       }
     std::vector<int32_t> all_rows;
     std::vector<float> all_w;
-    std::vector<int> offset(E + 1, 0);
-    for (int e = 0; e < E; ++e) {
+    std::vector<int> offset(E_held + 1, 0);
+    for (int e = 0; e < E_held; ++e) {
       offset[e] = int(all_rows.size());
       all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
       all_w.insert(all_w.end(), wts[e].begin(), wts[e].end());
     }
-    offset[E] = int(all_rows.size());
+    offset[E_held] = int(all_rows.size());
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_rows.data(), all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, s));
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_w.data(), all_w.data(), all_w.size() * 4, cudaMemcpyHostToDevice, s));
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; e < E_held; ++e) {
       const int m = offset[e + 1] - offset[e];
       if (m == 0) continue;
       const int32_t* r = eg_rows.as<int32_t>() + offset[e];

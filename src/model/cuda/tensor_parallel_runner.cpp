@@ -4,21 +4,46 @@
 #include <cstdio>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mixed_communicator.h"
 
 namespace fathom::cuda {
 
-TensorParallelRunner::TensorParallelRunner(int size, bool nccl) : ranks_(size_t(size)), errors_(size_t(size)) {
+TensorParallelRunner::TensorParallelRunner(const ParallelGroup& group, size_t largest_floats)
+    : devices_(group.devices), ranks_(size_t(group.size)), errors_(size_t(group.size)) {
+  const int size = group.size;
   FATHOM_CHECK(size >= 1, "--tensor-parallel-size must be at least 1, got ", size);
-  FATHOM_CHECK(size == 1 || nccl, "ranks of a split model need NCCL");
+  FATHOM_CHECK(size == 1 || group.collectives != Collectives::None, "ranks of a split model need collectives");
+  if (devices_.empty())
+    for (int r = 0; r < size; ++r) devices_.push_back(r);
+  FATHOM_CHECK(int(devices_.size()) == size, "a group of ", size, " ranks needs as many devices");
   const int visible = visible_device_count();
-  FATHOM_CHECK(size <= visible, "--tensor-parallel-size ", size, " needs ", size, " GPUs; ", visible, " visible");
-  if (nccl) {
-    std::vector<int> devices(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) devices[size_t(r)] = r;
-    comms_ = NcclCommunicator::create_group(devices);
-    std::fprintf(stderr, "fathom: tensor parallel over %d GPU%s, NCCL %s (NVLink multicast off)\n", size,
-                 size > 1 ? "s" : "", NcclCommunicator::version().c_str());
+  for (int d : devices_)
+    FATHOM_CHECK(d >= 0 && d < visible, "--tensor-parallel-size ", size, " needs GPU ", d, "; ", visible, " visible");
+  std::string how;
+  switch (group.collectives) {
+    case Collectives::None:
+      break;
+    case Collectives::Nccl:
+      for (auto& c : NcclCommunicator::create_group(devices_)) comms_.push_back(std::move(c));
+      how = "NCCL " + NcclCommunicator::version();
+      break;
+    case Collectives::OneShot:
+      for (auto& c : PeerCommunicator::create_group(devices_, largest_floats)) comms_.push_back(std::move(c));
+      how = "one-shot peer collectives";
+      break;
+    case Collectives::Auto: {
+      auto nccl = NcclCommunicator::create_group(devices_);
+      auto peer = PeerCommunicator::create_group(devices_, size_t(group.one_shot_max_bytes) / sizeof(float));
+      for (int r = 0; r < size; ++r)
+        comms_.push_back(std::make_unique<MixedCommunicator>(std::move(nccl[size_t(r)]), std::move(peer[size_t(r)])));
+      how = "one-shot peer collectives up to " + std::to_string(group.one_shot_max_bytes >> 10) + " KB, NCCL " +
+            NcclCommunicator::version() + " above";
+      break;
+    }
   }
+  if (!how.empty())
+    std::fprintf(stderr, "fathom: tensor parallel over %d rank%s, %s (NVLink multicast off)\n", size,
+                 size > 1 ? "s" : "", how.c_str());
   for (int r = 1; r < size; ++r) threads_.emplace_back(&TensorParallelRunner::worker, this, r);
 }
 
@@ -31,13 +56,13 @@ TensorParallelRunner::~TensorParallelRunner() {
   for (std::thread& t : threads_) t.join();
   // Runners before communicators; each communicator aborts rather than waits (its header).
   for (int r = 0; r < size(); ++r) {
-    cudaSetDevice(r);
+    cudaSetDevice(devices_[size_t(r)]);
     ranks_[size_t(r)].reset();
   }
 }
 
 void TensorParallelRunner::worker(int r) {
-  cudaSetDevice(r);
+  cudaSetDevice(devices_[size_t(r)]);
   uint64_t seen = 0;
   for (;;) {
     std::function<void(int)> job;
@@ -68,7 +93,10 @@ void TensorParallelRunner::run_rank(const std::function<void(int)>& fn, int r) {
 }
 
 void TensorParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
-  if (size() == 1) return fn(0);  // the calling thread, its current device
+  if (size() == 1) {  // the calling thread
+    FATHOM_CUDA_CHECK(cudaSetDevice(devices_[0]));
+    return fn(0);
+  }
   std::fill(errors_.begin(), errors_.end(), nullptr);
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -77,7 +105,7 @@ void TensorParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
     ++generation_;
   }
   cv_.notify_all();
-  FATHOM_CUDA_CHECK(cudaSetDevice(0));  // rank 0 runs on the calling thread
+  FATHOM_CUDA_CHECK(cudaSetDevice(devices_[0]));  // rank 0 runs on the calling thread
   run_rank(fn, 0);
   {
     std::unique_lock<std::mutex> l(mu_);
@@ -108,36 +136,47 @@ R TensorParallelRunner::on_all(const std::function<R(CudaRunner&)>& fn) {
   return out;
 }
 
-void TensorParallelRunner::open(const CudaRunnerOptions& opt,
-                                const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&)>& make) {
+void TensorParallelRunner::open(
+    const CudaRunnerOptions& opt, const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&, int)>& make) {
   on_all_ranks([&](int r) {
     CudaRunnerOptions o = opt;
-    o.device = r;
+    o.device = devices_[size_t(r)];
     o.communicator = comms_.empty() ? nullptr : comms_[size_t(r)].get();
-    ranks_[size_t(r)] = make(o);
+    ranks_[size_t(r)] = make(o, r);
   });
 }
 
+namespace {
+
+// The largest message a rank sends: a step's hidden states, or its share of the logits.
+size_t largest_message(const ModelConfig& cfg, const CudaRunnerOptions& opt, int size) {
+  const size_t hidden = size_t(opt.max_tokens_per_step) * cfg.hidden_size;
+  const size_t logits = size_t(std::max(opt.max_rows_per_step, opt.max_seqs)) * ((cfg.vocab_size + size - 1) / size);
+  return std::max(hidden, logits);
+}
+
+}  // namespace
+
 std::unique_ptr<TensorParallelRunner> TensorParallelRunner::from_checkpoint(const std::string& dir,
-                                                                            const CudaRunnerOptions& opt, int size,
-                                                                            bool nccl) {
-  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(size, nccl));
+                                                                            const CudaRunnerOptions& opt,
+                                                                            const ParallelGroup& group) {
   const ModelConfig cfg = ModelConfig::load(dir);
-  t->open(opt, [&](const CudaRunnerOptions& o) {
+  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(group, largest_message(cfg, opt, group.size)));
+  t->open(opt, [&](const CudaRunnerOptions& o, int rank) {
     CudaRunnerOptions rank_opt = o;
-    rank_opt.split = TensorSplit::make(cfg, o.device, size, false);
+    rank_opt.split = TensorSplit::make(cfg, rank, group.size, group.expert_parallel);
     return CudaRunner::from_checkpoint(dir, rank_opt);
   });
   return t;
 }
 
 std::unique_ptr<TensorParallelRunner> TensorParallelRunner::dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt,
-                                                                  int size, bool nvfp4_experts, uint64_t seed,
-                                                                  bool nccl) {
-  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(size, nccl));
-  t->open(opt, [&](const CudaRunnerOptions& o) {
+                                                                  const ParallelGroup& group, bool nvfp4_experts,
+                                                                  uint64_t seed) {
+  std::unique_ptr<TensorParallelRunner> t(new TensorParallelRunner(group, largest_message(cfg, opt, group.size)));
+  t->open(opt, [&](const CudaRunnerOptions& o, int rank) {
     CudaRunnerOptions rank_opt = o;
-    rank_opt.split = TensorSplit::make(cfg, o.device, size, false);
+    rank_opt.split = TensorSplit::make(cfg, rank, group.size, group.expert_parallel);
     // The same seed on every rank: replicated tensors (norms, routers, embedding) agree.
     return CudaRunner::dummy(cfg, rank_opt, nvfp4_experts, seed);
   });

@@ -15,20 +15,44 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/nccl_communicator.h"
 #include "model/cuda/cuda_runner.h"
 
 namespace fathom::cuda {
 
+// How the ranks talk: NCCL; one-shot collectives over peer memory (kernels/cuda/
+// peer_communicator.h) for every message; both, one-shot for messages of up to
+// one_shot_max_bytes (vLLM's custom all-reduce beside NCCL); or, for one rank, nothing at all.
+enum class Collectives { None, Nccl, OneShot, Auto };
+
+struct ParallelGroup {
+  int size = 1;
+  std::vector<int> devices;  // rank -> GPU (default 0..size-1); tests put two ranks on one GPU
+  Collectives collectives = Collectives::Auto;
+  bool expert_parallel = false;  // routed experts whole per rank (else split by columns)
+  int64_t one_shot_max_bytes = int64_t(1) << 20;  // Auto: a batch-64 decode step's hidden states
+};
+
+// The group the flags ask for: NCCL over one GPU with --force-nccl; one-shot collectives beside
+// NCCL over several, unless --disable-custom-all-reduce.
+inline ParallelGroup parallel_group(const TensorParallelism& p) {
+  ParallelGroup g;
+  g.size = p.size;
+  g.expert_parallel = p.expert_parallel;
+  g.collectives = p.size == 1 ? (p.force_nccl ? Collectives::Nccl : Collectives::None)
+                  : p.disable_custom_all_reduce ? Collectives::Nccl
+                                                : Collectives::Auto;
+  return g;
+}
+
 class TensorParallelRunner final : public ModelRunner {
  public:
-  // `size` ranks on GPUs 0..size-1 joined by NCCL. One rank with `nccl` still runs every
-  // collective (over one rank); one rank without it is the plain engine. The options' split,
-  // device and communicator are set per rank here.
+  // group.size ranks joined by group.collectives. One rank with collectives still runs every
+  // collective (over one rank); one rank with Collectives::None is the plain engine. The
+  // options' split, device and communicator are set per rank here.
   static std::unique_ptr<TensorParallelRunner> from_checkpoint(const std::string& dir, const CudaRunnerOptions& opt,
-                                                               int size, bool nccl = true);
-  static std::unique_ptr<TensorParallelRunner> dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt, int size,
-                                                     bool nvfp4_experts, uint64_t seed, bool nccl = true);
+                                                               const ParallelGroup& group);
+  static std::unique_ptr<TensorParallelRunner> dummy(const ModelConfig& cfg, const CudaRunnerOptions& opt,
+                                                     const ParallelGroup& group, bool nvfp4_experts, uint64_t seed);
   ~TensorParallelRunner() override;
 
   int size() const { return int(ranks_.size()); }
@@ -69,9 +93,12 @@ class TensorParallelRunner final : public ModelRunner {
   void set_profiling(bool on);
 
  private:
-  TensorParallelRunner(int size, bool nccl);
+  // Starts the rank threads and the communicators; `largest_floats`: the largest message the
+  // engine sends (sizes the one-shot buffers when every message takes them).
+  TensorParallelRunner(const ParallelGroup& group, size_t largest_floats);
   // Makes rank r's runner on its thread (opt completed per rank).
-  void open(const CudaRunnerOptions& opt, const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&)>& make);
+  void open(const CudaRunnerOptions& opt,
+            const std::function<std::unique_ptr<CudaRunner>(const CudaRunnerOptions&, int rank)>& make);
   // rank 0's result of fn(rank r's runner) run on every rank.
   template <class R>
   R on_all(const std::function<R(CudaRunner&)>& fn);
@@ -79,7 +106,8 @@ class TensorParallelRunner final : public ModelRunner {
   // fn(r), keeping its error; any error but a SequenceError aborts the group.
   void run_rank(const std::function<void(int)>& fn, int r);
 
-  std::vector<std::unique_ptr<NcclCommunicator>> comms_;
+  std::vector<int> devices_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<CudaRunner>> ranks_;
   // Rank threads and the job they run (one at a time).
   std::vector<std::thread> threads_;
