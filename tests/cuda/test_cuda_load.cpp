@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/cuda/cuda_runner.h"
+#include "model/cuda/tensor_parallel_runner.h"
 #include "model/model_runner.h"
 
 namespace fathom {
@@ -29,13 +30,21 @@ struct Outputs {
   std::vector<float> logits, hidden, mtp_logits;
 };
 
-Outputs run(const std::string& dir, bool host_weights) {
+// split > 1: that many ranks sharing the GPU (one-shot collectives), each loading its slice.
+Outputs run(const std::string& dir, bool host_weights, int split = 1, bool expert_parallel = false) {
   cuda::CudaRunnerOptions opt;
   opt.load_mtp = true;
   opt.host_weights = host_weights;
   opt.kv_cache_tokens = 4096;
   opt.max_seq_len = 1024;
-  auto r = cuda::CudaRunner::from_checkpoint(dir, opt);
+  std::unique_ptr<ModelRunner> r;
+  if (split == 1) {
+    r = cuda::CudaRunner::from_checkpoint(dir, opt);
+  } else {
+    opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
+    r = cuda::TensorParallelRunner::from_checkpoint(
+        dir, opt, {split, std::vector<int>(size_t(split), 0), cuda::Collectives::OneShot, expert_parallel});
+  }
   const int V = int(r->config().vocab_size);
   std::mt19937 rng(7);
   std::vector<int32_t> prompt(40);
@@ -72,6 +81,18 @@ void compare(const std::string& dir) {
 class CudaLoad : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaLoad, StreamedEqualsHostPathBitForBit) { compare((fixtures_dir() / GetParam()).string()); }
+
+// A tensor-parallel rank streams only its slice of each tensor (rows, columns, experts): the same
+// bits as the host path's cut of whole tensors, split by column and by expert over two ranks.
+TEST_P(CudaLoad, SplitRanksStreamTheirSlicesBitForBit) {
+  const std::string dir = (fixtures_dir() / GetParam()).string();
+  for (bool ep : {false, true}) {
+    const Outputs host = run(dir, true, 2, ep), streamed = run(dir, false, 2, ep);
+    expect_bitwise(streamed.logits, host.logits, ep ? "logits (EP)" : "logits (TP)");
+    expect_bitwise(streamed.hidden, host.hidden, ep ? "hidden (EP)" : "hidden (TP)");
+    expect_bitwise(streamed.mtp_logits, host.mtp_logits, ep ? "MTP logits (EP)" : "MTP logits (TP)");
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLoad,
                          ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),

@@ -66,8 +66,11 @@ void CheckpointStreamer::copy(std::string_view name, void* dst, uint64_t offset,
   queue(name, offset, bytes, static_cast<char*>(dst), false);
 }
 
-void CheckpointStreamer::copy_scales(std::string_view name, void* dst) {
-  queue(name, 0, ckpt_.info(name).nbytes, static_cast<char*>(dst), true);
+void CheckpointStreamer::copy_scales(std::string_view name, void* dst, uint64_t offset, uint64_t bytes) {
+  const uint64_t total = ckpt_.info(name).nbytes;
+  if (bytes == UINT64_MAX) bytes = total - std::min(offset, total);
+  FATHOM_CHECK(offset + bytes <= total, "tensor '", name, "': bytes [", offset, ", ", offset + bytes, ") of ", total);
+  queue(name, offset, bytes, static_cast<char*>(dst), true);
 }
 
 std::vector<float> CheckpointStreamer::host_f32(std::string_view name, const std::vector<int64_t>& shape) const {

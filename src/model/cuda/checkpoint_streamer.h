@@ -46,7 +46,7 @@ class CheckpointStreamer {
   // Queues bytes [offset, offset + bytes) of tensor `name` for device memory at `dst`.
   void copy(std::string_view name, void* dst, uint64_t offset = 0, uint64_t bytes = UINT64_MAX);
   // Like copy, and checks every byte as an E4M3 block scale: finite (not a NaN code), not negative.
-  void copy_scales(std::string_view name, void* dst);
+  void copy_scales(std::string_view name, void* dst, uint64_t offset = 0, uint64_t bytes = UINT64_MAX);
   // A small tensor (norms, scalars) converted to fp32 on the host.
   std::vector<float> host_f32(std::string_view name, const std::vector<int64_t>& shape) const;
   // Work queued on the loader's stream after fence() sees every copy queued before it. Rethrows

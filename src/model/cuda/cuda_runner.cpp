@@ -31,10 +31,10 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   const auto t0 = clock::now();
   auto ckpt = Checkpoint::open(dir);
   const auto t1 = clock::now();
-  WeightBuilder build(impl->cfg, impl->stream, impl->w);
-  if (opt.host_weights || impl->tp.is_split()) {
-    // The older path: host weights first. A split rank takes it too, cutting each layer to its
-    // slice as it is read (the streaming loader does not cut tensors yet).
+  // A split rank's builder reads the stored (whole) shapes and cuts them to its slice.
+  WeightBuilder build(impl->tp.is_split() ? impl->model_cfg : impl->cfg, impl->stream, impl->w);
+  if (opt.host_weights) {
+    // The older path: host weights first (a split rank cuts each layer to its slice as it is read).
     const std::string config_text = read_text_file(std::filesystem::path(dir) / "config.json");
     QuantConfig quant = QuantConfig::load(dir, config_text);
     TensorSplit split = impl->tp;
@@ -42,6 +42,11 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
     build.from_host(load_model_weights(*ckpt, impl->model_cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true,
                                        &split));
   } else {
+    if (impl->tp.is_split()) {
+      build.split = &impl->tp;
+      build.expert_begin = impl->tp.experts.begin;
+      build.expert_count = impl->tp.experts.size();
+    }
     build.from_checkpoint(*ckpt, opt.load_mtp);
   }
   const auto t2 = clock::now();

@@ -19,6 +19,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/model_weights.h"
+#include "model/tensor_split.h"
 
 namespace fathom::cuda {
 
@@ -82,6 +83,9 @@ class WeightBuilder {
   // (count -1: all of them); the router stays whole. Used by dummy() and from_checkpoint().
   int expert_begin = 0, expert_count = -1;
   int experts_held() const { return expert_count < 0 ? cfg.num_experts : expert_count; }
+  // from_checkpoint as a tensor-parallel rank: every tensor cut to this slice as it streams
+  // (model/tensor_split.h; cfg is then the whole model's). Null: the whole model.
+  const TensorSplit* split = nullptr;
 
  private:
   // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
@@ -128,7 +132,28 @@ class WeightBuilder {
   bool stored_fp4(const std::string& module) const;
   void rows_bf16(const std::string& tensor, int rows, int in, bf16_t* dst, int64_t row0 = 0);
   DeviceLinear fused_bf16(const std::vector<std::pair<std::string, int>>& parts, int in, int total_rows, bool expert);
+  // Row blocks of stored matrices (module, first row, rows; `stored_rows` checks the shape) in
+  // one bf16 matrix, zero rows up to total_rows.
+  struct RowPart {
+    std::string module;
+    int64_t row0;
+    int rows, stored_rows;
+  };
+  DeviceLinear bf16_row_parts(const std::vector<RowPart>& parts, int in, int total_rows, bool expert);
   DeviceLinear stored_linear(const std::string& module, int out, int in, bool expert);
+  // Rows `rows` (in order) of a stored [stored_out, in] linear, bf16 or NVFP4.
+  DeviceLinear stored_rows(const std::string& module, const std::vector<IndexRange>& rows, int stored_out, int in,
+                           bool expert);
+  // Input columns `cols` of a stored [out, stored_in] linear, bf16 or NVFP4 (the whole matrix
+  // is staged on the device, then the columns copied out).
+  DeviceLinear stored_columns(const std::string& module, int out, int stored_in, IndexRange cols, bool expert);
+  // Columns `cols` of rows [row0, row0 + rows) of a bf16-convertible tensor of rows of stored_in.
+  DeviceLinear bf16_columns(const std::string& tensor, int64_t row0, int rows, int stored_in, IndexRange cols,
+                            bool expert);
+  // The split's ranges, or the whole range when there is no split.
+  IndexRange range_or_all(IndexRange TensorSplit::*member, int all) const {
+    return split ? split->*member : IndexRange{0, all};
+  }
   DeviceLinear stored_router(const std::string& module);
   // Per-expert NVFP4 matrices, read in parallel into a ring of device stages and repacked there.
   void stream_packed_experts(const std::string& experts, DevLayer& l);

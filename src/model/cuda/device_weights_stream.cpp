@@ -64,18 +64,25 @@ void WeightBuilder::rows_bf16(const std::string& tensor, int rows, int in, bf16_
 // projections), zero rows up to `total_rows`.
 DeviceLinear WeightBuilder::fused_bf16(const std::vector<std::pair<std::string, int>>& parts, int in, int total_rows,
                                        bool expert) {
+  std::vector<RowPart> whole;
+  for (const auto& [module, rows] : parts) whole.push_back(RowPart{module, 0, rows, rows});
+  return bf16_row_parts(whole, in, total_rows, expert);
+}
+
+DeviceLinear WeightBuilder::bf16_row_parts(const std::vector<RowPart>& parts, int in, int total_rows, bool expert) {
   DeviceLinear d;
   d.out = total_rows;
   d.in = in;
   bf16_t* p = alloc_weight<bf16_t>(int64_t(total_rows) * in, expert);
   int row = 0;
-  for (const auto& [module, rows] : parts) {
-    const std::string name = module + ".weight";
+  for (const RowPart& part : parts) {
+    const std::string name = part.module + ".weight";
     const TensorInfo& t = st->checkpoint().info(name);
-    FATHOM_CHECK(t.shape == (std::vector<int64_t>{rows, in}), "tensor '", name, "' in ", st->checkpoint().file_of(name),
-                 ": expected shape ", shape_str({rows, in}), ", found ", shape_str(t.shape));
-    rows_bf16(name, rows, in, p + int64_t(row) * in);
-    row += rows;
+    FATHOM_CHECK(t.shape == (std::vector<int64_t>{part.stored_rows, in}), "tensor '", name, "' in ",
+                 st->checkpoint().file_of(name), ": expected shape ", shape_str({part.stored_rows, in}), ", found ",
+                 shape_str(t.shape));
+    rows_bf16(name, part.rows, in, p + int64_t(row) * in, part.row0);
+    row += part.rows;
   }
   if (row < total_rows)
     FATHOM_CUDA_CHECK(cudaMemsetAsync(p + int64_t(row) * in, 0, size_t(total_rows - row) * in * 2, stream));
@@ -85,15 +92,82 @@ DeviceLinear WeightBuilder::fused_bf16(const std::vector<std::pair<std::string, 
 
 // A linear as stored: NVFP4 (codes, block scales, global scale) or bf16.
 DeviceLinear WeightBuilder::stored_linear(const std::string& module, int out, int in, bool expert) {
-  if (!stored_fp4(module)) return fused_bf16({{module, out}}, in, out, expert);
+  return stored_rows(module, {{0, out}}, out, in, expert);
+}
+
+DeviceLinear WeightBuilder::stored_rows(const std::string& module, const std::vector<IndexRange>& rows, int stored_out,
+                                        int in, bool expert) {
+  int out = 0;
+  for (const IndexRange& r : rows) out += r.size();
+  if (!stored_fp4(module)) {
+    std::vector<RowPart> parts;
+    for (const IndexRange& r : rows) parts.push_back(RowPart{module, r.begin, r.size(), stored_out});
+    return bf16_row_parts(parts, in, out, expert);
+  }
   DeviceLinear d;
   d.out = out;
   d.in = in;
-  d.fp4_global = check_nvfp4_linear(st->checkpoint(), module, out, in);
+  d.fp4_global = check_nvfp4_linear(st->checkpoint(), module, stored_out, in);
   uint8_t* codes = alloc_weight<uint8_t>(int64_t(out) * in / 2, expert);
   uint8_t* scales = alloc_weight<uint8_t>(int64_t(out) * in / 16, expert);
-  st->copy(module + ".weight", codes);
-  st->copy_scales(module + ".weight_scale", scales);
+  int64_t row = 0;
+  for (const IndexRange& r : rows) {  // whole rows of codes and scales are contiguous
+    st->copy(module + ".weight", codes + row * in / 2, uint64_t(r.begin) * in / 2, uint64_t(r.size()) * in / 2);
+    st->copy_scales(module + ".weight_scale", scales + row * in / 16, uint64_t(r.begin) * in / 16,
+                    uint64_t(r.size()) * in / 16);
+    row += r.size();
+  }
+  d.fp4 = codes;
+  d.fp4_scale = scales;
+  return d;
+}
+
+DeviceLinear WeightBuilder::bf16_columns(const std::string& tensor, int64_t row0, int rows, int stored_in,
+                                         IndexRange cols, bool expert) {
+  DeviceBuffer stage(size_t(rows) * stored_in * 2);
+  rows_bf16(tensor, rows, stored_in, stage.as<bf16_t>(), row0);
+  st->fence();  // the strided copy below reads what the readers brought
+  DeviceLinear d;
+  d.out = rows;
+  d.in = cols.size();
+  bf16_t* m = alloc_weight<bf16_t>(int64_t(rows) * d.in, expert);
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m, size_t(d.in) * 2, stage.as<bf16_t>() + cols.begin, size_t(stored_in) * 2,
+                                      size_t(d.in) * 2, size_t(rows), cudaMemcpyDeviceToDevice, stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `stage` is freed
+  d.bf16 = m;
+  return d;
+}
+
+DeviceLinear WeightBuilder::stored_columns(const std::string& module, int out, int stored_in, IndexRange cols,
+                                           bool expert) {
+  if (cols.begin == 0 && cols.end == stored_in) return stored_linear(module, out, stored_in, expert);
+  if (!stored_fp4(module)) {
+    const TensorInfo& t = st->checkpoint().info(module + ".weight");
+    FATHOM_CHECK(t.shape == (std::vector<int64_t>{out, stored_in}), "tensor '", module, ".weight': expected shape ",
+                 shape_str({out, stored_in}), ", found ", shape_str(t.shape));
+    return bf16_columns(module + ".weight", 0, out, stored_in, cols, expert);
+  }
+  // Codes pack two to a byte and share an e4m3 scale per 16: slices start and end on those.
+  FATHOM_CHECK(cols.begin % 16 == 0 && cols.end % 16 == 0, "NVFP4 weight '", module, "' splits on 16-column blocks; [",
+               cols.begin, ", ", cols.end, ") does not");
+  DeviceLinear d;
+  d.out = out;
+  d.in = cols.size();
+  d.fp4_global = check_nvfp4_linear(st->checkpoint(), module, out, stored_in);
+  DeviceBuffer stage(size_t(out) * stored_in / 2 + size_t(out) * stored_in / 16);
+  uint8_t* full_codes = stage.as<uint8_t>();
+  uint8_t* full_scales = full_codes + size_t(out) * stored_in / 2;
+  st->copy(module + ".weight", full_codes);
+  st->copy_scales(module + ".weight_scale", full_scales);
+  st->fence();
+  uint8_t* codes = alloc_weight<uint8_t>(int64_t(out) * d.in / 2, expert);
+  uint8_t* scales = alloc_weight<uint8_t>(int64_t(out) * d.in / 16, expert);
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(codes, size_t(d.in) / 2, full_codes + cols.begin / 2, size_t(stored_in) / 2,
+                                      size_t(d.in) / 2, size_t(out), cudaMemcpyDeviceToDevice, stream));
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(scales, size_t(d.in) / 16, full_scales + cols.begin / 16,
+                                      size_t(stored_in) / 16, size_t(d.in) / 16, size_t(out),
+                                      cudaMemcpyDeviceToDevice, stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `stage` is freed
   d.fp4 = codes;
   d.fp4_scale = scales;
   return d;
@@ -115,7 +189,16 @@ DeviceLinear WeightBuilder::stored_router(const std::string& module) {
 // fence) and the ring is refilled only after that (fence_back).
 void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
   const int E = experts_held(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
-  const size_t code_bytes = (size_t(I) * H / 2 + 255) / 256 * 256, slot = code_bytes + (size_t(I) * H / 16 + 255) / 256 * 256;
+  // A tensor-parallel rank keeps rows [c0, c1) of gate/up (contiguous in the file) and those
+  // columns of down (staged whole, then copied out before the repack).
+  const IndexRange cols = range_or_all(&TensorSplit::expert_columns, I);
+  const int Ic = cols.size();
+  FATHOM_CHECK(cols.begin % 16 == 0 && cols.end % 16 == 0, "NVFP4 experts split on 16-column blocks; [", cols.begin,
+               ", ", cols.end, ") does not");
+  auto round = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t code_bytes = round(size_t(I) * H / 2), scale_bytes = round(size_t(I) * H / 16);
+  const size_t cut_bytes = Ic < I ? round(size_t(Ic) * H / 2) + round(size_t(Ic) * H / 16) : 0;
+  const size_t slot = code_bytes + scale_bytes + cut_bytes;
   if (pack_ring.bytes() < slot * kStageRing) pack_ring = DeviceBuffer(slot * kStageRing);
   std::vector<PackedFp4> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
   struct Pending {
@@ -123,25 +206,49 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
     int rows, cols;
     float global;
     uint8_t *codes, *scales;
+    const uint8_t *full_codes = nullptr, *full_scales = nullptr;  // down of a column-split rank
+    int full_cols = 0, col0 = 0;
   };
   std::vector<Pending> pending;
   auto flush = [&] {
     st->fence();
-    for (const Pending& p : pending) *p.out = pack_staged(p.codes, p.scales, p.global, p.rows, p.cols);
+    for (const Pending& p : pending) {
+      if (p.full_codes) {
+        FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.codes, size_t(p.cols) / 2, p.full_codes + p.col0 / 2,
+                                            size_t(p.full_cols) / 2, size_t(p.cols) / 2, size_t(p.rows),
+                                            cudaMemcpyDeviceToDevice, stream));
+        FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.scales, size_t(p.cols) / 16, p.full_scales + p.col0 / 16,
+                                            size_t(p.full_cols) / 16, size_t(p.cols) / 16, size_t(p.rows),
+                                            cudaMemcpyDeviceToDevice, stream));
+      }
+      *p.out = pack_staged(p.codes, p.scales, p.global, p.rows, p.cols);
+    }
     st->fence_back();
     pending.clear();
   };
   for (int e = 0; e < E; ++e) {
     const std::string m = ex + "." + std::to_string(expert_begin + e);
-    for (auto [name, out, rows, cols] : {std::tuple{m + ".gate_proj", &g[size_t(e)], I, H},
-                                         std::tuple{m + ".up_proj", &u[size_t(e)], I, H},
-                                         std::tuple{m + ".down_proj", &d[size_t(e)], H, I}}) {
+    for (auto [name, out, down] : {std::tuple{m + ".gate_proj", &g[size_t(e)], false},
+                                   std::tuple{m + ".up_proj", &u[size_t(e)], false},
+                                   std::tuple{m + ".down_proj", &d[size_t(e)], true}}) {
       if (int(pending.size()) == kStageRing) flush();
-      uint8_t* codes = pack_ring.as<uint8_t>() + pending.size() * slot;
-      const float global = check_nvfp4_linear(st->checkpoint(), name, rows, cols);
-      st->copy(name + ".weight", codes);
-      st->copy_scales(name + ".weight_scale", codes + code_bytes);
-      pending.push_back(Pending{out, rows, cols, global, codes, codes + code_bytes});
+      uint8_t* base = pack_ring.as<uint8_t>() + pending.size() * slot;
+      const float global = check_nvfp4_linear(st->checkpoint(), name, down ? H : I, down ? I : H);
+      if (!down) {  // rows [c0, c1)
+        st->copy(name + ".weight", base, uint64_t(cols.begin) * H / 2, uint64_t(Ic) * H / 2);
+        st->copy_scales(name + ".weight_scale", base + code_bytes, uint64_t(cols.begin) * H / 16, uint64_t(Ic) * H / 16);
+        pending.push_back(Pending{out, Ic, H, global, base, base + code_bytes});
+      } else if (Ic == I) {
+        st->copy(name + ".weight", base);
+        st->copy_scales(name + ".weight_scale", base + code_bytes);
+        pending.push_back(Pending{out, H, I, global, base, base + code_bytes});
+      } else {  // whole matrix staged, columns [c0, c1) cut into the slot's tail
+        st->copy(name + ".weight", base);
+        st->copy_scales(name + ".weight_scale", base + code_bytes);
+        uint8_t* cut = base + code_bytes + scale_bytes;
+        pending.push_back(Pending{out, H, Ic, global, cut, cut + round(size_t(Ic) * H / 2), base, base + code_bytes, I,
+                                  cols.begin});
+      }
     }
   }
   flush();
@@ -150,32 +257,48 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
 }
 
 void WeightBuilder::stream_attention(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, d = cfg.head_dim;
-  const int q_rows = cfg.num_attention_heads * d * (cfg.attn_output_gate ? 2 : 1), kv_rows = cfg.num_key_value_heads * d;
+  const int H = cfg.hidden_size, d = cfg.head_dim, per_head = d * (cfg.attn_output_gate ? 2 : 1);
+  const int q_rows = cfg.num_attention_heads * per_head, kv_rows = cfg.num_key_value_heads * d;
+  // This rank's heads: q rows (with their gate rows) and K/V rows by head, o_proj's columns.
+  const IndexRange qh = range_or_all(&TensorSplit::q_heads, cfg.num_attention_heads);
+  const IndexRange kvh = range_or_all(&TensorSplit::kv_heads, cfg.num_key_value_heads);
+  const IndexRange q{qh.begin * per_head, qh.end * per_head}, kv{kvh.begin * d, kvh.end * d};
   if (!stored_fp4(p + ".q_proj") && !stored_fp4(p + ".k_proj") && !stored_fp4(p + ".v_proj")) {
-    l.attn_qkv = fused_bf16({{p + ".q_proj", q_rows}, {p + ".k_proj", kv_rows}, {p + ".v_proj", kv_rows}}, H,
-                            q_rows + 2 * kv_rows, false);
+    l.attn_qkv = bf16_row_parts({{p + ".q_proj", q.begin, q.size(), q_rows},
+                                 {p + ".k_proj", kv.begin, kv.size(), kv_rows},
+                                 {p + ".v_proj", kv.begin, kv.size(), kv_rows}},
+                                H, q.size() + 2 * kv.size(), false);
   } else {
-    l.q = stored_linear(p + ".q_proj", q_rows, H, false);
-    l.k = stored_linear(p + ".k_proj", kv_rows, H, false);
-    l.v = stored_linear(p + ".v_proj", kv_rows, H, false);
+    l.q = stored_rows(p + ".q_proj", {q}, q_rows, H, false);
+    l.k = stored_rows(p + ".k_proj", {kv}, kv_rows, H, false);
+    l.v = stored_rows(p + ".v_proj", {kv}, kv_rows, H, false);
   }
-  l.o = stored_linear(p + ".o_proj", H, cfg.num_attention_heads * d, false);
+  l.o = stored_columns(p + ".o_proj", H, cfg.num_attention_heads * d, IndexRange{qh.begin * d, qh.end * d}, false);
   l.q_norm = upload_f32(small_f32(p + ".q_norm.weight", {d}));
   l.k_norm = upload_f32(small_f32(p + ".k_norm.weight", {d}));
 }
 
 void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
+  const int H = cfg.hidden_size, hk_all = cfg.linear_num_key_heads, hv_all = cfg.linear_num_value_heads;
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+  // This rank's key heads [k0, k1) and value heads [v0, v1) (all of them without a split).
+  const IndexRange kh = range_or_all(&TensorSplit::linear_key_heads, hk_all);
+  const IndexRange vh = range_or_all(&TensorSplit::linear_value_heads, hv_all);
+  const int hk = kh.size(), hv = vh.size();
   const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
+  const int key_all = hk_all * dk, value_all = hv_all * dv, conv_all = 2 * key_all + value_all;
+  // Rows (and conv channels) [Q | K | V] of this rank's heads within the stored [Q | K | V].
+  const std::vector<IndexRange> qkv_rows = {{kh.begin * dk, kh.end * dk},
+                                            {key_all + kh.begin * dk, key_all + kh.end * dk},
+                                            {2 * key_all + vh.begin * dv, 2 * key_all + vh.end * dv}};
   if (cfg.family == ModelFamily::Qwen3Next) {
     // Fused projections grouped per key head g: [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and
-    // [b_g (r) | a_g (r)], reordered to the layout [Q | K | V | Z | B | A] of one bf16 matrix.
-    const int r = hv / hk, group_rows = 2 * dk + 2 * r * dv;
+    // [b_g (r) | a_g (r)], reordered to the layout [Q | K | V | Z | B | A] of one bf16 matrix
+    // (this rank's key heads, and value heads j of group g = j / r).
+    const int r = hv_all / hk_all, group_rows = 2 * dk + 2 * r * dv;
     const std::string qkvz = p + ".in_proj_qkvz.weight", ba = p + ".in_proj_ba.weight";
     const Checkpoint& ck = st->checkpoint();
-    for (const auto& [t, want] : {std::pair{qkvz, 2 * key_dim + 2 * value_dim}, std::pair{ba, 2 * hv}})
+    for (const auto& [t, want] : {std::pair{qkvz, 2 * key_all + 2 * value_all}, std::pair{ba, 2 * hv_all}})
       FATHOM_CHECK(ck.info(t).shape.size() == 2 && ck.info(t).shape[0] == want, "tensor '", t, "' in ", ck.file_of(t),
                    ": expected ", want, " rows, found shape ", shape_str(ck.info(t).shape));
     const int rows = conv_dim + value_dim + 2 * hv;
@@ -186,37 +309,51 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
     auto put = [&](const std::string& t, int src_row, int count, int dst_row) {
       rows_bf16(t, count, H, m + int64_t(dst_row) * H, src_row);
     };
-    for (int g = 0; g < hk; ++g) {
-      const int base = g * group_rows;
-      put(qkvz, base, dk, g * dk);
-      put(qkvz, base + dk, dk, key_dim + g * dk);
-      put(qkvz, base + 2 * dk, r * dv, 2 * key_dim + g * r * dv);
-      put(qkvz, base + 2 * dk + r * dv, r * dv, conv_dim + g * r * dv);
-      put(ba, g * 2 * r, r, conv_dim + value_dim + g * r);
-      put(ba, g * 2 * r + r, r, conv_dim + value_dim + hv + g * r);
+    for (int g = kh.begin; g < kh.end; ++g) {
+      put(qkvz, g * group_rows, dk, (g - kh.begin) * dk);
+      put(qkvz, g * group_rows + dk, dk, key_dim + (g - kh.begin) * dk);
+    }
+    for (int j = vh.begin; j < vh.end; ++j) {
+      const int g = j / r, i = j % r, base = g * group_rows, to = j - vh.begin;
+      put(qkvz, base + 2 * dk + i * dv, dv, 2 * key_dim + to * dv);
+      put(qkvz, base + 2 * dk + r * dv + i * dv, dv, conv_dim + to * dv);
+      put(ba, g * 2 * r + i, 1, conv_dim + value_dim + to);
+      put(ba, g * 2 * r + r + i, 1, conv_dim + value_dim + hv + to);
     }
     d.bf16 = m;
     l.gdn_in = d;
   } else if (!stored_fp4(p + ".in_proj_qkv") && !stored_fp4(p + ".in_proj_z") && !stored_fp4(p + ".in_proj_b") &&
              !stored_fp4(p + ".in_proj_a")) {
-    l.gdn_in = fused_bf16({{p + ".in_proj_qkv", conv_dim}, {p + ".in_proj_z", value_dim}, {p + ".in_proj_b", hv},
-                           {p + ".in_proj_a", hv}},
-                          H, conv_dim + value_dim + 2 * hv, false);
+    const std::string qkv = p + ".in_proj_qkv";
+    l.gdn_in = bf16_row_parts({{qkv, qkv_rows[0].begin, qkv_rows[0].size(), conv_all},
+                               {qkv, qkv_rows[1].begin, qkv_rows[1].size(), conv_all},
+                               {qkv, qkv_rows[2].begin, qkv_rows[2].size(), conv_all},
+                               {p + ".in_proj_z", vh.begin * dv, value_dim, value_all},
+                               {p + ".in_proj_b", vh.begin, hv, hv_all},
+                               {p + ".in_proj_a", vh.begin, hv, hv_all}},
+                              H, conv_dim + value_dim + 2 * hv, false);
   } else {
-    l.qkv = stored_linear(p + ".in_proj_qkv", conv_dim, H, false);
-    l.z = stored_linear(p + ".in_proj_z", value_dim, H, false);
-    l.b = stored_linear(p + ".in_proj_b", hv, H, false);
-    l.a = stored_linear(p + ".in_proj_a", hv, H, false);
+    l.qkv = stored_rows(p + ".in_proj_qkv", qkv_rows, conv_all, H, false);
+    l.z = stored_rows(p + ".in_proj_z", {{vh.begin * dv, vh.end * dv}}, value_all, H, false);
+    l.b = stored_rows(p + ".in_proj_b", {vh}, hv_all, H, false);
+    l.a = stored_rows(p + ".in_proj_a", {vh}, hv_all, H, false);
   }
-  l.out = stored_linear(p + ".out_proj", H, value_dim, false);
-  l.conv_w = upload_f32(small_f32(p + ".conv1d.weight", {conv_dim, 1, kc}));
-  l.dt_bias = upload_f32(small_f32(p + ".dt_bias", {hv}));
-  l.a_log = upload_f32(small_f32(p + ".A_log", {hv}));
+  l.out = stored_columns(p + ".out_proj", H, value_all, IndexRange{vh.begin * dv, vh.end * dv}, false);
+  auto pick = [](const std::vector<float>& v, const std::vector<IndexRange>& ranges, int width) {
+    std::vector<float> out;
+    for (const IndexRange& r : ranges) out.insert(out.end(), v.begin() + int64_t(r.begin) * width, v.begin() + int64_t(r.end) * width);
+    return out;
+  };
+  l.conv_w = upload_f32(pick(small_f32(p + ".conv1d.weight", {conv_all, 1, kc}), qkv_rows, kc));
+  l.dt_bias = upload_f32(pick(small_f32(p + ".dt_bias", {hv_all}), {vh}, 1));
+  l.a_log = upload_f32(pick(small_f32(p + ".A_log", {hv_all}), {vh}, 1));
   l.gnorm = upload_f32(small_f32(p + ".norm.weight", {dv}));
 }
 
 void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
   const int H = cfg.hidden_size, E_all = cfg.num_experts, E = experts_held(), I = cfg.moe_intermediate_size;
+  const IndexRange cols = range_or_all(&TensorSplit::expert_columns, I);  // this rank's expert columns
+  const int Ic = cols.size();
   const Checkpoint& ck = st->checkpoint();
   l.router = stored_router(p + ".gate");
   l.router3 = split_router(l.router);
@@ -238,15 +375,16 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
         d.bf16 = m;
         return d;
       };
-      l.ex_gate.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I, I, H));
-      l.ex_up.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I + I, I, H));
-      l.ex_down.push_back(rows_of(ex + ".down_proj", int64_t(e) * H, H, I));
+      l.ex_gate.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I + cols.begin, Ic, H));
+      l.ex_up.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I + I + cols.begin, Ic, H));
+      l.ex_down.push_back(Ic == I ? rows_of(ex + ".down_proj", int64_t(e) * H, H, I)
+                                  : bf16_columns(ex + ".down_proj", int64_t(e) * H, H, I, cols, true));
     }
     l.experts = upload_expert_table(l);
   } else {
     FATHOM_CHECK(ck.has(ex + ".0.gate_proj.weight"), "missing tensor '", ex, ".gate_up_proj' (fused experts) or '", ex,
                  ".0.gate_proj.weight' (per expert) in ", ck.dir().string());
-    bool all_fp4 = can_pack(I, H);
+    bool all_fp4 = can_pack(Ic, H);
     for (int e = expert_begin; e < expert_begin + E && all_fp4; ++e)
       for (const char* m : {".gate_proj", ".up_proj", ".down_proj"})
         all_fp4 = all_fp4 && stored_fp4(ex + "." + std::to_string(e) + m);
@@ -255,26 +393,29 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
     } else {
       for (int e = expert_begin; e < expert_begin + E; ++e) {
         const std::string m = ex + "." + std::to_string(e);
-        l.ex_gate.push_back(stored_linear(m + ".gate_proj", I, H, true));
-        l.ex_up.push_back(stored_linear(m + ".up_proj", I, H, true));
-        l.ex_down.push_back(stored_linear(m + ".down_proj", H, I, true));
+        l.ex_gate.push_back(stored_rows(m + ".gate_proj", {cols}, I, H, true));
+        l.ex_up.push_back(stored_rows(m + ".up_proj", {cols}, I, H, true));
+        l.ex_down.push_back(stored_columns(m + ".down_proj", H, I, cols, true));
       }
       l.experts = upload_expert_table(l);
     }
   }
   if (cfg.shared_expert_intermediate_size > 0) {
     const int S = cfg.shared_expert_intermediate_size;
+    const IndexRange sc = range_or_all(&TensorSplit::shared_columns, S);  // the gate logit stays whole
     const std::string se = p + ".shared_expert";
     l.has_shared = true;
     if (!stored_fp4(se + ".gate_proj") && !stored_fp4(se + ".up_proj") && !stored_fp4(p + ".shared_expert_gate")) {
-      l.s_fused = fused_bf16({{se + ".gate_proj", S}, {se + ".up_proj", S}, {p + ".shared_expert_gate", 1}}, H,
-                             padded_rows(2 * S + 1), false);
+      l.s_fused = bf16_row_parts({{se + ".gate_proj", sc.begin, sc.size(), S},
+                                  {se + ".up_proj", sc.begin, sc.size(), S},
+                                  {p + ".shared_expert_gate", 0, 1, 1}},
+                                 H, padded_rows(2 * sc.size() + 1), false);
     } else {
-      l.s_gate = stored_linear(se + ".gate_proj", S, H, false);
-      l.s_up = stored_linear(se + ".up_proj", S, H, false);
+      l.s_gate = stored_rows(se + ".gate_proj", {sc}, S, H, false);
+      l.s_up = stored_rows(se + ".up_proj", {sc}, S, H, false);
       l.s_gate_logit = stored_linear(p + ".shared_expert_gate", 1, H, false);
     }
-    l.s_down = stored_linear(se + ".down_proj", H, S, false);
+    l.s_down = stored_columns(se + ".down_proj", H, S, sc, false);
   }
 }
 
@@ -290,9 +431,11 @@ DevLayer WeightBuilder::stream_layer(const std::string& p, LayerType type, bool 
   if (is_moe) {
     stream_moe(l, p + ".mlp");
   } else {
-    l.m_gate = stored_linear(p + ".mlp.gate_proj", cfg.intermediate_size, H, false);
-    l.m_up = stored_linear(p + ".mlp.up_proj", cfg.intermediate_size, H, false);
-    l.m_down = stored_linear(p + ".mlp.down_proj", H, cfg.intermediate_size, false);
+    const int I = cfg.intermediate_size;
+    const IndexRange mc = range_or_all(&TensorSplit::mlp_columns, I);
+    l.m_gate = stored_rows(p + ".mlp.gate_proj", {mc}, I, H, false);
+    l.m_up = stored_rows(p + ".mlp.up_proj", {mc}, I, H, false);
+    l.m_down = stored_columns(p + ".mlp.down_proj", H, I, mc, false);
   }
   return l;
 }
@@ -313,12 +456,17 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
                  "embed_tokens.weight': expected shape ", shape_str({V, H}));
     w.embed = e;
   }
+  // A tensor-parallel rank keeps the whole embedding and its vocabulary rows of lm_head (tied:
+  // those rows of the embedding).
+  const IndexRange vocab = split ? split->vocab : IndexRange{0, V};
+  FATHOM_CHECK(!split || split->vocab_rows == vocab.size(), "lm_head splits evenly only: vocabulary ", V, " over ",
+               split ? split->size : 1, " ranks");
   const bool tied = cfg.tie_word_embeddings && !ck.has("lm_head.weight");
   if (tied) {
-    w.lm_head = w.embed;
+    w.lm_head = w.embed + int64_t(vocab.begin) * H;
   } else {
     FATHOM_CHECK(!stored_fp4("lm_head"), "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
-    w.lm_head = stored_linear("lm_head", V, H, false).bf16;
+    w.lm_head = stored_rows("lm_head", {vocab}, V, H, false).bf16;
   }
   w.final_norm = upload_f32(small_f32(pre + "norm.weight", {H}));
   for (int i = 0; i < cfg.num_hidden_layers; ++i)
