@@ -104,5 +104,20 @@ TEST(CudaLoadCheckpoint, StreamedEqualsHostPathBitForBit) {
   compare(dir);
 }
 
+// The same at a real model's widths (e.g. Qwen3.5-35B-A3B: 256 experts of 512 columns, NVFP4):
+// two ranks, by column and by expert.
+TEST(CudaLoadCheckpoint, SplitRanksStreamTheirSlicesBitForBit) {
+  const char* dir = std::getenv("FATHOM_LOAD_CHECKPOINT");
+  if (!dir) GTEST_SKIP() << "FATHOM_LOAD_CHECKPOINT not set";
+  for (bool ep : {false, true}) {
+    const Outputs host = run(dir, true, 2, ep), streamed = run(dir, false, 2, ep);
+    expect_bitwise(streamed.logits, host.logits, ep ? "logits (EP)" : "logits (TP)");
+    expect_bitwise(streamed.hidden, host.hidden, ep ? "hidden (EP)" : "hidden (TP)");
+    expect_bitwise(streamed.mtp_logits, host.mtp_logits, ep ? "MTP logits (EP)" : "MTP logits (TP)");
+    std::printf("  %s over 2 ranks (%s): %zu logits equal bit for bit\n", dir, ep ? "by expert" : "by column",
+                host.logits.size());
+  }
+}
+
 }  // namespace
 }  // namespace fathom
