@@ -88,7 +88,19 @@ void TensorParallelRunner::run_rank(const std::function<void(int)>& fn, int r) {
     errors_[size_t(r)] = std::current_exception();
   } catch (...) {
     errors_[size_t(r)] = std::current_exception();
-    if (!comms_.empty()) comms_[size_t(r)]->abort("rank " + std::to_string(r) + " failed");
+    std::string what = "an unknown error";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    // Every rank's communicator, once: a peer waiting in a collective this rank will never join
+    // is released (NCCL's abort ends its pending operations) instead of hanging.
+    const std::string why = "rank " + std::to_string(r) + " failed: " + what;
+    std::call_once(abort_once_, [&] {
+      for (auto& c : comms_) c->abort(why);
+    });
   }
 }
 

@@ -118,6 +118,7 @@ class TensorParallelRunner final : public ModelRunner {
   int running_ = 0;
   bool stop_ = false;
   std::vector<std::exception_ptr> errors_;
+  std::once_flag abort_once_;
 };
 
 }  // namespace fathom::cuda
