@@ -1,5 +1,6 @@
 // jinja2 builtin filters and tests, Python str/dict/list methods, and the globals that
-// transformers installs (raise_exception, strftime_now) plus jinja2's (namespace, range, dict).
+// transformers installs (raise_exception, strftime_now) plus jinja2's (namespace, range, dict),
+// defined in builtin_filters.cpp, builtin_tests.cpp, builtin_methods.cpp and builtin_globals.cpp.
 #pragma once
 #include <string>
 
