@@ -3,7 +3,8 @@
 
 The sample (a fixed seed by default, --seed N for another one) takes corpus strings, random
 slices of them and random concatenations, and encodes them with and without special tokens for
-Qwen3, Llama 3, DeepSeek V3 (FIXTURES_DIR/tokenizers) and the Qwen3.5-regex variant of Qwen3.
+Qwen3, Llama 3, DeepSeek V3, the default model's own (FIXTURES_DIR/tokenizers; fathom_default is
+made by tools/train_default_tokenizer.py) and the Qwen3.5-regex variant of Qwen3.
 Prints 'N passed, M failed'; exit 0 when all agree, 1 on any mismatch or when `tokenizers` is not
 importable (scripts/install_deps.sh installs it into .venv).
 Usage: test_tokenizer_vs_hf.py --fathom BIN --fixtures FIXTURES_DIR [--seed N]
@@ -50,7 +51,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         inp = os.path.join(tmp, "in.json")
         json.dump(sample, open(inp, "w", encoding="utf-8"), ensure_ascii=False)
-        tok_dirs = {n: os.path.join(args.fixtures, "tokenizers", n) for n in ["qwen3", "llama3", "deepseek_v3"]}
+        tok_dirs = {n: os.path.join(args.fixtures, "tokenizers", n)
+                    for n in ["qwen3", "llama3", "deepseek_v3", "fathom_default"]}
         q35 = os.path.join(tmp, "qwen35")
         os.makedirs(q35)
         q3 = json.load(open(os.path.join(tok_dirs["qwen3"], "tokenizer.json"), encoding="utf-8"))
