@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -119,6 +120,52 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
             &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("attention heads (4) do not split over 3 ranks"), std::string::npos) << out;
+}
+
+// `fathom chat` answers with what the separate steps give: the chat template rendered with the
+// generation prompt, tokenized without added specials, greedy generation cut at the first
+// end-of-turn or eos token, decoded without special tokens. And a conversation read from stdin
+// gets one answer a line.
+TEST(Cli, ChatAnswerEqualsTemplateTokenizeGenerateDecode) {
+  const std::string dir = (fs::path(FATHOM_FIXTURES_DIR) / "qwen35_moe").string();
+  const fs::path tmp = fs::temp_directory_path() / "fathom_chat_test";
+  fs::create_directories(tmp);
+  const std::string messages = (tmp / "messages.json").string(), texts = (tmp / "texts.json").string();
+  std::ofstream(messages) << R"([{"role": "user", "content": "Hello there, who are you?"}])";
+  int status = 0;
+  const std::string rendered =
+      run("chat-template '" + dir + "' --messages '" + messages + "' --add-generation-prompt --no-thinking", &status);
+  ASSERT_EQ(status, 0) << rendered;
+  std::ofstream(texts) << nlohmann::json::array({rendered}).dump();
+  const std::string ids_json = run("tokenize '" + dir + "' --input-json '" + texts + "' --no-special", &status);
+  ASSERT_EQ(status, 0) << ids_json;
+  const auto prompt = nlohmann::json::parse(ids_json)[0].get<std::vector<int32_t>>();
+  const std::string gen = run("generate '" + dir + "' --token-ids " + join(prompt) +
+                                  " --max-new-tokens 12 --ignore-eos --device cpu --json",
+                              &status);
+  ASSERT_EQ(status, 0) << gen;
+  std::vector<int32_t> out = nlohmann::json::parse(gen)["token_ids"].get<std::vector<int32_t>>();
+  const auto cfg = nlohmann::json::parse(std::ifstream(fs::path(dir) / "tokenizer_config.json"));
+  std::vector<int32_t> stops = {1};  // the fixtures' eos
+  for (const auto& [id, tok] : cfg["added_tokens_decoder"].items())
+    if (tok["content"] == "<|im_end|>" || tok["content"] == "<|endoftext|>") stops.push_back(std::stoi(id));
+  for (size_t i = 0; i < out.size(); ++i)
+    if (std::find(stops.begin(), stops.end(), out[i]) != stops.end()) {
+      out.resize(i);
+      break;
+    }
+  // detokenize prints the text and a newline, as chat ends each answer.
+  const std::string want =
+      out.empty() ? "\n" : run("detokenize '" + dir + "' --ids " + join(out) + " --skip-special-tokens", &status);
+  const std::string got = run("chat '" + dir + "' --prompt 'Hello there, who are you?' --max-new-tokens 12 --device cpu",
+                              &status);
+  ASSERT_EQ(status, 0) << got;
+  EXPECT_EQ(got, want);
+  const std::string two =
+      run("chat '" + dir + "' --max-new-tokens 4 --device cpu < /dev/null", &status);  // no input: no answer
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(two, "");
+  fs::remove_all(tmp);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CliFixture,
