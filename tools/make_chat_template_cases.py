@@ -27,6 +27,7 @@ TEMPLATES = {
     "qwen3-coder": "fixtures/chat_templates/qwen3-coder",
     "llama3": "fixtures/tokenizers/llama3",
     "deepseek_v3": "fixtures/tokenizers/deepseek_v3",
+    "fathom_default": "fixtures/tokenizers/fathom_default",  # the default model's own (issue 16)
 }
 SNAPSHOT_PREFIX = "fixtures/chat_templates/"
 
