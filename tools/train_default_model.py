@@ -6,7 +6,7 @@ hidden states, on the corpus of tools/make_default_corpus.py with the tokenizer 
 tools/train_default_tokenizer.py. Writes a Hugging Face folder that transformers and Fathom load.
 
 usage: tools/train_default_model.py CORPUS_DIR TOKENIZER_DIR OUT_DIR [--minutes 4] [--seed 0]
-                                    [--resume OUT_DIR/train_state.pt]
+                                    [--chat-fraction 0.3] [--resume OUT_DIR/train_state.pt]
 
 Seeded (torch and the batch order), resumable (train_state.pt: weights, optimizer, step, RNG),
 time-budgeted: it trains until --minutes have passed, then evaluates the held-out perplexity of
@@ -98,6 +98,32 @@ def tokens_of(path, tok, eos_id):
     return np.array(ids, dtype=np.int32)
 
 
+def chat_rows(path, tok, template_dir, length, seed):
+    """Training rows in the chat format the model will be spoken to in: each document becomes a
+    conversation rendered by the tokenizer folder's own chat template (user: "Continue this
+    text:" and the document's first sentences; assistant: the rest), then its tokens, cut or
+    padded with <|endoftext|> to `length`. Returns a list of int lists (one row a document)."""
+    import random as _random
+    import jinja2
+    cfg = json.load(open(os.path.join(template_dir, "tokenizer_config.json"), encoding="utf-8"))
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, **_: json.dumps(x, ensure_ascii=False)
+    template = env.from_string(cfg["chat_template"])
+    rng = _random.Random(seed)
+    pad = tok.token_to_id(EOS)
+    rows = []
+    for doc in open(path, encoding="utf-8").read().split(SEPARATOR):
+        cut = doc.find(". ", int(len(doc) * rng.uniform(0.15, 0.4)))
+        if cut < 0 or cut > 600 or len(doc) - cut < 40:
+            continue
+        messages = [{"role": "user", "content": "Continue this text:\n" + doc[:cut + 1]},
+                    {"role": "assistant", "content": "<think>\n\n</think>\n\n" + doc[cut + 2:]}]
+        text = template.render(messages=messages, tools=None, add_generation_prompt=False)
+        ids = tok.encode(text, add_special_tokens=False).ids[:length]
+        rows.append(ids + [pad] * (length - len(ids)))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus")
@@ -112,6 +138,8 @@ def main():
     ap.add_argument("--resume", help="train_state.pt of an earlier run")
     ap.add_argument("--state", help="where to write train_state.pt (default OUT_DIR/train_state.pt)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--chat-fraction", type=float, default=0.0,
+                    help="share of each batch's rows in the chat format (chat_rows); 0: plain text only")
     args = ap.parse_args()
 
     import numpy as np
@@ -151,6 +179,11 @@ def main():
 
     S, B = args.seq, args.batch
     train_t = torch.from_numpy(train.astype(np.int64))
+    chat_t = None
+    if args.chat_fraction > 0:
+        chat_t = torch.tensor(chat_rows(os.path.join(args.corpus, "train.txt"), tok, args.tokenizer, S + 2, args.seed))
+        print(f"chat rows: {len(chat_t)}", flush=True)
+    n_chat = int(round(B * args.chat_fraction)) if chat_t is not None else 0
     budget = args.minutes * 60
     warmup = 100
     t_train = time.time()
@@ -165,8 +198,11 @@ def main():
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        starts = rng.integers(0, len(train_t) - S - 2, size=B)
-        x = torch.stack([train_t[s:s + S + 2] for s in starts]).to(dev)
+        starts = rng.integers(0, len(train_t) - S - 2, size=B - n_chat)
+        rows = [train_t[s:s + S + 2] for s in starts]
+        if n_chat:
+            rows += [chat_t[i] for i in rng.integers(0, len(chat_t), size=n_chat)]
+        x = torch.stack(rows).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             base = model.model(input_ids=x[:, :S])
             h = base.last_hidden_state  # post final norm
