@@ -115,4 +115,19 @@ void LocalGroup::rendezvous(std::unique_lock<std::mutex>& l) {
   }
 }
 
+void rethrow_root_cause(const std::vector<std::exception_ptr>& errors) {
+  std::exception_ptr aborted;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommunicatorAborted&) {
+      if (!aborted) aborted = e;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (aborted) std::rethrow_exception(aborted);
+}
+
 }  // namespace fathom

@@ -6,6 +6,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -37,6 +38,11 @@ class Communicator {
   // Ends the group: every collective, now or later, in any rank throws CommunicatorAborted.
   virtual void abort(const std::string& why) = 0;
 };
+
+// Of the errors the ranks of a group raised (null: none), rethrows the one that caused the others:
+// the first that is not CommunicatorAborted (the others only saw the abort), else the first.
+// Returns when there is none.
+void rethrow_root_cause(const std::vector<std::exception_ptr>& errors);
 
 // An in-process group of `size` ranks; rank(r) is the communicator that thread r uses.
 class LocalGroup {

@@ -104,18 +104,7 @@ void CpuRunner::on_all_ranks(const std::function<void(int)>& fn) {
   for (int r = 1; r < n; ++r) threads.emplace_back(run, r);
   run(0);
   for (std::thread& t : threads) t.join();
-  // The rank that failed first names the cause; the others only saw the abort.
-  for (int pass = 0; pass < 2; ++pass)
-    for (const std::exception_ptr& e : errors) {
-      if (!e) continue;
-      try {
-        std::rethrow_exception(e);
-      } catch (const CommunicatorAborted&) {
-        if (pass == 1) throw;
-      } catch (...) {
-        if (pass == 0) throw;
-      }
-    }
+  rethrow_root_cause(errors);
 }
 
 SequenceId CpuRunner::add_sequence() {

@@ -53,6 +53,25 @@ std::vector<std::string> tensor_split_problems(const ModelConfig& c, int size, b
   return p;
 }
 
+namespace {
+IndexRange scaled(IndexRange r, int by, int offset = 0) { return {offset + r.begin * by, offset + r.end * by}; }
+}  // namespace
+
+IndexRange TensorSplit::q_rows(const ModelConfig& c) const {
+  return scaled(q_heads, c.head_dim * (c.attn_output_gate ? 2 : 1));
+}
+IndexRange TensorSplit::kv_rows(const ModelConfig& c) const { return scaled(kv_heads, c.head_dim); }
+IndexRange TensorSplit::o_columns(const ModelConfig& c) const { return scaled(q_heads, c.head_dim); }
+IndexRange TensorSplit::linear_value_rows(const ModelConfig& c) const {
+  return scaled(linear_value_heads, c.linear_value_head_dim);
+}
+
+std::vector<IndexRange> TensorSplit::linear_qkv_rows(const ModelConfig& c) const {
+  const int dk = c.linear_key_head_dim, key_all = c.linear_num_key_heads * dk;
+  return {scaled(linear_key_heads, dk), scaled(linear_key_heads, dk, key_all),
+          scaled(linear_value_heads, c.linear_value_head_dim, 2 * key_all)};
+}
+
 ModelConfig rank_config(const ModelConfig& cfg, const TensorSplit& s) {
   if (!s.is_split()) return cfg;
   ModelConfig c = cfg;

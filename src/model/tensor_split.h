@@ -39,6 +39,14 @@ struct TensorSplit {
   bool replicate_embedding = false;
 
   bool is_split() const { return size > 1; }
+  // This rank's rows or columns of the stored (whole) projections; cfg is the whole model's.
+  IndexRange q_rows(const ModelConfig& cfg) const;     // q_proj: each head's query rows and gate rows
+  IndexRange kv_rows(const ModelConfig& cfg) const;    // k_proj, v_proj
+  IndexRange o_columns(const ModelConfig& cfg) const;  // o_proj's input
+  // DeltaNet in_proj_qkv rows and conv1d channels, [Q | K | V]: this rank's key heads in Q and K,
+  // its value heads in V.
+  std::vector<IndexRange> linear_qkv_rows(const ModelConfig& cfg) const;
+  IndexRange linear_value_rows(const ModelConfig& cfg) const;  // in_proj_z rows, out_proj's input
   // The whole model on one rank.
   static TensorSplit whole(const ModelConfig& cfg);
   // Rank `rank` of `size`; throws naming every count that `size` does not divide.

@@ -7,18 +7,9 @@
 namespace fathom {
 namespace {
 
-std::vector<float> rows_of(const std::vector<float>& m, int64_t width, const std::vector<IndexRange>& ranges) {
-  std::vector<float> out;
-  for (const IndexRange& r : ranges)
-    out.insert(out.end(), m.begin() + r.begin * width, m.begin() + r.end * width);
-  return out;
-}
-
 std::vector<float> slice(const std::vector<float>& v, IndexRange r) {
   return std::vector<float>(v.begin() + r.begin, v.begin() + r.end);
 }
-
-IndexRange scaled(IndexRange r, int by, int offset = 0) { return {offset + r.begin * by, offset + r.end * by}; }
 
 MlpWeights shard_mlp(const MlpWeights& m, IndexRange cols) {
   if (cols.begin == 0 && cols.end == m.gate.out) return m;
@@ -26,6 +17,13 @@ MlpWeights shard_mlp(const MlpWeights& m, IndexRange cols) {
 }
 
 }  // namespace
+
+std::vector<float> rows_of(const std::vector<float>& m, int64_t width, const std::vector<IndexRange>& ranges) {
+  std::vector<float> out;
+  for (const IndexRange& r : ranges)
+    out.insert(out.end(), m.begin() + r.begin * width, m.begin() + r.end * width);
+  return out;
+}
 
 LinearWeight take_rows(const LinearWeight& w, const std::vector<IndexRange>& ranges) {
   LinearWeight out;
@@ -81,24 +79,19 @@ LayerWeights shard_layer(LayerWeights l, const ModelConfig& c, const TensorSplit
   if (!s.is_split()) return l;
   if (l.type == LayerType::FullAttention) {
     AttentionWeights& a = l.attn;
-    const int d = c.head_dim, q_rows = d * (c.attn_output_gate ? 2 : 1);
-    a.q = take_rows(a.q, {scaled(s.q_heads, q_rows)});
-    a.k = take_rows(a.k, {scaled(s.kv_heads, d)});
-    a.v = take_rows(a.v, {scaled(s.kv_heads, d)});
-    a.o = take_columns(a.o, scaled(s.q_heads, d));
+    a.q = take_rows(a.q, {s.q_rows(c)});
+    a.k = take_rows(a.k, {s.kv_rows(c)});
+    a.v = take_rows(a.v, {s.kv_rows(c)});
+    a.o = take_columns(a.o, s.o_columns(c));
   } else {
     GatedDeltaNetWeights& g = l.gdn;
-    const int dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
-    const int key_dim = c.linear_num_key_heads * dk, kc = c.linear_conv_kernel_dim;
-    // Rows (and conv channels) [Q | K | V]: this rank's key heads in Q and K, value heads in V.
-    const std::vector<IndexRange> qkv_rows = {scaled(s.linear_key_heads, dk), scaled(s.linear_key_heads, dk, key_dim),
-                                              scaled(s.linear_value_heads, dv, 2 * key_dim)};
+    const std::vector<IndexRange> qkv_rows = s.linear_qkv_rows(c);
     g.qkv = take_rows(g.qkv, qkv_rows);
-    g.conv = rows_of(g.conv, kc, qkv_rows);
-    g.z = take_rows(g.z, {scaled(s.linear_value_heads, dv)});
+    g.conv = rows_of(g.conv, c.linear_conv_kernel_dim, qkv_rows);
+    g.z = take_rows(g.z, {s.linear_value_rows(c)});
     g.b = take_rows(g.b, {s.linear_value_heads});
     g.a = take_rows(g.a, {s.linear_value_heads});
-    g.out = take_columns(g.out, scaled(s.linear_value_heads, dv));
+    g.out = take_columns(g.out, s.linear_value_rows(c));
     g.dt_bias = slice(g.dt_bias, s.linear_value_heads);
     g.a_log = slice(g.a_log, s.linear_value_heads);
   }

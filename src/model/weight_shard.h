@@ -9,6 +9,8 @@
 
 namespace fathom {
 
+// Rows `ranges` (in order) of a row-major matrix of rows of `width` values.
+std::vector<float> rows_of(const std::vector<float>& m, int64_t width, const std::vector<IndexRange>& ranges);
 // The output rows of `w` in `ranges`, in order (y = x W^T keeps those outputs).
 LinearWeight take_rows(const LinearWeight& w, const std::vector<IndexRange>& ranges);
 // The input columns of `w` in `cols` (a row-parallel slice: its outputs are partial sums).

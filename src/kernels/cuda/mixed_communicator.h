@@ -10,13 +10,13 @@
 
 namespace fathom::cuda {
 
-class MixedCommunicator final : public Communicator {
+class MixedCommunicator final : public StreamCommunicator {
  public:
   MixedCommunicator(std::unique_ptr<NcclCommunicator> nccl, std::unique_ptr<PeerCommunicator> peer)
       : nccl_(std::move(nccl)), peer_(std::move(peer)) {}
   int rank() const override { return nccl_->rank(); }
   int size() const override { return nccl_->size(); }
-  void set_stream(cudaStream_t s) {
+  void set_stream(cudaStream_t s) override {
     nccl_->set_stream(s);
     peer_->set_stream(s);
   }
@@ -41,12 +41,5 @@ class MixedCommunicator final : public Communicator {
   std::unique_ptr<NcclCommunicator> nccl_;
   std::unique_ptr<PeerCommunicator> peer_;
 };
-
-// The communicator's stream, whichever kind it is (LocalGroup and others: nothing to set).
-inline void set_communicator_stream(Communicator* c, cudaStream_t s) {
-  if (auto* n = dynamic_cast<NcclCommunicator*>(c)) n->set_stream(s);
-  else if (auto* p = dynamic_cast<PeerCommunicator*>(c)) p->set_stream(s);
-  else if (auto* m = dynamic_cast<MixedCommunicator*>(c)) m->set_stream(s);
-}
 
 }  // namespace fathom::cuda

@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "core/communicator.h"
+#include "kernels/cuda/stream_communicator.h"
 
 namespace fathom::cuda {
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public StreamCommunicator {
  public:
   // One communicator per device in `devices` (rank i on devices[i]), created together.
   static std::vector<std::unique_ptr<NcclCommunicator>> create_group(const std::vector<int>& devices);
@@ -32,7 +32,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int device() const { return device_; }
-  void set_stream(cudaStream_t s) { stream_ = s; }
+  void set_stream(cudaStream_t s) override { stream_ = s; }
   void all_reduce_sum(std::span<float> data) override;
   void all_gather(std::span<const float> mine, std::span<float> all) override;
   void reduce_scatter_sum(std::span<const float> all, std::span<float> mine) override;

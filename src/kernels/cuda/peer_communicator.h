@@ -26,12 +26,12 @@
 #include <memory>
 #include <vector>
 
-#include "core/communicator.h"
+#include "kernels/cuda/stream_communicator.h"
 #include "kernels/cuda/device_buffer.h"
 
 namespace fathom::cuda {
 
-class PeerCommunicator final : public Communicator {
+class PeerCommunicator final : public StreamCommunicator {
  public:
   static constexpr int kMaxRanks = 8;  // kOneShotMaxRanks
   // One communicator per entry of `devices` (rank i on devices[i]), for messages of up to
@@ -43,7 +43,7 @@ class PeerCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   size_t max_floats() const { return max_floats_; }
-  void set_stream(cudaStream_t s) { stream_ = s; }
+  void set_stream(cudaStream_t s) override { stream_ = s; }
   void all_reduce_sum(std::span<float> data) override;
   void all_gather(std::span<const float> mine, std::span<float> all) override;
   // mine = this rank's slice of the sum (an all-reduce, then a copy: messages here are small).

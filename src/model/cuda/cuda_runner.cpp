@@ -42,11 +42,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
     build.from_host(load_model_weights(*ckpt, impl->model_cfg, quant, /*load_mtp=*/opt.load_mtp, /*keep_nvfp4=*/true,
                                        &split));
   } else {
-    if (impl->tp.is_split()) {
-      build.split = &impl->tp;
-      build.expert_begin = impl->tp.experts.begin;
-      build.expert_count = impl->tp.experts.size();
-    }
+    build.split = impl->tp;
     build.from_checkpoint(*ckpt, opt.load_mtp);
   }
   const auto t2 = clock::now();
@@ -66,12 +62,7 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
   impl->set_model(cfg);
   impl->init_device();
   WeightBuilder build(impl->cfg, impl->stream, impl->w);
-  if (impl->tp.is_split()) {
-    build.lm_head_row0 = impl->tp.vocab.begin;
-    build.lm_head_rows = impl->tp.vocab_rows;
-    build.expert_begin = impl->tp.experts.begin;
-    build.expert_count = impl->tp.experts.size();
-  }
+  build.split = impl->tp;
   build.dummy(nvfp4_experts, opt.load_mtp, seed);
   impl->allocate_runtime();
   impl->start_up_graphs();

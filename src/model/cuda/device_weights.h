@@ -68,24 +68,19 @@ class CheckpointStreamer;
 
 class WeightBuilder {
  public:
-  WeightBuilder(const ModelConfig& cfg, cudaStream_t stream, DeviceWeights& out) : cfg(cfg), stream(stream), w(out) {}
+  WeightBuilder(const ModelConfig& cfg, cudaStream_t stream, DeviceWeights& out)
+      : split(TensorSplit::whole(cfg)), cfg(cfg), stream(stream), w(out) {}
 
   // Every tensor the model needs (and the MTP layer's when `load_mtp`), streamed to the device.
   void from_checkpoint(const Checkpoint& ckpt, bool load_mtp);
   void from_host(const ModelWeights& host);
   void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed);
 
-  // A tensor-parallel rank's lm_head holds vocabulary rows [row0, row0 + rows) (rows 0: all);
-  // the embedding stays whole. Used by dummy(); from_host gets host weights already cut.
-  int64_t lm_head_row0 = 0;
-  int lm_head_rows = 0;
-  // An expert-parallel rank holds routed experts [expert_begin, expert_begin + expert_count)
-  // (count -1: all of them); the router stays whole. Used by dummy() and from_checkpoint().
-  int expert_begin = 0, expert_count = -1;
-  int experts_held() const { return expert_count < 0 ? cfg.num_experts : expert_count; }
-  // from_checkpoint as a tensor-parallel rank: every tensor cut to this slice as it streams
-  // (model/tensor_split.h; cfg is then the whole model's). Null: the whole model.
-  const TensorSplit* split = nullptr;
+  // A tensor-parallel rank's slice (model/tensor_split.h; whole by default). from_checkpoint
+  // streams only it (cfg is then the whole model's); dummy() takes its lm_head rows and experts
+  // from it (cfg is then the rank's); from_host gets host weights already cut. The embedding and
+  // the routers stay whole.
+  TensorSplit split;
 
  private:
   // Weights are carved out of large slabs: one cudaMalloc per tensor would waste whole pages
@@ -150,10 +145,7 @@ class WeightBuilder {
   // Columns `cols` of rows [row0, row0 + rows) of a bf16-convertible tensor of rows of stored_in.
   DeviceLinear bf16_columns(const std::string& tensor, int64_t row0, int rows, int stored_in, IndexRange cols,
                             bool expert);
-  // The split's ranges, or the whole range when there is no split.
-  IndexRange range_or_all(IndexRange TensorSplit::*member, int all) const {
-    return split ? split->*member : IndexRange{0, all};
-  }
+
   DeviceLinear stored_router(const std::string& module);
   // Per-expert NVFP4 matrices, read in parallel into a ring of device stages and repacked there.
   void stream_packed_experts(const std::string& experts, DevLayer& l);

@@ -82,8 +82,8 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
     bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
     fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
     w.embed = e;
-    const int head_rows = lm_head_rows > 0 ? lm_head_rows : V;
-    w.lm_head = cfg.tie_word_embeddings ? w.embed + lm_head_row0 * H : dummy_linear(head_rows, H, false, false).bf16;
+    w.lm_head = cfg.tie_word_embeddings ? w.embed + int64_t(split.vocab.begin) * H
+                                        : dummy_linear(split.vocab_rows, H, false, false).bf16;
     w.final_norm = dummy_f32(H, norm_w);
   }
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
@@ -121,7 +121,7 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
       }
       if (nvfp4_experts && can_pack(I, H)) {
         std::vector<PackedFp4> g, u, dn;
-        for (int e2 = 0; e2 < experts_held(); ++e2) {
+        for (int e2 = 0; e2 < split.experts.size(); ++e2) {
           g.push_back(dummy_packed(I, H));
           u.push_back(dummy_packed(I, H));
           dn.push_back(dummy_packed(H, I));
@@ -129,7 +129,7 @@ void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) 
         l.packed = true;
         l.pexperts = upload_packed_table(g, u, dn);
       } else {
-        for (int e2 = 0; e2 < experts_held(); ++e2) {
+        for (int e2 = 0; e2 < split.experts.size(); ++e2) {
           l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
           l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
           l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));

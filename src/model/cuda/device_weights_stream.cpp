@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "model/cuda/checkpoint_streamer.h"
 #include "model/cuda/device_weights.h"
+#include "model/weight_shard.h"
 
 namespace fathom::cuda {
 
@@ -188,10 +189,10 @@ DeviceLinear WeightBuilder::stored_router(const std::string& module) {
 // read by all the streamer's readers at once; then the loader's stream repacks them (after
 // fence) and the ring is refilled only after that (fence_back).
 void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
-  const int E = experts_held(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  const int E = split.experts.size(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   // A tensor-parallel rank keeps rows [c0, c1) of gate/up (contiguous in the file) and those
   // columns of down (staged whole, then copied out before the repack).
-  const IndexRange cols = range_or_all(&TensorSplit::expert_columns, I);
+  const IndexRange cols = split.expert_columns;
   const int Ic = cols.size();
   FATHOM_CHECK(cols.begin % 16 == 0 && cols.end % 16 == 0, "NVFP4 experts split on 16-column blocks; [", cols.begin,
                ", ", cols.end, ") does not");
@@ -227,7 +228,7 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
     pending.clear();
   };
   for (int e = 0; e < E; ++e) {
-    const std::string m = ex + "." + std::to_string(expert_begin + e);
+    const std::string m = ex + "." + std::to_string(split.experts.begin + e);
     for (auto [name, out, down] : {std::tuple{m + ".gate_proj", &g[size_t(e)], false},
                                    std::tuple{m + ".up_proj", &u[size_t(e)], false},
                                    std::tuple{m + ".down_proj", &d[size_t(e)], true}}) {
@@ -257,12 +258,9 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
 }
 
 void WeightBuilder::stream_attention(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, d = cfg.head_dim, per_head = d * (cfg.attn_output_gate ? 2 : 1);
-  const int q_rows = cfg.num_attention_heads * per_head, kv_rows = cfg.num_key_value_heads * d;
-  // This rank's heads: q rows (with their gate rows) and K/V rows by head, o_proj's columns.
-  const IndexRange qh = range_or_all(&TensorSplit::q_heads, cfg.num_attention_heads);
-  const IndexRange kvh = range_or_all(&TensorSplit::kv_heads, cfg.num_key_value_heads);
-  const IndexRange q{qh.begin * per_head, qh.end * per_head}, kv{kvh.begin * d, kvh.end * d};
+  const int H = cfg.hidden_size, d = cfg.head_dim;
+  const int q_rows = cfg.num_attention_heads * d * (cfg.attn_output_gate ? 2 : 1), kv_rows = cfg.num_key_value_heads * d;
+  const IndexRange q = split.q_rows(cfg), kv = split.kv_rows(cfg);  // this rank's heads
   if (!stored_fp4(p + ".q_proj") && !stored_fp4(p + ".k_proj") && !stored_fp4(p + ".v_proj")) {
     l.attn_qkv = bf16_row_parts({{p + ".q_proj", q.begin, q.size(), q_rows},
                                  {p + ".k_proj", kv.begin, kv.size(), kv_rows},
@@ -273,7 +271,7 @@ void WeightBuilder::stream_attention(DevLayer& l, const std::string& p) {
     l.k = stored_rows(p + ".k_proj", {kv}, kv_rows, H, false);
     l.v = stored_rows(p + ".v_proj", {kv}, kv_rows, H, false);
   }
-  l.o = stored_columns(p + ".o_proj", H, cfg.num_attention_heads * d, IndexRange{qh.begin * d, qh.end * d}, false);
+  l.o = stored_columns(p + ".o_proj", H, cfg.num_attention_heads * d, split.o_columns(cfg), false);
   l.q_norm = upload_f32(small_f32(p + ".q_norm.weight", {d}));
   l.k_norm = upload_f32(small_f32(p + ".k_norm.weight", {d}));
 }
@@ -282,15 +280,13 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
   const int H = cfg.hidden_size, hk_all = cfg.linear_num_key_heads, hv_all = cfg.linear_num_value_heads;
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
   // This rank's key heads [k0, k1) and value heads [v0, v1) (all of them without a split).
-  const IndexRange kh = range_or_all(&TensorSplit::linear_key_heads, hk_all);
-  const IndexRange vh = range_or_all(&TensorSplit::linear_value_heads, hv_all);
+  const IndexRange kh = split.linear_key_heads;
+  const IndexRange vh = split.linear_value_heads;
   const int hk = kh.size(), hv = vh.size();
   const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
   const int key_all = hk_all * dk, value_all = hv_all * dv, conv_all = 2 * key_all + value_all;
-  // Rows (and conv channels) [Q | K | V] of this rank's heads within the stored [Q | K | V].
-  const std::vector<IndexRange> qkv_rows = {{kh.begin * dk, kh.end * dk},
-                                            {key_all + kh.begin * dk, key_all + kh.end * dk},
-                                            {2 * key_all + vh.begin * dv, 2 * key_all + vh.end * dv}};
+  const std::vector<IndexRange> qkv_rows = split.linear_qkv_rows(cfg);
+  const IndexRange value_rows = split.linear_value_rows(cfg);
   if (cfg.family == ModelFamily::Qwen3Next) {
     // Fused projections grouped per key head g: [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and
     // [b_g (r) | a_g (r)], reordered to the layout [Q | K | V | Z | B | A] of one bf16 matrix
@@ -328,31 +324,26 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
     l.gdn_in = bf16_row_parts({{qkv, qkv_rows[0].begin, qkv_rows[0].size(), conv_all},
                                {qkv, qkv_rows[1].begin, qkv_rows[1].size(), conv_all},
                                {qkv, qkv_rows[2].begin, qkv_rows[2].size(), conv_all},
-                               {p + ".in_proj_z", vh.begin * dv, value_dim, value_all},
+                               {p + ".in_proj_z", value_rows.begin, value_dim, value_all},
                                {p + ".in_proj_b", vh.begin, hv, hv_all},
                                {p + ".in_proj_a", vh.begin, hv, hv_all}},
                               H, conv_dim + value_dim + 2 * hv, false);
   } else {
     l.qkv = stored_rows(p + ".in_proj_qkv", qkv_rows, conv_all, H, false);
-    l.z = stored_rows(p + ".in_proj_z", {{vh.begin * dv, vh.end * dv}}, value_all, H, false);
+    l.z = stored_rows(p + ".in_proj_z", {value_rows}, value_all, H, false);
     l.b = stored_rows(p + ".in_proj_b", {vh}, hv_all, H, false);
     l.a = stored_rows(p + ".in_proj_a", {vh}, hv_all, H, false);
   }
-  l.out = stored_columns(p + ".out_proj", H, value_all, IndexRange{vh.begin * dv, vh.end * dv}, false);
-  auto pick = [](const std::vector<float>& v, const std::vector<IndexRange>& ranges, int width) {
-    std::vector<float> out;
-    for (const IndexRange& r : ranges) out.insert(out.end(), v.begin() + int64_t(r.begin) * width, v.begin() + int64_t(r.end) * width);
-    return out;
-  };
-  l.conv_w = upload_f32(pick(small_f32(p + ".conv1d.weight", {conv_all, 1, kc}), qkv_rows, kc));
-  l.dt_bias = upload_f32(pick(small_f32(p + ".dt_bias", {hv_all}), {vh}, 1));
-  l.a_log = upload_f32(pick(small_f32(p + ".A_log", {hv_all}), {vh}, 1));
+  l.out = stored_columns(p + ".out_proj", H, value_all, value_rows, false);
+  l.conv_w = upload_f32(rows_of(small_f32(p + ".conv1d.weight", {conv_all, 1, kc}), kc, qkv_rows));
+  l.dt_bias = upload_f32(rows_of(small_f32(p + ".dt_bias", {hv_all}), 1, {vh}));
+  l.a_log = upload_f32(rows_of(small_f32(p + ".A_log", {hv_all}), 1, {vh}));
   l.gnorm = upload_f32(small_f32(p + ".norm.weight", {dv}));
 }
 
 void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, E_all = cfg.num_experts, E = experts_held(), I = cfg.moe_intermediate_size;
-  const IndexRange cols = range_or_all(&TensorSplit::expert_columns, I);  // this rank's expert columns
+  const int H = cfg.hidden_size, E_all = cfg.num_experts, E = split.experts.size(), I = cfg.moe_intermediate_size;
+  const IndexRange cols = split.expert_columns;  // this rank's expert columns
   const int Ic = cols.size();
   const Checkpoint& ck = st->checkpoint();
   l.router = stored_router(p + ".gate");
@@ -365,7 +356,7 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
     FATHOM_CHECK(ck.info(ex + ".down_proj").shape == (std::vector<int64_t>{E_all, H, I}), "tensor '", ex,
                  ".down_proj': expected shape ", shape_str({E_all, H, I}), ", found ",
                  shape_str(ck.info(ex + ".down_proj").shape));
-    for (int e = expert_begin; e < expert_begin + E; ++e) {
+    for (int e = split.experts.begin; e < split.experts.begin + E; ++e) {
       auto rows_of = [&](const std::string& t, int64_t row0, int out, int in) {
         DeviceLinear d;
         d.out = out;
@@ -385,13 +376,13 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
     FATHOM_CHECK(ck.has(ex + ".0.gate_proj.weight"), "missing tensor '", ex, ".gate_up_proj' (fused experts) or '", ex,
                  ".0.gate_proj.weight' (per expert) in ", ck.dir().string());
     bool all_fp4 = can_pack(Ic, H);
-    for (int e = expert_begin; e < expert_begin + E && all_fp4; ++e)
+    for (int e = split.experts.begin; e < split.experts.begin + E && all_fp4; ++e)
       for (const char* m : {".gate_proj", ".up_proj", ".down_proj"})
         all_fp4 = all_fp4 && stored_fp4(ex + "." + std::to_string(e) + m);
     if (all_fp4) {
       stream_packed_experts(ex, l);
     } else {
-      for (int e = expert_begin; e < expert_begin + E; ++e) {
+      for (int e = split.experts.begin; e < split.experts.begin + E; ++e) {
         const std::string m = ex + "." + std::to_string(e);
         l.ex_gate.push_back(stored_rows(m + ".gate_proj", {cols}, I, H, true));
         l.ex_up.push_back(stored_rows(m + ".up_proj", {cols}, I, H, true));
@@ -402,7 +393,7 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
   }
   if (cfg.shared_expert_intermediate_size > 0) {
     const int S = cfg.shared_expert_intermediate_size;
-    const IndexRange sc = range_or_all(&TensorSplit::shared_columns, S);  // the gate logit stays whole
+    const IndexRange sc = split.shared_columns;  // the gate logit stays whole
     const std::string se = p + ".shared_expert";
     l.has_shared = true;
     if (!stored_fp4(se + ".gate_proj") && !stored_fp4(se + ".up_proj") && !stored_fp4(p + ".shared_expert_gate")) {
@@ -432,7 +423,7 @@ DevLayer WeightBuilder::stream_layer(const std::string& p, LayerType type, bool 
     stream_moe(l, p + ".mlp");
   } else {
     const int I = cfg.intermediate_size;
-    const IndexRange mc = range_or_all(&TensorSplit::mlp_columns, I);
+    const IndexRange mc = split.mlp_columns;
     l.m_gate = stored_rows(p + ".mlp.gate_proj", {mc}, I, H, false);
     l.m_up = stored_rows(p + ".mlp.up_proj", {mc}, I, H, false);
     l.m_down = stored_columns(p + ".mlp.down_proj", H, I, mc, false);
@@ -458,9 +449,9 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
   }
   // A tensor-parallel rank keeps the whole embedding and its vocabulary rows of lm_head (tied:
   // those rows of the embedding).
-  const IndexRange vocab = split ? split->vocab : IndexRange{0, V};
-  FATHOM_CHECK(!split || split->vocab_rows == vocab.size(), "lm_head splits evenly only: vocabulary ", V, " over ",
-               split ? split->size : 1, " ranks");
+  const IndexRange vocab = split.vocab;
+  FATHOM_CHECK(split.vocab_rows == vocab.size(), "lm_head splits evenly only: vocabulary ", V, " over ", split.size,
+               " ranks");
   const bool tied = cfg.tie_word_embeddings && !ck.has("lm_head.weight");
   if (tied) {
     w.lm_head = w.embed + int64_t(vocab.begin) * H;

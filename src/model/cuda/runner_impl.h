@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/mixed_communicator.h"
+#include "kernels/cuda/stream_communicator.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
@@ -165,7 +165,7 @@ struct CudaRunner::Impl {
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
-    set_communicator_stream(comm, stream);
+    if (auto* device_comm = dynamic_cast<StreamCommunicator*>(comm)) device_comm->set_stream(stream);
   }
 
   // Tensor parallel: the sum over ranks of a layer's partial output [T, hidden] (fp32, in place).

@@ -123,19 +123,7 @@ void TensorParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait(l, [&] { return running_ == 0; });
   }
-  // The rank that failed first names the cause; the others only saw the abort.
-  std::exception_ptr aborted;
-  for (const std::exception_ptr& e : errors_) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const CommunicatorAborted&) {
-      aborted = e;
-    } catch (...) {
-      throw;
-    }
-  }
-  if (aborted) std::rethrow_exception(aborted);
+  rethrow_root_cause(errors_);
 }
 
 template <class R>
