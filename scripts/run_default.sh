@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The main job on the embedded default model: inspect it, then greedy-generate from a prompt.
-# The default model is the tiny random Qwen3.5-MoE fixture checked into tests/fixtures.
+# The main job on the embedded default model (models/fathom-tiny-moe: a small Qwen3.5-MoE trained
+# here on public-domain English text, with its MTP layer): what is in it, then one chat answer.
+# usage: scripts/run_default.sh [MODEL] [MESSAGE]   (fathom chat MODEL with no --prompt is interactive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-tests/fixtures/qwen35_moe}
+MODEL=${1:-models/fathom-tiny-moe}
+MESSAGE=${2:-Tell me about the sea.}
 build/fathom inspect "$MODEL"
-build/fathom generate "$MODEL" --token-ids 1,2,3,4,5 --max-new-tokens 16 --json
+echo
+echo "> $MESSAGE"
+build/fathom chat "$MODEL" --prompt "$MESSAGE" --max-new-tokens 96

@@ -43,6 +43,9 @@ void print_result(const GenerateArgs& a, const GenerateResult& r) {
                    {"accepted_tokens", r.spec.accepted_tokens},
                    {"acceptance_rate", r.spec.acceptance_rate()},
                    {"acceptance_by_position", r.spec.acceptance_by_position()},
+                   {"drafted_at", r.spec.drafted_at},
+                   {"accepted_at", r.spec.accepted_at},
+                   {"draft_rounds", r.spec.draft_rounds},
                    {"tokens_per_step", r.spec.tokens_per_step()},
                    {"mean_accepted_length", r.spec.mean_accepted_length()}};
     }

@@ -1,5 +1,6 @@
 // The CPU reference engine against golden outputs of Hugging Face transformers (fp32) on the
-// tiny random checkpoints in tests/fixtures (made by tools/make_fixtures.py on the GPU machine).
+// tiny random checkpoints in tests/fixtures (made by tools/make_fixtures.py on the GPU machine)
+// and on the embedded default model, models/fathom-tiny-moe (trained; tools/make_default_goldens.py).
 //
 // Metric: max |logit_fathom - logit_hf| over a prompt must be below 1e-3 x the spread
 // (max - min) of the golden logits for that prompt. Greedy continuations must match token for
@@ -46,13 +47,19 @@ struct Fixture {
   std::vector<Golden> goldens;
 };
 
+// The default model lives with the models, not the fixtures; its test name has no '-'.
+fs::path golden_dir(const std::string& name) {
+  if (name == "fathom_tiny_moe") return fs::path(FATHOM_SOURCE_DIR) / "models" / "fathom-tiny-moe";
+  return fixtures_dir() / name;
+}
+
 Fixture& fixture(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Fixture>> cache;
   auto& slot = cache[name];
   if (!slot) {
     slot = std::make_unique<Fixture>();
     slot->name = name;
-    fs::path dir = fixtures_dir() / name;
+    const fs::path dir = golden_dir(name);
     if (fs::exists(dir / "goldens.safetensors")) {
       slot->model = HybridModel::load(dir, /*with_mtp=*/true);
       auto g = SafetensorsFile::open(dir / "goldens.safetensors");
@@ -80,7 +87,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& g
 class FixtureTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(fixture(GetParam()).model) << "fixture " << GetParam() << " missing under " << fixtures_dir();
+    ASSERT_TRUE(fixture(GetParam()).model) << "fixture " << GetParam() << " missing: " << golden_dir(GetParam());
   }
   Fixture& fx() { return fixture(GetParam()); }
 };
@@ -164,7 +171,8 @@ TEST_P(FixtureTest, RaggedBatchMatchesSingleSequences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
-                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),
+                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense",
+                                           "fathom_tiny_moe"),
                          [](const auto& info) { return info.param; });
 
 // The fixtures whose checkpoints carry `mtp.*` tensors.
@@ -187,7 +195,7 @@ TEST_P(MtpFixtureTest, MtpLogitsMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixtureTest, ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixtureTest, ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "fathom_tiny_moe"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -223,7 +223,7 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
   const int64_t V = m.cfg.vocab_size;
   Impl::Plan p = m.prepare_mtp(steps);
-  m.run_mtp(p);
+  m.run_mtp_step(p);
   ForwardOutput out;
   out.rows = p.R;
   out.row_begin = p.row_begin;
@@ -239,7 +239,7 @@ std::vector<int32_t> CudaRunner::mtp_forward_argmax(std::span<const MtpStep> ste
   Impl& m = *impl_;
   FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
   Impl::Plan p = m.prepare_mtp(steps);
-  m.run_mtp(p);
+  m.run_mtp_step(p);
   std::vector<int32_t> ids(size_t(p.R));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
   m.finish_mtp(steps, p, nullptr);

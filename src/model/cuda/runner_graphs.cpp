@@ -1,5 +1,6 @@
 // CUDA graphs for the CUDA engine: decode steps replayed per batch-size bucket, the buckets
-// captured at start-up; other steps run eagerly.
+// captured at start-up; verify steps and MTP draft steps captured per shape as they come; other
+// steps run eagerly.
 #include "model/cuda/runner_impl.h"
 
 namespace fathom::cuda {
@@ -38,25 +39,37 @@ std::pair<int, int64_t> CudaRunner::Impl::capture_decode_graphs() {
 }
 
 void CudaRunner::Impl::run(const Plan& p) {
+  replay(graphs, p, [&] {
+    run_layers(p);
+    head(p);
+  }, nullptr);
+}
+
+void CudaRunner::Impl::run_mtp_step(const Plan& p) {
+  replay(mtp_graphs, p, [&] { run_mtp(p); }, &mtp_seen);
+}
+
+template <class Body>
+void CudaRunner::Impl::replay(std::map<GraphKey, cudaGraphExec_t>& cache, const Plan& p, Body&& body,
+                              std::set<GraphKey>* seen) {
   // Programmatic dependent launch pays at decode sizes (launch gaps between small kernels) and
   // costs at prefill sizes (waiting blocks hold SM resources): on for up to kSplitTokens tokens.
   set_programmatic_launch(p.T <= kSplitTokens);
-  const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
-                         p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+  const GraphKey key{p.T, p.S, p.R, hist_step};
+  bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
+                   p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+  if (graphable && seen && !cache.count(key)) graphable = !seen->insert(key).second;  // eager the first time
   if (!graphable) {
-    run_layers(p);
-    head(p);
+    body();
     collect_profile();
     return;
   }
-  const GraphKey key{p.T, p.S, p.R, hist_step};
-  auto it = graphs.find(key);
-  if (it == graphs.end()) {
+  auto it = cache.find(key);
+  if (it == cache.end()) {
     cudaGraph_t g;
     FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
-      run_layers(p);
-      head(p);
+      body();
     } catch (...) {  // leave the stream usable: end (and drop) the broken capture
       if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
       cudaGetLastError();
@@ -66,7 +79,7 @@ void CudaRunner::Impl::run(const Plan& p) {
     cudaGraphExec_t exec;
     FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     cudaGraphDestroy(g);
-    it = graphs.emplace(key, exec).first;
+    it = cache.emplace(key, exec).first;
   }
   FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -99,6 +100,11 @@ struct CudaRunner::Impl {
   // history to the DeltaNet kernels.
   using GraphKey = std::tuple<int, int, int, bool>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
+  // MTP draft steps, captured the second time a shape is seen (the first, eager, makes the lazy
+  // resources that cannot be made while capturing).
+  std::map<GraphKey, cudaGraphExec_t> mtp_graphs;
+  std::set<GraphKey> mtp_seen;
+  float* mtp_hidden_host = nullptr;  // pinned: an MTP step's hidden rows go up without a wait
   OpProfile prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
 
@@ -177,6 +183,8 @@ struct CudaRunner::Impl {
 
   ~Impl() {
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    for (auto& [k, g] : mtp_graphs) cudaGraphExecDestroy(g);
+    if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
     for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
     if (meta_host) cudaFreeHost(meta_host);
     for (int b = 0; b < 2; ++b)
@@ -498,6 +506,11 @@ struct CudaRunner::Impl {
   void head(const Plan& p, const float* norm);
 
   void run(const Plan& p);
+  // Replays body's kernels from `cache` under the plan's key, capturing them the first time
+  // (decode and verify steps) or, given `seen`, the second time the key comes (MTP steps).
+  template <class Body>
+  void replay(std::map<GraphKey, cudaGraphExec_t>& cache, const Plan& p, Body&& body, std::set<GraphKey>* seen);
+  void run_mtp_step(const Plan& p);
 
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
   // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.

@@ -97,6 +97,7 @@ void CudaRunner::Impl::allocate_runtime() {
   sel = f32(int64_t(R_max) * H);
   if (w.has_mtp) {
     mtp_hidden = f32(T * H);
+    FATHOM_CUDA_CHECK(cudaMallocHost(&mtp_hidden_host, size_t(T) * H * 4));
     mtp_e = b16(T * H);
     mtp_h = b16(T * H);
   }

@@ -177,7 +177,7 @@ GreedyOutput CudaRunner::mtp_forward_greedy(std::span<const MtpStep> steps) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.w.has_mtp, "this model has no MTP layer loaded");
   Impl::Plan p = m.prepare_mtp(steps);
-  m.run_mtp(p);
+  m.run_mtp_step(p);
   GreedyOutput out;
   out.row_begin = p.row_begin;
   out.ids.resize(size_t(p.R));

@@ -1,0 +1,69 @@
+"""`fathom serve` on the embedded default model (models/fathom-tiny-moe, trained on English text):
+/v1/chat/completions answers with text, the same text `fathom chat` prints for the same message
+(both greedy, through the model's own chat template), streaming gives the same text, and the
+answer reads as words (mostly letters and spaces, nothing the tokenizer could not decode).
+
+Run by ctest as: python3 test_default_model_serve.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+from server_util import Server, check, summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
+QUESTION = "Tell me about the sea."
+
+
+def reads_as_text(s):
+    letters = sum(c.isalpha() or c.isspace() for c in s)
+    return len(s) >= 8 and "\ufffd" not in s and letters >= 0.7 * len(s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fathom", required=True)
+    ap.add_argument("--shared")
+    ap.add_argument("--fixtures", required=True)
+    args = ap.parse_args()
+    srv = Server(args.fathom, MODEL)
+    try:
+        cl = srv.client()
+        name = cl.models.list().data[0].id
+        msgs = [{"role": "user", "content": QUESTION}]
+        answer = {}
+
+        @check("chat completion answers with text")
+        def _():
+            r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=64, temperature=0)
+            text = r.choices[0].message.content
+            assert r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason
+            assert reads_as_text(text), repr(text)
+            answer["text"] = text
+            print(f"  answer: {text!r}")
+        _()
+
+        @check("the served answer is fathom chat's")
+        def _():
+            out = subprocess.run([args.fathom, "chat", MODEL, "--device", "cpu", "--prompt", QUESTION,
+                                  "--max-new-tokens", "64"], capture_output=True, text=True, timeout=120, check=True)
+            assert out.stdout.strip() == answer["text"].strip(), (out.stdout, answer["text"])
+        _()
+
+        @check("streaming gives the same text")
+        def _():
+            parts = []
+            for ch in cl.chat.completions.create(model=name, messages=msgs, max_tokens=64, temperature=0, stream=True):
+                for c in ch.choices:
+                    parts.append(c.delta.content or "")
+            assert "".join(parts) == answer["text"], ("".join(parts), answer["text"])
+        _()
+    finally:
+        srv.stop()
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
