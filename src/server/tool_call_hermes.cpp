@@ -1,6 +1,7 @@
 // The hermes block: {"name": NAME, "arguments": {...}} then </tool_call>. The arguments are
 // passed on as the model wrote them (checked to be a JSON object), so they stream byte for byte
 // as they arrive; the call is announced when its arguments object opens with the name known.
+// "parameters" is taken for "arguments" (some fine-tunes write it); other keys are skipped.
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
