@@ -1,5 +1,5 @@
-// OpenAI-compatible field parsing and validation, error objects, and the qwen3 reasoning
-// parser. Everything a client can get wrong becomes an ApiError (status + OpenAI error JSON).
+// OpenAI-compatible field parsing and validation, and error objects. Everything a client can
+// get wrong becomes an ApiError (status + OpenAI error JSON).
 // Which fields a request may hold at all is decided in request_parser.h.
 #pragma once
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/request.h"
+#include "server/reasoning_parser.h"  // ReasoningParser, which lived here
 
 namespace fathom::server {
 
@@ -42,23 +43,5 @@ struct CommonParams {
 };
 // `chat` selects the chat spelling of logprobs (bool + top_logprobs) and max_completion_tokens.
 CommonParams parse_common(const nlohmann::ordered_json& body, bool chat, int64_t vocab_size, bool have_tokenizer);
-
-// Streaming splitter of "<think>...</think>" (qwen3 / Qwen3.5 reasoning parser). When the prompt
-// already ends with "<think>" (the Qwen3.5 template), the output starts inside the reasoning.
-// A "<tool_call>" inside the reasoning also ends it (Qwen3.5 may skip "</think>").
-class ReasoningParser {
- public:
-  explicit ReasoningParser(bool starts_in_reasoning) : in_reasoning_(starts_in_reasoning) {}
-  // Feeds new text; appends to `reasoning` / `content` what is certain so far.
-  void feed(const std::string& delta, std::string& reasoning, std::string& content);
-  // End of output: releases anything held back.
-  void finish(std::string& reasoning, std::string& content);
-  static bool prompt_opens_reasoning(const std::string& prompt);
-
- private:
-  bool in_reasoning_;
-  bool started_ = false;  // some output was seen (a leading "<think>" is only stripped at the start)
-  std::string buf_;
-};
 
 }  // namespace fathom::server
