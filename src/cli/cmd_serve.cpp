@@ -1,5 +1,6 @@
 // `fathom serve MODEL [--host --port --served-model-name --max-model-len --max-num-seqs
-//  --max-num-batched-tokens --api-key --reasoning-parser qwen3 --skip-tokenizer-init
+//  --max-num-batched-tokens --api-key --reasoning-parser qwen3 --tool-call-parser qwen3_coder|hermes
+//  --enable-auto-tool-choice --skip-tokenizer-init
 //  --device auto|cpu|cuda --max-queue-len --speculative-algorithm mtp|nextn|ngram
 //  --speculative-num-steps K]`: the OpenAI-compatible HTTP server (vLLM flag names; SGLang's for
 //  speculative decoding).
@@ -45,6 +46,10 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
   sub->add_option("--chat-template", a->chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
+  sub->add_option("--tool-call-parser", a->tool_call_parser,
+                  "How the model writes tool calls: qwen3_coder (Qwen3.5, Qwen3-Coder XML) or hermes (Qwen3 JSON)");
+  sub->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice,
+                "Let the model decide to call tools (tool_choice \"auto\"); needs --tool-call-parser");
   sub->add_flag("--skip-tokenizer-init", a->skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
   sub->add_option("--device", a->device, "auto (cuda when a GPU is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--load-format", a->load_format, "auto, or dummy: random weights at MODEL's config (CUDA)")->capture_default_str();

@@ -14,7 +14,8 @@ std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 }  // namespace
 
 CompletionJob::CompletionJob(const ParsedRequest& req, std::string id, std::string model, bool reasoning,
-                             const tok::Tokenizer* tokenizer)
+                             const tok::Tokenizer* tokenizer, std::optional<ToolCallFormat> tools,
+                             ToolCallIdGenerator tool_ids)
     : tok_(tokenizer),
       chat_(req.chat),
       stream_(req.common.stream),
@@ -27,11 +28,16 @@ CompletionJob::CompletionJob(const ParsedRequest& req, std::string id, std::stri
       model_(std::move(model)),
       created_(int64_t(std::time(nullptr))),
       prompts_(req.prompts),
-      echo_texts_(req.echo_texts) {
+      echo_texts_(req.echo_texts),
+      tools_(req.tools),
+      tool_ids_(std::move(tool_ids)) {
+  if (chat_ && tools && !req.tools.is_null()) tool_format_ = tools;
   const bool starts_in_reasoning = reasoning_ && ReasoningParser::prompt_opens_reasoning(req.rendered_prompt);
   choices_.resize(prompts_.size() * size_t(n_));
-  for (auto& c : choices_)
+  for (auto& c : choices_) {
     if (reasoning_) c.reasoning_parser = std::make_unique<ReasoningParser>(starts_in_reasoning);
+    if (tool_format_ && stream_) c.tool_parser = std::make_unique<ToolCallStreamParser>(*tool_format_, tools_, tool_ids_);
+  }
   for (const auto& p : prompts_) prompt_tokens_ += int64_t(p.size());
   remaining_ = int(choices_.size());
 }
@@ -131,10 +137,16 @@ std::string CompletionJob::apply(RequestOutput& ev) {
   if (!stream_ || ev.finish_reason == "error") return "";
   const bool has_lp = logprobs_ >= 0 && !ev.logprobs.empty();
   json choice = {{"index", ev.index}};
+  std::string finish = ev.finish_reason;
   if (chat_) {
     json delta = json::object();
     if (!d_reason.empty()) delta["reasoning_content"] = d_reason;
-    if (!d_content.empty()) delta["content"] = d_content;
+    if (c.tool_parser) {
+      stream_tools(c, d_content, ev.finished, delta);
+      if (ev.finished) finish = c.finish_reason = finish_reason_of(c, c.tool_parser->calls());
+    } else if (!d_content.empty()) {
+      delta["content"] = d_content;
+    }
     if (delta.empty() && !ev.finished && !has_lp && !return_token_ids_) return "";
     choice["delta"] = delta;
   } else {
@@ -142,13 +154,42 @@ std::string CompletionJob::apply(RequestOutput& ev) {
     choice["text"] = ev.text;
   }
   choice["logprobs"] = has_lp ? logprobs_json(c, ev.logprobs) : json(nullptr);
-  choice["finish_reason"] = ev.finished ? json(ev.finish_reason) : json(nullptr);
+  choice["finish_reason"] = ev.finished ? json(finish) : json(nullptr);
   if (ev.finished) choice["stop_reason"] = c.stop_reason;
   if (return_token_ids_) choice["token_ids"] = ev.token_ids;
   json j = chunk_base();
   j["choices"] = json::array({choice});
   if (include_usage_) j["usage"] = nullptr;
   return sse(j);
+}
+
+void CompletionJob::stream_tools(Choice& c, const std::string& d_content, bool finished, json& delta) {
+  ToolCallStreamDelta td = c.tool_parser->feed(d_content);
+  if (finished) {
+    ToolCallStreamDelta tail = c.tool_parser->finish();
+    td.content += tail.content;
+    td.tool_calls.insert(td.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+  }
+  if (!td.content.empty()) delta["content"] = td.content;
+  if (td.tool_calls.empty()) return;
+  json calls = json::array();
+  for (const ToolCallDelta& d : td.tool_calls) {
+    json call = {{"index", d.index}};
+    json fn = json::object();
+    if (!d.id.empty()) {  // a call's first delta: OpenAI sends id, type and name once
+      call["id"] = d.id;
+      call["type"] = "function";
+      fn["name"] = d.name;
+    }
+    fn["arguments"] = d.arguments;
+    call["function"] = fn;
+    calls.push_back(call);
+  }
+  delta["tool_calls"] = calls;
+}
+
+std::string CompletionJob::finish_reason_of(const Choice& c, int calls) {
+  return calls > 0 && (c.finish_reason == "stop" || c.finish_reason == "length") ? "tool_calls" : c.finish_reason;
 }
 
 std::string CompletionJob::sse_end() {
@@ -172,9 +213,22 @@ json CompletionJob::response() {
     json ch;
     if (chat_) {
       json msg = {{"role", "assistant"}};
-      msg["content"] = (c.content.empty() && c.reasoning_parser) ? json(nullptr) : json(c.content);
+      std::string finish = c.finish_reason;
+      if (tool_format_) {
+        // The whole output at once: a broken block stays content (a stream cannot take back a
+        // call it has begun; a whole parse can).
+        ToolCallParse parsed = parse_tool_calls(c.content, *tool_format_, tools_, tool_ids_);
+        msg["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+        json calls = json::array();
+        for (const ToolCall& t : parsed.calls)
+          calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        msg["tool_calls"] = calls;
+        finish = finish_reason_of(c, int(parsed.calls.size()));
+      } else {
+        msg["content"] = (c.content.empty() && c.reasoning_parser) ? json(nullptr) : json(c.content);
+      }
       if (reasoning_) msg["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
-      ch = {{"index", i}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason}, {"stop_reason", c.stop_reason}};
+      ch = {{"index", i}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish}, {"stop_reason", c.stop_reason}};
     } else {
       const std::string text = echo_texts_.empty() ? c.text : echo_texts_[i / size_t(n_)] + c.text;
       ch = {{"index", i}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}, {"stop_reason", c.stop_reason}};

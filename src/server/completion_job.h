@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/request.h"
 #include "server/protocol.h"
 #include "server/request_parser.h"
+#include "server/tool_call_parser.h"
 
 namespace fathom::tok {
 class Tokenizer;
@@ -20,9 +22,12 @@ namespace fathom::server {
 
 class CompletionJob {
  public:
-  // `tokenizer` may be null (token ids stand in for token text in logprobs).
+  // `tokenizer` may be null (token ids stand in for token text in logprobs). With `tools`
+  // (--tool-call-parser) and a chat request that told the model about tools, the content's tool
+  // calls become message.tool_calls (delta.tool_calls when streaming).
   CompletionJob(const ParsedRequest& request, std::string id, std::string model, bool reasoning,
-                const tok::Tokenizer* tokenizer);
+                const tok::Tokenizer* tokenizer, std::optional<ToolCallFormat> tools = std::nullopt,
+                ToolCallIdGenerator tool_ids = random_tool_call_ids());
 
   bool stream() const { return stream_; }
   int num_choices() const { return int(choices_.size()); }
@@ -48,6 +53,7 @@ class CompletionJob {
     std::vector<TokenLogprob> logprobs;
     std::string reasoning, content;
     std::unique_ptr<ReasoningParser> reasoning_parser;
+    std::unique_ptr<ToolCallStreamParser> tool_parser;  // streaming only
     std::string finish_reason;
     nlohmann::ordered_json stop_reason = nullptr;
     int completion_tokens = 0;
@@ -57,6 +63,10 @@ class CompletionJob {
   nlohmann::ordered_json logprobs_json(Choice& c, const std::vector<TokenLogprob>& lps) const;
   nlohmann::ordered_json usage_json() const;
   nlohmann::ordered_json chunk_base() const;
+  // Streaming: a content delta through the tool-call parser; fills delta.content / tool_calls.
+  void stream_tools(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
+  // The final finish_reason: "tool_calls" when the model called a tool and ended by itself or length.
+  static std::string finish_reason_of(const Choice& c, int calls);
 
   const tok::Tokenizer* tok_;
   bool chat_, stream_, include_usage_, return_token_ids_, reasoning_;
@@ -66,6 +76,9 @@ class CompletionJob {
   std::vector<std::vector<int32_t>> prompts_;
   std::vector<std::string> echo_texts_;
   std::vector<Choice> choices_;
+  std::optional<ToolCallFormat> tool_format_;  // set when this request's output is parsed for calls
+  nlohmann::ordered_json tools_;
+  ToolCallIdGenerator tool_ids_;
   int remaining_;
   int64_t prompt_tokens_ = 0;
   std::string error_;

@@ -71,6 +71,7 @@ class OpenAIServer {
   std::unique_ptr<tok::Tokenizer> tok_;
   std::unique_ptr<chat::ChatTemplate> tmpl_;
   RequestContext ctx_;
+  std::optional<ToolCallFormat> tool_format_;  // --tool-call-parser
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> stopping_{false};
@@ -106,7 +107,7 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
   try {
     const ParsedRequest pr = parse_request(req.body, chat, ctx_);
     f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
-                                             cfg_.reasoning_parser == "qwen3", tok_.get());
+                                             cfg_.reasoning_parser == "qwen3", tok_.get(), tool_format_);
     f->group = engine_->new_group_id();
     // Events are handled on the connection's strand; the flight is kept by the engine's channel
     // only weakly (the exchange's callbacks hold it until the response is complete).
@@ -203,6 +204,12 @@ void OpenAIServer::load() {
   name_ = cfg_.served_model_name.empty() ? cfg_.model : cfg_.served_model_name;
   if (!cfg_.reasoning_parser.empty() && cfg_.reasoning_parser != "qwen3")
     fail("--reasoning-parser: only 'qwen3' is supported, got '", cfg_.reasoning_parser, "'");
+  if (!cfg_.tool_call_parser.empty()) {
+    tool_format_ = tool_call_format_from_name(cfg_.tool_call_parser);
+    FATHOM_CHECK(tool_format_, "--tool-call-parser: '", cfg_.tool_call_parser, "' is not one of qwen3_coder, hermes");
+  }
+  FATHOM_CHECK(!cfg_.enable_auto_tool_choice || tool_format_, "--enable-auto-tool-choice needs --tool-call-parser");
+  ctx_.auto_tool_choice = cfg_.enable_auto_tool_choice;
   if (!cfg_.skip_tokenizer_init) {
     tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_dir(cfg_.model));
     // --chat-template (a file) wins over the model's template; special tokens still come from the model.

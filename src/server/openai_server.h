@@ -27,6 +27,8 @@ struct ServerConfig {
   TensorParallelism parallel;           // ranks the model is split over, and how
   std::string api_key;
   std::string reasoning_parser;   // "" or "qwen3"
+  std::string tool_call_parser;   // "", "qwen3_coder" or "hermes" (vLLM's names)
+  bool enable_auto_tool_choice = false;  // tool_choice "auto": the model's tool calls become tool_calls
   std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's
   bool skip_tokenizer_init = false;
   std::string device = "auto";  // cuda when a GPU is visible, else cpu

@@ -60,7 +60,10 @@ void check_partially_supported(const json& b, bool chat) {
   }
   if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
     if (!it->is_string() || (*it != "auto" && *it != "none"))
-      bad("tool_choice", "'tool_choice' supports \"auto\" and \"none\" only (got " + it->dump() + ")", "unsupported_value");
+      bad("tool_choice",
+          "'tool_choice' supports \"auto\" and \"none\" (\"required\" and a named function need constrained "
+          "decoding, not available yet; got " + it->dump() + ")",
+          "unsupported_value");
   }
   if (auto v = get_bool(b, "parallel_tool_calls"); v && !*v)
     bad("parallel_tool_calls", "'parallel_tool_calls': false is not supported (the model may call several tools)",
@@ -190,7 +193,15 @@ void parse_chat_prompt(const json& b, const RequestContext& ctx, ParsedRequest& 
       if (!tool.is_object()) bad("tools", "each tool must be an object", "invalid_type");
     const bool none = b.contains("tool_choice") && b["tool_choice"] == "none";
     if (!t->empty() && !none) tools = *t;  // tool_choice "none": the model is not told about tools
+    // As vLLM: tools under tool_choice "auto" (the default with tools) need the server's parser,
+    // else the calls would come back as text.
+    if (!tools.is_null() && !ctx.auto_tool_choice)
+      bad("tool_choice",
+          "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
+          "(or send tool_choice \"none\")",
+          "invalid_value");
   }
+  out.tools = tools;
   json kwargs = json::object();
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
     if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type");

@@ -37,6 +37,7 @@ struct RequestContext {
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   bool allow_fault_injection = false;           // the test-only "fathom_fault" field
+  bool auto_tool_choice = false;                // --enable-auto-tool-choice (with a --tool-call-parser)
 };
 
 struct ParsedRequest {
@@ -44,6 +45,7 @@ struct ParsedRequest {
   CommonParams common;                      // params.max_tokens final
   std::vector<std::vector<int32_t>> prompts;
   std::string rendered_prompt;              // chat: the template's output
+  nlohmann::ordered_json tools = nullptr;   // chat: the tools the model was told about (null: none)
   bool echo = false;                        // completions: the prompt's text leads each choice
   std::vector<std::string> echo_texts;      // per prompt, when echo
 };

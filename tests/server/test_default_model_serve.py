@@ -1,11 +1,13 @@
 """`fathom serve` on the embedded default model (models/fathom-tiny-moe, trained on English text):
 /v1/chat/completions answers with text, the same text `fathom chat` prints for the same message
 (both greedy, through the model's own chat template), streaming gives the same text, and the
-answer reads as words (mostly letters and spaces, nothing the tokenizer could not decode).
+answer reads as words (mostly letters and spaces, nothing the tokenizer could not decode); with
+--tool-call-parser hermes --enable-auto-tool-choice, requests with tools get well-formed responses.
 
 Run by ctest as: python3 test_default_model_serve.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +30,8 @@ def main():
     ap.add_argument("--shared")
     ap.add_argument("--fixtures", required=True)
     args = ap.parse_args()
-    srv = Server(args.fathom, MODEL)
+    # The default model's chat template writes hermes-style <tool_call> JSON.
+    srv = Server(args.fathom, MODEL, "--tool-call-parser", "hermes", "--enable-auto-tool-choice")
     try:
         cl = srv.client()
         name = cl.models.list().data[0].id
@@ -59,6 +62,23 @@ def main():
                 for c in ch.choices:
                     parts.append(c.delta.content or "")
             assert "".join(parts) == answer["text"], ("".join(parts), answer["text"])
+        _()
+
+        @check("tools: a well-formed response through the openai client")
+        def _():
+            tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                       "parameters": {"type": "object", "properties": {
+                                                           "city": {"type": "string"}}, "required": ["city"]}}}]
+            r = cl.chat.completions.create(model=name, messages=msgs, tools=tools, max_tokens=32, temperature=0)
+            m = r.choices[0].message
+            # This model has never seen a tool call; whatever it writes, the response is valid.
+            assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r.choices[0].finish_reason
+            assert (r.choices[0].finish_reason == "tool_calls") == bool(m.tool_calls), r
+            for t in m.tool_calls or []:
+                assert isinstance(json.loads(t.function.arguments), dict)
+            none = cl.chat.completions.create(model=name, messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
+                                              temperature=0)
+            assert none.choices[0].finish_reason in ("stop", "length") and not none.choices[0].message.tool_calls
         _()
     finally:
         srv.stop()

@@ -114,12 +114,22 @@ TEST(RequestParser, ToolChoiceNoneHidesToolsAndArgumentsReachTheTemplateAsObject
       {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
       {"role": "tool", "tool_call_id": "c1", "content": "sunny", "extra_key": {"ignored": true}}])";
-  const ParsedRequest with_tools = parse_request("{" + msgs + ", " + tools + "}", true, tiny().rc);
+  RequestContext rc = tiny().rc;
+  // As vLLM: tools under tool_choice "auto" need --enable-auto-tool-choice (and a parser).
+  const ApiError no_flag = error_of("{" + msgs + ", " + tools + "}", true, rc);
+  EXPECT_EQ(no_flag.param, "tool_choice");
+  EXPECT_NE(no_flag.message.find("--enable-auto-tool-choice"), std::string::npos) << no_flag.message;
+  rc.auto_tool_choice = true;
+  const ParsedRequest with_tools = parse_request("{" + msgs + ", " + tools + "}", true, rc);
   EXPECT_NE(with_tools.rendered_prompt.find("get_weather"), std::string::npos);
   EXPECT_NE(with_tools.rendered_prompt.find("{\"city\": \"Paris\"}"), std::string::npos) << with_tools.rendered_prompt;
+  ASSERT_TRUE(with_tools.tools.is_array());
+  EXPECT_EQ(with_tools.tools[0]["function"]["name"], "get_weather");
   const ParsedRequest none = parse_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", true, tiny().rc);
   EXPECT_EQ(none.rendered_prompt.find("# Tools"), std::string::npos) << none.rendered_prompt;
+  EXPECT_TRUE(none.tools.is_null());
   EXPECT_NE(with_tools.rendered_prompt.find("# Tools"), std::string::npos);
+  EXPECT_EQ(error_of("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", true, rc).param, "tool_choice");
 }
 
 TEST(RequestParser, FaultFieldOnlyWhenEnabled) {

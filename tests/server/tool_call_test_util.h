@@ -51,7 +51,9 @@ inline ToolCallParse stream(const std::vector<std::string>& pieces, ToolCallForm
   ToolCallStreamParser parser(format, tools, seeded_tool_call_ids(seed));
   ToolCallParse out;
   auto take = [&](const ToolCallStreamDelta& d) {
-    if (content_has_no_tag) EXPECT_EQ(d.content.find('<'), std::string::npos) << "leaked: " << d.content;
+    if (content_has_no_tag) {
+      EXPECT_EQ(d.content.find('<'), std::string::npos) << "leaked: " << d.content;
+    }
     EXPECT_EQ(d.content.find("<tool_call"), std::string::npos);
     out.content += d.content;
     for (const ToolCallDelta& c : d.tool_calls) {
