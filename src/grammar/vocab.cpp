@@ -20,10 +20,12 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<uint8_t
 }
 
 std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const tok::Tokenizer& tok,
-                                                             std::vector<uint32_t> stop_ids) {
+                                                             std::vector<uint32_t> stop_ids,
+                                                             size_t padded_size) {
   size_t n = tok.vocab_size();
-  std::vector<std::string> bytes(n);
-  std::vector<uint8_t> special(n, 0);
+  std::vector<std::string> bytes(std::max(n, padded_size));
+  std::vector<uint8_t> special(bytes.size(), 1);
+  std::fill(special.begin(), special.begin() + n, 0);
   std::vector<uint8_t> added(n, 0);
   for (const auto& t : tok.added_tokens()) {
     if (t.id >= n) continue;

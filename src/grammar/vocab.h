@@ -19,8 +19,10 @@ class Vocabulary {
   // is complete (EOS and other stop tokens).
   Vocabulary(std::vector<std::string> token_bytes, std::vector<uint8_t> special, std::vector<uint32_t> stop_ids);
   // Byte-level BPE tokens go through the GPT-2 byte alphabet; added non-special tokens are
-  // their text; special tokens are excluded.
-  static std::shared_ptr<const Vocabulary> from_tokenizer(const tok::Tokenizer& tok, std::vector<uint32_t> stop_ids);
+  // their text; special tokens are excluded. padded_size: the model's (larger) logits width;
+  // ids past the tokenizer's are never allowed.
+  static std::shared_ptr<const Vocabulary> from_tokenizer(const tok::Tokenizer& tok, std::vector<uint32_t> stop_ids,
+                                                          size_t padded_size = 0);
 
   size_t size() const { return bytes_.size(); }
   size_t mask_words() const { return (bytes_.size() + 31) / 32; }
