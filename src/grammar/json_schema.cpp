@@ -310,7 +310,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
 
 }  // namespace
 
-std::shared_ptr<const Grammar> grammar_from_json_schema(const nlohmann::ordered_json& schema) {
+std::shared_ptr<const Grammar> grammar_from_json_schema_json(const nlohmann::ordered_json& schema) {
   return SchemaCompiler(schema).run();
 }
 
@@ -321,7 +321,7 @@ std::shared_ptr<const Grammar> grammar_from_json_schema(std::string_view schema_
   } catch (const nlohmann::json::exception& e) {
     fail("json schema: invalid JSON: ", e.what());
   }
-  return grammar_from_json_schema(j);
+  return grammar_from_json_schema_json(j);
 }
 
 std::shared_ptr<const Grammar> json_object_grammar() {

@@ -22,7 +22,7 @@
 namespace fathom::grammar {
 
 // Throws fathom::Error naming the unsupported keyword (with its JSON pointer) or the problem.
-std::shared_ptr<const Grammar> grammar_from_json_schema(const nlohmann::ordered_json& schema);
+std::shared_ptr<const Grammar> grammar_from_json_schema_json(const nlohmann::ordered_json& schema);
 // Parses the schema text first (property order is kept); invalid JSON is an error.
 std::shared_ptr<const Grammar> grammar_from_json_schema(std::string_view schema_text);
 // Any JSON object (response_format json_object).
