@@ -55,7 +55,7 @@ bool Matcher::accept_token(uint32_t id) {
     history_.push_back({history_.back().stacks, true});
     return true;
   }
-  if (v.bytes(id).empty()) return false;  // special or empty tokens are never grammar text
+  if (v.is_special(id)) return false;
   return accept_bytes(v.bytes(id));
 }
 

@@ -28,6 +28,8 @@ class Vocabulary {
   size_t mask_words() const { return (bytes_.size() + 31) / 32; }
   const std::string& bytes(uint32_t id) const { return bytes_[id]; }
   const std::vector<uint32_t>& stop_ids() const { return stop_ids_; }
+  // Never grammar text: special, stop, padding, or empty tokens.
+  bool is_special(uint32_t id) const { return special_[id] || bytes_[id].empty(); }
 
   // Trie nodes in preorder: a node's subtree is [i, i + subtree). Root is node 0 (no byte).
   // Tokens under a node are sorted()[lo, hi); those ending at the node are [lo, lo + n_end).
