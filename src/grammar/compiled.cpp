@@ -27,8 +27,7 @@ CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& voca
       ++k;
       continue;
     }
-    if (crossed)
-      for (uint32_t i = nd.lo; i < nd.hi; ++i) uncertain.push_back(i);
+    if (crossed) uncertain.push_back(k);
     k += nd.subtree;
   }
   CompiledGrammar::PositionTokens out;
@@ -59,7 +58,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(std::shared_ptr<
     cg->tokens_.push_back(classify(pool, *cg->vocab_, p));
     const auto& t = cg->tokens_.back();
     cg->stats_.positions++;
-    cg->stats_.uncertain += t.uncertain.size();
+    for (uint32_t k : t.uncertain) cg->stats_.uncertain += cg->vocab_->trie()[k].hi - cg->vocab_->trie()[k].lo;
     cg->stats_.accepted += t.accepted_ids.size();
     for (uint32_t w : t.accepted_bits) cg->stats_.accepted += __builtin_popcount(w);
   }

@@ -17,10 +17,11 @@ class CompiledGrammar {
   struct PositionTokens {
     std::vector<uint32_t> accepted_ids;   // when sparse
     std::vector<uint32_t> accepted_bits;  // when dense: a full mask
-    std::vector<uint32_t> uncertain;      // indices into Vocabulary::sorted(), ascending
+    // Trie nodes (preorder, ascending) whose whole subtree depends on the rest of the stack.
+    std::vector<uint32_t> uncertain;
   };
   struct Stats {
-    size_t positions = 0, accepted = 0, uncertain = 0;
+    size_t positions = 0, accepted = 0, uncertain = 0;  // uncertain: tokens under uncertain nodes
   };
 
   static std::shared_ptr<const CompiledGrammar> compile(std::shared_ptr<const Grammar> grammar,

@@ -107,27 +107,39 @@ void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words)
   }
 }
 
-// Checks context-dependent tokens against the real stack. They come in trie order, so the
-// states of the common prefix with the previous token are reused.
-void Matcher::add_uncertain(uint32_t node, const std::vector<uint32_t>& ranks, uint32_t* words) {
+// Checks the context-dependent subtrees against the real stack: the states along the path to
+// each subtree root are shared with the previous root (preorder), and inside a subtree a dead
+// state skips the rest of it.
+void Matcher::add_uncertain(uint32_t node, const std::vector<uint32_t>& roots, uint32_t* words) {
   const Vocabulary& v = vocab();
+  const auto& trie = v.trie();
+  const auto& sorted = v.sorted();
   if (depth_states_.empty()) depth_states_.resize(64);
   depth_states_[0].assign(1, node);
-  const std::string* prev = nullptr;
-  size_t valid = 0;  // depth_states_[0..valid] hold the states of prev's prefixes
-  for (uint32_t rank : ranks) {
-    uint32_t id = v.sorted()[rank];
-    if ((words[id >> 5] >> (id & 31)) & 1) continue;
-    const std::string& s = v.bytes(id);
+  const std::string* path = nullptr;  // a token whose prefix depth_states_[1..valid] follow
+  size_t valid = 0;
+  for (uint32_t root : roots) {
+    const std::string& s = v.bytes(sorted[trie[root].lo]);
+    size_t top = trie[root].depth - 1;  // depth of the root's parent
     size_t d = 0;
-    if (prev)
-      while (d < valid && d < s.size() && (*prev)[d] == s[d]) ++d;
-    if (depth_states_.size() <= s.size()) depth_states_.resize(s.size() + 1);
-    for (; d < s.size() && !depth_states_[d].empty(); ++d)
+    if (path)
+      while (d < valid && d < top && (*path)[d] == s[d]) ++d;
+    for (; d < top && !depth_states_[d].empty(); ++d)
       pool_.advance_set(depth_states_[d], static_cast<uint8_t>(s[d]), depth_states_[d + 1]);
+    path = &s;
     valid = d;
-    prev = &s;
-    if (d == s.size() && !depth_states_[d].empty()) words[id >> 5] |= 1u << (id & 31);
+    if (d < top || depth_states_[top].empty()) continue;
+    for (uint32_t k = root, end = root + trie[root].subtree; k < end;) {
+      const auto& nd = trie[k];
+      if (depth_states_.size() <= nd.depth) depth_states_.resize(nd.depth + 1);
+      pool_.advance_set(depth_states_[nd.depth - 1], nd.byte, depth_states_[nd.depth]);
+      if (depth_states_[nd.depth].empty()) {
+        k += nd.subtree;
+        continue;
+      }
+      for (uint32_t i = nd.lo; i < nd.lo + nd.n_end; ++i) words[sorted[i] >> 5] |= 1u << (sorted[i] & 31);
+      ++k;
+    }
   }
 }
 

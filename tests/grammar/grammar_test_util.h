@@ -48,8 +48,8 @@ class RandomModel {
     for (uint32_t id : v.sorted()) by_bytes_.emplace(v.bytes(id), id);
   }
 
-  Generation generate(size_t close_after, size_t max_tokens) {
-    Matcher m(cg_);
+  Generation generate(size_t close_after, size_t max_tokens, size_t mask_cache = 16) {
+    Matcher m(cg_, mask_cache);
     const Vocabulary& v = cg_->vocab();
     std::vector<uint32_t> words(v.mask_words());
     Generation g;
