@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "grammar/compiler.h"
 #include "grammar/gbnf.h"
 #include "grammar/regex.h"
 #include "grammar_test_util.h"
@@ -165,6 +166,27 @@ TEST(GrammarMatcher, ShortestCompletion) {
   EXPECT_EQ(c, ">}");
   ASSERT_TRUE(m.accept_bytes(c));
   EXPECT_TRUE(m.is_accepting());
+}
+
+}  // namespace
+}  // namespace fathom::grammar
+
+namespace fathom::grammar {
+namespace {
+
+TEST(GrammarCompilerCache, SpecsCompileAndRepeatFromCache) {
+  GrammarCompiler compiler(testing::byte_vocab(), 2);
+  auto a = compiler.compile({GrammarKind::Regex, "[ab]+", {}});
+  EXPECT_EQ(a, compiler.compile({GrammarKind::Regex, "[ab]+", {}}));
+  auto c = compiler.compile({GrammarKind::Choice, "", {"x", "yz"}});
+  Matcher m(c);
+  EXPECT_TRUE(m.accept_bytes("yz") && m.is_accepting());
+  Matcher g(compiler.compile({GrammarKind::Gbnf, "root ::= \"q\"+", {}}));
+  EXPECT_TRUE(g.accept_bytes("qqq") && g.is_accepting());
+  Matcher o(compiler.compile({GrammarKind::JsonObject, "", {}}));
+  EXPECT_TRUE(o.accept_bytes("{}") && o.is_accepting());
+  EXPECT_NE(a, compiler.compile({GrammarKind::Regex, "[ab]+", {}}));  // evicted (capacity 2)
+  EXPECT_THROW(compiler.compile({GrammarKind::JsonSchema, R"({"type":"string","format":"uri"})", {}}), Error);
 }
 
 }  // namespace

@@ -59,7 +59,9 @@ TEST(GrammarTokenMask, CachedMaskEqualsBruteForce) {
   std::vector<std::shared_ptr<const Grammar>> grammars = {
       grammar_from_json_schema(kSchema), json_object_grammar(),
       grammar_from_regex(R"((\w+ ){1,4}\d{3}-[a-f]+)"),
-      grammar_from_gbnf("root ::= \"<\" tag \">\" [^<]* \"</\" tag \">\"\ntag ::= [a-z]+")};
+      grammar_from_gbnf("root ::= \"<\" tag \">\" [^<]* \"</\" tag \">\"\ntag ::= [a-z]+"),
+      // Ambiguous: several stacks at once, and a recursive rule in a non-tail position.
+      grammar_from_gbnf("root ::= (\"a\" | \"ab\" | x)* \"b\" [ \n]?\nx ::= \"(\" root? \")\" | [a-z]{1,3}")};
   uint64_t seed = 1;
   for (auto& g : grammars) {
     auto cg = CompiledGrammar::compile(g, small_vocab());
