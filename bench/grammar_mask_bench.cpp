@@ -2,12 +2,15 @@
 // large vocabulary, the grammar compile time, the vocabulary (trie) build time, the per-vocabulary
 // compile (context-independent token cache) and the mask time per token over seeded constrained
 // random generations, with the matcher's mask cache on (as served) and off (every mask computed).
-//   grammar_mask_bench [--tokenizer FILE] [--padded N] [--gens N] [--close-after N]
+//   grammar_mask_bench [--tokenizer FILE] [--padded N] [--gens N] [--close-after N] [--union FILE]
+// --union adds the distinct tokens of other tokenizers (comma-separated) (up to --padded ids): a stand-in for a
+// 248K vocabulary (Qwen3.5) when only smaller tokenizers are at hand.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -54,6 +57,26 @@ Percentiles percentiles(std::vector<double> v) {
   return {at(0.5), at(0.9), at(0.99), v.back()};
 }
 
+// The first vocabulary plus the second's tokens that it lacks, up to `limit` ids (0: all).
+std::shared_ptr<const Vocabulary> union_vocab(const Vocabulary& a, const Vocabulary* b, size_t limit) {
+  std::vector<std::string> bytes;
+  std::vector<uint8_t> special;
+  std::unordered_set<std::string> seen;
+  for (uint32_t id = 0; id < a.size(); ++id) {
+    bytes.push_back(a.is_special(id) ? std::string() : a.bytes(id));
+    special.push_back(a.is_special(id));
+    seen.insert(bytes.back());
+  }
+  for (uint32_t id : b ? b->sorted() : std::vector<uint32_t>{}) {
+    if (limit && bytes.size() >= limit) break;
+    if (!seen.insert(b->bytes(id)).second) continue;
+    bytes.push_back(b->bytes(id));
+    special.push_back(0);
+  }
+  if (!b && bytes.size() < limit) bytes.resize(limit), special.resize(limit, 1);  // padding ids
+  return std::make_shared<Vocabulary>(std::move(bytes), std::move(special), a.stop_ids());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,6 +84,7 @@ int main(int argc, char** argv) {
   for (const char* p : {"../shared/fixtures/tokenizers/qwen35/tokenizer.json", "../shared/fixtures/tokenizers/qwen3.5/tokenizer.json"})
     if (std::filesystem::exists(p)) tokenizer = p;
   if (tokenizer.empty()) tokenizer = std::string(FATHOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3/tokenizer.json";
+  std::string union_with;
   size_t padded = 0, gens = 20, close_after = 48;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -68,10 +92,19 @@ int main(int argc, char** argv) {
     else if (k == "--padded") padded = std::stoul(v);
     else if (k == "--gens") gens = std::stoul(v);
     else if (k == "--close-after") close_after = std::stoul(v);
+    else if (k == "--union") union_with = v;
   }
   try {
     auto t0 = Clock::now();
-    auto vocab = testing::tokenizer_vocab(tokenizer, padded);
+    auto vocab = testing::tokenizer_vocab(tokenizer, union_with.empty() ? padded : 0);
+    for (size_t at = 0; at < union_with.size();) {  // comma-separated
+      size_t comma = std::min(union_with.find(',', at), union_with.size());
+      std::string file = union_with.substr(at, comma - at);
+      vocab = union_vocab(*vocab, testing::tokenizer_vocab(file).get(), padded);
+      tokenizer += " + distinct tokens of " + file;
+      at = comma + 1;
+      if (at >= union_with.size()) vocab = union_vocab(*vocab, nullptr, padded);
+    }
     std::printf("tokenizer %s\nvocabulary %zu ids, %zu grammar tokens, trie %zu nodes: load + trie %.0f ms\n\n",
                 tokenizer.c_str(), vocab->size(), vocab->sorted().size(), vocab->trie().size(), ms_since(t0));
     std::printf("%-12s %9s %9s %9s %9s | %-6s %7s %8s %8s %8s %8s\n", "schema", "grammar", "compile", "positions",
