@@ -44,25 +44,42 @@ CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& voca
 
 }  // namespace
 
+CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab)
+    : grammar_(std::move(grammar)),
+      vocab_(std::move(vocab)),
+      slots_(new std::atomic<const PositionTokens*>[grammar_->elems().size()]),
+      pool_(std::make_unique<StackPool>(*grammar_)) {
+  for (size_t i = 0; i < grammar_->elems().size(); ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
+}
+
+CompiledGrammar::~CompiledGrammar() = default;
+
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(std::shared_ptr<const Grammar> grammar,
                                                                 std::shared_ptr<const Vocabulary> vocab) {
-  auto cg = std::make_shared<CompiledGrammar>();
-  cg->grammar_ = std::move(grammar);
-  cg->vocab_ = std::move(vocab);
+  auto cg = std::make_shared<CompiledGrammar>(std::move(grammar), std::move(vocab));
   const auto& elems = cg->grammar_->elems();
-  cg->index_.assign(elems.size(), ~0u);
-  StackPool pool(*cg->grammar_);
-  for (uint32_t p = 0; p < elems.size(); ++p) {
-    if (elems[p].kind != Grammar::Kind::Bytes) continue;
-    cg->index_[p] = static_cast<uint32_t>(cg->tokens_.size());
-    cg->tokens_.push_back(classify(pool, *cg->vocab_, p));
-    const auto& t = cg->tokens_.back();
-    cg->stats_.positions++;
-    for (uint32_t k : t.uncertain) cg->stats_.uncertain += cg->vocab_->trie()[k].hi - cg->vocab_->trie()[k].lo;
-    cg->stats_.accepted += t.accepted_ids.size();
-    for (uint32_t w : t.accepted_bits) cg->stats_.accepted += __builtin_popcount(w);
-  }
+  size_t done = 0;
+  for (uint32_t p = 0; p < elems.size() && done < kEagerPositions; ++p)
+    if (elems[p].kind == Grammar::Kind::Bytes) cg->classify_locked(p), ++done;
   return cg;
+}
+
+const CompiledGrammar::PositionTokens& CompiledGrammar::classify_locked(uint32_t pos) const {
+  std::lock_guard lock(mu_);
+  if (const PositionTokens* t = slots_[pos].load(std::memory_order_acquire)) return *t;
+  owned_.push_back(std::make_unique<PositionTokens>(classify(*pool_, *vocab_, pos)));
+  const PositionTokens& t = *owned_.back();
+  stats_.positions++;
+  for (uint32_t k : t.uncertain) stats_.uncertain += vocab_->trie()[k].hi - vocab_->trie()[k].lo;
+  stats_.accepted += t.accepted_ids.size();
+  for (uint32_t w : t.accepted_bits) stats_.accepted += __builtin_popcount(w);
+  slots_[pos].store(&t, std::memory_order_release);
+  return t;
+}
+
+CompiledGrammar::Stats CompiledGrammar::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
 }
 
 }  // namespace fathom::grammar

@@ -121,6 +121,7 @@ void Matcher::add_uncertain(uint32_t node, const std::vector<uint32_t>& roots, u
   for (uint32_t root : roots) {
     const std::string& s = v.bytes(sorted[trie[root].lo]);
     size_t top = trie[root].depth - 1;  // depth of the root's parent
+    if (depth_states_.size() <= top + 1) depth_states_.resize(top + 2);
     size_t d = 0;
     if (path)
       while (d < valid && d < top && (*path)[d] == s[d]) ++d;

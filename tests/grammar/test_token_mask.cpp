@@ -142,3 +142,50 @@ TEST(GrammarTokenMask, QwenVocabularyMaskEqualsBruteForce) {
 
 }  // namespace
 }  // namespace fathom::grammar
+
+namespace fathom::grammar {
+namespace {
+
+// Context-dependent tokens deep in the trie (a long token crossing a rule end near its end), and
+// a grammar with more positions than are classified eagerly.
+TEST(GrammarTokenMask, LongTokensAndLazyPositions) {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  bytes.push_back(std::string(100, '-') + "x");  // 256
+  bytes.push_back(std::string(90, '-'));         // 257
+  bytes.push_back(std::string(90, '-') + "y");   // 258
+  bytes.push_back("");                           // 259: stop
+  auto vocab = std::make_shared<Vocabulary>(bytes, std::vector<uint8_t>(260, 0), std::vector<uint32_t>{259});
+  auto cg = CompiledGrammar::compile(grammar_from_gbnf("root ::= dashes \"x\"\ndashes ::= \"-\"*"), vocab);
+  Matcher m(cg);
+  std::vector<uint32_t> w(vocab->mask_words());
+  m.fill_next_token_bitmask(w);
+  EXPECT_TRUE(testing::allowed(w, 256));
+  EXPECT_TRUE(testing::allowed(w, 257));
+  EXPECT_FALSE(testing::allowed(w, 258));
+  EXPECT_EQ(w, brute_force_mask(m));
+
+  // ~3000 positions: most are classified on first use.
+  auto big = CompiledGrammar::compile(grammar_from_json_schema(R"({"type":"string","maxLength":300})"), small_vocab());
+  EXPECT_EQ(big->stats().positions, CompiledGrammar::kEagerPositions);
+  testing::RandomModel model(big, 9);
+  for (int i = 0; i < 3; ++i) {
+    auto gen = model.generate(200, 1000);
+    ASSERT_TRUE(gen.complete);
+    auto s = nlohmann::json::parse(gen.text).get<std::string>();
+    size_t chars = 0;
+    for (unsigned char c : s) chars += (c & 0xC0) != 0x80;
+    EXPECT_LE(chars, 300u);
+    Matcher replay(big);
+    for (size_t t = 0; t < gen.tokens.size(); t += 37) {
+      while (replay.num_steps() < t) ASSERT_TRUE(replay.accept_token(gen.tokens[replay.num_steps()]));
+      w.assign(big->vocab().mask_words(), 0);
+      replay.fill_next_token_bitmask(w);
+      ASSERT_EQ(w, brute_force_mask(replay)) << "step " << t;
+    }
+  }
+  EXPECT_GT(big->stats().positions, CompiledGrammar::kEagerPositions);
+}
+
+}  // namespace
+}  // namespace fathom::grammar
