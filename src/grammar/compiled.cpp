@@ -9,7 +9,7 @@ namespace {
 // Walks the vocabulary trie from stack (pos over kSentinel). A token is accepted when some path
 // consumes it without needing the unknown rest of the stack, uncertain when the only paths
 // continue past the end of the rule, rejected otherwise (whole subtrees are skipped).
-CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& vocab, uint32_t pos) {
+CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& vocab, uint32_t pos, size_t& visited) {
   const auto& trie = vocab.trie();
   std::vector<std::vector<uint32_t>> states(2);
   std::vector<uint8_t> past(2, 0);
@@ -22,6 +22,7 @@ CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& voca
     bool crossed = past[d - 1];
     pool.advance_set(states[d - 1], nd.byte, states[d], &crossed);
     past[d] = crossed;
+    ++visited;
     if (!states[d].empty()) {
       for (uint32_t i = nd.lo; i < nd.lo + nd.n_end; ++i) accepted.push_back(vocab.sorted()[i]);
       ++k;
@@ -59,7 +60,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(std::shared_ptr<
   auto cg = std::make_shared<CompiledGrammar>(std::move(grammar), std::move(vocab));
   const auto& elems = cg->grammar_->elems();
   size_t done = 0;
-  for (uint32_t p = 0; p < elems.size() && done < kEagerPositions; ++p)
+  for (uint32_t p = 0; p < elems.size() && done < kEagerPositions && cg->visited_ < kEagerTrieSteps; ++p)
     if (elems[p].kind == Grammar::Kind::Bytes) cg->classify_locked(p), ++done;
   return cg;
 }
@@ -67,7 +68,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(std::shared_ptr<
 const CompiledGrammar::PositionTokens& CompiledGrammar::classify_locked(uint32_t pos) const {
   std::lock_guard lock(mu_);
   if (const PositionTokens* t = slots_[pos].load(std::memory_order_acquire)) return *t;
-  owned_.push_back(std::make_unique<PositionTokens>(classify(*pool_, *vocab_, pos)));
+  owned_.push_back(std::make_unique<PositionTokens>(classify(*pool_, *vocab_, pos, visited_)));
   const PositionTokens& t = *owned_.back();
   stats_.positions++;
   for (uint32_t k : t.uncertain) stats_.uncertain += vocab_->trie()[k].hi - vocab_->trie()[k].lo;
