@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     }
     std::printf("tokenizer %s\nvocabulary %zu ids, %zu grammar tokens, trie %zu nodes: load + trie %.0f ms\n\n",
                 tokenizer.c_str(), vocab->size(), vocab->sorted().size(), vocab->trie().size(), ms_since(t0));
-    std::printf("%-12s %9s %9s %9s %9s | %-6s %7s %8s %8s %8s %8s\n", "schema", "grammar", "compile", "positions",
+    std::printf("%-12s %9s %9s %9s %9s | %-6s %7s %8s %8s %8s %8s\n", "schema", "grammar", "compile", "groups",
                 "uncertain", "cache", "masks", "median", "p90", "p99", "max");
     for (const Schema& s : kSchemas) {
       t0 = Clock::now();
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
         }
         auto p = percentiles(times);
         std::printf("%-12s %7.2fms %7.0fms %9zu %9zu | %-6s %7zu %6.1fus %6.1fus %6.1fus %6.0fus%s\n", s.name,
-                    grammar_ms, compile_ms, cg->stats().positions, cg->stats().uncertain, cache ? "on" : "off",
+                    grammar_ms, compile_ms, cg->stats().groups, cg->stats().uncertain, cache ? "on" : "off",
                     times.size(), p.median, p.p90, p.p99, p.max, incomplete ? "  (some outputs did not end)" : "");
       }
     }

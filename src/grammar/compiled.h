@@ -1,19 +1,26 @@
-// A grammar prepared for one vocabulary: for every grammar position that can be the top of a
-// stack, the tokens accepted whatever the rest of the stack is (context-independent), and the
-// few whose fate depends on it (they cross the end of the position's rule and are checked
-// against the real stack when a mask is built). Shared by all sequences (thread-safe). Grammars
-// with many positions (long counted repetitions) classify the rest lazily, on first use.
+// A grammar prepared for one vocabulary. The stacks of a matcher state that share a parent are
+// the alternatives of one rule expansion; for such a group of grammar positions, it keeps the
+// tokens accepted whatever the rest of the stack is (context-independent), and the trie
+// subtrees whose tokens cross the end of the rule (checked against the real stack when a mask
+// is built). Single positions and each rule's own group are classified at compile time (within
+// a budget); other groups on first use. Shared by all sequences (thread-safe).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
 #include "grammar/vocab.h"
 
 namespace fathom::grammar {
+
+class StackPool;
 
 class CompiledGrammar {
  public:
@@ -24,12 +31,10 @@ class CompiledGrammar {
     std::vector<uint32_t> uncertain;
   };
   struct Stats {
-    size_t positions = 0, accepted = 0, uncertain = 0;  // uncertain: tokens under uncertain nodes
+    size_t groups = 0, accepted = 0, uncertain = 0;  // uncertain: tokens under uncertain nodes
   };
 
-  // Positions classified at compile time: in order, until this many positions or trie steps
-  // (~100 ms at a 150K vocabulary); the others wait for their first use.
-  static constexpr size_t kEagerPositions = 2048;
+  // Compile-time classification stops after this many trie steps (~100 ms at a 150K vocabulary).
   static constexpr size_t kEagerTrieSteps = 2'000'000;
 
   static std::shared_ptr<const CompiledGrammar> compile(std::shared_ptr<const Grammar> grammar,
@@ -39,23 +44,24 @@ class CompiledGrammar {
 
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }
-  // Tokens of a byte-set position (element index).
-  const PositionTokens& at(uint32_t pos) const {
-    const PositionTokens* t = slots_[pos].load(std::memory_order_acquire);
-    return t ? *t : classify_locked(pos);
-  }
-  // Counts over the positions classified so far.
+  // Tokens of a group of byte-set positions (sorted, unique) over one common parent.
+  const PositionTokens& group(std::span<const uint32_t> positions) const;
+  // Counts over the groups classified so far.
   Stats stats() const;
 
  private:
-  const PositionTokens& classify_locked(uint32_t pos) const;
+  struct KeyHash {
+    size_t operator()(const std::string& k) const { return std::hash<std::string>()(k); }
+  };
+  const PositionTokens& classify_locked(std::span<const uint32_t> positions, const std::string& key) const;
+  static std::string key_of(std::span<const uint32_t> positions);
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const Vocabulary> vocab_;
-  std::unique_ptr<std::atomic<const PositionTokens*>[]> slots_;  // per element
-  mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<PositionTokens>> owned_;
-  mutable std::unique_ptr<class StackPool> pool_;
+  std::unique_ptr<std::atomic<const PositionTokens*>[]> single_;  // per element: the group {pos}
+  mutable std::shared_mutex mu_;
+  mutable std::unordered_map<std::string, std::unique_ptr<PositionTokens>, KeyHash> groups_;
+  mutable std::unique_ptr<StackPool> pool_;
   mutable Stats stats_;
   mutable size_t visited_ = 0;  // trie steps of all classifications
 };

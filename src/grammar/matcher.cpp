@@ -92,30 +92,44 @@ void Matcher::fill_next_token_bitmask(std::span<uint32_t> words) {
 void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words) {
   const Vocabulary& v = vocab();
   const size_t n_words = v.mask_words();
+  // Stacks sharing a parent form one group (one rule expansion): one lookup, one mask OR.
+  tops_.clear();
   for (uint32_t node : stacks) {
     if (node == StackPool::kAccept) {
       for (uint32_t id : v.stop_ids()) words[id >> 5] |= 1u << (id & 31);
       continue;
     }
-    const auto& t = grammar_->at(pool_.pos(node));
+    tops_.push_back({pool_.parent(node), pool_.pos(node), node});
+  }
+  std::sort(tops_.begin(), tops_.end());
+  for (size_t i = 0; i < tops_.size();) {
+    size_t j = i;
+    group_pos_.clear();
+    group_nodes_.clear();
+    for (; j < tops_.size() && tops_[j][0] == tops_[i][0]; ++j) {
+      group_pos_.push_back(tops_[j][1]);
+      group_nodes_.push_back(tops_[j][2]);
+    }
+    i = j;
+    const auto& t = grammar_->group(group_pos_);
     if (!t.accepted_bits.empty()) {
       const uint32_t* src = t.accepted_bits.data();
-      for (size_t i = 0; i < n_words; ++i) words[i] |= src[i];
+      for (size_t k = 0; k < n_words; ++k) words[k] |= src[k];
     }
     for (uint32_t id : t.accepted_ids) words[id >> 5] |= 1u << (id & 31);
-    if (!t.uncertain.empty()) add_uncertain(node, t.uncertain, words);
+    if (!t.uncertain.empty()) add_uncertain(group_nodes_, t.uncertain, words);
   }
 }
 
 // Checks the context-dependent subtrees against the real stack: the states along the path to
 // each subtree root are shared with the previous root (preorder), and inside a subtree a dead
 // state skips the rest of it.
-void Matcher::add_uncertain(uint32_t node, const std::vector<uint32_t>& roots, uint32_t* words) {
+void Matcher::add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words) {
   const Vocabulary& v = vocab();
   const auto& trie = v.trie();
   const auto& sorted = v.sorted();
   if (depth_states_.empty()) depth_states_.resize(64);
-  depth_states_[0].assign(1, node);
+  depth_states_[0] = nodes;
   const std::string* path = nullptr;  // a token whose prefix depth_states_[1..valid] follow
   size_t valid = 0;
   for (uint32_t root : roots) {

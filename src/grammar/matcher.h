@@ -1,6 +1,7 @@
 // Per-sequence state of a compiled grammar: which tokens may come next (a bitmask), accepting
 // tokens, rolling back (speculative decoding), completion. Not thread-safe; one per sequence.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -54,7 +55,7 @@ class Matcher {
   };
   bool advance_bytes(std::string_view bytes, std::vector<uint32_t>& out);
   void compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words);
-  void add_uncertain(uint32_t node, const std::vector<uint32_t>& ranks, uint32_t* words);
+  void add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   StackPool pool_;
@@ -63,6 +64,8 @@ class Matcher {
   size_t cache_cap_, cache_next_ = 0;
   std::vector<std::vector<uint32_t>> depth_states_;
   std::vector<uint32_t> tmp_a_, tmp_b_;
+  std::vector<std::array<uint32_t, 3>> tops_;  // (parent, position, node) of the state's stacks
+  std::vector<uint32_t> group_pos_, group_nodes_;
 };
 
 }  // namespace fathom::grammar
