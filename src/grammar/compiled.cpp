@@ -9,7 +9,7 @@ namespace fathom::grammar {
 
 namespace {
 
-// Walks the vocabulary trie from stack (pos over kSentinel). A token is accepted when some path
+// Walks the vocabulary trie from the group's stacks (positions over kSentinel). A token is accepted when some path
 // consumes it without needing the unknown rest of the stack, uncertain when the only paths
 // continue past the end of the rule, rejected otherwise (whole subtrees are skipped).
 CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& vocab, std::span<const uint32_t> positions,

@@ -189,3 +189,36 @@ TEST(GrammarTokenMask, LongTokensAndLazyPositions) {
 
 }  // namespace
 }  // namespace fathom::grammar
+
+#include <thread>
+
+namespace fathom::grammar {
+namespace {
+
+// One compiled grammar shared by sequences on several threads, with groups classified lazily
+// while they run.
+TEST(GrammarTokenMask, SharedAcrossThreads) {
+  auto cg = CompiledGrammar::compile(
+      grammar_from_json_schema(R"({"type":"array","items":{"type":"string","maxLength":200},"maxItems":3})"),
+      small_vocab());
+  std::vector<std::string> failures(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      testing::RandomModel model(cg, 100 + t);
+      for (int i = 0; i < 5; ++i) {
+        auto gen = model.generate(150, 2000);
+        try {
+          if (!gen.complete || !nlohmann::json::parse(gen.text).is_array()) failures[t] = gen.text;
+        } catch (const std::exception& e) {
+          failures[t] = e.what();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& f : failures) EXPECT_EQ(f, "");
+}
+
+}  // namespace
+}  // namespace fathom::grammar
