@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "grammar/matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -103,7 +104,11 @@ Engine::SubmitResult Engine::submit(std::vector<RequestSpec> specs) {
     if (stopping_) return SubmitResult::ShuttingDown;
     if (int64_t(inbox_.size()) + stat_waiting_.load() + int64_t(specs.size()) > cfg_.max_queue_len)
       return SubmitResult::QueueFull;
-    for (auto& s : specs) inbox_.push_back(std::make_unique<Request>(std::move(s), now));
+    for (auto& s : specs) {
+      auto r = std::make_unique<Request>(std::move(s), now);
+      if (r->spec.params.grammar) r->matcher = std::make_shared<grammar::Matcher>(r->spec.params.grammar);
+      inbox_.push_back(std::move(r));
+    }
   }
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
@@ -203,6 +208,8 @@ std::string Engine::process_token(Request& r, int64_t out_pos, int32_t token, To
   // The token's place: the end, or a placeholder an overlapped step already fed back.
   if (out_pos < int64_t(r.tokens.size())) r.tokens[size_t(out_pos)] = token;
   else r.tokens.push_back(token);
+  if (r.matcher && !r.matcher->accept_token(token))
+    throw RequestError("sample", "structured output: token " + std::to_string(token) + " is outside the grammar");
   const int64_t produced = out_pos + 1 - r.num_prompt;  // output tokens up to this one
   r.pending.token_ids.push_back(token);
   {
@@ -227,7 +234,9 @@ std::string Engine::process_token(Request& r, int64_t out_pos, int32_t token, To
   maybe_inject_fault(p.fault, FaultSite::Stop, produced);
 
   std::string reason;
-  const bool is_eos = !p.ignore_eos && eos_.count(token);
+  // Under a grammar the matcher decides: a stop token ends the output only where it is complete
+  // (an eos id that is ordinary text in the tokenizer is text there).
+  const bool is_eos = r.matcher ? r.matcher->is_terminated() : !p.ignore_eos && eos_.count(token);
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
   size_t max_stop = 0;
   for (const auto& s : p.stop) max_stop = std::max(max_stop, s.size());
@@ -282,9 +291,15 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
   const float* logits = row;
   std::vector<float>& scratch = logits_scratch_;
-  if (mask || (draft && r.sampler.adjusts_logits())) {
+  if (mask || r.matcher || (draft && r.sampler.adjusts_logits())) {
     scratch.assign(row, row + vocab);
     const float ninf = -std::numeric_limits<float>::infinity();
+    if (r.matcher) {  // structured output: the grammar's tokens only (a draft it refuses is rejected)
+      grammar_words_.assign(std::max<size_t>(size_t((vocab + 31) / 32), r.matcher->vocab().mask_words()), 0u);
+      r.matcher->fill_next_token_bitmask(grammar_words_);
+      for (int64_t t = 0; t < vocab; ++t)
+        if (!(grammar_words_[size_t(t >> 5)] >> (t & 31) & 1u)) scratch[size_t(t)] = ninf;
+    }
     if (mask && !p.ignore_eos)
       for (int32_t e : eos_)
         if (e >= 0 && e < vocab) scratch[e] = ninf;
@@ -396,7 +411,12 @@ void Engine::start_sequence(Request& r) {
 }
 
 bool Engine::step() {
-  if (overlap_) return step_overlapped();
+  // Grammar masks are applied where the host samples: constrained requests take plain steps
+  // (after any step in flight has finished).
+  if (overlap_) {
+    drain_inbox();
+    if (inflight_.active || !constrained_running()) return step_overlapped();
+  }
   drain_inbox();
   if (!sched_.has_work()) return false;
   if (spec_) propose_drafts();
@@ -435,8 +455,10 @@ bool Engine::step() {
   ForwardOutput fo;
   SampledOutput so;
   StepResult res;
+  bool constrained = false;
+  for (const ScheduledChunk& c : plan.chunks) constrained = constrained || c.req->matcher;
   const bool ran = guarded_forward(plan.chunks, [&] {
-    if (device_sampling_) {
+    if (device_sampling_ && !constrained) {
       add_sampling_rows(plan.chunks, steps);
       so = runner_->forward_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments(), need_hidden);
       res.so = &so;
@@ -468,6 +490,12 @@ bool Engine::decodes_certainly_end(const Request& r, int64_t out_pos) const {
   return out_pos + 1 - r.num_prompt >= r.spec.params.max_tokens || out_pos + 1 >= cfg_.max_model_len;
 }
 
+bool Engine::constrained_running() const {
+  for (const auto& [r, up] : live_)
+    if (r->matcher) return true;
+  return false;
+}
+
 bool Engine::penalties_running() const {
   for (const auto& [r, up] : live_) {
     const SamplingParams& sp = r->spec.params.sampling;
@@ -484,7 +512,7 @@ bool Engine::penalties_running() const {
 bool Engine::step_overlapped() {
   drain_inbox();
   InflightStep next;
-  if (sched_.has_work() && (!inflight_.active || !penalties_running())) {
+  if (sched_.has_work() && !constrained_running() && (!inflight_.active || !penalties_running())) {
     SchedulerOutput plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);
     for (Request* p : plan.preempted) {
       if (p->seq) runner_->remove_sequence(p->seq);

@@ -157,6 +157,7 @@ class Engine {
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).
   bool decodes_certainly_end(const Request& r, int64_t out_pos) const;
   bool penalties_running() const;  // output-dependent penalties need each step's tokens first
+  bool constrained_running() const;  // structured-output requests: masks need each step's tokens
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);
@@ -175,6 +176,7 @@ class Engine {
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
   std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
   bool device_sampling_ = false;
+  std::vector<uint32_t> grammar_words_;  // one row's grammar mask (bit t: token t allowed)
   SamplingRows sampling_rows_;
   bool overlap_ = false;
   InflightStep inflight_;

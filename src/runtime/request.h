@@ -22,6 +22,11 @@
 #include "runtime/sampler.h"
 #include "tokenizer/decode_stream.h"
 
+namespace fathom::grammar {
+class CompiledGrammar;
+class Matcher;
+}  // namespace fathom::grammar
+
 namespace fathom {
 
 using Clock = std::chrono::steady_clock;
@@ -38,6 +43,8 @@ struct RequestParams {
   bool skip_special_tokens = true;
   bool detokenize = true;
   FaultInjection fault;                // tests only
+  // Structured output: only tokens this grammar allows (a mask before sampling); null: any.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 struct TokenLogprob {
@@ -130,6 +137,7 @@ struct Request {
   int num_preemptions = 0;
 
   Sampler sampler;
+  std::shared_ptr<grammar::Matcher> matcher;  // with spec.params.grammar: the output so far
   std::unique_ptr<tok::DecodeStream> detok;
   std::string text;           // detokenized output so far (cut at a stop string)
   size_t text_released = 0;   // bytes of `text` already sent

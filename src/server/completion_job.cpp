@@ -2,6 +2,7 @@
 
 #include <ctime>
 
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -31,7 +32,8 @@ CompletionJob::CompletionJob(const ParsedRequest& req, std::string id, std::stri
       echo_texts_(req.echo_texts),
       tools_(req.tools),
       tool_ids_(std::move(tool_ids)) {
-  if (chat_ && tools && !req.tools.is_null()) tool_format_ = tools;
+  if (chat_) tool_choice_ = req.tool_choice, tool_choice_name_ = req.tool_choice_name;
+  if (chat_ && tools && !req.tools.is_null() && tool_choice_ == ParsedRequest::ToolChoice::Auto) tool_format_ = tools;
   const bool starts_in_reasoning = reasoning_ && ReasoningParser::prompt_opens_reasoning(req.rendered_prompt);
   choices_.resize(prompts_.size() * size_t(n_));
   for (auto& c : choices_) {
@@ -144,6 +146,11 @@ std::string CompletionJob::apply(RequestOutput& ev) {
     if (c.tool_parser) {
       stream_tools(c, d_content, ev.finished, delta);
       if (ev.finished) finish = c.finish_reason = finish_reason_of(c, c.tool_parser->calls());
+    } else if (tool_choice_ == ParsedRequest::ToolChoice::Required ||
+               tool_choice_ == ParsedRequest::ToolChoice::Named) {
+      stream_forced(c, d_content, ev.finished, delta);
+      if (ev.finished && tool_choice_ == ParsedRequest::ToolChoice::Required && !c.forced_id.empty())
+        finish = c.finish_reason = finish_reason_of(c, 1);
     } else if (!d_content.empty()) {
       delta["content"] = d_content;
     }
@@ -188,6 +195,49 @@ void CompletionJob::stream_tools(Choice& c, const std::string& d_content, bool f
   delta["tool_calls"] = calls;
 }
 
+bool CompletionJob::forced_calls(const std::string& text, std::vector<ToolCall>& calls) {
+  if (tool_choice_ == ParsedRequest::ToolChoice::Named) {  // the grammar's arguments object, as written
+    calls.push_back({tool_ids_(), tool_choice_name_, text});
+    return true;
+  }
+  const auto split = split_forced_calls(text);
+  if (!split) return false;
+  for (const ForcedCall& f : *split) calls.push_back({tool_ids_(), f.name, f.arguments});
+  return true;
+}
+
+// Named: the arguments stream as they come. Required: the list is complete only at the end, so
+// its calls go out in the last chunk.
+void CompletionJob::stream_forced(Choice& c, const std::string& d_content, bool finished, json& delta) {
+  json calls = json::array();
+  if (tool_choice_ == ParsedRequest::ToolChoice::Named) {
+    if (d_content.empty()) return;
+    json call = {{"index", 0}};
+    json fn = json::object();
+    if (c.forced_id.empty()) {
+      c.forced_id = tool_ids_();
+      call["id"] = c.forced_id;
+      call["type"] = "function";
+      fn["name"] = tool_choice_name_;
+    }
+    fn["arguments"] = d_content;
+    call["function"] = fn;
+    calls.push_back(call);
+  } else {
+    if (!finished) return;
+    std::vector<ToolCall> parsed;
+    if (!forced_calls(c.content, parsed)) {
+      if (!c.content.empty()) delta["content"] = c.content;
+      return;
+    }
+    for (size_t i = 0; i < parsed.size(); ++i)
+      calls.push_back({{"index", i}, {"id", parsed[i].id}, {"type", "function"},
+                       {"function", {{"name", parsed[i].name}, {"arguments", parsed[i].arguments}}}});
+    c.forced_id = parsed.front().id;
+  }
+  delta["tool_calls"] = calls;
+}
+
 std::string CompletionJob::finish_reason_of(const Choice& c, int calls) {
   return calls > 0 && (c.finish_reason == "stop" || c.finish_reason == "length") ? "tool_calls" : c.finish_reason;
 }
@@ -214,7 +264,17 @@ json CompletionJob::response() {
     if (chat_) {
       json msg = {{"role", "assistant"}};
       std::string finish = c.finish_reason;
-      if (tool_format_) {
+      std::vector<ToolCall> forced;
+      if ((tool_choice_ == ParsedRequest::ToolChoice::Required || tool_choice_ == ParsedRequest::ToolChoice::Named) &&
+          forced_calls(c.content, forced)) {
+        msg["content"] = nullptr;
+        json calls = json::array();
+        for (const ToolCall& t : forced)
+          calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        msg["tool_calls"] = calls;
+        // OpenAI ends a forced named call with "stop"; "required" as a model's own calls.
+        if (tool_choice_ == ParsedRequest::ToolChoice::Required) finish = finish_reason_of(c, int(forced.size()));
+      } else if (tool_format_) {
         // The whole output at once: a broken block stays content (a stream cannot take back a
         // call it has begun; a whole parse can).
         ToolCallParse parsed = parse_tool_calls(c.content, *tool_format_, tools_, tool_ids_);

@@ -54,6 +54,7 @@ class CompletionJob {
     std::string reasoning, content;
     std::unique_ptr<ReasoningParser> reasoning_parser;
     std::unique_ptr<ToolCallStreamParser> tool_parser;  // streaming only
+    std::string forced_id;  // tool_choice required / named: the call id sent (streaming)
     std::string finish_reason;
     nlohmann::ordered_json stop_reason = nullptr;
     int completion_tokens = 0;
@@ -67,6 +68,9 @@ class CompletionJob {
   void stream_tools(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
   // The final finish_reason: "tool_calls" when the model called a tool and ended by itself or length.
   static std::string finish_reason_of(const Choice& c, int calls);
+  // tool_choice required / named: the output (JSON, by grammar) as calls; false if it is not.
+  bool forced_calls(const std::string& text, std::vector<ToolCall>& calls);
+  void stream_forced(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
 
   const tok::Tokenizer* tok_;
   bool chat_, stream_, include_usage_, return_token_ids_, reasoning_;
@@ -77,6 +81,8 @@ class CompletionJob {
   std::vector<std::string> echo_texts_;
   std::vector<Choice> choices_;
   std::optional<ToolCallFormat> tool_format_;  // set when this request's output is parsed for calls
+  ParsedRequest::ToolChoice tool_choice_ = ParsedRequest::ToolChoice::Auto;
+  std::string tool_choice_name_;
   nlohmann::ordered_json tools_;
   ToolCallIdGenerator tool_ids_;
   int remaining_;

@@ -10,6 +10,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "grammar/compiler.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
 #include "server/completion_job.h"
@@ -72,6 +73,7 @@ class OpenAIServer {
   std::unique_ptr<chat::ChatTemplate> tmpl_;
   RequestContext ctx_;
   std::optional<ToolCallFormat> tool_format_;  // --tool-call-parser
+  std::unique_ptr<grammar::GrammarCompiler> grammars_;  // structured output (with a tokenizer)
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> stopping_{false};
@@ -272,6 +274,20 @@ void OpenAIServer::load() {
     if (auto id = tok_->token_to_id(ctx_.special_tokens["eos_token"].get<std::string>())) ec.eos_token_ids.push_back(int32_t(*id));
   FATHOM_CHECK(cfg_.max_num_seqs > 0, "--max-num-seqs must be positive");
   FATHOM_CHECK(cfg_.max_queue_len >= 0, "--max-queue-len must be >= 0");
+  if (tok_) {
+    // Grammar masks span the logits' width; the model's eos tokens end a complete output.
+    // Stop tokens: the eos ids the tokenizer has as special tokens (a config's eos id can be an
+    // ordinary text token, as in the test fixtures); all of them when none is special.
+    std::vector<uint32_t> stops;
+    for (int32_t id : ec.eos_token_ids)
+      if (id >= 0 && tok_->is_special(uint32_t(id)) &&
+          std::find(stops.begin(), stops.end(), uint32_t(id)) == stops.end())
+        stops.push_back(uint32_t(id));
+    if (stops.empty()) stops.assign(ec.eos_token_ids.begin(), ec.eos_token_ids.end());
+    grammars_ = std::make_unique<grammar::GrammarCompiler>(
+        grammar::Vocabulary::from_tokenizer(*tok_, std::move(stops), size_t(mc.vocab_size)));
+    ctx_.grammars = grammars_.get();
+  }
   engine_ = std::make_unique<Engine>(std::move(runner), tok_.get(), ec);
 
   ctx_.tokenizer = tok_.get();

@@ -5,6 +5,8 @@
 #include <set>
 
 #include "chat/chat_template.h"
+#include "grammar/compiler.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -41,7 +43,8 @@ json parse_json_depth(std::string_view text, bool& too_deep) {
 const std::vector<std::string> kCommonFields = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
     "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "logit_bias",
-    "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "return_token_ids", "logprobs"};
+    "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "return_token_ids", "logprobs",
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"};
 
 std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<const char*> more) {
   for (const char* m : more) a.emplace_back(m);
@@ -59,21 +62,24 @@ void check_partially_supported(const json& b, bool chat) {
     return;
   }
   if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
-    if (!it->is_string() || (*it != "auto" && *it != "none"))
+    const bool named = it->is_object() && it->value("type", json()) == "function" && it->contains("function") &&
+                       (*it)["function"].is_object() && (*it)["function"].contains("name") &&
+                       (*it)["function"]["name"].is_string();
+    if (!named && (!it->is_string() || (*it != "auto" && *it != "none" && *it != "required")))
       bad("tool_choice",
-          "'tool_choice' supports \"auto\" and \"none\" (\"required\" and a named function need constrained "
-          "decoding, not available yet; got " + it->dump() + ")",
+          "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+          "{\"name\": ...}} (got " + it->dump() + ")",
           "unsupported_value");
   }
-  if (auto v = get_bool(b, "parallel_tool_calls"); v && !*v)
-    bad("parallel_tool_calls", "'parallel_tool_calls': false is not supported (the model may call several tools)",
-        "unsupported_value");
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object()) bad("response_format", "'response_format' must be an object", "invalid_type");
-    const auto t = it->find("type");
-    if (t == it->end() || !t->is_string()) bad("response_format", "'response_format' needs a string 'type'", "invalid_value");
-    if (*t != "text")
-      bad("response_format", "'response_format' of type " + t->dump() + " is not supported (only \"text\")", "unsupported_value");
+  // false is enforced by the grammar of tool_choice "required" (one call); elsewhere it cannot be.
+  if (auto v = get_bool(b, "parallel_tool_calls"); v && !*v) {
+    const auto tc = b.find("tool_choice");
+    const bool forced = tc != b.end() && (*tc == "required" || tc->is_object());
+    if (!forced)
+      bad("parallel_tool_calls",
+          "'parallel_tool_calls': false is enforced only with tool_choice \"required\" or a named function "
+          "(under \"auto\" the model may call several tools)",
+          "unsupported_value");
   }
 }
 
@@ -187,20 +193,31 @@ void parse_chat_prompt(const json& b, const RequestContext& ctx, ParsedRequest& 
   json msgs = json::array();
   for (const auto& m : *it) msgs.push_back(sanitize_message(m));
   json tools = nullptr;
+  json choice = b.value("tool_choice", json("auto"));
+  if (choice.is_null()) choice = "auto";
+  const bool none = choice == "none";
+  if (none) out.tool_choice = ParsedRequest::ToolChoice::None;
+  if (choice == "required") out.tool_choice = ParsedRequest::ToolChoice::Required;
+  if (choice.is_object()) {
+    out.tool_choice = ParsedRequest::ToolChoice::Named;
+    out.tool_choice_name = choice["function"]["name"].get<std::string>();
+  }
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     if (!t->is_array()) bad("tools", "'tools' must be a list", "invalid_type");
     for (const auto& tool : *t)
       if (!tool.is_object()) bad("tools", "each tool must be an object", "invalid_type");
-    const bool none = b.contains("tool_choice") && b["tool_choice"] == "none";
     if (!t->empty() && !none) tools = *t;  // tool_choice "none": the model is not told about tools
-    // As vLLM: tools under tool_choice "auto" (the default with tools) need the server's parser,
-    // else the calls would come back as text.
-    if (!tools.is_null() && !ctx.auto_tool_choice)
-      bad("tool_choice",
-          "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
-          "(or send tool_choice \"none\")",
-          "invalid_value");
   }
+  const bool forced = out.tool_choice == ParsedRequest::ToolChoice::Required ||
+                      out.tool_choice == ParsedRequest::ToolChoice::Named;
+  if (forced && tools.is_null()) bad("tool_choice", "'tool_choice' " + choice.dump() + " needs a non-empty 'tools' list");
+  // As vLLM: tools under tool_choice "auto" (the default with tools) need the server's parser,
+  // else the calls would come back as text.
+  if (!tools.is_null() && out.tool_choice == ParsedRequest::ToolChoice::Auto && !ctx.auto_tool_choice)
+    bad("tool_choice",
+        "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
+        "(or send tool_choice \"none\")",
+        "invalid_value");
   out.tools = tools;
   json kwargs = json::object();
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
@@ -311,7 +328,7 @@ const std::vector<std::string>& accepted_fields(bool chat) {
   static const std::vector<std::string> completions = with(kCommonFields, {"prompt", "echo", "suffix", "best_of"});
   static const std::vector<std::string> chats =
       with(kCommonFields, {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                           "response_format", "chat_template_kwargs", "add_generation_prompt"});
+                           "chat_template_kwargs", "add_generation_prompt"});
   return chat ? chats : completions;
 }
 
@@ -345,6 +362,19 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
   if (chat) parse_chat_prompt(body, ctx, out);
   else parse_completion_prompt(body, ctx, out);
   finalize_lengths(out, ctx);
+  std::optional<StructuredOutputRequest> so = structured_output_request(body);
+  if (out.tool_choice == ParsedRequest::ToolChoice::Required || out.tool_choice == ParsedRequest::ToolChoice::Named) {
+    if (so) bad("tool_choice", "'tool_choice' " + body["tool_choice"].dump() + " cannot be combined with '" + so->field + "'");
+    so = forced_tool_call_request(out.tools, out.tool_choice_name, get_bool(body, "parallel_tool_calls").value_or(true));
+  }
+  if (so) {
+    if (!ctx.grammars) bad(so->field, "structured output needs the model's tokenizer (server runs with --skip-tokenizer-init)", "");
+    try {
+      out.common.params.grammar = ctx.grammars->compile(so->spec);
+    } catch (const std::exception& e) {
+      bad(so->field, std::string("structured output: ") + e.what());
+    }
+  }
   return out;
 }
 

@@ -18,6 +18,9 @@ class Tokenizer;
 namespace fathom::chat {
 class ChatTemplate;
 }
+namespace fathom::grammar {
+class GrammarCompiler;
+}
 
 namespace fathom::server {
 
@@ -38,6 +41,7 @@ struct RequestContext {
   int64_t max_model_len = 0;
   bool allow_fault_injection = false;           // the test-only "fathom_fault" field
   bool auto_tool_choice = false;                // --enable-auto-tool-choice (with a --tool-call-parser)
+  grammar::GrammarCompiler* grammars = nullptr; // structured output (null: no tokenizer)
 };
 
 struct ParsedRequest {
@@ -46,6 +50,10 @@ struct ParsedRequest {
   std::vector<std::vector<int32_t>> prompts;
   std::string rendered_prompt;              // chat: the template's output
   nlohmann::ordered_json tools = nullptr;   // chat: the tools the model was told about (null: none)
+  // chat: "required" and a named function are enforced by a grammar over a JSON form (as vLLM):
+  // a list of {"name", "parameters"} objects, or the named function's arguments object.
+  enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
+  std::string tool_choice_name;             // ToolChoice::Named
   bool echo = false;                        // completions: the prompt's text leads each choice
   std::vector<std::string> echo_texts;      // per prompt, when echo
 };

@@ -62,10 +62,10 @@ TEST(RequestParser, NestingLimitIsEnforcedWhileParsing) {
 }
 
 TEST(RequestParser, UnknownFieldsAreNamedAndIgnoredOnesAccepted) {
-  const ApiError e = error_of(R"({"prompt": "hi", "frobnicate": 1, "guided_json": {}})", false);
+  const ApiError e = error_of(R"({"prompt": "hi", "frobnicate": 1, "guided_whitespace_pattern": " "})", false);
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "frobnicate");
-  EXPECT_NE(e.message.find("'frobnicate', 'guided_json'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'frobnicate', 'guided_whitespace_pattern'"), std::string::npos) << e.message;
   EXPECT_EQ(error_of(R"({"prompt": "hi", "prompt_logprobs": 2})", false).param, "prompt_logprobs");
   EXPECT_EQ(error_of(R"({"prompt": "hi", "best_of": 2})", false).param, "best_of");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true).param,
