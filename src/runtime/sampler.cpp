@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 #include <vector>
@@ -69,8 +70,18 @@ int32_t Sampler::sample(const float* logits, int64_t n, std::span<const int32_t>
 }
 
 SamplingCandidates sampling_candidates(const float* logits, int64_t n, const SamplingParams& params) {
-  std::vector<int32_t> idx(n);
-  std::iota(idx.begin(), idx.end(), 0);
+  // Masked tokens (-inf: min_tokens, a grammar) have no probability: only the others are sorted,
+  // which under a grammar is often a handful instead of the vocabulary. The candidates and their
+  // probabilities are those of sorting every token.
+  std::vector<int32_t> idx;
+  idx.reserve(size_t(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (logits[i] != -std::numeric_limits<float>::infinity()) idx.push_back(int32_t(i));
+  if (idx.empty()) {  // all masked: as before, every token (the first wins)
+    idx.resize(size_t(n));
+    std::iota(idx.begin(), idx.end(), 0);
+  }
+  n = int64_t(idx.size());
   std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   int64_t keep = n;
   if (params.top_k > 0) keep = std::min<int64_t>(keep, params.top_k);
