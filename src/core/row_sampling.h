@@ -26,7 +26,12 @@ struct RowSampling {
   int32_t skip = 0;         // a row nobody reads (a prefill chunk that is not the last): no work
   int32_t state_slot = -1;  // >= 0: also store the chosen token as that sequence's last token on the
                             // device (the next step may read it before the host has it)
+  int32_t mask_row = -1;    // >= 0: this row's entry of the step's token masks (structured output):
+                            // only tokens whose bit is set may be chosen, after the adjustments
 };
+
+// Words of one row's token mask: bit (t % 32) of word t / 32 is token t.
+inline constexpr int64_t mask_words(int64_t vocab) { return (vocab + 31) / 32; }
 
 inline constexpr int kMaxTopLogprobs = 20;
 

@@ -99,11 +99,13 @@ class ModelRunner {
   virtual void mtp_rollback(SequenceId seq, int64_t new_length) = 0;
 
   // Engines that choose tokens on the device say so and implement forward_sampled(): `rows` has
-  // one entry per logits row forward() would return (in its order), pointing into `adjust`.
+  // one entry per logits row forward() would return (in its order), pointing into `adjust` and,
+  // with mask_row >= 0, into `masks` (mask_words(vocab) words a row).
   virtual bool samples_on_device() const { return false; }
   virtual SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                        std::span<const LogitAdjustment> adjust, bool want_hidden) {
-    (void)steps, (void)rows, (void)adjust, (void)want_hidden;
+                                        std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                        std::span<const uint32_t> masks = {}) {
+    (void)steps, (void)rows, (void)adjust, (void)want_hidden, (void)masks;
     fail("forward_sampled: ", device_name(), " does not sample on the device");
   }
   // forward_sampled() in two halves, for scheduling the next step while this one runs: launch

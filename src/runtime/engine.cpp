@@ -339,14 +339,31 @@ Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const in
 
 void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps) {
   sampling_rows_.clear();
+  const int64_t vocab = runner_->config().vocab_size;
+  // A structured-output row's mask: the grammar's tokens after the output so far (and the drafts
+  // before the row, which the matcher takes for the moment).
+  auto mask_of = [&](const Request& r) -> const uint32_t* {
+    if (!r.matcher) return nullptr;
+    grammar_words_.assign(std::max<size_t>(size_t(mask_words(vocab)), r.matcher->vocab().mask_words()), 0u);
+    r.matcher->fill_next_token_bitmask(grammar_words_);
+    return grammar_words_.data();
+  };
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Request& r = *chunks[i].req;
     if (steps[i].all_rows) {  // draft verification: the pending token's row, then one per draft
       const std::span<const int32_t> drafts(r.drafts);
-      for (size_t d = 0; d <= drafts.size(); ++d)
-        sampling_rows_.add(r, drafts.first(d), d < drafts.size() ? drafts[d] : -1, eos_);
+      size_t taken = 0;  // drafts the matcher holds; a draft it refuses ends the chain there (its row
+      bool valid = true;  // rejects it, so later rows are never read)
+      for (size_t d = 0; d <= drafts.size(); ++d) {
+        if (r.matcher && d > 0 && valid) {
+          valid = r.matcher->accept_token(uint32_t(drafts[d - 1]));
+          taken += valid ? 1 : 0;
+        }
+        sampling_rows_.add(r, drafts.first(d), d < drafts.size() ? drafts[d] : -1, eos_, mask_of(r));
+      }
+      if (taken > 0) r.matcher->rollback(taken);
     } else if (r.num_computed + int64_t(steps[i].tokens.size()) >= int64_t(r.tokens.size())) {
-      sampling_rows_.add(r, {}, -1, eos_);
+      sampling_rows_.add(r, {}, -1, eos_, mask_of(r));
     } else {
       sampling_rows_.add_skip();  // a prefill chunk before the prompt's end
     }
@@ -411,8 +428,8 @@ void Engine::start_sequence(Request& r) {
 }
 
 bool Engine::step() {
-  // Grammar masks are applied where the host samples: constrained requests take plain steps
-  // (after any step in flight has finished).
+  // A grammar's mask for step N+1 needs step N's token: constrained requests take plain steps
+  // (after any step in flight has finished), their masks uploaded with the step's sampling rows.
   if (overlap_) {
     drain_inbox();
     if (inflight_.active || !constrained_running()) return step_overlapped();
@@ -455,12 +472,11 @@ bool Engine::step() {
   ForwardOutput fo;
   SampledOutput so;
   StepResult res;
-  bool constrained = false;
-  for (const ScheduledChunk& c : plan.chunks) constrained = constrained || c.req->matcher;
   const bool ran = guarded_forward(plan.chunks, [&] {
-    if (device_sampling_ && !constrained) {
+    if (device_sampling_) {
       add_sampling_rows(plan.chunks, steps);
-      so = runner_->forward_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments(), need_hidden);
+      so = runner_->forward_sampled(steps, sampling_rows_.rows(), sampling_rows_.adjustments(), need_hidden,
+                                    sampling_rows_.masks());
       res.so = &so;
     } else {
       fo = runner_->forward(steps);

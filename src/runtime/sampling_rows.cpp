@@ -7,6 +7,7 @@ namespace fathom {
 void SamplingRows::clear() {
   rows_.clear();
   adjust_.clear();
+  masks_.clear();
 }
 
 void SamplingRows::add_skip() {
@@ -16,7 +17,8 @@ void SamplingRows::add_skip() {
   rows_.push_back(row);
 }
 
-void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos) {
+void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
+                       const uint32_t* mask) {
   const RequestParams& p = r.spec.params;
   const SamplingParams& sp = p.sampling;
   RowSampling row;
@@ -60,6 +62,11 @@ void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t
   for (const auto& [t, e] : entries)
     if (t >= 0 && t < vocab_) adjust_.push_back(e);  // as the CPU sampler: ids outside the vocabulary do nothing
   row.adjust_end = int32_t(adjust_.size());
+  if (mask) {
+    const int64_t w = mask_words(vocab_);
+    row.mask_row = int32_t(int64_t(masks_.size()) / w);
+    masks_.insert(masks_.end(), mask, mask + w);
+  }
   rows_.push_back(row);
 }
 

@@ -20,15 +20,19 @@ class SamplingRows {
   // The row that picks output token number r.num_output() + prior.size() of `r`, `prior` being the
   // drafts before it in this step (they count as output when that row is read); `draft` >= 0 is
   // the draft this row verifies.
-  void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos);
+  // `mask` (mask_words(vocab) words, or null): the tokens a grammar allows at that row.
+  void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
+           const uint32_t* mask = nullptr);
   void clear();
 
   const std::vector<RowSampling>& rows() const { return rows_; }
   const std::vector<LogitAdjustment>& adjustments() const { return adjust_; }
+  const std::vector<uint32_t>& masks() const { return masks_; }
 
  private:
   std::vector<RowSampling> rows_;
   std::vector<LogitAdjustment> adjust_;
+  std::vector<uint32_t> masks_;  // rows' token masks, mask_words(vocab) words each
   int64_t vocab_;
 };
 

@@ -29,7 +29,7 @@ struct DeviceResult {
 
 // Runs sample_rows over `logits` [rows, V] with `params` (one per row) and `adjust`.
 DeviceResult run_device(const std::vector<float>& logits, int V, const std::vector<RowSampling>& params,
-                        const std::vector<LogitAdjustment>& adjust) {
+                        const std::vector<LogitAdjustment>& adjust, const std::vector<uint32_t>& masks = {}) {
   const int rows = int(params.size());
   cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
       da(std::max<size_t>(1, adjust.size()) * sizeof(LogitAdjustment)), dout(params.size() * sizeof(RowSample)),
@@ -39,9 +39,12 @@ DeviceResult run_device(const std::vector<float>& logits, int V, const std::vect
   if (!adjust.empty())
     FATHOM_CUDA_CHECK(
         cudaMemcpy(da.data(), adjust.data(), adjust.size() * sizeof(LogitAdjustment), cudaMemcpyHostToDevice));
+  cuda::DeviceBuffer dm(std::max<size_t>(1, masks.size()) * 4);
+  if (!masks.empty()) FATHOM_CUDA_CHECK(cudaMemcpy(dm.data(), masks.data(), masks.size() * 4, cudaMemcpyHostToDevice));
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies may still be in flight when cudaMemcpy returns
   cuda::sample_rows(dl.as<float>(), rows, V, dp.as<RowSampling>(), da.as<LogitAdjustment>(), dout.as<RowSample>(),
-                    dti.as<int32_t>(), dtl.as<float>(), nullptr);
+                    dti.as<int32_t>(), dtl.as<float>(), nullptr, nullptr,
+                    masks.empty() ? nullptr : dm.as<uint32_t>());
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
   DeviceResult r;
   r.samples.resize(size_t(rows));
@@ -326,6 +329,51 @@ TEST(CudaSampling, SeededRowsIndependentOfBatch) {
     sp.temperature = params[size_t(r)].temperature, sp.top_p = params[size_t(r)].top_p, sp.top_k = params[size_t(r)].top_k;
     const std::vector<double> p = target_distribution(logits.data() + int64_t(r) * V, V, sp);
     EXPECT_GT(p[size_t(a.samples[size_t(r)].token)], 0.0) << "row " << r;
+  }
+}
+
+// Structured output: with a row's token mask, greedy picks the CPU's argmax over the allowed
+// tokens, a sampled row picks only allowed tokens (whatever the logits prefer), and a draft
+// outside the mask is rejected.
+TEST(CudaSampling, TokenMasksRestrictTheChoice) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 248320, rows = 32;
+  const int64_t W = mask_words(V);
+  const std::vector<float> logits = random_logits(rows, V, 2.f, 11u);
+  std::vector<RowSampling> params(rows);
+  std::vector<uint32_t> masks(size_t(rows / 2) * size_t(W), 0u);
+  std::mt19937 g(3);
+  int32_t next_mask = 0;
+  for (int r = 0; r < rows; ++r) {
+    RowSampling& p = params[size_t(r)];
+    p.temperature = r % 2 ? 1.f : 0.f;
+    p.seed = 77 + uint64_t(r);
+    if (r % 4 < 2) {  // masked rows: a few allowed tokens, never the row's argmax
+      p.mask_row = next_mask++;
+      uint32_t* m = masks.data() + int64_t(p.mask_row) * W;
+      const int32_t top = argmax(logits.data() + int64_t(r) * V, V);
+      for (int k = 0; k < 5; ++k) {
+        int32_t t = int32_t(g() % uint32_t(V));
+        if (t == top) t = (t + 1) % V;
+        m[t >> 5] |= 1u << (t & 31);
+      }
+      if (r % 8 == 0) p.draft = top;  // a draft the grammar refuses
+    }
+  }
+  const DeviceResult got = run_device(logits, V, params, {}, masks);
+  for (int r = 0; r < rows; ++r) {
+    const RowSampling& p = params[size_t(r)];
+    const int32_t token = got.samples[size_t(r)].token;
+    if (p.mask_row < 0) continue;
+    const uint32_t* m = masks.data() + int64_t(p.mask_row) * W;
+    EXPECT_TRUE(m[token >> 5] >> (token & 31) & 1u) << "row " << r << " chose " << token;
+    if (p.draft >= 0) EXPECT_EQ(got.samples[size_t(r)].accepted, 0) << "row " << r;
+    if (p.temperature == 0.f) {
+      std::vector<float> ref(logits.begin() + int64_t(r) * V, logits.begin() + int64_t(r + 1) * V);
+      for (int t = 0; t < V; ++t)
+        if (!(m[t >> 5] >> (t & 31) & 1u)) ref[size_t(t)] = -INFINITY;
+      EXPECT_EQ(token, argmax(ref.data(), V)) << "row " << r;
+    }
   }
 }
 

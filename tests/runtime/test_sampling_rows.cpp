@@ -87,3 +87,34 @@ TEST(SamplingRows, AdjustmentsEqualTheCpuSampler) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+// A row's token mask (structured output) is copied into the step's mask table and the row points
+// at it; rows without one point nowhere.
+TEST(SamplingRows, TokenMasksAreTabledPerRow) {
+  const int V = 70;  // three words a row
+  RequestSpec spec;
+  spec.prompt = {1, 2};
+  Request r(spec, Clock::now());
+  std::vector<uint32_t> a(size_t(mask_words(V)), 0u), b(size_t(mask_words(V)), 0u);
+  a[0] = 1u << 5;
+  b[2] = 1u << 1;  // token 65
+  SamplingRows rows(V);
+  rows.add(r, {}, -1, {}, a.data());
+  rows.add(r, {}, -1, {});
+  rows.add(r, {}, -1, {}, b.data());
+  ASSERT_EQ(rows.rows().size(), 3u);
+  EXPECT_EQ(rows.rows()[0].mask_row, 0);
+  EXPECT_EQ(rows.rows()[1].mask_row, -1);
+  EXPECT_EQ(rows.rows()[2].mask_row, 1);
+  ASSERT_EQ(rows.masks().size(), size_t(2 * mask_words(V)));
+  EXPECT_EQ(rows.masks()[0], 1u << 5);
+  EXPECT_EQ(rows.masks()[size_t(mask_words(V)) + 2], 1u << 1);
+  rows.clear();
+  EXPECT_TRUE(rows.masks().empty());
+}
+
+}  // namespace
+}  // namespace fathom

@@ -163,7 +163,8 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
 
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
                                                                LogitAdjustment* adjust, RowSample* out,
-                                                               int32_t* top_ids, float* top_lp, int32_t* last_token) {
+                                                               int32_t* top_ids, float* top_lp, int32_t* last_token,
+                                                               const uint32_t* masks) {
   pdl_prologue();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x;
@@ -213,6 +214,13 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
     l[e.token] = x;
   }
   __syncthreads();
+  // Structured output: tokens outside the grammar's mask (bit t of word t / 32) are impossible.
+  if (P.mask_row >= 0 && masks) {
+    const uint32_t* mw = masks + int64_t(P.mask_row) * ((V + 31) / 32);
+    for (int i = tid; i < V; i += kThreads)
+      if (!((mw[i >> 5] >> (i & 31)) & 1u)) l[i] = -INFINITY;
+    __syncthreads();
+  }
 
   // 3. The largest logit: the greedy choice, and the reference of the sampling weights.
   float m = -INFINITY;
@@ -301,11 +309,13 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
 }  // namespace
 
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
-                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token) {
+                 RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token,
+                 const uint32_t* masks) {
   if (rows == 0) return;
   // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
   // and one launch per step costs nothing worth saving.
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token);
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
+                                               masks);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -13,8 +13,9 @@ namespace fathom::cuda {
 // logits [rows, vocab] are changed in place (adjustments). `adjust` holds every row's entries
 // (their `raw` fields are written). top_ids / top_logprobs: [rows, kMaxTopLogprobs].
 // last_token (may be null): [slots] tokens chosen per state slot (RowSampling::state_slot).
+// masks (may be null): the rows' token masks (RowSampling::mask_row), mask_words(vocab) words each.
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s,
-                 int32_t* last_token = nullptr);
+                 int32_t* last_token = nullptr, const uint32_t* masks = nullptr);
 
 }  // namespace fathom::cuda

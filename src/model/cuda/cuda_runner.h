@@ -77,7 +77,8 @@ class CudaRunner final : public ModelRunner {
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
   bool samples_on_device() const override;  // runner_sampling.cpp
   SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                std::span<const LogitAdjustment> adjust, bool want_hidden) override;
+                                std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                std::span<const uint32_t> masks = {}) override;
   GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
   bool supports_pending_tokens() const override { return true; }
   void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
@@ -109,7 +110,7 @@ class CudaRunner final : public ModelRunner {
   explicit CudaRunner(std::unique_ptr<Impl> impl);
   // launch_sampled(), also returning hidden states (forward_sampled for speculative decoding).
   void launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-              std::span<const LogitAdjustment> adjust, bool want_hidden);
+              std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks = {});
   std::unique_ptr<Impl> impl_;
 };
 

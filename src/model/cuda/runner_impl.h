@@ -119,6 +119,9 @@ struct CudaRunner::Impl {
   float* row_top_lp_host[2] = {};
   LogitAdjustment* adjust_host[2] = {};
   size_t adjust_cap[2] = {};
+  DeviceBuffer mask_dev;              // the step's token masks (structured output), grown on demand
+  uint32_t* mask_host[2] = {};
+  size_t mask_cap[2] = {};            // words
   int io_buf = 0;
   // The token each state slot's last sampled row chose (kPendingToken's value on the device).
   DeviceBuffer last_token;
@@ -189,7 +192,7 @@ struct CudaRunner::Impl {
     if (meta_host) cudaFreeHost(meta_host);
     for (int b = 0; b < 2; ++b)
       for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
-                      (void*)row_top_lp_host[b], (void*)adjust_host[b]})
+                      (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b]})
         if (p) cudaFreeHost(p);
     if (meta_uploaded) cudaEventDestroy(meta_uploaded);
     for (cudaEvent_t e : chunk_done)

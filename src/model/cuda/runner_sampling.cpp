@@ -33,17 +33,20 @@ void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<co
 }
 
 void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                        std::span<const LogitAdjustment> adjust, bool want_hidden) {
+                        std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.launched.size() < 2, "launch_sampled: two launched steps are not finished yet");
   for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
   Impl::OutputLayout layout = Impl::output_layout(steps);
   FATHOM_CHECK(int64_t(rows.size()) == layout.rows, "forward_sampled: ", rows.size(), " sampling rows for ",
                layout.rows, " logits rows");
-  for (const RowSampling& r : rows)
+  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size, W = mask_words(V);
+  for (const RowSampling& r : rows) {
     FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
                  "forward_sampled: a row's adjustments lie outside the list");
-  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
+    FATHOM_CHECK(r.mask_row < 0 || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
+                 "forward_sampled: a row's token mask lies outside the mask table");
+  }
   Impl::LaunchedStep& ls = m.launched.emplace_back();
   ls.want_hidden = want_hidden;
   for (const RowSampling& r : rows) {
@@ -106,6 +109,19 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       }
       if (n_adjust * sizeof(LogitAdjustment) > m.adjust_dev.bytes())
         m.adjust_dev = DeviceBuffer(std::max(m.adjust_cap[0], m.adjust_cap[1]) * sizeof(LogitAdjustment));
+      // The chunk's token masks (structured output), renumbered in its row order.
+      size_t n_masks = 0;
+      for (int64_t src : c.source)
+        if (src >= 0 && rows[size_t(src)].mask_row >= 0) ++n_masks;
+      uint32_t*& mask_host = m.mask_host[c.buf];
+      if (n_masks * size_t(W) > m.mask_cap[c.buf]) {
+        if (mask_host) cudaFreeHost(mask_host);
+        m.mask_cap[c.buf] = std::max<size_t>(n_masks * size_t(W), 2 * m.mask_cap[c.buf]);
+        FATHOM_CUDA_CHECK(cudaMallocHost(&mask_host, m.mask_cap[c.buf] * 4));
+      }
+      if (n_masks * size_t(W) * 4 > m.mask_dev.bytes())
+        m.mask_dev = DeviceBuffer(std::max(m.mask_cap[0], m.mask_cap[1]) * 4);
+      int32_t next_mask = 0;
       RowSampling* params = m.row_params_host[c.buf];
       int32_t next = 0;
       for (int r = 0; r < p.RL; ++r) {
@@ -122,6 +138,10 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
         dst.adjust_begin = next;
         dst.adjust_end = next + count;
         next += count;
+        if (dst.mask_row >= 0) {
+          std::copy_n(masks.begin() + int64_t(dst.mask_row) * W, W, mask_host + int64_t(next_mask) * W);
+          dst.mask_row = next_mask++;
+        }
       }
       const cudaStream_t s = m.stream;
       FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_params.data(), params, size_t(p.RL) * sizeof(RowSampling),
@@ -129,9 +149,13 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       if (next > 0)
         FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.adjust_dev.data(), adjust_host, size_t(next) * sizeof(LogitAdjustment),
                                           cudaMemcpyHostToDevice, s));
+      if (next_mask > 0)
+        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mask_dev.data(), mask_host, size_t(next_mask) * size_t(W) * 4,
+                                          cudaMemcpyHostToDevice, s));
       sample_rows(m.logits.as<float>(), p.RL, int(V), m.row_params.as<RowSampling>(),
                   next > 0 ? m.adjust_dev.as<LogitAdjustment>() : nullptr, m.row_out.as<RowSample>(),
-                  m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>());
+                  m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>(),
+                  next_mask > 0 ? m.mask_dev.as<uint32_t>() : nullptr);
       FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_out_host[c.buf], m.row_out.data(), size_t(p.RL) * sizeof(RowSample),
                                         cudaMemcpyDeviceToHost, s));
       if (ls.any_logprobs) {
@@ -168,8 +192,9 @@ SampledOutput CudaRunner::finish_sampled() {
 }
 
 SampledOutput CudaRunner::forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                          std::span<const LogitAdjustment> adjust, bool want_hidden) {
-  launch(steps, rows, adjust, want_hidden);
+                                          std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                          std::span<const uint32_t> masks) {
+  launch(steps, rows, adjust, want_hidden, masks);
   return finish_sampled();
 }
 

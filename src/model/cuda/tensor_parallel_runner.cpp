@@ -236,8 +236,10 @@ void TensorParallelRunner::mtp_rollback(SequenceId seq, int64_t new_length) {
 
 SampledOutput TensorParallelRunner::forward_sampled(std::span<const ForwardStep> steps,
                                                     std::span<const RowSampling> rows,
-                                                    std::span<const LogitAdjustment> adjust, bool want_hidden) {
-  return on_all<SampledOutput>([&](CudaRunner& c) { return c.forward_sampled(steps, rows, adjust, want_hidden); });
+                                                    std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                                    std::span<const uint32_t> masks) {
+  return on_all<SampledOutput>(
+      [&](CudaRunner& c) { return c.forward_sampled(steps, rows, adjust, want_hidden, masks); });
 }
 
 GreedyOutput TensorParallelRunner::mtp_forward_greedy(std::span<const MtpStep> steps) {

@@ -73,7 +73,8 @@ class TensorParallelRunner final : public ModelRunner {
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
   bool samples_on_device() const override { return true; }
   SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                std::span<const LogitAdjustment> adjust, bool want_hidden) override;
+                                std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                std::span<const uint32_t> masks = {}) override;
   GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
   bool supports_pending_tokens() const override { return true; }
   void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
