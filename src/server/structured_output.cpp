@@ -1,9 +1,11 @@
 #include "server/structured_output.h"
 
+#include <algorithm>
 #include <string_view>
 #include <vector>
 
 #include "server/protocol.h"
+#include "server/request_parser.h"
 
 namespace fathom::server {
 
@@ -15,15 +17,36 @@ namespace {
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError{400, msg, param, "invalid_value"}; }
 
-// A schema given as an object or as JSON text (vLLM accepts both).
+// A schema given as an object or as JSON text (vLLM accepts both); text is parsed with the
+// request's nesting limit before the grammar compiler walks it.
 std::string schema_text(const json& v, const std::string& field) {
   if (v.is_object() || v.is_boolean()) return v.dump();
-  if (v.is_string()) return v.get<std::string>();
+  if (v.is_string()) {
+    try {
+      return parse_json_limited(v.get<std::string>(), ("'" + field + "'").c_str()).dump();
+    } catch (const ApiError& e) {
+      bad(field, e.message);
+    }
+  }
   bad(field, "'" + field + "' must be a JSON schema (an object or its JSON text)");
+}
+
+// Regex and GBNF front-ends parse by recursive descent: hostile nesting is refused first (an
+// over-count inside quotes or classes only refuses absurd inputs).
+void check_nesting(const std::string& text, const std::string& field) {
+  int depth = 0, deepest = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\') ++i;
+    else if (text[i] == '(') deepest = std::max(deepest, ++depth);
+    else if (text[i] == ')') --depth;
+  }
+  if (deepest > kMaxJsonDepth)
+    bad(field, "'" + field + "' nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
 }
 
 std::string string_of(const json& v, const std::string& field) {
   if (!v.is_string() || v.get<std::string>().empty()) bad(field, "'" + field + "' must be a non-empty string");
+  check_nesting(v.get<std::string>(), field);
   return v.get<std::string>();
 }
 

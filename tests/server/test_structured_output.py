@@ -5,7 +5,7 @@ regex, choice, GBNF grammar) hold; the official `openai` client's `chat.completi
 a pydantic model parses what comes back; concurrent requests each keep their own grammar;
 tool_choice "required" and a named function give calls whose arguments validate (streamed as
 non-streamed); a server drafting with n-grams keeps every output valid; unsupported schema
-keywords and conflicting constraints get a 400 naming them.
+keywords, conflicting constraints and hostile nesting get a 400 naming them.
 
 Run by ctest as: python3 test_structured_output.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
 """
@@ -192,6 +192,17 @@ def main():
             assert s == 400 and r["error"]["param"] == "response_format", r
             s, r = complete({"guided_regex": "(unclosed"})
             assert s == 400, r
+            # Hostile nesting is refused before the recursive-descent front-ends see it.
+            for field, text in (("guided_regex", "(" * 50000 + "a" + ")" * 50000),
+                                ("guided_grammar", "root ::= " + "(" * 50000 + '"a"' + ")" * 50000),
+                                ("guided_json", "[" * 50000 + "]" * 50000)):
+                s, r = complete({field: text})
+                assert s == 400 and "levels" in r["error"]["message"] and r["error"]["param"] == field, r
+            s, r = complete({"guided_grammar": 'root ::= root "a" | "b"'})
+            assert s == 400 and "left-recursive" in r["error"]["message"], r
+            s, r = complete({"guided_json": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}})
+            assert s == 400, r
+            assert requests.get(srv.url + "/health", timeout=10).status_code == 200
         _()
     finally:
         srv.stop()
