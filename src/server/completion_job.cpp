@@ -12,6 +12,18 @@ using json = nlohmann::ordered_json;
 namespace {
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+// OpenAI's tool_calls list; streaming chunks number the calls.
+json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json call = {{"id", calls[i].id}, {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) call["index"] = i;
+    out.push_back(call);
+  }
+  return out;
+}
 }  // namespace
 
 CompletionJob::CompletionJob(const ParsedRequest& req, std::string id, std::string model, bool reasoning,
@@ -146,8 +158,7 @@ std::string CompletionJob::apply(RequestOutput& ev) {
     if (c.tool_parser) {
       stream_tools(c, d_content, ev.finished, delta);
       if (ev.finished) finish = c.finish_reason = finish_reason_of(c, c.tool_parser->calls());
-    } else if (tool_choice_ == ParsedRequest::ToolChoice::Required ||
-               tool_choice_ == ParsedRequest::ToolChoice::Named) {
+    } else if (forced_tool_choice()) {
       stream_forced(c, d_content, ev.finished, delta);
       if (ev.finished && tool_choice_ == ParsedRequest::ToolChoice::Required && !c.forced_id.empty())
         finish = c.finish_reason = finish_reason_of(c, 1);
@@ -230,9 +241,7 @@ void CompletionJob::stream_forced(Choice& c, const std::string& d_content, bool 
       if (!c.content.empty()) delta["content"] = c.content;
       return;
     }
-    for (size_t i = 0; i < parsed.size(); ++i)
-      calls.push_back({{"index", i}, {"id", parsed[i].id}, {"type", "function"},
-                       {"function", {{"name", parsed[i].name}, {"arguments", parsed[i].arguments}}}});
+    calls = tool_calls_json(parsed, /*indexed=*/true);
     c.forced_id = parsed.front().id;
   }
   delta["tool_calls"] = calls;
@@ -265,13 +274,9 @@ json CompletionJob::response() {
       json msg = {{"role", "assistant"}};
       std::string finish = c.finish_reason;
       std::vector<ToolCall> forced;
-      if ((tool_choice_ == ParsedRequest::ToolChoice::Required || tool_choice_ == ParsedRequest::ToolChoice::Named) &&
-          forced_calls(c.content, forced)) {
+      if (forced_tool_choice() && forced_calls(c.content, forced)) {
         msg["content"] = nullptr;
-        json calls = json::array();
-        for (const ToolCall& t : forced)
-          calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-        msg["tool_calls"] = calls;
+        msg["tool_calls"] = tool_calls_json(forced, /*indexed=*/false);
         // OpenAI ends a forced named call with "stop"; "required" as a model's own calls.
         if (tool_choice_ == ParsedRequest::ToolChoice::Required) finish = finish_reason_of(c, int(forced.size()));
       } else if (tool_format_) {
@@ -279,10 +284,7 @@ json CompletionJob::response() {
         // call it has begun; a whole parse can).
         ToolCallParse parsed = parse_tool_calls(c.content, *tool_format_, tools_, tool_ids_);
         msg["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
-        json calls = json::array();
-        for (const ToolCall& t : parsed.calls)
-          calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-        msg["tool_calls"] = calls;
+        msg["tool_calls"] = tool_calls_json(parsed.calls, /*indexed=*/false);
         finish = finish_reason_of(c, int(parsed.calls.size()));
       } else {
         msg["content"] = (c.content.empty() && c.reasoning_parser) ? json(nullptr) : json(c.content);

@@ -68,6 +68,9 @@ class CompletionJob {
   void stream_tools(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
   // The final finish_reason: "tool_calls" when the model called a tool and ended by itself or length.
   static std::string finish_reason_of(const Choice& c, int calls);
+  bool forced_tool_choice() const {
+    return tool_choice_ == ParsedRequest::ToolChoice::Required || tool_choice_ == ParsedRequest::ToolChoice::Named;
+  }
   // tool_choice required / named: the output (JSON, by grammar) as calls; false if it is not.
   bool forced_calls(const std::string& text, std::vector<ToolCall>& calls);
   void stream_forced(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
