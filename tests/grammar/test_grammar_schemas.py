@@ -132,7 +132,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
     ap.add_argument("--fixtures", required=True)
-    ap.add_argument("--shared")
     args = ap.parse_args()
     tool = os.path.join(os.path.dirname(os.path.abspath(args.fathom)), "grammar_sample")
     tokenizer = os.path.join(args.fixtures, "tokenizers", "qwen3", "tokenizer.json")

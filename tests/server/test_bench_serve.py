@@ -3,7 +3,7 @@ Poisson arrivals, prompt and output lengths drawn within --random-range-ratio, a
 a share of logprobs requests (checked on the server's counters), the goodput line and the asked
 percentiles, and clear errors for bad flags.
 
-Run by ctest as: python3 test_bench_serve.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
+Run by ctest as: python3 test_bench_serve.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
 import os
@@ -30,7 +30,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
     ap.add_argument("--fixtures", required=True)
-    ap.add_argument("--shared")
     args = ap.parse_args()
     model = os.path.join(args.fixtures, "qwen35_moe")
     srv = Server(args.fathom, model, "--skip-tokenizer-init", "--chunked-prefill-size", "32")

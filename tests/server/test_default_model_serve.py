@@ -4,7 +4,7 @@
 answer reads as words (mostly letters and spaces, nothing the tokenizer could not decode); with
 --tool-call-parser hermes --enable-auto-tool-choice, requests with tools get well-formed responses.
 
-Run by ctest as: python3 test_default_model_serve.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
+Run by ctest as: python3 test_default_model_serve.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
 import json
@@ -27,7 +27,6 @@ def reads_as_text(s):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
-    ap.add_argument("--shared")
     ap.add_argument("--fixtures", required=True)
     args = ap.parse_args()
     # The default model's chat template writes hermes-style <tool_call> JSON.

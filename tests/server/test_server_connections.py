@@ -3,7 +3,7 @@
 clients (slowloris), the connection limit with idle eviction and 503 + Retry-After, and malformed
 HTTP. The server must keep answering /health in under a second and keep serving completions.
 
-Run by ctest as: python3 test_server_connections.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
+Run by ctest as: python3 test_server_connections.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
 import os
@@ -70,7 +70,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
     ap.add_argument("--fixtures", required=True)
-    ap.add_argument("--shared")
     args = ap.parse_args()
     model = os.path.join(args.fixtures, "qwen35_moe")
     limit = raise_fd_limit()

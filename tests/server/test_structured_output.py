@@ -7,7 +7,7 @@ tool_choice "required" and a named function give calls whose arguments validate 
 non-streamed); a server drafting with n-grams keeps every output valid; unsupported schema
 keywords, conflicting constraints and hostile nesting get a 400 naming them.
 
-Run by ctest as: python3 test_structured_output.py --fathom BIN --fixtures FIXTURES_DIR [--shared DIR]
+Run by ctest as: python3 test_structured_output.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
 import json
@@ -48,7 +48,6 @@ SAMPLES = 200
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
-    ap.add_argument("--shared")
     ap.add_argument("--fixtures", required=True)
     args = ap.parse_args()
     model = os.path.join(args.fixtures, "qwen35_moe")

@@ -23,7 +23,6 @@ SEED = 20250611  # fixed so that a run is reproducible; --seed N samples another
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
-    ap.add_argument("--shared", help="unused: the tokenizers are checked in under FIXTURES_DIR/tokenizers")
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--seed", type=int, default=SEED)
