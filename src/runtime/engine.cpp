@@ -285,6 +285,13 @@ std::string Engine::process_token(Request& r, int64_t out_pos, int32_t token, To
   return "";
 }
 
+const uint32_t* Engine::grammar_mask(const Request& r, int64_t vocab) {
+  if (!r.matcher) return nullptr;
+  grammar_words_.assign(std::max<size_t>(size_t(mask_words(vocab)), r.matcher->vocab().mask_words()), 0u);
+  r.matcher->fill_next_token_bitmask(grammar_words_);
+  return grammar_words_.data();
+}
+
 Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int32_t* draft) {
   const RequestParams& p = r.spec.params;
   const bool mask = r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty());
@@ -294,11 +301,9 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   if (mask || r.matcher || (draft && r.sampler.adjusts_logits())) {
     scratch.assign(row, row + vocab);
     const float ninf = -std::numeric_limits<float>::infinity();
-    if (r.matcher) {  // structured output: the grammar's tokens only (a draft it refuses is rejected)
-      grammar_words_.assign(std::max<size_t>(size_t((vocab + 31) / 32), r.matcher->vocab().mask_words()), 0u);
-      r.matcher->fill_next_token_bitmask(grammar_words_);
+    if (const uint32_t* allowed = grammar_mask(r, vocab)) {  // a draft the grammar refuses is rejected
       for (int64_t t = 0; t < vocab; ++t)
-        if (!(grammar_words_[size_t(t >> 5)] >> (t & 31) & 1u)) scratch[size_t(t)] = ninf;
+        if (!(allowed[t >> 5] >> (t & 31) & 1u)) scratch[size_t(t)] = ninf;
     }
     if (mask && !p.ignore_eos)
       for (int32_t e : eos_)
@@ -340,14 +345,6 @@ Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const in
 void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps) {
   sampling_rows_.clear();
   const int64_t vocab = runner_->config().vocab_size;
-  // A structured-output row's mask: the grammar's tokens after the output so far (and the drafts
-  // before the row, which the matcher takes for the moment).
-  auto mask_of = [&](const Request& r) -> const uint32_t* {
-    if (!r.matcher) return nullptr;
-    grammar_words_.assign(std::max<size_t>(size_t(mask_words(vocab)), r.matcher->vocab().mask_words()), 0u);
-    r.matcher->fill_next_token_bitmask(grammar_words_);
-    return grammar_words_.data();
-  };
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Request& r = *chunks[i].req;
     if (steps[i].all_rows) {  // draft verification: the pending token's row, then one per draft
@@ -359,11 +356,11 @@ void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const 
           valid = r.matcher->accept_token(uint32_t(drafts[d - 1]));
           taken += valid ? 1 : 0;
         }
-        sampling_rows_.add(r, drafts.first(d), d < drafts.size() ? drafts[d] : -1, eos_, mask_of(r));
+        sampling_rows_.add(r, drafts.first(d), d < drafts.size() ? drafts[d] : -1, eos_, grammar_mask(r, vocab));
       }
       if (taken > 0) r.matcher->rollback(taken);
     } else if (r.num_computed + int64_t(steps[i].tokens.size()) >= int64_t(r.tokens.size())) {
-      sampling_rows_.add(r, {}, -1, eos_, mask_of(r));
+      sampling_rows_.add(r, {}, -1, eos_, grammar_mask(r, vocab));
     } else {
       sampling_rows_.add_skip();  // a prefill chunk before the prompt's end
     }
@@ -430,11 +427,8 @@ void Engine::start_sequence(Request& r) {
 bool Engine::step() {
   // A grammar's mask for step N+1 needs step N's token: constrained requests take plain steps
   // (after any step in flight has finished), their masks uploaded with the step's sampling rows.
-  if (overlap_) {
-    drain_inbox();
-    if (inflight_.active || !constrained_running()) return step_overlapped();
-  }
   drain_inbox();
+  if (overlap_ && (inflight_.active || !constrained_running())) return step_overlapped();
   if (!sched_.has_work()) return false;
   if (spec_) propose_drafts();
   SchedulerOutput plan = sched_.schedule();
@@ -526,7 +520,6 @@ bool Engine::penalties_running() const {
 // sequence that N ends wastes its row of N+1. Steps that might preempt, and requests whose
 // penalties depend on the tokens N produces, wait for N instead.
 bool Engine::step_overlapped() {
-  drain_inbox();
   InflightStep next;
   if (sched_.has_work() && !constrained_running() && (!inflight_.active || !penalties_running())) {
     SchedulerOutput plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);

@@ -177,6 +177,9 @@ class Engine {
   std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
   bool device_sampling_ = false;
   std::vector<uint32_t> grammar_words_;  // one row's grammar mask (bit t: token t allowed)
+  // A structured-output row's mask after the output so far (and any drafts the matcher holds for
+  // the moment), in grammar_words_; null without a grammar.
+  const uint32_t* grammar_mask(const Request& r, int64_t vocab);
   SamplingRows sampling_rows_;
   bool overlap_ = false;
   InflightStep inflight_;

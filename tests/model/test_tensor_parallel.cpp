@@ -154,7 +154,9 @@ TEST(TensorParallelMtp, SpeculativeIsLosslessAtTwoRanks) {
           EXPECT_EQ(on_split[i].spec.accepted_tokens, on_whole[i].spec.accepted_tokens) << what;
           accepted += on_split[i].spec.accepted_tokens;
         }
-        if (name == "qwen35_moe_mtp_oracle") EXPECT_GT(accepted, 0) << "the trained MTP head drafts nothing accepted";
+        if (name == "qwen35_moe_mtp_oracle") {
+          EXPECT_GT(accepted, 0) << "the trained MTP head drafts nothing accepted";
+        }
       }
     }
   }

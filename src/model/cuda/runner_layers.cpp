@@ -361,7 +361,6 @@ CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> st
   FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
   hist_step = false;
   const int H = cfg.hidden_size;
-  int64_t rows = 0;
   hmeta.seq_start[0] = 0;
   for (int i = 0; i < p.S; ++i) {
     const MtpStep& st = steps[i];
@@ -374,16 +373,15 @@ CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> st
     hmeta.keep_hist[i] = 0;
     // Chained drafts run ahead of the verified tokens; the block table grows for them and the
     // main pools use the same blocks at those positions later.
-    add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
     // The previous MTP step ended with a wait, so its copy out of the pinned rows is done.
-    std::copy(st.hidden.begin(), st.hidden.end(), mtp_hidden_host + rows * H);
-    rows += n;
+    std::copy(st.hidden.begin(), st.hidden.end(), mtp_hidden_host + int64_t(p.T) * H);
+    add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
   }
   // Graphs for the shapes a draft step has (a few tokens a sequence: one decode-style attention
   // run, as verify steps); prompt-sized extends run eagerly.
   p.graphable = p.max_seq_tokens < kPrefillRunTokens;
   upload_meta(p.S);
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), mtp_hidden_host, size_t(rows) * H * 4, cudaMemcpyHostToDevice,
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), mtp_hidden_host, size_t(p.T) * H * 4, cudaMemcpyHostToDevice,
                                     stream));
   return p;
 }
