@@ -2,13 +2,16 @@
 // large vocabulary, the grammar compile time, the vocabulary (trie) build time, the per-vocabulary
 // compile (context-independent token cache) and the mask time per token over seeded constrained
 // random generations, with the matcher's mask cache on (as served) and off (every mask computed).
-//   grammar_mask_bench [--tokenizer FILE] [--padded N] [--gens N] [--close-after N] [--union FILE]
+//   grammar_mask_bench [--tokenizer FILE] [--padded N] [--gens N] [--close-after N] [--union FILE] [--schema FILE]
+// --schema times that JSON schema instead of the built-in ones.
 // --union adds the distinct tokens of other tokenizers (comma-separated) (up to --padded ids): a stand-in for a
 // 248K vocabulary (Qwen3.5) when only smaller tokenizers are at hand.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -84,7 +87,7 @@ int main(int argc, char** argv) {
   for (const char* p : {"../shared/fixtures/tokenizers/qwen35/tokenizer.json", "../shared/fixtures/tokenizers/qwen3.5/tokenizer.json"})
     if (std::filesystem::exists(p)) tokenizer = p;
   if (tokenizer.empty()) tokenizer = std::string(FATHOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3/tokenizer.json";
-  std::string union_with;
+  std::string union_with, schema_file;
   size_t padded = 0, gens = 20, close_after = 48;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -93,6 +96,14 @@ int main(int argc, char** argv) {
     else if (k == "--gens") gens = std::stoul(v);
     else if (k == "--close-after") close_after = std::stoul(v);
     else if (k == "--union") union_with = v;
+    else if (k == "--schema") schema_file = v;
+  }
+  std::vector<Schema> schemas(std::begin(kSchemas), std::end(kSchemas));
+  std::string schema_text;
+  if (!schema_file.empty()) {
+    std::ifstream in(schema_file);
+    schema_text.assign(std::istreambuf_iterator<char>(in), {});
+    schemas = {Schema{"file", schema_text.c_str()}};
   }
   try {
     auto t0 = Clock::now();
@@ -109,7 +120,7 @@ int main(int argc, char** argv) {
                 tokenizer.c_str(), vocab->size(), vocab->sorted().size(), vocab->trie().size(), ms_since(t0));
     std::printf("%-12s %9s %9s %9s %9s | %-6s %7s %8s %8s %8s %8s\n", "schema", "grammar", "compile", "groups",
                 "uncertain", "cache", "masks", "median", "p90", "p99", "max");
-    for (const Schema& s : kSchemas) {
+    for (const Schema& s : schemas) {
       t0 = Clock::now();
       auto g = *s.text ? grammar_from_json_schema(s.text) : json_object_grammar();
       double grammar_ms = ms_since(t0);

@@ -421,16 +421,39 @@ void run_bench(const BenchArgs& a) {
         std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>(size_t(k) + 1));
         for (auto& v : tokens)
           for (auto& t : v) t = int32_t(rng() % uint32_t(cfg.vocab_size));
-        const double t_verify = time_it([&] {
+        // The verify step alone and the rollback after it (as if nothing was accepted), timed apart.
+        std::vector<double> t_fwd, t_back;
+        auto verify_once = [&] {
           std::vector<ForwardStep> steps;
           std::vector<int64_t> base;
           for (int i = 0; i < batch; ++i) {
             base.push_back(runner->length(seqs[i]));
             steps.push_back(ForwardStep{seqs[i], tokens[i], true, true});
           }
+          const auto t0 = std::chrono::steady_clock::now();
           runner->forward_argmax(steps);
-          for (int i = 0; i < batch; ++i) runner->rollback(seqs[i], base[i]);  // as if nothing was accepted
-        }, 16);
+          const auto t1 = std::chrono::steady_clock::now();
+          for (int i = 0; i < batch; ++i) runner->rollback(seqs[i], base[i]);
+          runner->synchronize();
+          const auto t2 = std::chrono::steady_clock::now();
+          t_fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
+          t_back.push_back(std::chrono::duration<double>(t2 - t1).count());
+        };
+        for (int r = 0; r < 18; ++r) verify_once();
+        t_fwd.erase(t_fwd.begin(), t_fwd.begin() + 2);
+        t_back.erase(t_back.begin(), t_back.begin() + 2);
+        const double t_verify = median(t_fwd) + median(t_back);
+        std::printf("  K=%d: verify forward %7.3f ms + rollback %7.3f ms\n", k, median(t_fwd) * 1e3,
+                    median(t_back) * 1e3);
+        if (a.profile) {
+          runner->set_profiling(true);
+          runner->reset_profile();
+          verify_once();
+          char title[64];
+          std::snprintf(title, sizeof title, "one K=%d verify step at batch %d", k, batch);
+          print_profile(runner->profile(), title);
+          runner->set_profiling(false);
+        }
         // Expected tokens per round when each draft is accepted with probability alpha (chain):
         // (1 - alpha^(K+1)) / (1 - alpha); a round costs one verify and K draft steps.
         auto speedup = [&](double alpha) {

@@ -111,6 +111,24 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::classify_locked(std::spa
   return *slot;
 }
 
+bool CompiledGrammar::find_mask(const std::string& key, uint32_t* words) const {
+  std::shared_lock lock(mask_mu_);
+  auto it = masks_.find(key);
+  if (it == masks_.end()) return false;
+  std::memcpy(words, it->second.data(), it->second.size() * sizeof(uint32_t));
+  return true;
+}
+
+void CompiledGrammar::store_mask(const std::string& key, const uint32_t* words) const {
+  const size_t n = vocab_->mask_words(), bytes = n * sizeof(uint32_t) + key.size();
+  std::unique_lock lock(mask_mu_);
+  if (mask_bytes_ + bytes > kSharedMaskBytes) {
+    masks_.clear();
+    mask_bytes_ = 0;
+  }
+  if (masks_.emplace(key, std::vector<uint32_t>(words, words + n)).second) mask_bytes_ += bytes;
+}
+
 CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::shared_lock lock(mu_);
   return stats_;

@@ -49,6 +49,13 @@ class CompiledGrammar {
   // Counts over the groups classified so far.
   Stats stats() const;
 
+  // Whole-state masks shared by every matcher of this grammar (requests repeat a schema and pass
+  // through the same states): `key` is a state's stacks written as position chains
+  // (Matcher::state_key). Kept up to kSharedMaskBytes, then started afresh.
+  static constexpr size_t kSharedMaskBytes = size_t(32) << 20;
+  bool find_mask(const std::string& key, uint32_t* words) const;
+  void store_mask(const std::string& key, const uint32_t* words) const;
+
  private:
   struct KeyHash {
     size_t operator()(const std::string& k) const { return std::hash<std::string>()(k); }
@@ -64,6 +71,9 @@ class CompiledGrammar {
   mutable std::unique_ptr<StackPool> pool_;
   mutable Stats stats_;
   mutable size_t visited_ = 0;  // trie steps of all classifications
+  mutable std::shared_mutex mask_mu_;
+  mutable std::unordered_map<std::string, std::vector<uint32_t>, KeyHash> masks_;
+  mutable size_t mask_bytes_ = 0;
 };
 
 }  // namespace fathom::grammar

@@ -80,13 +80,34 @@ void Matcher::fill_next_token_bitmask(std::span<uint32_t> words) {
       return;
     }
   }
-  compute_mask(step.stacks, words.data());
-  if (cache_cap_ == 0) return;
+  if (cache_cap_ == 0) {
+    compute_mask(step.stacks, words.data());
+    return;
+  }
+  const std::string key = state_key(step.stacks);
+  if (!grammar_->find_mask(key, words.data())) {
+    compute_mask(step.stacks, words.data());
+    grammar_->store_mask(key, words.data());
+  }
   if (cache_.size() < cache_cap_) cache_.emplace_back();
   CachedMask& slot = cache_[cache_next_];
   cache_next_ = (cache_next_ + 1) % cache_cap_;
   slot.key = step.stacks;
   slot.words.assign(words.begin(), words.begin() + v.mask_words());
+}
+
+std::string Matcher::state_key(const std::vector<uint32_t>& stacks) const {
+  std::vector<std::vector<uint32_t>> chains;
+  for (uint32_t node : stacks) {
+    std::vector<uint32_t>& c = chains.emplace_back();
+    uint32_t n = node;
+    for (; !pool_.is_special(n); n = pool_.parent(n)) c.push_back(pool_.pos(n));
+    c.push_back(~0u - n);  // the bottom (kAccept or kSentinel), never a position: ends the chain
+  }
+  std::sort(chains.begin(), chains.end());
+  std::string key;
+  for (const auto& c : chains) key.append(reinterpret_cast<const char*>(c.data()), c.size() * sizeof(uint32_t));
+  return key;
 }
 
 void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words) {

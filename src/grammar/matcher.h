@@ -54,6 +54,9 @@ class Matcher {
     std::vector<uint32_t> words;
   };
   bool advance_bytes(std::string_view bytes, std::vector<uint32_t>& out);
+  // The state as its stacks' position chains (top first), sorted: the same for every matcher of
+  // the grammar, whatever its pool numbered the nodes (the shared mask cache's key).
+  std::string state_key(const std::vector<uint32_t>& stacks) const;
   void compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words);
   void add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words);
 

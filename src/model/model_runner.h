@@ -3,6 +3,7 @@
 // earlier length (speculation), and the MTP draft layer. The CPU reference engine and the CUDA
 // engine both implement it, so everything above this line runs on either.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -60,6 +61,14 @@ struct GreedyOutput {
   std::vector<float> hidden;              // [rows, hidden]
 };
 
+// A greedy speculative round with the MTP draft in the same launch (forward_verify_draft): per
+// row of the steps, the main model's argmax and the MTP layer's argmax for the position after it.
+struct VerifyDraftOutput {
+  std::vector<int32_t> target;  // [rows] the main model's argmax
+  std::vector<int32_t> draft;   // [rows] the MTP layer's argmax, given row i's hidden and target[i]
+  std::vector<int64_t> row_begin;
+};
+
 struct MtpStep {
   SequenceId seq;
   std::span<const float> hidden;         // [n, hidden] post-norm hidden states
@@ -113,11 +122,20 @@ class ModelRunner {
   // oldest launched step and returns its results. A second step may be launched before the first
   // is finished (not more), and may use kPendingToken for a sequence whose last row the first
   // samples.
+  // Token masks (structured output) that depend on the step in flight can come later: with
+  // defer_masks the forward is queued and its sampler waits for supply_masks(), whose table the
+  // rows' mask_row index. For steps of up to deferred_mask_tokens() tokens (0: not supported).
   virtual bool supports_pending_tokens() const { return false; }
   virtual void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                              std::span<const LogitAdjustment> adjust) {
-    (void)steps, (void)rows, (void)adjust;
+                              std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks = {},
+                              bool defer_masks = false) {
+    (void)steps, (void)rows, (void)adjust, (void)masks, (void)defer_masks;
     fail("launch_sampled: ", device_name(), " cannot overlap steps");
+  }
+  virtual int64_t deferred_mask_tokens() const { return 0; }
+  virtual void supply_masks(std::span<const uint32_t> masks) {
+    (void)masks;
+    fail("supply_masks: ", device_name(), " cannot defer token masks");
   }
   virtual SampledOutput finish_sampled() { fail("finish_sampled: ", device_name(), " cannot overlap steps"); }
   // mtp_forward() reduced to argmax ids and hidden states; engines override it to skip the
@@ -136,6 +154,36 @@ class ModelRunner {
       g.ids.push_back(int32_t(best));
     }
     return g;
+  }
+
+  // One greedy MTP round in one launch, for engines that can (supports_fused_mtp_round): each
+  // step (all_rows and keep_history; its sequence's MTP layer caught up, mtp_length == length)
+  // runs through the main model, then the MTP layer runs over the same rows, row i's hidden state
+  // with target[i] as its next token. Both lengths advance by every token: the caller rolls both
+  // back to what it accepted. Saves the draft step's own host round trip.
+  // Engines without a fused launch run the same round as a forward and an MTP forward.
+  virtual bool supports_fused_mtp_round() const { return has_mtp(); }
+  virtual VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps) {
+    const int64_t V = config().vocab_size, H = config().hidden_size;
+    for (const ForwardStep& st : steps)
+      FATHOM_CHECK(st.all_rows && st.keep_history && mtp_length(st.seq) == length(st.seq),
+                   "forward_verify_draft: steps take all rows, keep history and start where the MTP layer is");
+    const ForwardOutput fo = forward(steps);
+    VerifyDraftOutput out;
+    out.row_begin = fo.row_begin;
+    for (int64_t r = 0; r < fo.rows; ++r) {  // ties to the lowest id, as torch.argmax
+      const float* row = fo.logits.data() + r * V;
+      out.target.push_back(int32_t(std::max_element(row, row + V) - row));
+    }
+    std::vector<MtpStep> mtp;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const size_t n = steps[i].tokens.size();
+      mtp.push_back(MtpStep{steps[i].seq,
+                            std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, n * size_t(H)),
+                            std::span<const int32_t>(out.target.data() + fo.row_begin[i], n), true});
+    }
+    out.draft = mtp_forward_greedy(mtp).ids;
+    return out;
   }
 
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):

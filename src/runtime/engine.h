@@ -128,7 +128,9 @@ class Engine {
     const std::vector<int64_t>& hidden_row_begin() const { return fo ? fo->hidden_row_begin : so->hidden_row_begin; }
   };
   // The sampler rows of a planned step (device sampling): the rows forward() would return.
-  void add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps);
+  // With defer_masks, grammar rows get an all-allowed placeholder mask (supply_deferred_masks()).
+  void add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const std::vector<ForwardStep>& steps,
+                         bool defer_masks = false);
   // The token chosen from logits row `row` (and whether `draft` was accepted); fills `lp` when the
   // request asks for logprobs.
   Acceptance pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp);
@@ -143,21 +145,23 @@ class Engine {
     Request* req;
     SequenceId seq;    // to tell a request that ended meanwhile (and a new one at its address)
     int64_t out_pos;   // where its token goes in req->tokens; -1: a chunk before the prompt's end
+    int32_t mask_row;  // its row's grammar mask in sampling_rows_, or -1
   };
   struct InflightStep {
     bool active = false;
+    bool masks_deferred = false;  // launched with placeholder masks, its sampler waiting for them
     std::vector<InflightChunk> chunks;
   };
   bool step_overlapped();
   void start_sequence(Request& r);
   template <class Fn>
   bool guarded_forward(const std::vector<ScheduledChunk>& chunks, Fn&& forward);
-  InflightStep launch_overlapped(const SchedulerOutput& plan);
+  InflightStep launch_overlapped(const SchedulerOutput& plan, bool defer_masks);
+  void supply_deferred_masks(const InflightStep& in);
   void finish_overlapped(InflightStep& in);
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).
   bool decodes_certainly_end(const Request& r, int64_t out_pos) const;
   bool penalties_running() const;  // output-dependent penalties need each step's tokens first
-  bool constrained_running() const;  // structured-output requests: masks need each step's tokens
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);
@@ -177,6 +181,7 @@ class Engine {
   std::vector<float> logits_scratch_;  // a masked / penalised copy of one logits row (choose())
   bool device_sampling_ = false;
   std::vector<uint32_t> grammar_words_;  // one row's grammar mask (bit t: token t allowed)
+  std::vector<uint32_t> all_allowed_;    // the placeholder of a mask that comes later
   // A structured-output row's mask after the output so far (and any drafts the matcher holds for
   // the moment), in grammar_words_; null without a grammar.
   const uint32_t* grammar_mask(const Request& r, int64_t vocab);

@@ -2,12 +2,20 @@
 
 #include <map>
 
+#include "core/error.h"
+
 namespace fathom {
 
 void SamplingRows::clear() {
   rows_.clear();
   adjust_.clear();
   masks_.clear();
+}
+
+uint32_t* SamplingRows::mask(int32_t mask_row) {
+  const int64_t w = mask_words(vocab_);
+  FATHOM_CHECK(mask_row >= 0 && (int64_t(mask_row) + 1) * w <= int64_t(masks_.size()), "no mask row ", mask_row);
+  return masks_.data() + int64_t(mask_row) * w;
 }
 
 void SamplingRows::add_skip() {

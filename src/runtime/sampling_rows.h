@@ -24,6 +24,8 @@ class SamplingRows {
   void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
            const uint32_t* mask = nullptr);
   void clear();
+  // The mask of rows whose mask_row is `mask_row` (mask_words(vocab) words), to fill in later.
+  uint32_t* mask(int32_t mask_row);
 
   const std::vector<RowSampling>& rows() const { return rows_; }
   const std::vector<LogitAdjustment>& adjustments() const { return adjust_; }

@@ -20,6 +20,7 @@ struct Seq {
   std::mt19937_64 rng;
   bool done = false;
   std::vector<int32_t> step_tokens;  // storage the spans of a round point into
+  int32_t next_draft = -1;           // fused MTP rounds: the draft the last round's MTP rows made
 };
 
 // Owns the runner's sequences for the duration of a call.
@@ -35,6 +36,48 @@ struct SeqGuard {
     }
   }
 };
+
+// One greedy MTP round of every unfinished sequence through forward_verify_draft: its last
+// token and its draft (when max_new_tokens leaves room) verified, the MTP layer's row after the
+// last accepted token giving the next round's draft. False when every sequence is done.
+// Tests: `trace` gets every draft with the MTP position that made it (as the speculator's).
+template <class Emit>
+bool fused_round(ModelRunner& runner, std::vector<Seq>& seqs, const GenerateOptions& opt,
+                 std::vector<MtpDrafter::Trace>* trace, Emit&& emit) {
+  const ModelConfig& cfg = runner.config();
+  std::vector<ForwardStep> steps;
+  std::vector<Seq*> active;
+  std::vector<int64_t> len_before;
+  for (Seq& s : seqs) {
+    if (s.done) continue;
+    int64_t room = opt.max_new_tokens - int64_t(s.res.token_ids.size()) - 1;
+    if (cfg.max_position_embeddings > 0) room = std::min<int64_t>(room, cfg.max_position_embeddings - runner.length(s.id) - 1);
+    s.step_tokens.assign(1, s.ctx.back());
+    if (room > 0 && s.next_draft >= 0) s.step_tokens.push_back(s.next_draft);
+    active.push_back(&s);
+    len_before.push_back(runner.length(s.id));
+    steps.push_back(ForwardStep{s.id, s.step_tokens, /*all_rows=*/true, /*keep_history=*/true});
+  }
+  if (steps.empty()) return false;
+  const VerifyDraftOutput out = runner.forward_verify_draft(steps);
+  for (size_t j = 0; j < active.size(); ++j) {
+    Seq& s = *active[j];
+    const int64_t row = out.row_begin[j];
+    const int nd = int(s.step_tokens.size()) - 1;
+    int accepted = 0;
+    while (accepted < nd && s.step_tokens[size_t(accepted) + 1] == out.target[size_t(row + accepted)]) ++accepted;
+    for (int r = 0; r <= accepted; ++r)  // the accepted drafts, then the correction or bonus token
+      if (emit(s, out.target[size_t(row + r)])) break;
+    ++s.res.target_forward_steps;
+    s.res.spec.record(nd, accepted);
+    const int64_t keep = len_before[j] + 1 + accepted;
+    runner.rollback(s.id, keep);
+    runner.mtp_rollback(s.id, keep);
+    s.next_draft = out.draft[size_t(row + accepted)];
+    if (trace) trace->push_back({s.id, keep - 1, s.next_draft});
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -130,8 +173,19 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
   }
   const auto t1 = clock::now();
 
+  // Greedy MTP rounds of one draft run as one launch where the runner can (the draft for the
+  // next round comes back with the verification): the speculator drafts only the first round.
+  const bool fused = spec && greedy && spec_opt.algorithm == SpecAlgorithm::Mtp && spec_opt.num_steps == 1 &&
+                     !spec_opt.adaptive && runner.supports_fused_mtp_round();
+  bool first_round = true;
+
   // Decode rounds.
   for (;;) {
+    if (fused && !first_round) {
+      if (!fused_round(runner, seqs, opt, spec_opt.mtp_trace, emit)) break;
+      continue;
+    }
+    first_round = false;
     std::vector<size_t> active;
     for (size_t i = 0; i < seqs.size(); ++i)
       if (!seqs[i].done) active.push_back(i);
@@ -142,9 +196,17 @@ std::vector<GenerateResult> generate_batch(ModelRunner& runner, const std::vecto
       int k = std::min<int>(spec ? spec->max_drafts() : 0, opt.max_new_tokens - int(s.res.token_ids.size()) - 1);
       if (cfg.max_position_embeddings > 0)
         k = int(std::min<int64_t>(k, cfg.max_position_embeddings - runner.length(s.id) - 1));
-      reqs.push_back(DraftRequest{s.id, s.ctx, std::max(k, 0), {}});
+      // Fused rounds: always one draft, so that the MTP layer catches up (fused_round drops a
+      // draft there is no room for).
+      reqs.push_back(DraftRequest{s.id, s.ctx, fused ? 1 : std::max(k, 0), {}});
     }
     if (spec) spec->propose(reqs);
+    if (fused) {  // the first round's drafts come from the speculator, its verification fused
+      for (size_t j = 0; j < active.size(); ++j)
+        seqs[active[j]].next_draft = reqs[j].drafts.empty() ? -1 : reqs[j].drafts[0];
+      if (!fused_round(runner, seqs, opt, spec_opt.mtp_trace, emit)) break;
+      continue;
+    }
     std::vector<ForwardStep> steps;
     std::vector<int64_t> len_before;
     for (size_t j = 0; j < active.size(); ++j) {

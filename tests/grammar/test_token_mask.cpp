@@ -1,5 +1,5 @@
-// Token masks over real vocabularies: the cached (context-independent + checked) mask equals a
-// brute-force check of every token, constrained random generation yields valid JSON, and
+// Token masks over real vocabularies: the cached (context-independent + checked) mask, and the
+// grammar's shared whole-state mask cache, equal a brute-force check of every token, constrained random generation yields valid JSON, and
 // rollback restores masks.
 #include <gtest/gtest.h>
 
@@ -68,18 +68,21 @@ TEST(GrammarTokenMask, CachedMaskEqualsBruteForce) {
     for (int run = 0; run < 3; ++run) {
       testing::RandomModel model(cg, seed++);
       auto gen = model.generate(20, 120);
-      // Replay the generation, comparing masks at each step.
-      Matcher m(cg);
-      std::vector<uint32_t> w(cg->vocab().mask_words());
+      // Replay the generation, comparing masks at each step: from the masks the generation left
+      // in the grammar's shared cache (m), and computed afresh (uncached).
+      Matcher m(cg), uncached(cg, /*mask_cache=*/0);
+      std::vector<uint32_t> w(cg->vocab().mask_words()), fresh(w.size());
       for (size_t i = 0; i <= gen.tokens.size(); ++i) {
         m.fill_next_token_bitmask(w);
+        uncached.fill_next_token_bitmask(fresh);
         auto bf = brute_force_mask(m);
+        ASSERT_EQ(fresh, bf) << "uncached, grammar " << &g - &grammars[0] << " step " << i;
         for (uint32_t id = 0; id < cg->vocab().size(); ++id)
           if (testing::allowed(w, id) != testing::allowed(bf, id))
             ADD_FAILURE() << "token " << id << " '" << cg->vocab().bytes(id) << "' cached=" << testing::allowed(w, id);
         ASSERT_EQ(w, bf) << "grammar " << &g - &grammars[0] << " step " << i << " after '"
                                           << gen.text << "'";
-        if (i < gen.tokens.size()) ASSERT_TRUE(m.accept_token(gen.tokens[i]));
+        if (i < gen.tokens.size()) ASSERT_TRUE(m.accept_token(gen.tokens[i]) && uncached.accept_token(gen.tokens[i]));
       }
     }
   }

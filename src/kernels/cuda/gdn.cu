@@ -1,5 +1,7 @@
 // Gated DeltaNet: causal depthwise conv with carried state, the gated delta rule (recurrent
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_gate.cuh"
@@ -373,7 +375,35 @@ void launch_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, floa
   launch(gdn_conv_state_kernel<KC>, grid, 256, 0, s, mixed, mixed_ld, conv_state, seq_start, state_slot, conv_dim);
 }
 
+// Copies one sequence's kept states (history entry `entry`) back over its current conv and
+// recurrent states, every linear-attention layer in one launch: blockIdx.y the layer, .z which state.
+__global__ void restore_state_kernel(float* conv_state, float* rec_state, const float* hist_conv,
+                                     const float* hist_rec, int slots, int slot, int entries, int entry, int64_t conv,
+                                     int64_t rec) {
+  const int64_t n = blockIdx.z == 0 ? conv : rec;
+  const int64_t layer_slot = int64_t(blockIdx.y) * slots + slot;
+  float* dst = (blockIdx.z == 0 ? conv_state : rec_state) + layer_slot * n;
+  const float* src = (blockIdx.z == 0 ? hist_conv : hist_rec) + (layer_slot * entries + entry) * n;
+  if (n % 4 == 0) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n / 4; i += int64_t(gridDim.x) * blockDim.x)
+      reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(src)[i];
+  } else {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+      dst[i] = src[i];
+  }
+}
+
 }  // namespace
+
+void restore_linear_state(float* conv_state, float* rec_state, const StateHistory& hist, int layers, int slots,
+                          int slot, int entry, int64_t conv, int64_t rec, cudaStream_t s) {
+  if (layers <= 0) return;
+  const int64_t most = std::max(conv, rec) / 4;
+  const int blocks = int(std::clamp<int64_t>((most + 255) / 256, 1, 64));
+  restore_state_kernel<<<dim3(blocks, layers, 2), 256, 0, s>>>(conv_state, rec_state, hist.conv, hist.recurrent, slots,
+                                                               slot, hist.entries, entry, conv, rec);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+}
 
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,

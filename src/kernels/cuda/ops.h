@@ -139,6 +139,10 @@ struct StateHistory {
   const int32_t* keep = nullptr;
   int entries = 0;
 };
+// Rollback of one sequence (state slot `slot`) to the states kept after history entry `entry`:
+// conv [layers, slots, conv] and recurrent [layers, slots, rec] states, all layers in one launch.
+void restore_linear_state(float* conv_state, float* rec_state, const StateHistory& hist, int layers, int slots,
+                          int slot, int entry, int64_t conv, int64_t rec, cudaStream_t s);
 // Causal depthwise conv (kernel kc) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).

@@ -199,16 +199,8 @@ void CudaRunner::rollback(SequenceId id, int64_t new_length) {
     const int hk = m.cfg.linear_num_key_heads, hv = m.cfg.linear_num_value_heads;
     const int dk = m.cfg.linear_key_head_dim, dv = m.cfg.linear_value_head_dim, kc = m.cfg.linear_conv_kernel_dim;
     const int64_t conv = int64_t(kc - 1) * (2 * hk * dk + hv * dv), rec = int64_t(hv) * dk * dv;
-    const int64_t entries = m.hist.entries;
-    for (int l = 0; l < m.n_linear; ++l) {
-      const int64_t slot = int64_t(l) * m.slots + sq.slot;
-      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.conv_state.as<float>() + slot * conv,
-                                        m.hist.conv + (slot * entries + i) * conv, size_t(conv) * 4,
-                                        cudaMemcpyDeviceToDevice, m.stream));
-      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.rec_state.as<float>() + slot * rec,
-                                        m.hist.recurrent + (slot * entries + i) * rec, size_t(rec) * 4,
-                                        cudaMemcpyDeviceToDevice, m.stream));
-    }
+    restore_linear_state(m.conv_state.as<float>(), m.rec_state.as<float>(), m.hist, m.n_linear, m.slots, sq.slot,
+                         int(i), conv, rec, m.stream);
   }
   sq.length = new_length;
   sq.mtp_length = std::min(sq.mtp_length, new_length);
@@ -257,5 +249,6 @@ CudaRunner::Footprint CudaRunner::footprint() const { return impl_->fp; }
 const OpProfile& CudaRunner::profile() const { return impl_->prof; }
 void CudaRunner::reset_profile() { impl_->prof = OpProfile{}; }
 void CudaRunner::set_profiling(bool on) { impl_->opt.profile = on; }
+void CudaRunner::synchronize() { FATHOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 }  // namespace fathom::cuda

@@ -82,7 +82,12 @@ class CudaRunner final : public ModelRunner {
   GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
   bool supports_pending_tokens() const override { return true; }
   void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                      std::span<const LogitAdjustment> adjust) override;
+                      std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks = {},
+                      bool defer_masks = false) override;
+  int64_t deferred_mask_tokens() const override;
+  bool supports_fused_mtp_round() const override;
+  VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps) override;
+  void supply_masks(std::span<const uint32_t> masks) override;
   SampledOutput finish_sampled() override;
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
@@ -104,13 +109,16 @@ class CudaRunner final : public ModelRunner {
   void reset_profile();
   // Per-op CUDA-event timing (graphs are bypassed while it is on).
   void set_profiling(bool on);
+  // Waits for everything queued on the engine's stream (benchmarks timing asynchronous work).
+  void synchronize();
 
  private:
   struct Impl;
   explicit CudaRunner(std::unique_ptr<Impl> impl);
   // launch_sampled(), also returning hidden states (forward_sampled for speculative decoding).
   void launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-              std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks = {});
+              std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks = {},
+              bool defer_masks = false);
   std::unique_ptr<Impl> impl_;
 };
 

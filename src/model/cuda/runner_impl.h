@@ -135,7 +135,9 @@ struct CudaRunner::Impl {
   // A launched sampled chunk whose results are not read yet (runner_sampling.cpp).
   struct SampledChunk {
     int RL = 0, R = 0, buf = 0;
+    int32_t n_adjust = 0;             // adjustments uploaded for its rows
     std::vector<int64_t> source;  // logits row -> row of the launched steps (-1: nobody reads it)
+    std::vector<int32_t> mask_source;  // its i-th mask -> row of the caller's mask table
     std::vector<RowCopy> hidden_copies;
     std::vector<float> hidden;
   };
@@ -148,6 +150,9 @@ struct CudaRunner::Impl {
   std::deque<LaunchedStep> launched;  // oldest first; at most two (overlapped scheduling)
   cudaEvent_t chunk_done[2] = {};     // per output buffer: its chunk's results have arrived
   void scatter(LaunchedStep& ls, const SampledChunk& c);
+  // A launched chunk's sampler and output copies (at launch, or when its masks arrive).
+  void sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<const uint32_t> masks);
+  std::optional<SampledChunk> deferred;  // the last launch's chunk, forward queued, waiting for masks
 
   // Decode steps run the shared expert on a second stream, beside the router and the routed
   // experts (independent until the combine): at batch 1 each is too small to fill the GPU.
@@ -517,7 +522,9 @@ struct CudaRunner::Impl {
 
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
   // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
-  Plan prepare_mtp(std::span<const MtpStep> steps);
+  // With inputs_on_device the steps' hidden rows and next tokens are not read (the caller copies
+  // them into mtp_hidden and the token ids on the device after this returns).
+  Plan prepare_mtp(std::span<const MtpStep> steps, bool inputs_on_device = false);
   // After an MTP step has been launched: its hidden rows to the host (when `hidden` is given), a
   // wait for the step, and each sequence's MTP length advanced.
   void finish_mtp(std::span<const MtpStep> steps, const Plan& p, std::vector<float>* hidden) {

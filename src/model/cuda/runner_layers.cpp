@@ -354,7 +354,7 @@ void CudaRunner::Impl::run_mtp(const Plan& p) {
 
 // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
 // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
-CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> steps) {
+CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> steps, bool inputs_on_device) {
   wait_uploads();
   Plan p;
   p.S = int(steps.size());
@@ -366,23 +366,24 @@ CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> st
     const MtpStep& st = steps[i];
     Sequence& sq = seq(st.seq);
     const int n = int(st.next_tokens.size());
-    FATHOM_CHECK(n > 0 && int64_t(st.hidden.size()) == int64_t(n) * H, "mtp_forward: hidden rows (",
-                 st.hidden.size() / H, ") and next tokens (", n, ") differ");
+    FATHOM_CHECK(n > 0 && (inputs_on_device || int64_t(st.hidden.size()) == int64_t(n) * H),
+                 "mtp_forward: hidden rows (", st.hidden.size() / H, ") and next tokens (", n, ") differ");
     FATHOM_CHECK(p.T + n <= T_max && p.R + (st.all_rows ? n : 1) <= R_max, "mtp_forward: batch of ", p.T + n,
                  " tokens larger than one engine step (", T_max, " tokens, ", R_max, " rows)");
     hmeta.keep_hist[i] = 0;
     // Chained drafts run ahead of the verified tokens; the block table grows for them and the
     // main pools use the same blocks at those positions later.
     // The previous MTP step ended with a wait, so its copy out of the pinned rows is done.
-    std::copy(st.hidden.begin(), st.hidden.end(), mtp_hidden_host + int64_t(p.T) * H);
+    if (!inputs_on_device) std::copy(st.hidden.begin(), st.hidden.end(), mtp_hidden_host + int64_t(p.T) * H);
     add_to_plan(p, i, st.seq, sq, sq.mtp_length, st.next_tokens, st.all_rows);
   }
   // Graphs for the shapes a draft step has (a few tokens a sequence: one decode-style attention
   // run, as verify steps); prompt-sized extends run eagerly.
   p.graphable = p.max_seq_tokens < kPrefillRunTokens;
   upload_meta(p.S);
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), mtp_hidden_host, size_t(p.T) * H * 4, cudaMemcpyHostToDevice,
-                                    stream));
+  if (!inputs_on_device)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), mtp_hidden_host, size_t(p.T) * H * 4, cudaMemcpyHostToDevice,
+                                      stream));
   return p;
 }
 

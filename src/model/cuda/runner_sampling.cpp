@@ -28,14 +28,17 @@ void CudaRunner::Impl::scatter(LaunchedStep& ls, const SampledChunk& c) {
 }
 
 void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                std::span<const LogitAdjustment> adjust) {
-  launch(steps, rows, adjust, /*want_hidden=*/false);
+                                std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                                bool defer_masks) {
+  launch(steps, rows, adjust, /*want_hidden=*/false, masks, defer_masks);
 }
 
 void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                        std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks) {
+                        std::span<const LogitAdjustment> adjust, bool want_hidden, std::span<const uint32_t> masks,
+                        bool defer_masks) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.launched.size() < 2, "launch_sampled: two launched steps are not finished yet");
+  FATHOM_CHECK(!m.deferred, "launch_sampled: the previous step still waits for its token masks");
   for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
   Impl::OutputLayout layout = Impl::output_layout(steps);
   FATHOM_CHECK(int64_t(rows.size()) == layout.rows, "forward_sampled: ", rows.size(), " sampling rows for ",
@@ -44,7 +47,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
   for (const RowSampling& r : rows) {
     FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
                  "forward_sampled: a row's adjustments lie outside the list");
-    FATHOM_CHECK(r.mask_row < 0 || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
+    FATHOM_CHECK(r.mask_row < 0 || defer_masks || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
                  "forward_sampled: a row's token mask lies outside the mask table");
   }
   Impl::LaunchedStep& ls = m.launched.emplace_back();
@@ -65,6 +68,12 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
     ls.out.hidden.resize(size_t(layout.hidden_rows) * H);
   }
 
+  if (defer_masks) {  // the sampler of the step's last chunk waits; earlier chunks could not
+    int chunks = 0;
+    m.for_each_chunk(steps, [&](std::span<const ForwardStep>) { ++chunks; });
+    FATHOM_CHECK(chunks == 1, "launch_sampled: a step whose token masks come later must fit one forward (",
+                 chunks, " chunks)");
+  }
   try {
     m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
       // A pending chunk (an earlier one of this launch, or the other launch's) in the output
@@ -109,7 +118,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       }
       if (n_adjust * sizeof(LogitAdjustment) > m.adjust_dev.bytes())
         m.adjust_dev = DeviceBuffer(std::max(m.adjust_cap[0], m.adjust_cap[1]) * sizeof(LogitAdjustment));
-      // The chunk's token masks (structured output), renumbered in its row order.
+      // The chunk's token masks (structured output).
       size_t n_masks = 0;
       for (int64_t src : c.source)
         if (src >= 0 && rows[size_t(src)].mask_row >= 0) ++n_masks;
@@ -121,7 +130,6 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       }
       if (n_masks * size_t(W) * 4 > m.mask_dev.bytes())
         m.mask_dev = DeviceBuffer(std::max(m.mask_cap[0], m.mask_cap[1]) * 4);
-      int32_t next_mask = 0;
       RowSampling* params = m.row_params_host[c.buf];
       int32_t next = 0;
       for (int r = 0; r < p.RL; ++r) {
@@ -138,47 +146,79 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
         dst.adjust_begin = next;
         dst.adjust_end = next + count;
         next += count;
-        if (dst.mask_row >= 0) {
-          std::copy_n(masks.begin() + int64_t(dst.mask_row) * W, W, mask_host + int64_t(next_mask) * W);
-          dst.mask_row = next_mask++;
+        if (dst.mask_row >= 0) {  // renumbered in the chunk's row order; copied when the masks are known
+          c.mask_source.push_back(dst.mask_row);
+          dst.mask_row = int32_t(c.mask_source.size()) - 1;
         }
       }
+      c.n_adjust = next;
       const cudaStream_t s = m.stream;
       FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_params.data(), params, size_t(p.RL) * sizeof(RowSampling),
                                         cudaMemcpyHostToDevice, s));
       if (next > 0)
         FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.adjust_dev.data(), adjust_host, size_t(next) * sizeof(LogitAdjustment),
                                           cudaMemcpyHostToDevice, s));
-      if (next_mask > 0)
-        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mask_dev.data(), mask_host, size_t(next_mask) * size_t(W) * 4,
-                                          cudaMemcpyHostToDevice, s));
-      sample_rows(m.logits.as<float>(), p.RL, int(V), m.row_params.as<RowSampling>(),
-                  next > 0 ? m.adjust_dev.as<LogitAdjustment>() : nullptr, m.row_out.as<RowSample>(),
-                  m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>(),
-                  next_mask > 0 ? m.mask_dev.as<uint32_t>() : nullptr);
-      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_out_host[c.buf], m.row_out.data(), size_t(p.RL) * sizeof(RowSample),
-                                        cudaMemcpyDeviceToHost, s));
-      if (ls.any_logprobs) {
-        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_ids_host[c.buf], m.row_top_ids.data(),
-                                          size_t(p.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
-        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_lp_host[c.buf], m.row_top_lp.data(),
-                                          size_t(p.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
+      if (defer_masks) {
+        m.deferred = std::move(c);
+        return;
       }
-      if (ls.want_hidden) {  // pageable: this copy waits for the step (drafting needs no overlap)
-        c.hidden.resize(size_t(p.R) * H);
-        FATHOM_CUDA_CHECK(cudaMemcpyAsync(c.hidden.data(), m.sel.data(), c.hidden.size() * 4, cudaMemcpyDeviceToHost, s));
-      }
-      FATHOM_CUDA_CHECK(cudaEventRecord(m.chunk_done[c.buf], s));
-      if (ls.chunk) {  // an earlier chunk of this launch (other buffers): read it now
-        m.scatter(ls, *ls.chunk);
-        ls.chunk.reset();
-      }
-      ls.chunk = std::move(c);
+      m.sample_chunk(ls, std::move(c), masks);
     });
   } catch (...) {  // nothing of this launch will be finished
     m.launched.pop_back();
+    m.deferred.reset();
     throw;
   }
+}
+
+// The rest of a launched chunk once its token masks are known: the masks (renumbered in the
+// chunk's row order), the sampler, and the copies of its results to the pinned outputs.
+void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<const uint32_t> masks) {
+  Impl& m = *this;
+  const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size, W = mask_words(V);
+  const cudaStream_t s = m.stream;
+  const int32_t n_masks = int32_t(c.mask_source.size());
+  for (int32_t i = 0; i < n_masks; ++i) {
+    const int64_t from = c.mask_source[size_t(i)];
+    FATHOM_CHECK((from + 1) * W <= int64_t(masks.size()), "forward_sampled: a row's token mask lies outside the mask table");
+    std::copy_n(masks.begin() + from * W, W, m.mask_host[c.buf] + int64_t(i) * W);
+  }
+  if (n_masks > 0)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mask_dev.data(), m.mask_host[c.buf], size_t(n_masks) * size_t(W) * 4,
+                                      cudaMemcpyHostToDevice, s));
+  sample_rows(m.logits.as<float>(), c.RL, int(V), m.row_params.as<RowSampling>(),
+              c.n_adjust > 0 ? m.adjust_dev.as<LogitAdjustment>() : nullptr, m.row_out.as<RowSample>(),
+              m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>(),
+              n_masks > 0 ? m.mask_dev.as<uint32_t>() : nullptr);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_out_host[c.buf], m.row_out.data(), size_t(c.RL) * sizeof(RowSample),
+                                    cudaMemcpyDeviceToHost, s));
+  if (ls.any_logprobs) {
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_ids_host[c.buf], m.row_top_ids.data(),
+                                      size_t(c.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_lp_host[c.buf], m.row_top_lp.data(),
+                                      size_t(c.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
+  }
+  if (ls.want_hidden) {  // pageable: this copy waits for the step (drafting needs no overlap)
+    c.hidden.resize(size_t(c.R) * H);
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(c.hidden.data(), m.sel.data(), c.hidden.size() * 4, cudaMemcpyDeviceToHost, s));
+  }
+  FATHOM_CUDA_CHECK(cudaEventRecord(m.chunk_done[c.buf], s));
+  if (ls.chunk) {  // an earlier chunk of this launch (other buffers): read it now
+    m.scatter(ls, *ls.chunk);
+    ls.chunk.reset();
+  }
+  ls.chunk = std::move(c);
+}
+
+// One forward chunk at most: the engine's token budget (the runner's chunk size).
+int64_t CudaRunner::deferred_mask_tokens() const { return impl_->T_max; }
+
+void CudaRunner::supply_masks(std::span<const uint32_t> masks) {
+  Impl& m = *impl_;
+  FATHOM_CHECK(m.deferred.has_value(), "supply_masks: no launched step waits for its token masks");
+  Impl::SampledChunk c = std::move(*m.deferred);
+  m.deferred.reset();
+  m.sample_chunk(m.launched.back(), std::move(c), masks);
 }
 
 SampledOutput CudaRunner::finish_sampled() {

@@ -203,6 +203,10 @@ void TensorParallelRunner::set_profiling(bool on) {
   on_all_ranks([&](int r) { ranks_[size_t(r)]->set_profiling(on); });
 }
 
+void TensorParallelRunner::synchronize() {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->synchronize(); });
+}
+
 std::string TensorParallelRunner::device_name() const {
   return ranks_[0]->device_name() + " x " + std::to_string(size()) + " (tensor parallel)";
 }
@@ -247,8 +251,15 @@ GreedyOutput TensorParallelRunner::mtp_forward_greedy(std::span<const MtpStep> s
 }
 
 void TensorParallelRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                                          std::span<const LogitAdjustment> adjust) {
-  on_all_ranks([&](int r) { ranks_[size_t(r)]->launch_sampled(steps, rows, adjust); });
+                                          std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                                          bool defer_masks) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->launch_sampled(steps, rows, adjust, masks, defer_masks); });
+}
+
+int64_t TensorParallelRunner::deferred_mask_tokens() const { return ranks_[0]->deferred_mask_tokens(); }
+
+void TensorParallelRunner::supply_masks(std::span<const uint32_t> masks) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->supply_masks(masks); });
 }
 
 SampledOutput TensorParallelRunner::finish_sampled() {

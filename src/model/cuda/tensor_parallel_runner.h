@@ -78,7 +78,10 @@ class TensorParallelRunner final : public ModelRunner {
   GreedyOutput mtp_forward_greedy(std::span<const MtpStep> steps) override;
   bool supports_pending_tokens() const override { return true; }
   void launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
-                      std::span<const LogitAdjustment> adjust) override;
+                      std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks = {},
+                      bool defer_masks = false) override;
+  int64_t deferred_mask_tokens() const override;
+  void supply_masks(std::span<const uint32_t> masks) override;
   SampledOutput finish_sampled() override;
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
@@ -92,6 +95,7 @@ class TensorParallelRunner final : public ModelRunner {
   const OpProfile& profile() const { return ranks_[0]->profile(); }
   void reset_profile();
   void set_profiling(bool on);
+  void synchronize();
 
  private:
   // Starts the rank threads and the communicators; `largest_floats`: the largest message the
