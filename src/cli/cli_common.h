@@ -23,4 +23,13 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
 // by the commands that run a model.
 void add_parallel_options(CLI::App* sub, TensorParallelism& parallel);
 
+// `fathom tune` (cmd_tune.cpp): verifies, times and chooses the kernel backends for a model on
+// this GPU (or reads the cached choice) and prints every check and choice; also
+// `fathom inspect MODEL --backends`.
+struct TuneArgs {
+  std::string model, policy = "verified-fastest", moe_backend, json_out;
+  bool cache = true, bf16_experts = false;
+};
+void run_tune(const TuneArgs& a);
+
 }  // namespace fathom::cli

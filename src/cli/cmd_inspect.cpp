@@ -1,4 +1,5 @@
 // `fathom inspect MODEL [--json]`: summarize a checkpoint folder without loading its weights.
+// `--backends`: the kernel backends chosen for it on this GPU (`fathom tune`).
 // `--tensor-parallel-size N [--enable-expert-parallel]`: what each of N GPUs would hold (weights,
 // KV cache a token, DeltaNet state a sequence) and the KV tokens left at a memory size; MODEL may
 // then also be a bare config.json (configs/*.json), with --weight-format saying how it is stored.
@@ -7,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/cli_common.h"
 #include "cli/command.h"
 #include "io/model_config.h"
 #include "io/quant_config.h"
@@ -25,6 +27,7 @@ struct InspectOptions {
   double gpu_memory_gb = 141;
   double gpu_memory_utilization = 0.9;
   int max_num_seqs = 64;
+  bool backends = false;
 };
 
 void print_parallel_plan(const InspectOptions& o) {
@@ -100,7 +103,16 @@ fathom::cli::CommandRegistrar reg([](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--max-num-seqs", opts->max_num_seqs, "Sequences whose DeltaNet state each GPU holds")
       ->capture_default_str();
+  sub->add_flag("--backends", opts->backends,
+                "Which kernel implementation serves which step size on this GPU, and why (verified and timed as "
+                "`fathom tune`, or from its cache)");
   sub->callback([opts] {
+    if (opts->backends) {
+      fathom::cli::TuneArgs t;
+      t.model = opts->model;
+      fathom::cli::run_tune(t);
+      return;
+    }
     if (opts->tensor_parallel_size > 0) {
       print_parallel_plan(*opts);
       return;

@@ -214,6 +214,12 @@ struct EngineOptions {
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
   TensorParallelism parallel;
+  // CUDA kernel backends (model/cuda/backend_tuning.h), chosen before the GPU is touched:
+  // "verified-fastest" or "fixed" (empty: the fixed rules, unverified); a pinned candidate
+  // (--moe-runner-backend); whether the tuning cache may answer.
+  std::string backend_policy;
+  std::string moe_runner_backend;
+  bool backend_cache = true;
 };
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"

@@ -4,10 +4,12 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/quant_config.h"
 #include "io/text_file.h"
 #include "model/cpu_runner.h"
 #include "model/model_runner.h"
 #ifdef FATHOM_HAVE_CUDA
+#include "model/cuda/backend_tuning.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/tensor_parallel_runner.h"
 #endif
@@ -20,6 +22,24 @@ namespace {
 std::string read_config_text(const std::string& path) {
   std::filesystem::path p(path);
   return read_text_file(std::filesystem::is_directory(p) ? p / "config.json" : p);
+}
+
+// Verifies, times and chooses the kernel backends (or reads the choice from the cache) and makes
+// the kernels follow it; before anything in this process initialises CUDA (the checks run in
+// child processes). Skipped without a policy, on the CPU, or without NVFP4 experts.
+void choose_backends(const std::string& path, const std::string& device, const EngineOptions& options) {
+  if (options.backend_policy.empty() || device == "cpu") return;
+  const bool dummy = options.load_format == "dummy";
+  const std::string text = read_config_text(path);
+  const ModelConfig cfg = ModelConfig::parse(text, "", path);
+  const bool nvfp4 = cfg.num_experts > 0 &&
+                     (dummy || (std::filesystem::is_directory(path) &&
+                                QuantConfig::load(path, text).algo == QuantAlgo::NVFP4));
+  if (!nvfp4) return;  // nothing with candidates yet
+  cuda::tune_and_apply(
+      cfg, nvfp4,
+      cuda::TuneOptions::from_flags(options.backend_policy, options.moe_runner_backend, options.backend_cache),
+      [](const std::string& line) { std::fprintf(stderr, "fathom: %s\n", line.c_str()); });
 }
 #endif
 
@@ -41,6 +61,9 @@ std::string resolve_device(const std::string& device) {
 
 std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& requested_device, bool with_mtp,
                                         const EngineOptions& options) {
+#ifdef FATHOM_HAVE_CUDA
+  choose_backends(path, requested_device, options);  // first: it needs CUDA untouched here
+#endif
   const std::string device = resolve_device(requested_device);
   FATHOM_CHECK(options.load_format == "auto" || options.load_format == "dummy",
                "--load-format must be auto or dummy, got '", options.load_format, "'");

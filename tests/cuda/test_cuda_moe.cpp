@@ -13,6 +13,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/moe_fp4_rig.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom {
@@ -21,175 +22,9 @@ namespace {
 using testing::from_bf16;
 using testing::to_bf16;
 
-float e4m3_value(uint8_t b) {
-  const int E = (b >> 3) & 0xF, M = b & 7;
-  const float v = E == 0 ? std::ldexp(float(M) / 8.f, -6) : std::ldexp(1.f + float(M) / 8.f, E - 7);
-  return (b & 0x80) ? -v : v;
-}
-float e2m1_value(int code) {
-  static const float lut[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  return (code & 8) ? -lut[code & 7] : lut[code & 7];
-}
-
-// One NVFP4 matrix on the host: codes, scales, and its exact dequantized values.
-struct HostFp4 {
-  int rows, k;
-  std::vector<uint8_t> codes, scales;
-  float global;
-  std::vector<float> w;  // [rows, k] (exact: code x scale, times the global scale)
-};
-
-HostFp4 random_fp4(int rows, int k, std::mt19937& rng) {
-  HostFp4 m{rows, k, std::vector<uint8_t>(size_t(rows) * k / 2), std::vector<uint8_t>(size_t(rows) * k / 16), 0.f, {}};
-  std::uniform_int_distribution<int> byte(0, 255), pick(0, 99);
-  for (auto& c : m.codes) c = uint8_t(byte(rng));
-  // Mostly normal scales around 1, some e4m3 subnormals, a few zeros and the largest value.
-  for (auto& s : m.scales) {
-    const int r = pick(rng);
-    s = r < 4 ? 0 : r < 12 ? uint8_t(1 + byte(rng) % 7) : r < 14 ? 0x7e : uint8_t(0x30 + byte(rng) % 16);
-  }
-  m.global = 0.02f;
-  m.w.resize(size_t(rows) * k);
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < k; ++i) {
-      const int code = (m.codes[(size_t(r) * k + i) / 2] >> ((i & 1) * 4)) & 0xF;
-      m.w[size_t(r) * k + i] = e2m1_value(code) * e4m3_value(m.scales[size_t(r) * (k / 16) + i / 16]) * m.global;
-    }
-  return m;
-}
-
-struct DeviceFp4 {
-  cuda::DeviceBuffer codes, scales;
-  cuda::PackedFp4 desc;
-};
-
-DeviceFp4 pack(const HostFp4& m) {
-  DeviceFp4 d;
-  auto src_codes = cuda::DeviceBuffer::from_host(m.codes);
-  auto src_scales = cuda::DeviceBuffer::from_host(m.scales);
-  d.codes = cuda::DeviceBuffer(size_t(cuda::packed_fp4_code_bytes(m.rows, m.k)));
-  d.scales = cuda::DeviceBuffer(size_t(cuda::packed_fp4_scale_bytes(m.rows, m.k)));
-  d.desc = cuda::pack_fp4(src_codes.as<uint8_t>(), src_scales.as<uint8_t>(), m.global, m.rows, m.k,
-                          d.codes.as<uint8_t>(), d.scales.as<uint16_t>(), nullptr);
-  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
-  return d;
-}
-
-struct MoeCase {
-  int E, K, H, I;
-};
-
-class MoeFp4Rig {
- public:
-  MoeFp4Rig(const MoeCase& mc, int max_tokens, uint32_t seed) : c_(mc), max_T_(max_tokens), rng_(seed) {
-    std::vector<cuda::PackedFp4> g, u, d;
-    for (int e = 0; e < c_.E; ++e) {
-      host_.push_back({random_fp4(c_.I, c_.H, rng_), random_fp4(c_.I, c_.H, rng_), random_fp4(c_.H, c_.I, rng_)});
-      for (int m = 0; m < 3; ++m) dev_.push_back(pack(host_.back()[m]));
-      g.push_back(dev_[dev_.size() - 3].desc);
-      u.push_back(dev_[dev_.size() - 2].desc);
-      d.push_back(dev_[dev_.size() - 1].desc);
-    }
-    tables_[0] = cuda::DeviceBuffer::from_host(g);
-    tables_[1] = cuda::DeviceBuffer::from_host(u);
-    tables_[2] = cuda::DeviceBuffer::from_host(d);
-    ex_.num = c_.E;
-    ex_.inter = c_.I;
-    ex_.hidden = c_.H;
-    ex_.gate = tables_[0].as<cuda::PackedFp4>();
-    ex_.up = tables_[1].as<cuda::PackedFp4>();
-    ex_.down = tables_[2].as<cuda::PackedFp4>();
-    // Inputs for max_T tokens: bf16 activations, distinct experts per token, positive weights.
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::uniform_real_distribution<float> uw(0.05f, 1.f);
-    x_.resize(size_t(max_T_) * c_.H);
-    for (auto& v : x_) v = to_bf16(nd(rng_));
-    ids_.resize(size_t(max_T_) * c_.K);
-    w_.resize(ids_.size());
-    std::vector<int> perm(c_.E);
-    for (int t = 0; t < max_T_; ++t) {
-      for (int e = 0; e < c_.E; ++e) perm[e] = e;
-      std::shuffle(perm.begin(), perm.end(), rng_);
-      for (int k = 0; k < c_.K; ++k) ids_[size_t(t) * c_.K + k] = perm[k], w_[size_t(t) * c_.K + k] = uw(rng_);
-    }
-    const int P = max_T_ * c_.K;
-    group_buf_ = cuda::DeviceBuffer(size_t(cuda::moe_group_scratch_ints(P, c_.E)) * 4);
-    group_ = cuda::moe_group_scratch(group_buf_.as<int32_t>(), P, c_.E);
-    dx_ = cuda::DeviceBuffer::from_host(x_);
-    dids_ = cuda::DeviceBuffer::from_host(ids_);
-    dw_ = cuda::DeviceBuffer::from_host(w_);
-    h_ = cuda::DeviceBuffer(size_t(P) * c_.I * 2);
-    pair_out_ = cuda::DeviceBuffer(size_t(P) * c_.H * 4);
-    y_ = cuda::DeviceBuffer(size_t(max_T_) * c_.H * 4);
-  }
-
-  // The kernels' output for the first T tokens, [T, H].
-  std::vector<float> run(int T) {
-    cuda::moe_experts_fp4(ex_, dx_.as<cuda::bf16_t>(), dids_.as<int32_t>(), dw_.as<float>(), h_.as<cuda::bf16_t>(),
-                          pair_out_.as<float>(), y_.as<float>(), T, c_.K, nullptr, nullptr, 1, group_, nullptr);
-    std::vector<float> y(size_t(T) * c_.H);
-    FATHOM_CUDA_CHECK(cudaMemcpy(y.data(), y_.data(), y.size() * 4, cudaMemcpyDeviceToHost));
-    return y;
-  }
-
-  // Host reference of token t: h rounded to bf16 as the kernels store it (cached: every kernel
-  // variant is checked against it).
-  const std::vector<double>& reference(int t) {
-    auto it = ref_cache_.find(t);
-    if (it == ref_cache_.end()) it = ref_cache_.emplace(t, compute_reference(t)).first;
-    return it->second;
-  }
-  std::vector<double> compute_reference(int t) const {
-    std::vector<double> y(c_.H, 0.0);
-    std::vector<double> h(c_.I);
-    for (int k = 0; k < c_.K; ++k) {
-      const int e = ids_[size_t(t) * c_.K + k];
-      const auto& m = host_[e];
-      for (int i = 0; i < c_.I; ++i) {
-        double g = 0, u = 0;
-        for (int j = 0; j < c_.H; ++j) {
-          const double xv = from_bf16(x_[size_t(t) * c_.H + j]);
-          g += m[0].w[size_t(i) * c_.H + j] * xv;
-          u += m[1].w[size_t(i) * c_.H + j] * xv;
-        }
-        h[i] = from_bf16(to_bf16(float(g / (1.0 + std::exp(-g)) * u)));
-      }
-      for (int n = 0; n < c_.H; ++n) {
-        double acc = 0;
-        for (int i = 0; i < c_.I; ++i) acc += m[2].w[size_t(n) * c_.I + i] * h[i];
-        y[n] += w_[size_t(t) * c_.K + k] * acc;
-      }
-    }
-    return y;
-  }
-
-  int H() const { return c_.H; }
-
- private:
-  MoeCase c_;
-  int max_T_;
-  std::mt19937 rng_;
-  std::vector<std::array<HostFp4, 3>> host_;
-  std::vector<DeviceFp4> dev_;
-  cuda::DeviceBuffer tables_[3];
-  cuda::PackedExperts ex_;
-  std::vector<uint16_t> x_;
-  std::vector<int32_t> ids_;
-  std::vector<float> w_;
-  cuda::MoeGroupScratch group_;
-  std::map<int, std::vector<double>> ref_cache_;
-  cuda::DeviceBuffer group_buf_, dx_, dids_, dw_, h_, pair_out_, y_;
-};
-
-// Error of a token row: max |got - ref| / max |ref|.
-double row_error(const float* got, const std::vector<double>& ref) {
-  double worst = 0, scale = 1e-30;
-  for (size_t n = 0; n < ref.size(); ++n) {
-    worst = std::max(worst, std::fabs(double(got[n]) - ref[n]));
-    scale = std::max(scale, std::fabs(ref[n]));
-  }
-  return worst / scale;
-}
+using cuda::MoeFp4Rig;
+using MoeCase = cuda::MoeFp4Shape;
+using cuda::moe_row_error;
 
 TEST(CudaMoeFp4, MatchesHostReference) {
   // The fixtures' shape (k of down = 32, padded to a 64-wide slab), a mid shape, and 397B's widths
@@ -206,7 +41,7 @@ TEST(CudaMoeFp4, MatchesHostReference) {
       double worst = 0;
       for (int t = 0; t < T; t += (T > 8 ? 7 : 1)) {
         for (int n = 0; n < rig.H(); ++n) ASSERT_TRUE(std::isfinite(y[size_t(t) * rig.H() + n]));
-        worst = std::max(worst, row_error(y.data() + size_t(t) * rig.H(), rig.reference(t)));
+        worst = std::max(worst, moe_row_error(y.data() + size_t(t) * rig.H(), rig.reference(t)));
       }
       // fp32 sums of exact bf16 products; the bf16 rounding of h is the only loss (2^-9 relative).
       EXPECT_LT(worst, 1e-2) << "H=" << mc.H << " I=" << mc.I << " E=" << mc.E << " T=" << T << " variant " << v;

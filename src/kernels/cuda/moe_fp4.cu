@@ -9,9 +9,14 @@
 // k {2c, 2c+1, 2c+8, 2c+9} of each of the 4 steps; they are mapped to the actual k 16c .. 16c+15
 // so that a lane's weights share one e4m3 scale (per 16 k) and its activations are 32
 // contiguous bytes.
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/backend_selection.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -429,8 +434,12 @@ constexpr SmallVariant kSmallVariants[] = {
 constexpr int kAutoVariant = -1;
 int g_small_variant = kAutoVariant;
 constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
+std::vector<std::pair<int, int>> g_small_table;  // (largest T, variant), ascending; empty: the rule
 int small_variant_for(int T) {
   if (g_small_variant != kAutoVariant) return g_small_variant;
+  for (const auto& [max_t, v] : g_small_table)
+    if (T <= max_t) return v;
+  if (!g_small_table.empty()) return g_small_table.back().second;
   return T <= 2 ? kFewTokensVariant : kManyTokensVariant;
 }
 
@@ -483,7 +492,37 @@ void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
+// Fault injection (core/backend_selection.h, FATHOM_BACKEND_FAULT, read once): a variant made to
+// write NaN, wrong values, or fault on an illegal address, whenever it runs.
+__global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }
+BackendFault fault_of(bool small, int v) {
+  static std::vector<BackendFault> small_f, large_f;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int i = 0; i < int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])); ++i)
+      small_f.push_back(backend_fault(kMoeFp4DecodeOp, moe_fp4_small_variant_id(i)));
+    for (int i = 0; i < int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); ++i)
+      large_f.push_back(backend_fault(kMoeFp4PrefillOp, moe_fp4_large_variant_id(i)));
+  });
+  return small ? small_f[size_t(v)] : large_f[size_t(v)];
+}
+void inject_fault(BackendFault f, float* pair_out, int64_t n, cudaStream_t s) {
+  if (f == BackendFault::Nan) FATHOM_CUDA_CHECK(cudaMemsetAsync(pair_out, 0xff, size_t(n) * 4, s));
+  if (f == BackendFault::Wrong) FATHOM_CUDA_CHECK(cudaMemsetAsync(pair_out, 0x3f, size_t(n) * 4, s));  // 0.747 everywhere
+  if (f == BackendFault::Crash) illegal_write_kernel<<<1, 32, 0, s>>>(reinterpret_cast<float*>(uintptr_t(64)));
+}
+
 }  // namespace
+
+std::string moe_fp4_small_variant_id(int v) { return "d" + std::to_string(v); }
+std::string moe_fp4_large_variant_id(int v) { return "p" + std::to_string(v); }
+int moe_fp4_fixed_small_variant(int T) { return T <= 2 ? kFewTokensVariant : kManyTokensVariant; }
+void set_moe_fp4_small_table(std::vector<std::pair<int, int>> table) {
+  for (const auto& [t, v] : table)
+    FATHOM_CHECK(v >= 0 && v < int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])), "moe_fp4: no small-kernel variant ", v);
+  std::sort(table.begin(), table.end());
+  g_small_table = std::move(table);
+}
 
 int moe_fp4_large_variants() { return int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); }
 std::string moe_fp4_large_variant_name(int v) {
@@ -559,12 +598,14 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   const int max_tiles = std::min(ex.num, P) + P / tile;
   const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
   MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};
+  const int variant = small ? small_variant_for(T) : g_large_variant;
   if (small) {
-    launch_small(small_variant_for(T), a, dim3(gate_tiles, max_tiles), dim3((down_tiles + 1) / 2, max_tiles), h,
-                 ex.inter, s);
+    launch_small(variant, a, dim3(gate_tiles, max_tiles), dim3((down_tiles + 1) / 2, max_tiles), h, ex.inter, s);
   } else {
-    launch_large(g_large_variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
+    launch_large(variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
   }
+  if (const BackendFault f = fault_of(small, variant); f != BackendFault::None)
+    inject_fault(f, pair_out, int64_t(P) * ex.hidden, s);
   if (y) moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
 }
 

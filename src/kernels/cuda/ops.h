@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 #include <cuda_runtime.h>
 
 namespace fathom::cuda {
@@ -283,6 +285,16 @@ void set_moe_fp4_small_variant(int variant);
 int moe_fp4_large_variants();
 std::string moe_fp4_large_variant_name(int variant);
 void set_moe_fp4_large_variant(int variant);
+// As backends (core/backend_selection.h): ops "moe.fp4.decode" (the decode-shaped kernels,
+// candidates "d0".."d7") and "moe.fp4.prefill" ("p0".."p3"); FATHOM_BACKEND_FAULT applies to them.
+inline constexpr const char* kMoeFp4DecodeOp = "moe.fp4.decode";
+inline constexpr const char* kMoeFp4PrefillOp = "moe.fp4.prefill";
+std::string moe_fp4_small_variant_id(int variant);
+std::string moe_fp4_large_variant_id(int variant);
+int moe_fp4_fixed_small_variant(int T);  // the fixed rule's decode variant for T tokens
+// Decode-shaped variant by step size: (largest T, variant) pairs; the last covers larger steps.
+// Empty: the fixed rule. set_moe_fp4_small_variant(v >= 0) overrides both.
+void set_moe_fp4_small_table(std::vector<std::pair<int, int>> table);
 
 // y[t] += sigmoid(gate_logit[t * gate_ld]) * shared[t]
 void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,

@@ -1,0 +1,74 @@
+// A test rig for the NVFP4 expert kernels (moe_fp4.cu): random NVFP4 experts of a given shape
+// packed on the device, random routed tokens, the kernels' output, and a double-precision host
+// reference of a token's output from the exact dequantized weights. The kernel tests and the
+// backend verification of `fathom tune` (model/cuda/backend_tuning.h) check the kernels with it.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+
+struct MoeFp4Shape {
+  int E, K, H, I;  // experts, experts per token, hidden size, expert intermediate size
+};
+
+class MoeFp4Rig {
+ public:
+  // Inputs for up to max_tokens tokens, each routed to K distinct experts. With `reference`
+  // false the exact weights are not kept on the host (timing only: reference() is unavailable).
+  MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference = true);
+
+  // Launches the kernels for the first T tokens (no wait); output() reads them back.
+  void launch(int T, cudaStream_t s = nullptr);
+  std::vector<float> output(int T) const;  // [T, H], after a wait
+  std::vector<float> run(int T) {
+    launch(T);
+    return output(T);
+  }
+  // Median milliseconds of `reps` launches for T tokens (CUDA events).
+  double time_ms(int T, int reps);
+  // Host reference of token t: h rounded to bf16 as the kernels store it (cached).
+  const std::vector<double>& reference(int t);
+  int H() const { return shape_.H; }
+
+ private:
+  struct HostFp4 {
+    int rows = 0, k = 0;
+    std::vector<uint8_t> codes, scales;
+    float global = 0.02f;
+    std::vector<float> w;  // [rows, k] exact (code x scale x global), when kept
+  };
+  struct DeviceFp4 {
+    DeviceBuffer codes, scales;
+    PackedFp4 desc;
+  };
+  HostFp4 random_fp4(int rows, int k, bool keep_values);
+  static DeviceFp4 pack(const HostFp4& m);
+  std::vector<double> compute_reference(int t) const;
+
+  MoeFp4Shape shape_;
+  int max_T_;
+  std::mt19937 rng_;
+  bool has_reference_;
+  std::vector<std::array<HostFp4, 3>> host_;
+  std::vector<DeviceFp4> dev_;
+  DeviceBuffer tables_[3];
+  PackedExperts ex_;
+  std::vector<uint16_t> x_;
+  std::vector<int32_t> ids_;
+  std::vector<float> w_;
+  MoeGroupScratch group_;
+  std::map<int, std::vector<double>> ref_cache_;
+  DeviceBuffer group_buf_, dx_, dids_, dw_, h_, pair_out_, y_;
+};
+
+// Error of a token row: max |got - ref| / max |ref|.
+double moe_row_error(const float* got, const std::vector<double>& ref);
+
+}  // namespace fathom::cuda

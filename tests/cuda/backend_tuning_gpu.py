@@ -1,0 +1,65 @@
+"""`fathom tune` on the GPU (issue 19), at Qwen3.5-397B-A17B's MoE widths: every NVFP4 expert
+kernel candidate passes its checks on a healthy GPU and the first tuning takes under 60 s; the
+cache answers a second run under 2 s; with faults injected into the chosen candidates (NaN in
+the decode one, an illegal address in the prefill one, wrong values in another decode one) each
+is rejected with its failed check named, other verified candidates are chosen, and the faulty
+runs keep a cache entry of their own.
+
+Run by ctest (label gpu, scripts/test_gpu.sh) as: python3 backend_tuning_gpu.py --fathom BIN --config CONFIG
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def tune(fathom, config, out, env, no_cache=True):
+    cmd = [fathom, "tune", config, "--json-out", out] + (["--no-cache"] if no_cache else [])
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return json.load(open(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fathom", required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, XDG_CACHE_HOME=tmp)
+        env.pop("FATHOM_BACKEND_FAULT", None)
+        first = tune(a.fathom, a.config, tmp + "/a.json", env)
+        assert first["tuned"], first
+        failed = [c for c in first["checks"] if not c["passed"]]
+        assert not failed, failed
+        assert first["seconds"] < 60, first["seconds"]
+        again = tune(a.fathom, a.config, tmp + "/b.json", env, no_cache=False)
+        assert again["from_cache"] and again["seconds"] < 2, again
+        assert again["choices"] == first["choices"]
+
+        decode = [c for c in first["choices"] if c["op"] == "moe.fp4.decode"]
+        prefill = [c for c in first["choices"] if c["op"] == "moe.fp4.prefill"]
+        bad = {decode[0]["candidate"]: "nan", prefill[0]["candidate"]: "crash"}
+        others = sorted({c["candidate"] for c in decode} - {decode[0]["candidate"]})
+        if others:
+            bad[others[0]] = "wrong"
+        ops = {c: ("moe.fp4.decode" if c[0] == "d" else "moe.fp4.prefill") for c in bad}
+        env_f = dict(env, FATHOM_BACKEND_FAULT=",".join(f"{ops[c]}:{c}:{k}" for c, k in bad.items()))
+        faulty = tune(a.fathom, a.config, tmp + "/c.json", env_f)
+        expect = {"nan": "NaN/Inf", "wrong": "max error", "crash": "illegal memory access"}
+        for cand, kind in bad.items():
+            checks = [c for c in faulty["checks"] if c["candidate"] == cand]
+            assert checks and all(not c["passed"] for c in checks), (cand, checks)
+            assert expect[kind] in checks[0]["failure"], (cand, kind, checks[0]["failure"])
+        for c in faulty["choices"]:
+            assert c["candidate"] and c["candidate"] not in bad, c
+        assert faulty["cache_file"] != first["cache_file"]
+        clean = tune(a.fathom, a.config, tmp + "/d.json", env, no_cache=False)
+        assert clean["from_cache"] and clean["choices"] == first["choices"]
+    print(f"first tuning {first['seconds']:.1f} s, cached {again['seconds']:.2f} s; faults {bad} rejected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
