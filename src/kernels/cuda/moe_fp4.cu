@@ -525,6 +525,7 @@ void set_moe_fp4_small_table(std::vector<std::pair<int, int>> table) {
 }
 
 int moe_fp4_large_variants() { return int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); }
+size_t moe_fp4_large_variant_smem(int v) { return kLargeVariants[v].smem; }
 std::string moe_fp4_large_variant_name(int v) {
   return "prefill " + std::to_string(kLargeVariants[v].warps) + "w/" + std::to_string(kLargeVariants[v].stages) +
          "st/" + std::to_string(kLargeVariants[v].tile_tokens) + "tok/b" + std::to_string(kLargeVariants[v].min_blocks);

@@ -291,6 +291,7 @@ inline constexpr const char* kMoeFp4DecodeOp = "moe.fp4.decode";
 inline constexpr const char* kMoeFp4PrefillOp = "moe.fp4.prefill";
 std::string moe_fp4_small_variant_id(int variant);
 std::string moe_fp4_large_variant_id(int variant);
+size_t moe_fp4_large_variant_smem(int variant);  // dynamic shared memory a block (the decode-shaped: static, small)
 int moe_fp4_fixed_small_variant(int T);  // the fixed rule's decode variant for T tokens
 // Decode-shaped variant by step size: (largest T, variant) pairs; the last covers larger steps.
 // Empty: the fixed rule. set_moe_fp4_small_variant(v >= 0) overrides both.

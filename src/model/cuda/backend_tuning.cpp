@@ -88,10 +88,35 @@ std::string check_output(MoeFp4Rig& rig, const std::vector<float>& y, int T, dou
   return "";
 }
 
+// Shared memory a block may have here: the GPU's opt-in limit, or SM120's 99 KB under the SM120
+// profile (FATHOM_SM120_PROFILE=1: the kernels an RTX PRO 6000 could run, tried on this GPU).
+constexpr size_t kSm120SharedBytes = 99 * 1024;
+bool sm120_profile() {
+  const char* e = std::getenv("FATHOM_SM120_PROFILE");
+  return e && std::string(e) == "1";
+}
+size_t shared_limit() {
+  int optin = 0;
+  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  return sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
+}
+
 std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShapes& s) {
-  Rigs& r = rigs(s);
   const bool decode = cand[0] == 'd';
   const int v = std::atoi(cand.c_str() + 1);
+  if (!decode && moe_fp4_large_variant_smem(v) > shared_limit()) {  // not run: it cannot launch here
+    std::vector<BackendCheck> out;
+    for (int bucket : kPrefillBuckets) {
+      BackendCheck c;
+      c.bucket = bucket;
+      c.failure = "unsupported: needs " + std::to_string(moe_fp4_large_variant_smem(v) / 1024) +
+                  " KB of shared memory a block, " + std::to_string(shared_limit() / 1024) + " KB allowed" +
+                  (sm120_profile() ? " (SM120 profile)" : "");
+      out.push_back(c);
+    }
+    return out;
+  }
+  Rigs& r = rigs(s);
   if (decode) set_moe_fp4_small_variant(v);
   else set_moe_fp4_large_variant(v);
   const int T = decode ? kMoeFp4SmallT : 150;  // 150 tokens over 8 experts: the prefill kernels
@@ -177,6 +202,7 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4_experts, const TuneO
                      {"tuning_version", kTuneVersion},
                      // Fault-injected runs (tests) keep entries of their own.
                      {"fault_injection", std::getenv("FATHOM_BACKEND_FAULT") ? std::getenv("FATHOM_BACKEND_FAULT") : ""},
+                     {"sm120_profile", sm120_profile() ? "1" : "0"},
                      {"candidates", cand_list},
                      {"moe", "E=" + std::to_string(cfg.num_experts) + " K=" + std::to_string(cfg.num_experts_per_tok) +
                                  " H=" + std::to_string(cfg.hidden_size) + " I=" +
