@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -154,8 +155,7 @@ class Engine {
   };
   bool step_overlapped();
   void start_sequence(Request& r);
-  template <class Fn>
-  bool guarded_forward(const std::vector<ScheduledChunk>& chunks, Fn&& forward);
+  bool guarded_forward(const std::vector<ScheduledChunk>& chunks, const std::function<void()>& forward);
   InflightStep launch_overlapped(const SchedulerOutput& plan, bool defer_masks);
   void supply_deferred_masks(const InflightStep& in);
   void finish_overlapped(InflightStep& in);

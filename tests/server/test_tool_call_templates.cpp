@@ -1,7 +1,7 @@
 // Round trips through a real chat template: an assistant message with tool calls is rendered by
 // Qwen3's template (hermes; checked in), its assistant turn is read back by the reasoning and
 // tool-call parsers, and the calls come back equal. The Qwen3.5 and Qwen3-Coder templates
-// (qwen3_coder) are in test_tool_call_templates_snapshot.cpp, built only where ../shared exists.
+// (qwen3_coder) are in test_tool_call_templates_snapshot.cpp, built only where the snapshot exists.
 #include <gtest/gtest.h>
 
 #include "chat/chat_template.h"
