@@ -54,4 +54,26 @@ void add_parallel_options(CLI::App* sub, TensorParallelism& f) {
                 "its cost on one GPU");
 }
 
+void add_backend_options(CLI::App* sub, BackendOptions& b, bool allow_none) {
+  std::vector<std::string> policies = {"verified-fastest", "fixed"};
+  if (allow_none) policies.push_back("none");
+  sub->add_option("--backend-policy", b.policy,
+                  std::string("CUDA kernels: verified-fastest (each candidate checked on this GPU against a reference, "
+                              "the fastest that passed; cached) or fixed (today's rules, still verified)") +
+                      (allow_none ? "; none: today's rules, unverified" : ""))
+      ->check(CLI::IsMember(policies))
+      ->capture_default_str();
+  sub->add_option("--moe-runner-backend", b.moe_runner_backend,
+                  "Pin an NVFP4 expert kernel: d0..d7 (decode-shaped) or p0..p3 (prefill-shaped); `fathom tune` lists them");
+  sub->add_option("--attention-backend", b.attention_backend, "Pin the attention kernels: tensor-core or cuda-core")
+      ->check(CLI::IsMember({"tensor-core", "cuda-core"}));
+  sub->add_option("--fp4-gemm-backend", b.fp4_gemm_backend,
+                  "Pin the NVFP4 dense products at decode sizes: gemv or dequant-cublaslt")
+      ->check(CLI::IsMember({"gemv", "dequant-cublaslt"}));
+  sub->add_flag("!--no-backend-cache", b.cache, "Verify and time the backends again instead of reading the cache");
+  sub->add_flag("--backend-speculative", b.speculative,
+                "Choose decode-side kernels for speculative decoding (one bit-consistent set over step sizes); "
+                "serve sets it with --speculative-algorithm");
+}
+
 }  // namespace fathom::cli

@@ -27,9 +27,14 @@ void add_parallel_options(CLI::App* sub, TensorParallelism& parallel);
 // this GPU (or reads the cached choice) and prints every check and choice; also
 // `fathom inspect MODEL --backends`.
 struct TuneArgs {
-  std::string model, policy = "verified-fastest", moe_backend, json_out;
-  bool cache = true, bf16_experts = false;
+  std::string model, json_out;
+  BackendOptions backends;
+  bool bf16_experts = false;
 };
+// The kernel-backend flags (--backend-policy, --moe-runner-backend, --attention-backend,
+// --fp4-gemm-backend, --no-backend-cache) of serve, bench and tune; `none` also allows the
+// unverified fixed rules (bench).
+void add_backend_options(CLI::App* sub, BackendOptions& b, bool allow_none = false);
 void run_tune(const TuneArgs& a);
 
 }  // namespace fathom::cli

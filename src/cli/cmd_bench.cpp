@@ -39,8 +39,7 @@ struct BenchArgs {
   std::string model, load_format = "auto", batches = "1,8,64", json_out;
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false, load_only = false;
-  std::string backend_policy = "verified-fastest", moe_runner_backend;
-  bool backend_cache = true;
+  BackendOptions backends;
   std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
   std::string spec_algorithm;                     // also generate end to end with this drafter
   int spec_ngram_min = 1, spec_ngram_max = 12;
@@ -219,11 +218,13 @@ void run_bench(const BenchArgs& a) {
               dummy ? "dummy weights" : ("weights of " + a.model).c_str());
   // Kernel backends: verified and chosen (or read from the cache) before this process touches the GPU.
   nlohmann::json backends_report;
-  if (a.backend_policy != "none") {
-    const cuda::TuneResult tr =
-        cuda::tune_and_apply(cfg, nvfp4, cuda::TuneOptions::from_flags(a.backend_policy, a.moe_runner_backend, a.backend_cache),
-                             [](const std::string& line) { std::printf("%s\n", line.c_str()); });
-    backends_report = {{"policy", a.backend_policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
+  BackendOptions b = a.backends;
+  b.speculative = b.speculative || !a.spec_steps.empty() || !a.spec_algorithm.empty();
+  if (b.policy != "none") {
+    const cuda::TuneResult tr = cuda::tune_and_apply(
+        cfg, nvfp4, cuda::tune_options(b),
+        [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+    backends_report = {{"policy", b.policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
     for (const BackendChoice& c : tr.choices)
       backends_report["choices"].push_back({{"op", c.op}, {"bucket", c.bucket}, {"candidate", c.candidate}, {"why", c.why}});
   }
@@ -559,12 +560,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--repeats", args->repeats, "Prefill repeats (median)");
   sub->add_option("--json-out", args->json_out, "Write the results as JSON");
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
-  sub->add_option("--backend-policy", args->backend_policy,
-                  "Kernel backends: verified-fastest, fixed (both verified first), or none (today's rules, unverified)")
-      ->check(CLI::IsMember({"verified-fastest", "fixed", "none"}))
-      ->capture_default_str();
-  sub->add_option("--moe-runner-backend", args->moe_runner_backend, "Pin an NVFP4 expert kernel (d0..d7, p0..p3)");
-  sub->add_flag("!--no-backend-cache", args->backend_cache, "Verify and time the backends again");
+  add_backend_options(sub, args->backends, /*allow_none=*/true);
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
   add_parallel_options(sub, args->parallel);

@@ -43,14 +43,7 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                   "CUDA: share of the GPU's memory for weights, KV cache and buffers; the KV cache takes the rest")
       ->capture_default_str();
-  sub->add_option("--backend-policy", a->backend_policy,
-                  "CUDA kernels: verified-fastest (each candidate checked on this GPU against a reference, the "
-                  "fastest that passed; cached) or fixed (today's rules, still verified)")
-      ->check(CLI::IsMember({"verified-fastest", "fixed"}))
-      ->capture_default_str();
-  sub->add_option("--moe-runner-backend", a->moe_runner_backend,
-                  "Pin an NVFP4 expert kernel: d0..d7 (decode-shaped) or p0..p3 (prefill-shaped); `fathom tune` lists them");
-  sub->add_flag("!--no-backend-cache", a->backend_cache, "Verify and time the backends again instead of reading the cache");
+  add_backend_options(sub, a->backends);
   sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
   sub->add_option("--chat-template", a->chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", a->reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");

@@ -33,14 +33,15 @@ void run_tune(const TuneArgs& a) {
   // A bare config.json stands for the NVFP4 release (as `bench` builds its dummy weights).
   const bool nvfp4 = cfg.num_experts > 0 && !a.bf16_experts &&
                      (!fs::is_directory(a.model) || QuantConfig::load(a.model, text).algo == QuantAlgo::NVFP4);
-  const cuda::TuneResult r = cuda::tune_backends(cfg, nvfp4, cuda::TuneOptions::from_flags(a.policy, a.moe_backend, a.cache));
+  const BackendOptions& b = a.backends;
+  const cuda::TuneResult r = cuda::tune_backends(cfg, nvfp4, cuda::tune_options(b));
   for (const std::string& line : cuda::describe_backends(r)) std::printf("%s\n", line.c_str());
   nlohmann::json j = {{"gpu", r.gpu}, {"tuned", r.tuned}, {"note", r.note}, {"from_cache", r.from_cache},
                       {"seconds", r.seconds}, {"cache_file", r.cache_file}};
   if (r.tuned) {
-    std::printf("\n%-10s %7s  %-6s %10s %10s  %s\n", "candidate", "tokens", "passed", "max error", "ms", "failed check");
+    std::printf("\n%-32s %7s  %-6s %10s %10s  %s\n", "op/candidate", "size", "passed", "max error", "ms", "failed check");
     for (const BackendCheck& c : r.checks) {
-      std::printf("%-10s %7d  %-6s %10.2e %10.4f  %s\n", c.candidate.c_str(), c.bucket, c.passed ? "yes" : "no",
+      std::printf("%-32s %7d  %-6s %10.2e %10.4f  %s\n", c.candidate.c_str(), c.bucket, c.passed ? "yes" : "no",
                   c.max_error, c.ms, c.failure.c_str());
       j["checks"].push_back({{"candidate", c.candidate}, {"bucket", c.bucket}, {"passed", c.passed},
                              {"max_error", c.max_error}, {"bound", c.bound}, {"ms", c.ms},
@@ -62,12 +63,9 @@ CommandRegistrar reg([](CLI::App& app) {
   auto args = std::make_shared<TuneArgs>();
   auto* sub = app.add_subcommand("tune", "Verify and time the kernel backends on this GPU for MODEL; cache the choice");
   sub->add_option("model", args->model, "Checkpoint folder or config.json (configs/*.json)")->required();
-  sub->add_option("--backend-policy", args->policy, "verified-fastest or fixed")
-      ->check(CLI::IsMember({"verified-fastest", "fixed"}))
-      ->capture_default_str();
-  sub->add_option("--moe-runner-backend", args->moe_backend, "Pin an NVFP4 expert kernel (d0..d7, p0..p3)");
-  sub->add_flag("!--no-cache", args->cache, "Verify and time again, then replace the cache entry");
-  sub->add_flag("--bf16-experts", args->bf16_experts, "A config.json's experts as BF16 (nothing to tune)");
+  add_backend_options(sub, args->backends);
+  sub->add_flag("!--no-cache", args->backends.cache, "Verify and time again, then replace the cache entry");
+  sub->add_flag("--bf16-experts", args->bf16_experts, "A config.json's experts as BF16 (no NVFP4 kernels to tune)");
   sub->add_option("--json-out", args->json_out, "Write the checks and choices as JSON");
   sub->callback([args] { run_tune(*args); });
 });

@@ -233,6 +233,13 @@ std::vector<BackendChoice> select_backends_consistent(const std::string& op, con
     std::snprintf(buf, sizeof buf, "fastest bit-consistent set of %zu verified (%.3f ms over the buckets)",
                   classes.size(), best_ms);
     why = buf;
+  } else {
+    // No bit class covers every bucket: each bucket still gets its fastest verified candidate
+    // (correct, but a verify step may then round differently from a plain decode step).
+    std::vector<BackendChoice> out = select_backends(op, checks, policy, "", fixed);
+    for (BackendChoice& ch : out)
+      if (!ch.candidate.empty()) ch.why += "; no bit-consistent set passed at every size";
+    return out;
   }
   std::vector<BackendChoice> out;
   for (const int b : buckets) {

@@ -58,7 +58,8 @@ std::vector<BackendChoice> select_backends(const std::string& op, const std::vec
 // As select_backends, for ops whose buckets must give a token the same bits (consistent): only
 // candidates of one fingerprint serve the op, the fingerprint whose candidates (the fastest of
 // them at each bucket) take the least time over all buckets; the fixed rule's fingerprint under
-// BackendPolicy::Fixed when all its rule choices passed.
+// BackendPolicy::Fixed when all its rule choices passed. When no fingerprint covers every bucket,
+// each bucket gets what select_backends gives it (its why says the set is not bit-consistent).
 std::vector<BackendChoice> select_backends_consistent(const std::string& op, const std::vector<BackendCheck>& checks,
                                                       BackendPolicy policy, const std::string& pinned,
                                                       const std::function<std::string(int bucket)>& fixed);

@@ -195,6 +195,19 @@ class ModelRunner {
 };
 
 // How an engine splits the model over ranks (docs/design.md, "Splitting over GPUs").
+// The kernel-backend flags (model/cuda/backend_tuning.h): the policy ("verified-fastest" or
+// "fixed"), candidates pinned with the peers' flag names, whether the tuning cache may answer.
+struct BackendOptions {
+  std::string policy = "verified-fastest";
+  std::string moe_runner_backend;  // d<i> / p<i>
+  std::string attention_backend;   // tensor-core / cuda-core
+  std::string fp4_gemm_backend;    // gemv / dequant-cublaslt
+  bool cache = true;
+  // Speculative decoding is on: decode-side kernels keep a token's bits the same in verify steps
+  // of any size (else each step size gets its fastest kernel).
+  bool speculative = false;
+};
+
 struct TensorParallelism {
   int size = 1;                            // --tensor-parallel-size
   bool expert_parallel = false;            // routed experts whole per rank instead of split by columns
@@ -214,12 +227,13 @@ struct EngineOptions {
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
   TensorParallelism parallel;
-  // CUDA kernel backends (model/cuda/backend_tuning.h), chosen before the GPU is touched:
-  // "verified-fastest" or "fixed" (empty: the fixed rules, unverified); a pinned candidate
-  // (--moe-runner-backend); whether the tuning cache may answer.
-  std::string backend_policy;
-  std::string moe_runner_backend;
-  bool backend_cache = true;
+  // CUDA kernel backends (model/cuda/backend_tuning.h), chosen before the GPU is touched; an
+  // empty policy: the fixed rules, unverified.
+  BackendOptions backends = [] {
+    BackendOptions b;
+    b.policy.clear();
+    return b;
+  }();
 };
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"

@@ -26,19 +26,19 @@ std::string read_config_text(const std::string& path) {
 
 // Verifies, times and chooses the kernel backends (or reads the choice from the cache) and makes
 // the kernels follow it; before anything in this process initialises CUDA (the checks run in
-// child processes). Skipped without a policy, on the CPU, or without NVFP4 experts.
+// child processes). Skipped without a policy or on the CPU.
 void choose_backends(const std::string& path, const std::string& device, const EngineOptions& options) {
-  if (options.backend_policy.empty() || device == "cpu") return;
+  const BackendOptions& b = options.backends;
+  if (b.policy.empty() || device == "cpu") return;
   const bool dummy = options.load_format == "dummy";
   const std::string text = read_config_text(path);
   const ModelConfig cfg = ModelConfig::parse(text, "", path);
   const bool nvfp4 = cfg.num_experts > 0 &&
                      (dummy || (std::filesystem::is_directory(path) &&
                                 QuantConfig::load(path, text).algo == QuantAlgo::NVFP4));
-  if (!nvfp4) return;  // nothing with candidates yet
   cuda::tune_and_apply(
       cfg, nvfp4,
-      cuda::TuneOptions::from_flags(options.backend_policy, options.moe_runner_backend, options.backend_cache),
+      cuda::tune_options(b),
       [](const std::string& line) { std::fprintf(stderr, "fathom: %s\n", line.c_str()); });
 }
 #endif

@@ -237,9 +237,8 @@ void OpenAIServer::load() {
   eo.num_kv_blocks = cfg_.num_kv_blocks;
   eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
   eo.parallel = cfg_.parallel;
-  eo.backend_policy = cfg_.backend_policy;
-  eo.moe_runner_backend = cfg_.moe_runner_backend;
-  eo.backend_cache = cfg_.backend_cache;
+  eo.backends = cfg_.backends;
+  eo.backends.speculative = !cfg_.speculative_algorithm.empty();
   SpecOptions spec;
   spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
   spec.num_steps = cfg_.speculative_num_steps;

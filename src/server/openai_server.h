@@ -25,9 +25,7 @@ struct ServerConfig {
   int64_t num_kv_blocks = 0;      // 0: from device memory (CUDA) or max_num_seqs full-length sequences (CPU)
   double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take
   TensorParallelism parallel;           // ranks the model is split over, and how
-  std::string backend_policy = "verified-fastest";  // CUDA kernel backends (model/cuda/backend_tuning.h)
-  std::string moe_runner_backend;                   // a pinned NVFP4 expert kernel (d<i> / p<i>)
-  bool backend_cache = true;
+  BackendOptions backends;  // CUDA kernel backends (model/cuda/backend_tuning.h)
   std::string api_key;
   std::string reasoning_parser;   // "" or "qwen3"
   std::string tool_call_parser;   // "", "qwen3_coder" or "hermes" (vLLM's names)

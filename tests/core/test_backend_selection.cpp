@@ -196,6 +196,13 @@ TEST(BackendSelection, ConsistentSelectionKeepsOneFingerprint) {
   checks[3].passed = false;
   ch = select_backends_consistent("op", checks, BackendPolicy::Fixed, "", rule);
   EXPECT_EQ(ch[1].candidate, "c");
+  // No class covers both buckets (a passes at 1 only, c at 8 only): each bucket its own, said so.
+  for (auto& c : checks) c.passed = false;
+  checks[0].passed = checks[5].passed = true;
+  ch = select_backends_consistent("op", checks, BackendPolicy::VerifiedFastest, "", nullptr);
+  EXPECT_EQ(ch[0].candidate, "a");
+  EXPECT_EQ(ch[1].candidate, "c");
+  EXPECT_NE(ch[1].why.find("no bit-consistent set"), std::string::npos);
   for (auto& c : checks) c.passed = false;
   ch = select_backends_consistent("op", checks, BackendPolicy::VerifiedFastest, "", nullptr);
   EXPECT_TRUE(ch[0].candidate.empty());

@@ -1,9 +1,9 @@
-"""`fathom tune` on the GPU (issue 19), at Qwen3.5-397B-A17B's MoE widths: every NVFP4 expert
-kernel candidate passes its checks on a healthy GPU and the first tuning takes under 60 s; the
-cache answers a second run under 2 s; with faults injected into the chosen candidates (NaN in
-the decode one, an illegal address in the prefill one, wrong values in another decode one) each
-is rejected with its failed check named, other verified candidates are chosen, and the faulty
-runs keep a cache entry of their own.
+"""`fathom tune` on the GPU (issue 19), at Qwen3.5-397B-A17B's shapes: every candidate of every
+op (dense and NVFP4 products, NVFP4 experts, attention, delta rule, sampling) passes its checks
+on a healthy GPU and the first tuning takes under 60 s; the cache answers a second run under
+2 s; with faults injected into each op's chosen candidate (NaN, an illegal address, wrong values
+in turn) each is rejected with its failed check named, other verified candidates are chosen, and
+the faulty runs keep a cache entry of their own.
 
 Run by ctest (label gpu, scripts/test_gpu.sh) as: python3 backend_tuning_gpu.py --fathom BIN --config CONFIG
 """
@@ -38,22 +38,28 @@ def main():
         assert again["from_cache"] and again["seconds"] < 2, again
         assert again["choices"] == first["choices"]
 
-        decode = [c for c in first["choices"] if c["op"] == "moe.fp4.decode"]
-        prefill = [c for c in first["choices"] if c["op"] == "moe.fp4.prefill"]
-        bad = {decode[0]["candidate"]: "nan", prefill[0]["candidate"]: "crash"}
-        others = sorted({c["candidate"] for c in decode} - {decode[0]["candidate"]})
-        if others:
-            bad[others[0]] = "wrong"
-        ops = {c: ("moe.fp4.decode" if c[0] == "d" else "moe.fp4.prefill") for c in bad}
-        env_f = dict(env, FATHOM_BACKEND_FAULT=",".join(f"{ops[c]}:{c}:{k}" for c, k in bad.items()))
+        # Faults in each op's chosen candidate (the decode experts' first and second choice), the
+        # kinds in turn; ops with one implementation (gdn.decode) cannot lose it and are left out.
+        kinds = ["nan", "crash", "wrong"]
+        bad = {}
+        for op in dict.fromkeys(c["op"] for c in first["choices"]):
+            cands = {c["candidate"] for c in first["checks"] if c["candidate"].startswith(op + "/")}
+            if len(cands) < 2:
+                continue
+            chosen = [c["candidate"] for c in first["choices"] if c["op"] == op]
+            bad[f"{op}/{chosen[0]}"] = kinds[len(bad) % 3]
+            others = sorted({x for x in chosen} - {chosen[0]})
+            if op == "moe.fp4.decode" and others:
+                bad[f"{op}/{others[0]}"] = kinds[len(bad) % 3]
+        env_f = dict(env, FATHOM_BACKEND_FAULT=",".join(f"{c.replace('/', ':')}:{k}" for c, k in bad.items()))
         faulty = tune(a.fathom, a.config, tmp + "/c.json", env_f)
-        expect = {"nan": "NaN/Inf", "wrong": "max error", "crash": "illegal memory access"}
+        expect = {"nan": "NaN/Inf", "wrong": "", "crash": "illegal memory access"}
         for cand, kind in bad.items():
             checks = [c for c in faulty["checks"] if c["candidate"] == cand]
             assert checks and all(not c["passed"] for c in checks), (cand, checks)
             assert expect[kind] in checks[0]["failure"], (cand, kind, checks[0]["failure"])
         for c in faulty["choices"]:
-            assert c["candidate"] and c["candidate"] not in bad, c
+            assert c["candidate"] and f"{c['op']}/{c['candidate']}" not in bad, c
         assert faulty["cache_file"] != first["cache_file"]
         clean = tune(a.fathom, a.config, tmp + "/d.json", env, no_cache=False)
         assert clean["from_cache"] and clean["choices"] == first["choices"]

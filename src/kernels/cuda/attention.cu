@@ -2,6 +2,7 @@
 // cache with an online softmax (one block per query token and head; works for prefill chunks
 // and decode alike).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -220,11 +221,13 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
            block_tables, max_blocks, block_size, nh, nkv, d, split->part_m, split->part_l, split->part_acc);
     FATHOM_CUDA_LAUNCH_CHECK();
     attention_combine(*split, gate, out, T, nh, d, s);
-    return;
+  } else {
+    launch(paged_attention_kernel, dim3(T, nh), kAttnWarps * 32, 0, s, q, gate, k_cache, v_cache, pos, seq_of_token,
+           block_tables, max_blocks, block_size, out, nh, nkv, d);
+    FATHOM_CUDA_LAUNCH_CHECK();
   }
-  launch(paged_attention_kernel, dim3(T, nh), kAttnWarps * 32, 0, s, q, gate, k_cache, v_cache, pos, seq_of_token,
-         block_tables, max_blocks, block_size, out, nh, nkv, d);
-  FATHOM_CUDA_LAUNCH_CHECK();
+  // With split partials it serves decode steps, without them prefill chunks (backend_switches.h).
+  inject_backend_fault(split ? kAttentionDecodeOp : kAttentionPrefillOp, kCudaCore, out, size_t(T) * nh * d * 2, s);
 }
 
 }  // namespace fathom::cuda

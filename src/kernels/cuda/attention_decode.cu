@@ -12,6 +12,7 @@
 // merged in shared memory at the end into the split's partial.
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -268,6 +269,7 @@ bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_c
                        group, rows, split, s);
   }
   attention_combine(split, gate, out, T, nh, d, s);
+  inject_backend_fault(kAttentionDecodeOp, kTensorCore, out, size_t(T) * nh * d * 2, s);
   return true;
 }
 

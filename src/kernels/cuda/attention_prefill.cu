@@ -16,6 +16,7 @@
 #include <climits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -266,6 +267,7 @@ bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_
       launch_prefill<256>(q, gate, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, out,
                           T, nh, nkv, s);
   }
+  inject_backend_fault(kAttentionPrefillOp, kTensorCore, out, size_t(T) * nh * d * 2, s);
   return true;
 }
 

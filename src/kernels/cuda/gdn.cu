@@ -2,6 +2,7 @@
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include <algorithm>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_gate.cuh"
@@ -229,8 +230,11 @@ template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
     float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
-    bool vec16, StateHistory hs, int long_from) {
+    bool vec16, StateHistory hs, int long_from, int fault) {
   pdl_prologue();
+  // Fault injection (backend_switches.h): the step's token count is on the device only, so the
+  // kernel itself writes NaN or wrong values, or an illegal address.
+  if (fault == int(BackendFault::Crash)) *reinterpret_cast<volatile float*>(uintptr_t(64)) = 1.f;
   constexpr int F = DK / 16;  // float4s of the column per lane
   __shared__ GdnStage<DK> sm;
   const int g = (threadIdx.x & 31) >> 3, col = (threadIdx.x >> 5) * 8 + (threadIdx.x & 7);
@@ -303,7 +307,10 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
         S[4 * i + 3] = fmaf(k4.w, kd, S[4 * i + 3] * sc0.y);
       }
       const int t = t0 + tt;
-      if (active && g == 0) out[int64_t(t) * hv * dv + int64_t(h) * dv + v] = fmaf(sq, sc0.w, delta * sc1.y);
+      if (active && g == 0)
+        out[int64_t(t) * hv * dv + int64_t(h) * dv + v] = fault == int(BackendFault::Nan)     ? __int_as_float(-1)
+                                                          : fault == int(BackendFault::Wrong) ? 0.747f
+                                                                                              : fmaf(sq, sc0.w, delta * sc1.y);
       if (keep && active) gdn_store_column<F>(S, keep + int64_t(t - t_begin + 1) * entry_stride, dv);
     }
   }
@@ -425,7 +432,8 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
-                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist, int long_from) {
+                   int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist, int long_from,
+                   const char* serves) {
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
@@ -442,7 +450,7 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
     default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
   }
   launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
-         vec16, hs, long_from);
+         vec16, hs, long_from, int(backend_fault_of(serves, kRecurrent)));
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

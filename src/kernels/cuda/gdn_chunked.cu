@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -669,12 +670,8 @@ bool gdn_chunked_supported(int dk, int dv) {
   }();
   if (disabled || !(dk == 64 || dk == 128) || dv <= 0 || dv % 4 != 0) return false;
   // The chunk kernel takes 214 KB of shared memory (dk 128): SM90 and SM100 have it, SM120 not.
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
   const size_t need = dk == 64 ? ChunkLayout<64>::bytes : ChunkLayout<128>::bytes;
-  return size_t(optin) >= std::max(need, dk == 64 ? PrepLayout<64>::bytes : PrepLayout<128>::bytes);
+  return shared_memory_limit() >= std::max(need, dk == 64 ? PrepLayout<64>::bytes : PrepLayout<128>::bytes);
 }
 
 void set_gdn_chunked_precise(bool precise) { g_chunked_precise = precise; }
@@ -705,6 +702,7 @@ void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, 
     launch_chunked<128>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dv,
                         min_tokens, max_seq_tokens, sp, s);
   FATHOM_CUDA_LAUNCH_CHECK();
+  inject_backend_fault(kGdnPrefillOp, kChunked, out, size_t(tokens) * hv * dv * sizeof(float), s);
 }
 
 }  // namespace fathom::cuda

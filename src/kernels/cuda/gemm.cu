@@ -3,6 +3,7 @@
 #include <map>
 #include <tuple>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
 
@@ -90,10 +91,17 @@ GemmContext* gemm_context() {
   return ctx;
 }
 
+// Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel or cuBLASLt.
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
-  if (gemv_small_batch(x, w, y, T, N, K, s)) return;
+  const bool small = T <= kGemvMaxTokens;
+  const size_t bytes = size_t(T) * N * sizeof(float);
+  if (T <= kernel_backends().gemv_max_tokens && gemv_small_batch(x, w, y, T, N, K, s)) {
+    inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
+    return;
+  }
   gemm_context()->run(x, w, y, T, N, K, s);
+  if (small) inject_backend_fault(kGemmBf16Op, kCublasLt, y, bytes, s);
 }
 
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s) {
@@ -107,12 +115,15 @@ void linear(const DeviceLinear& w, const bf16_t* x, float* y, int T, bf16_t* scr
   if (T == 0) return;
   if (!w.is_fp4()) {
     gemm_bf16(x, w.bf16, y, T, w.out, w.in, s);
-  } else if (T <= 16) {
+  } else if (T <= std::min(kFp4GemvMaxTokens, kernel_backends().fp4_gemv_max_tokens)) {  // op gemm.fp4
     nvfp4_gemv(w, x, y, T, s);
+    inject_backend_fault(kGemmFp4Op, kGemv, y, size_t(T) * w.out * sizeof(float), s);
   } else {
     FATHOM_CHECK(scratch != nullptr, "linear: NVFP4 weights with ", T, " tokens need a dequantization buffer");
     nvfp4_dequantize(w, scratch, s);
-    gemm_bf16(x, scratch, y, T, w.out, w.in, s);
+    gemm_context()->run(x, scratch, y, T, w.out, w.in, s);  // not gemm_bf16: this op's candidate, not gemm.bf16's
+    if (T <= kFp4GemvMaxTokens)
+      inject_backend_fault(kGemmFp4Op, kDequantCublasLt, y, size_t(T) * w.out * sizeof(float), s);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <utility>
 
+#include "kernels/cuda/backend_switches.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -30,6 +32,8 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   int& have = granted[{kernel, device}];
   if (have >= bytes) return;
+  FATHOM_CHECK(size_t(bytes) <= shared_memory_limit(), "a kernel needs ", bytes / 1024, " KB of shared memory a block, ",
+               shared_memory_limit() / 1024, " KB allowed", sm120_profile() ? " (SM120 profile)" : "");
   FATHOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   have = bytes;
 }

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend_selection.h"
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -492,26 +492,6 @@ void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-// Fault injection (core/backend_selection.h, FATHOM_BACKEND_FAULT, read once): a variant made to
-// write NaN, wrong values, or fault on an illegal address, whenever it runs.
-__global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }
-BackendFault fault_of(bool small, int v) {
-  static std::vector<BackendFault> small_f, large_f;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int i = 0; i < int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])); ++i)
-      small_f.push_back(backend_fault(kMoeFp4DecodeOp, moe_fp4_small_variant_id(i)));
-    for (int i = 0; i < int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); ++i)
-      large_f.push_back(backend_fault(kMoeFp4PrefillOp, moe_fp4_large_variant_id(i)));
-  });
-  return small ? small_f[size_t(v)] : large_f[size_t(v)];
-}
-void inject_fault(BackendFault f, float* pair_out, int64_t n, cudaStream_t s) {
-  if (f == BackendFault::Nan) FATHOM_CUDA_CHECK(cudaMemsetAsync(pair_out, 0xff, size_t(n) * 4, s));
-  if (f == BackendFault::Wrong) FATHOM_CUDA_CHECK(cudaMemsetAsync(pair_out, 0x3f, size_t(n) * 4, s));  // 0.747 everywhere
-  if (f == BackendFault::Crash) illegal_write_kernel<<<1, 32, 0, s>>>(reinterpret_cast<float*>(uintptr_t(64)));
-}
-
 }  // namespace
 
 std::string moe_fp4_small_variant_id(int v) { return "d" + std::to_string(v); }
@@ -605,8 +585,9 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   } else {
     launch_large(variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
   }
-  if (const BackendFault f = fault_of(small, variant); f != BackendFault::None)
-    inject_fault(f, pair_out, int64_t(P) * ex.hidden, s);
+  inject_backend_fault(small ? kMoeFp4DecodeOp : kMoeFp4PrefillOp,
+                       (small ? moe_fp4_small_variant_id(variant) : moe_fp4_large_variant_id(variant)).c_str(), pair_out,
+                       size_t(P) * ex.hidden * 4, s);
   if (y) moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
 }
 

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/dtype.h"
+#include "kernels/cuda/kernel_timer.h"
 
 namespace fathom::cuda {
 
@@ -123,24 +124,7 @@ std::vector<float> MoeFp4Rig::output(int T) const {
 }
 
 double MoeFp4Rig::time_ms(int T, int reps) {
-  cudaEvent_t a, b;
-  FATHOM_CUDA_CHECK(cudaEventCreate(&a));
-  FATHOM_CUDA_CHECK(cudaEventCreate(&b));
-  launch(T);  // warm-up (lazy kernel attributes)
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    FATHOM_CUDA_CHECK(cudaEventRecord(a));
-    launch(T);
-    FATHOM_CUDA_CHECK(cudaEventRecord(b));
-    FATHOM_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    FATHOM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  return median_launch_ms([&] { launch(T); }, reps);
 }
 
 const std::vector<double>& MoeFp4Rig::reference(int t) {

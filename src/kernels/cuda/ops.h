@@ -156,10 +156,11 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 // Gated delta rule over each sequence's tokens (recurrent form), state fp32 [slots, HV, dk, dv].
 // u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
 // Sequences with at least `long_from` tokens are left alone when it is positive (gdn_chunked's).
+// `serves`: the op it runs as (backend_switches.h: "gdn.decode" or "gdn.prefill"), for faults.
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
-                   int long_from = 0);
+                   int long_from = 0, const char* serves = "gdn.decode");
 // The same rule in chunks of 64 tokens on tensor cores (prefill), for the sequences with at least
 // `min_tokens` tokens; same arguments as gdn_recurrent (no history), plus the step's token count,
 // its longest sequence and a scratch of gdn_chunked_scratch_bytes(tokens, min_tokens, ...). A

@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace fathom::cuda {
@@ -317,6 +318,7 @@ void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, 
   sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
                                                masks);
   FATHOM_CUDA_LAUNCH_CHECK();
+  inject_backend_fault(kSamplingOp, kDeviceSampling, out, size_t(rows) * sizeof(RowSample), s);
 }
 
 }  // namespace fathom::cuda

@@ -2,154 +2,35 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <memory>
 #include <set>
 
 #include "core/isolated_run.h"
 #include "io/tune_cache.h"
-#include "kernels/cuda/moe_fp4_rig.h"
+#include "kernels/cuda/backend_switches.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
+#include "model/cuda/backend_op.h"
 
 namespace fathom::cuda {
 
 namespace {
 
 // Bumped when the checks or the candidates change meaning: older cache entries no longer match.
-constexpr const char* kTuneVersion = "1";
-const std::vector<int> kDecodeBuckets = {1, 2, 4, 8, 16, 32, 64};
-const std::vector<int> kPrefillBuckets = {512, 2048, 4096};
-constexpr double kBound = 1e-2;  // as CudaMoeFp4.MatchesHostReference: the bf16 rounding of h
+constexpr const char* kTuneVersion = "2";
 
-struct MoeShapes {
-  MoeFp4Shape verify;  // few experts: the host reference is affordable
-  MoeFp4Shape timing;  // up to 256 experts, the model's experts per token
-  int E = 0;           // the model's experts
-};
-
-MoeShapes shapes_of(const ModelConfig& cfg) {
-  MoeShapes s;
-  s.E = cfg.num_experts;
-  const int H = cfg.hidden_size, I = cfg.moe_intermediate_size, K = std::max(1, cfg.num_experts_per_tok);
-  const int Ev = std::min(cfg.num_experts, 8);
-  s.verify = MoeFp4Shape{Ev, std::min(K, std::max(1, Ev / 2)), H, I};
-  s.timing = MoeFp4Shape{std::min(cfg.num_experts, 256), std::min(K, std::min(cfg.num_experts, 256)), H, I};
-  return s;
+std::vector<TunableOp> model_ops(const ModelConfig& cfg, bool nvfp4) {
+  std::vector<TunableOp> ops;
+  for (auto&& family : {dense_gemm_ops(cfg, nvfp4), moe_fp4_ops(cfg, nvfp4), attention_ops(cfg), gdn_ops(cfg),
+                        sampling_ops(cfg)})
+    for (const TunableOp& op : family) ops.push_back(op);
+  return ops;
 }
 
-// A step of T tokens at the timing rig's experts, as many (token, expert) pairs per expert as
-// the model has (the kernels' tiles depend on that), where the pairs would exceed its experts.
-int timing_tokens(int T, const MoeShapes& s) {
-  const int Et = s.timing.E, K = s.timing.K;
-  if (int64_t(T) * K <= Et || Et == s.E) return T;
-  return std::max(1, int(int64_t(T) * Et / s.E));
-}
-
-std::string fingerprint(const std::vector<float>& y) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* b = reinterpret_cast<const uint8_t*>(y.data());
-  for (size_t i = 0; i < y.size() * 4; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
-  return buf;
-}
-
-// Child-side: the rigs, made on first use and shared by the candidates of one child.
-struct Rigs {
-  std::unique_ptr<MoeFp4Rig> verify, timing;
-};
-Rigs& rigs(const MoeShapes& s) {
-  static Rigs r;
-  if (!r.verify) r.verify = std::make_unique<MoeFp4Rig>(s.verify, 150, 7, /*reference=*/true);
-  if (!r.timing) {
-    int most = 1;
-    for (int T : kPrefillBuckets) most = std::max(most, timing_tokens(T, s));
-    for (int T : kDecodeBuckets) most = std::max(most, timing_tokens(T, s));
-    r.timing = std::make_unique<MoeFp4Rig>(s.timing, most, 11, /*reference=*/false);
-  }
-  return r;
-}
-
-// NaN/Inf, then the error of sampled tokens against the host reference; empty when fine.
-std::string check_output(MoeFp4Rig& rig, const std::vector<float>& y, int T, double& max_error) {
-  for (float v : y)
-    if (!std::isfinite(v)) return "NaN/Inf in the output";
-  max_error = 0;
-  for (int t : {0, T / 2, T - 1})
-    max_error = std::max(max_error, moe_row_error(y.data() + size_t(t) * rig.H(), rig.reference(t)));
-  if (max_error > kBound) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "max error %.3g of a row's largest value > bound %.0e", max_error, kBound);
-    return buf;
-  }
-  return "";
-}
-
-// Shared memory a block may have here: the GPU's opt-in limit, or SM120's 99 KB under the SM120
-// profile (FATHOM_SM120_PROFILE=1: the kernels an RTX PRO 6000 could run, tried on this GPU).
-constexpr size_t kSm120SharedBytes = 99 * 1024;
-bool sm120_profile() {
-  const char* e = std::getenv("FATHOM_SM120_PROFILE");
-  return e && std::string(e) == "1";
-}
-size_t shared_limit() {
-  int optin = 0;
-  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  return sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
-}
-
-std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShapes& s) {
-  const bool decode = cand[0] == 'd';
-  const int v = std::atoi(cand.c_str() + 1);
-  if (!decode && moe_fp4_large_variant_smem(v) > shared_limit()) {  // not run: it cannot launch here
-    std::vector<BackendCheck> out;
-    for (int bucket : kPrefillBuckets) {
-      BackendCheck c;
-      c.bucket = bucket;
-      c.failure = "unsupported: needs " + std::to_string(moe_fp4_large_variant_smem(v) / 1024) +
-                  " KB of shared memory a block, " + std::to_string(shared_limit() / 1024) + " KB allowed" +
-                  (sm120_profile() ? " (SM120 profile)" : "");
-      out.push_back(c);
-    }
-    return out;
-  }
-  Rigs& r = rigs(s);
-  if (decode) set_moe_fp4_small_variant(v);
-  else set_moe_fp4_large_variant(v);
-  const int T = decode ? kMoeFp4SmallT : 150;  // 150 tokens over 8 experts: the prefill kernels
-  const std::vector<float> full = r.verify->run(T);
-  BackendCheck base;
-  base.bound = kBound;
-  const std::string failure = check_output(*r.verify, full, T, base.max_error);
-  // Decode candidates' bits (batch invariant, so one fingerprint for all step sizes); a prefill
-  // candidate is its own class (one prefill variant serves every size).
-  base.fingerprint = decode ? fingerprint(full) : cand;
-  std::vector<BackendCheck> out;
-  for (int bucket : decode ? kDecodeBuckets : kPrefillBuckets) {
-    BackendCheck c = base;
-    c.bucket = bucket;
-    c.failure = failure;
-    if (failure.empty() && decode) {
-      const std::vector<float> y = r.verify->run(bucket);
-      if (std::memcmp(y.data(), full.data(), y.size() * 4) != 0)
-        c.failure = "not batch invariant: a token's bits differ at " + std::to_string(bucket) + " tokens";
-    }
-    if (c.failure.empty()) {
-      c.passed = true;
-      c.ms = r.timing->time_ms(timing_tokens(bucket, s), decode ? 20 : 5);
-    }
-    out.push_back(c);
-  }
-  set_moe_fp4_small_variant(-1);
-  set_moe_fp4_large_variant(0);
-  return out;
-}
-
-// The GPU's facts, asked in a child (this process must not initialise CUDA yet); empty: none.
-std::string gpu_facts() {
+// The GPU's facts (name, compute capability, driver, runtime), asked in a child: this process
+// must not initialise CUDA yet. Empty: no usable GPU.
+std::vector<std::string> gpu_facts() {
   const IsolatedResult r = run_isolated(
       [] {
         int n = 0;
@@ -163,50 +44,107 @@ std::string gpu_facts() {
                std::to_string(driver) + "\t" + std::to_string(runtime);
       },
       60);
-  return r.ok() ? r.output : "";
-}
-
-}  // namespace
-
-TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4_experts, const TuneOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TuneResult res;
-  if (!nvfp4_experts || cfg.num_experts == 0) {
-    res.note = "no NVFP4 experts: nothing to tune";
-    return res;
-  }
-  const std::string facts = gpu_facts();
-  if (facts.empty()) {
-    res.note = "no usable CUDA GPU";
-    return res;
-  }
+  if (!r.ok() || r.output.empty()) return {};
   std::vector<std::string> f;
   for (size_t at = 0;;) {
-    const size_t tab = facts.find('\t', at);
-    f.push_back(facts.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+    const size_t tab = r.output.find('\t', at);
+    f.push_back(r.output.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
     if (tab == std::string::npos) break;
     at = tab + 1;
   }
   f.resize(4);
-  res.gpu = f[0] + " (sm " + f[1] + ", driver " + f[2] + ", CUDA runtime " + f[3] + ")";
-  const MoeShapes s = shapes_of(cfg);
-  std::vector<std::string> cands;
-  for (int v = 0; v < moe_fp4_small_variants(); ++v) cands.push_back(moe_fp4_small_variant_id(v));
-  for (int v = 0; v < moe_fp4_large_variants(); ++v) cands.push_back(moe_fp4_large_variant_id(v));
-  std::string cand_list;
-  for (const std::string& c : cands) cand_list += c + " ";
-  const TuneKey key{{{"gpu", f[0]},
-                     {"compute_capability", f[1]},
-                     {"driver", f[2]},
-                     {"cuda_runtime", f[3]},
-                     {"tuning_version", kTuneVersion},
-                     // Fault-injected runs (tests) keep entries of their own.
-                     {"fault_injection", std::getenv("FATHOM_BACKEND_FAULT") ? std::getenv("FATHOM_BACKEND_FAULT") : ""},
-                     {"sm120_profile", sm120_profile() ? "1" : "0"},
-                     {"candidates", cand_list},
-                     {"moe", "E=" + std::to_string(cfg.num_experts) + " K=" + std::to_string(cfg.num_experts_per_tok) +
-                                 " H=" + std::to_string(cfg.hidden_size) + " I=" +
-                                 std::to_string(cfg.moe_intermediate_size)}}};
+  return f;
+}
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+TuneKey cache_key(const std::vector<std::string>& gpu, const std::vector<TunableOp>& ops) {
+  TuneKey key{{{"gpu", gpu[0]},
+               {"compute_capability", gpu[1]},
+               {"driver", gpu[2]},
+               {"cuda_runtime", gpu[3]},
+               {"tuning_version", kTuneVersion},
+               // Fault-injected runs (tests) and the SM120 profile keep entries of their own.
+               {"fault_injection", env_or_empty("FATHOM_BACKEND_FAULT")},
+               {"sm120_profile", sm120_profile() ? "1" : "0"}}};
+  for (const TunableOp& op : ops) {
+    std::string cands;
+    for (const std::string& c : op.candidates) cands += c + " ";
+    key.fields[op.op] = cands + "@ " + op.shapes;
+  }
+  return key;
+}
+
+// The checks of `op` with their candidate names back to the op's own.
+std::vector<BackendCheck> checks_of(const std::vector<BackendCheck>& all, const TunableOp& op) {
+  std::vector<BackendCheck> out;
+  const std::string prefix = op.op + "/";
+  for (BackendCheck c : all)
+    if (c.candidate.rfind(prefix, 0) == 0 &&
+        std::find(op.buckets.begin(), op.buckets.end(), c.bucket) != op.buckets.end()) {
+      c.candidate = c.candidate.substr(prefix.size());
+      out.push_back(c);
+    }
+  return out;
+}
+
+void apply_choices(const std::vector<TunableOp>& ops, const std::vector<BackendChoice>& choices) {
+  for (const TunableOp& op : ops) {
+    std::vector<BackendChoice> mine;
+    for (const BackendChoice& c : choices)
+      if (c.op == op.op) {
+        FATHOM_CHECK(!c.candidate.empty(), c.op, ": no verified candidate for steps of ", c.bucket, " (", c.why,
+                     "); this GPU cannot run the model with these kernels");
+        mine.push_back(c);
+      }
+    if (!mine.empty()) op.apply(mine);
+  }
+}
+
+}  // namespace
+
+TuneOptions tune_options(const BackendOptions& flags) {
+  const std::string &moe_backend = flags.moe_runner_backend, &attention_backend = flags.attention_backend,
+                    &fp4_gemm_backend = flags.fp4_gemm_backend;
+  TuneOptions o;
+  o.policy = parse_backend_policy(flags.policy);
+  o.use_cache = flags.cache;
+  o.speculative = flags.speculative;
+  if (!moe_backend.empty()) {
+    FATHOM_CHECK(moe_backend[0] == 'd' || moe_backend[0] == 'p', "--moe-runner-backend: no candidate '", moe_backend,
+                 "' (d<i>: decode-shaped, p<i>: prefill-shaped; `fathom tune` lists them)");
+    o.pinned[moe_backend[0] == 'd' ? kMoeFp4DecodeOp : kMoeFp4PrefillOp] = moe_backend;
+  }
+  if (!attention_backend.empty()) {
+    FATHOM_CHECK(attention_backend == kTensorCore || attention_backend == kCudaCore, "--attention-backend: no candidate '",
+                 attention_backend, "' (", kTensorCore, " or ", kCudaCore, ")");
+    o.pinned[kAttentionDecodeOp] = o.pinned[kAttentionPrefillOp] = attention_backend;
+  }
+  if (!fp4_gemm_backend.empty()) {
+    FATHOM_CHECK(fp4_gemm_backend == kGemv || fp4_gemm_backend == kDequantCublasLt, "--fp4-gemm-backend: no candidate '",
+                 fp4_gemm_backend, "' (", kGemv, " or ", kDequantCublasLt, ")");
+    o.pinned[kGemmFp4Op] = fp4_gemm_backend;
+  }
+  return o;
+}
+
+TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TuneResult res;
+  const std::vector<std::string> gpu = gpu_facts();
+  if (gpu.empty()) {
+    res.note = "no usable CUDA GPU";
+    return res;
+  }
+  res.gpu = gpu[0] + " (sm " + gpu[1] + ", driver " + gpu[2] + ", CUDA runtime " + gpu[3] + ")";
+  const std::vector<TunableOp> ops = model_ops(cfg, nvfp4);
+  for (const auto& [op, cand] : opt.pinned)
+    FATHOM_CHECK(std::any_of(ops.begin(), ops.end(), [&](const TunableOp& o) { return o.op == op; }), "a backend is pinned for ",
+                 op, " but this model has no such op");
+  const TuneKey key = cache_key(gpu, ops);
   res.cache_file = tune_cache_dir() + "/" + key.file_name();
   if (opt.use_cache)
     if (auto j = load_tune_cache(key); j && j->contains("checks")) {
@@ -214,79 +152,77 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4_experts, const TuneO
       res.from_cache = true;
     }
   if (!res.from_cache) {
-    std::vector<int> buckets = kDecodeBuckets;
-    buckets.insert(buckets.end(), kPrefillBuckets.begin(), kPrefillBuckets.end());
-    std::vector<BackendCheck> all =
-        verify_isolated(cands, buckets, [&](const std::string& c) { return check_candidate(c, s); }, opt.timeout_s);
-    // Each candidate keeps the buckets of its own op.
-    for (const BackendCheck& c : all) {
-      const auto& mine = c.candidate[0] == 'd' ? kDecodeBuckets : kPrefillBuckets;
-      if (std::find(mine.begin(), mine.end(), c.bucket) != mine.end()) res.checks.push_back(c);
+    std::vector<std::string> cands;
+    std::set<int> buckets;
+    for (const TunableOp& op : ops) {
+      for (const std::string& c : op.candidates) cands.push_back(op.op + "/" + c);
+      buckets.insert(op.buckets.begin(), op.buckets.end());
     }
+    const std::vector<BackendCheck> all = verify_isolated(
+        cands, std::vector<int>(buckets.begin(), buckets.end()),
+        [&](const std::string& id) {
+          const size_t slash = id.find('/');
+          const TunableOp& op = *std::find_if(ops.begin(), ops.end(),
+                                              [&](const TunableOp& o) { return o.op == id.substr(0, slash); });
+          std::vector<BackendCheck> checks = op.check(id.substr(slash + 1));
+          for (BackendCheck& c : checks) c.candidate = id;
+          return checks;
+        },
+        opt.timeout_s);
+    for (const TunableOp& op : ops)  // each candidate keeps its own op's buckets
+      for (BackendCheck c : checks_of(all, op)) {
+        c.candidate = op.op + "/" + c.candidate;
+        res.checks.push_back(c);
+      }
     try {
       save_tune_cache(key, nlohmann::json{{"checks", serialize_checks(res.checks)}});
     } catch (const std::exception& e) {  // a read-only home: tune again next time
       res.note = std::string("not cached: ") + e.what();
     }
   }
-  std::vector<BackendCheck> decode, prefill;
-  for (const BackendCheck& c : res.checks) (c.candidate[0] == 'd' ? decode : prefill).push_back(c);
-  const bool pin_decode = !opt.moe_backend.empty() && opt.moe_backend[0] == 'd';
-  const bool pin_prefill = !opt.moe_backend.empty() && opt.moe_backend[0] == 'p';
-  FATHOM_CHECK(opt.moe_backend.empty() || pin_decode || pin_prefill, "--moe-runner-backend: no candidate '",
-               opt.moe_backend, "' (d0..d", moe_fp4_small_variants() - 1, " or p0..p", moe_fp4_large_variants() - 1, ")");
-  res.choices = select_backends_consistent(kMoeFp4DecodeOp, decode, opt.policy, pin_decode ? opt.moe_backend : "",
-                                           [](int T) { return moe_fp4_small_variant_id(moe_fp4_fixed_small_variant(T)); });
-  for (BackendChoice& c : select_backends_consistent(kMoeFp4PrefillOp, prefill, opt.policy,
-                                                      pin_prefill ? opt.moe_backend : "",
-                                                      [](int) { return moe_fp4_large_variant_id(0); }))
-    res.choices.push_back(c);
+  for (const TunableOp& op : ops) {
+    const std::vector<BackendCheck> mine = checks_of(res.checks, op);
+    const auto pin = opt.pinned.find(op.op);
+    const std::string pinned = pin == opt.pinned.end() ? "" : pin->second;
+    const bool consistent = op.consistent && (opt.speculative || !op.per_bucket_without_speculation);
+    for (const BackendChoice& c : consistent ? select_backends_consistent(op.op, mine, opt.policy, pinned, op.fixed)
+                                             : select_backends(op.op, mine, opt.policy, pinned, op.fixed))
+      res.choices.push_back(c);
+    if (op.describe)
+      for (const std::string& c : op.candidates) res.names[op.op + "/" + c] = op.describe(c);
+  }
   res.tuned = true;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
 
-void apply_backends(const std::vector<BackendChoice>& choices) {
-  std::vector<std::pair<int, int>> table;
-  for (const BackendChoice& c : choices) {
-    FATHOM_CHECK(!c.candidate.empty(), c.op, ": no verified candidate for steps of ", c.bucket, " tokens (", c.why,
-                 "); this GPU cannot run the model's NVFP4 experts");
-    const int v = std::atoi(c.candidate.c_str() + 1);
-    if (c.op == kMoeFp4DecodeOp) table.emplace_back(c.bucket, v);
-    else set_moe_fp4_large_variant(v);  // one prefill variant: every bucket names the same
-  }
-  if (!table.empty()) set_moe_fp4_small_table(std::move(table));
-}
-
-TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4_experts, const TuneOptions& opt,
+TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt,
                           const std::function<void(const std::string&)>& log) {
-  TuneResult r = tune_backends(cfg, nvfp4_experts, opt);
+  TuneResult r = tune_backends(cfg, nvfp4, opt);
   for (const std::string& line : describe_backends(r)) log(line);
-  if (r.tuned) apply_backends(r.choices);
+  if (r.tuned) apply_choices(model_ops(cfg, nvfp4), r.choices);
   return r;
 }
 
 std::vector<std::string> describe_backends(const TuneResult& r) {
-  std::vector<std::string> out;
   if (!r.tuned) return {"backends: " + r.note};
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f s", r.seconds);
-  out.push_back("backends on " + r.gpu + ": " + (r.from_cache ? "from the cache " : "verified and timed now, cached in ") +
-                r.cache_file + " (" + buf + ")");
+  std::vector<std::string> out = {"backends on " + r.gpu + ": " +
+                                  (r.from_cache ? "from the cache " : "verified and timed now, cached in ") +
+                                  r.cache_file + " (" + buf + ")" +
+                                  (sm120_profile() ? "; SM120 profile: shared memory capped at 99 KB a block" : "")};
   for (const BackendChoice& c : r.choices) {
     std::string name = c.candidate;
-    if (!name.empty()) {
-      const int v = std::atoi(name.c_str() + 1);
-      name += " (" + (name[0] == 'd' ? moe_fp4_small_variant_name(v) : moe_fp4_large_variant_name(v)) + ")";
-    }
-    out.push_back("  " + c.op + ", steps of up to " + std::to_string(c.bucket) + " tokens: " +
-                  (name.empty() ? "none" : name) + " -- " + c.why);
+    if (auto it = r.names.find(c.op + "/" + c.candidate); !name.empty() && it != r.names.end())
+      name += " (" + it->second + ")";
+    out.push_back("  " + c.op + ", steps of up to " + std::to_string(c.bucket) + ": " + (name.empty() ? "none" : name) +
+                  " -- " + c.why);
   }
   std::set<std::string> told;
   for (const BackendCheck& c : r.checks)
     if (!c.passed && told.insert(c.candidate).second)
-      out.push_back("  rejected " + std::string(c.candidate[0] == 'd' ? kMoeFp4DecodeOp : kMoeFp4PrefillOp) + " " +
-                    c.candidate + " (failed at " + std::to_string(c.bucket) + " tokens: " + c.failure + ")");
+      out.push_back("  rejected " + c.candidate + " (failed at " + std::to_string(c.bucket) + ": " + c.failure + ")");
   return out;
 }
 

@@ -2,6 +2,8 @@
 // DeltaNet, MLP or MoE), the final norm and lm_head, and the MTP draft layer's step.
 #include "model/cuda/runner_impl.h"
 
+#include "kernels/cuda/backend_switches.h"
+
 namespace fathom::cuda {
 
 // One decoder layer on the residual stream x: input norm (fused with adding the previous
@@ -85,8 +87,9 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
 
 // Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
 // kernel, decode and verify tokens on the tensor-core split-K decode kernel, kSplitTokens tokens
-// at a time; the CUDA-core kernels take head sizes those do not cover. Steps holding a prefill
-// chunk are never graph-captured, so deciding on the host is safe.
+// at a time, unless the backend tuner chose the CUDA-core kernels (kernel_backends()), which also
+// take head sizes the tensor-core ones do not cover. Steps holding a prefill chunk are never
+// graph-captured, so deciding on the host is safe.
 void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
@@ -95,15 +98,22 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   auto run_of = [&](int t0, int n, bool prefill) {
     const int64_t o = int64_t(t0) * nh * d;
     const float* gt = g ? g + o : nullptr;
-    if (prefill && paged_attention_prefill(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
-                                           dmeta.block_tables, max_blocks, opt.block_size,
-                                           attn_out.as<bf16_t>() + o, n, nh, nkv, d, s))
+    const KernelBackends& kb = kernel_backends();
+    if (prefill) {
+      if (!kb.attention_prefill_tensor_core ||
+          !paged_attention_prefill(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
+                                   dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + o, n, nh,
+                                   nkv, d, s))
+        paged_attention(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0, dmeta.block_tables,
+                        max_blocks, opt.block_size, attn_out.as<bf16_t>() + o, n, nh, nkv, d, s);
       return;
+    }
     for (int c = 0; c < n; c += kSplitTokens) {
       const int64_t oc = o + int64_t(c) * nh * d;
       const int m = std::min(kSplitTokens, n - c);
       const float* gc = g ? g + oc : nullptr;
-      if (!paged_attention_decode(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+      if (!kb.attention_decode_tensor_core ||
+          !paged_attention_decode(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
                                   dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh,
                                   nkv, d, s, split))
         paged_attention(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
@@ -158,13 +168,16 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
                s, hist_step ? &h : nullptr, p.max_seq_tokens);
     }
     {
-      // Prefill-sized sequences take the chunked form; the others (decode, verify) the
-      // recurrent one, whose bits do not depend on the step's other sequences.
-      const bool chunked = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens && gdn_scratch.bytes() > 0;
+      // Prefill-sized sequences take the chunked form (unless the tuner chose the recurrent one);
+      // the others (decode, verify) the recurrent one, whose bits do not depend on the step's
+      // other sequences.
+      const bool prefill = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens;
+      const bool chunked = prefill && kernel_backends().gdn_chunked && gdn_scratch.bytes() > 0;
       const int long_from = chunked ? kGdnChunkedMinTokens : 0;
       Scope sc(this, "gdn.recurrent");
       gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from);
+                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
+                    prefill ? kGdnPrefillOp : kGdnDecodeOp);
       if (long_from > 0)
         gdn_chunked(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,

@@ -1,10 +1,13 @@
 // Device sampling for the CUDA engine: forward passes that return chosen token ids instead of
 // logits (the engine's serving path), and the MTP draft chain's argmax rows.
+#include "kernels/cuda/backend_switches.h"
 #include "model/cuda/runner_impl.h"
 
 namespace fathom::cuda {
 
-bool CudaRunner::samples_on_device() const { return true; }
+// Unless the backend tuner found the device sampler wrong here (op "sampling": then the CPU
+// sampler chooses from the logits).
+bool CudaRunner::samples_on_device() const { return kernel_backends().device_sampling; }
 
 // Waits for a chunk's results and copies them from the pinned output buffers into the launched
 // step's output.

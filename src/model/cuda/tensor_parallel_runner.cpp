@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mixed_communicator.h"
 
@@ -60,6 +61,8 @@ TensorParallelRunner::~TensorParallelRunner() {
     ranks_[size_t(r)].reset();
   }
 }
+
+bool TensorParallelRunner::samples_on_device() const { return kernel_backends().device_sampling; }
 
 void TensorParallelRunner::worker(int r) {
   cudaSetDevice(devices_[size_t(r)]);

@@ -71,7 +71,7 @@ class TensorParallelRunner final : public ModelRunner {
   void rollback(SequenceId seq, int64_t new_length) override;
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
-  bool samples_on_device() const override { return true; }
+  bool samples_on_device() const override;  // as CudaRunner's
   SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                 std::span<const LogitAdjustment> adjust, bool want_hidden,
                                 std::span<const uint32_t> masks = {}) override;

@@ -1,0 +1,58 @@
+#include "kernels/cuda/backend_switches.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "core/backend_selection.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace fathom::cuda {
+
+KernelBackends& kernel_backends() {
+  static KernelBackends b;
+  return b;
+}
+
+bool sm120_profile() {
+  static const bool on = [] {
+    const char* e = std::getenv("FATHOM_SM120_PROFILE");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
+size_t shared_memory_limit() {
+  int device = 0, optin = 0;
+  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
+  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
+}
+
+namespace {
+__global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }
+}  // namespace
+
+BackendFault backend_fault_of(const char* op, const char* candidate) {
+  static const char* spec = std::getenv("FATHOM_BACKEND_FAULT");
+  if (!spec || !*spec) return BackendFault::None;
+  static std::mutex m;
+  static std::map<std::pair<std::string, std::string>, BackendFault> known;
+  std::lock_guard<std::mutex> lock(m);
+  auto key = std::make_pair(std::string(op), std::string(candidate));
+  auto it = known.find(key);
+  if (it == known.end()) it = known.emplace(key, backend_fault_in(spec, op, candidate)).first;
+  return it->second;
+}
+
+void inject_backend_fault(const char* op, const char* candidate, void* out, size_t bytes, cudaStream_t s) {
+  const BackendFault f = backend_fault_of(op, candidate);
+  if (f == BackendFault::Nan) FATHOM_CUDA_CHECK(cudaMemsetAsync(out, 0xff, bytes, s));
+  if (f == BackendFault::Wrong) FATHOM_CUDA_CHECK(cudaMemsetAsync(out, 0x3f, bytes, s));
+  if (f == BackendFault::Crash) illegal_write_kernel<<<1, 32, 0, s>>>(reinterpret_cast<float*>(uintptr_t(64)));
+}
+
+}  // namespace fathom::cuda

@@ -1,0 +1,59 @@
+// The kernel choices of the heavy ops that are not the NVFP4 experts' (those: moe_fp4's variant
+// tables), set once per process by the backend tuner (model/cuda/backend_tuning.h) before any
+// step runs; the defaults are the fixed rules. Also the fault-injection hook that every
+// candidate's dispatch calls (core/backend_selection.h, FATHOM_BACKEND_FAULT).
+#pragma once
+#include <cstddef>
+#include <cuda_runtime.h>
+
+#include "core/backend_selection.h"
+
+namespace fathom::cuda {
+
+// The ops as backends, and their candidates.
+inline constexpr const char* kGemmBf16Op = "gemm.bf16";        // dense bf16 products of <= kGemvMaxTokens tokens:
+inline constexpr const char* kGemv = "gemv";                   //   the batch-invariant GEMV kernel
+inline constexpr const char* kCublasLt = "cublaslt";           //   or cuBLASLt
+inline constexpr const char* kGemmFp4Op = "gemm.fp4";          // NVFP4 dense products of <= kFp4GemvMaxTokens tokens:
+inline constexpr const char* kDequantCublasLt = "dequant-cublaslt";  //   "gemv", or dequantize, then cuBLASLt
+inline constexpr const char* kAttentionDecodeOp = "attention.decode";    // decode / verify tokens
+inline constexpr const char* kAttentionPrefillOp = "attention.prefill";  // prefill chunks
+inline constexpr const char* kTensorCore = "tensor-core";
+inline constexpr const char* kCudaCore = "cuda-core";
+inline constexpr const char* kGdnDecodeOp = "gdn.decode";    // the delta rule at decode / verify: "recurrent"
+inline constexpr const char* kGdnPrefillOp = "gdn.prefill";  // prefill-sized sequences: "chunked" or "recurrent"
+inline constexpr const char* kChunked = "chunked";
+inline constexpr const char* kRecurrent = "recurrent";
+inline constexpr const char* kSamplingOp = "sampling";       // token choice: "device" kernel or "host" (CPU sampler)
+inline constexpr const char* kDeviceSampling = "device";
+inline constexpr const char* kHostSampling = "host";
+inline constexpr int kFp4GemvMaxTokens = 16;
+
+struct KernelBackends {
+  int gemv_max_tokens = 5;                   // gemm.bf16: the GEMV kernel up to this many tokens (kGemvMaxTokens)
+  int fp4_gemv_max_tokens = 16;              // gemm.fp4: the NVFP4 GEMV up to this many (kFp4GemvMaxTokens)
+  bool attention_decode_tensor_core = true;  // else the CUDA-core split-K kernel
+  bool attention_prefill_tensor_core = true; // else the CUDA-core kernel
+  bool gdn_chunked = true;                   // gdn.prefill
+  bool device_sampling = true;               // sampling
+};
+KernelBackends& kernel_backends();
+
+// When FATHOM_BACKEND_FAULT names (op, candidate) (read once): `bytes` at `out` become NaN
+// (0xff bytes) or wrong (0x3f bytes: 0.747 as fp32, 0.746 as bf16), or the stream faults on an
+// illegal address. Every candidate's dispatch calls it after its kernels, so a faulty candidate
+// misbehaves wherever it runs: in verification and, if it were chosen, in serving.
+void inject_backend_fault(const char* op, const char* candidate, void* out, size_t bytes, cudaStream_t s);
+// The SM120 profile (FATHOM_SM120_PROFILE=1): the kernels an RTX PRO 6000 (SM120) could run,
+// tried on this GPU: shared memory a block is capped at SM120's 99 KB, so kernels that need more
+// report themselves unsupported (their callers take the next implementation) and
+// allow_dynamic_smem refuses them.
+bool sm120_profile();
+inline constexpr size_t kSm120SharedBytes = 99 * 1024;
+// Dynamic shared memory a block may have on the current device (the profile's cap applied).
+size_t shared_memory_limit();
+
+// The fault FATHOM_BACKEND_FAULT names for (op, candidate), for kernels that inject it themselves.
+BackendFault backend_fault_of(const char* op, const char* candidate);
+
+}  // namespace fathom::cuda

@@ -1,0 +1,209 @@
+// Dense products at decode sizes as backends: op "gemm.bf16" (bf16 weights, steps of up to
+// kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt) and "gemm.fp4" (NVFP4 weights, up to
+// kFp4GemvMaxTokens: the NVFP4 GEMV or dequantize-then-cuBLASLt). Checked at the model's widest
+// projection against a double-precision host reference on sampled columns (fp32 accumulation of
+// exact products: bound 1e-3 of a row's largest value), timed over its in and out projections
+// (and, for bf16, lm_head: the largest product of a decode step).
+// The fingerprint is a token's bits: batch-invariant candidates keep one across sizes.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "core/dtype.h"
+#include "kernels/cuda/backend_switches.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/kernel_timer.h"
+#include "kernels/cuda/ops.h"
+#include "model/cuda/backend_op.h"
+
+namespace fathom::cuda {
+
+namespace {
+
+// bf16 weights: fp32 sums of exact products. NVFP4: the dequantize-then-cuBLASLt candidate rounds
+// each weight (code x scale x global) to bf16, 2^-9 of it.
+constexpr double kBf16Bound = 1e-3, kFp4Bound = 1e-2;
+constexpr int kSampledColumns = 256;
+
+struct DenseShape {
+  int in_n = 0, in_k = 0;    // the widest input projection: [in_n, in_k]
+  int out_n = 0, out_k = 0;  // the output projection back to the hidden size
+  int vocab = 0;             // lm_head: [vocab, in_k]
+};
+
+DenseShape shapes_of(const ModelConfig& c) {
+  DenseShape s;
+  s.in_k = s.out_n = c.hidden_size;
+  s.vocab = c.vocab_size;
+  if (c.num_linear_attention_layers() > 0) {
+    const int hk = c.linear_num_key_heads, hv = c.linear_num_value_heads;
+    s.in_n = 2 * hk * c.linear_key_head_dim + 2 * hv * c.linear_value_head_dim + 2 * hv;
+    s.out_k = hv * c.linear_value_head_dim;
+  } else {
+    s.in_n = c.num_attention_heads * c.head_dim * (c.attn_output_gate ? 2 : 1) + 2 * c.num_key_value_heads * c.head_dim;
+    s.out_k = c.num_attention_heads * c.head_dim;
+  }
+  return s;
+}
+
+std::string shapes_key(const DenseShape& s) {
+  return std::to_string(s.in_n) + "x" + std::to_string(s.in_k) + "," + std::to_string(s.out_n) + "x" +
+         std::to_string(s.out_k) + ",lm_head " + std::to_string(s.vocab);
+}
+
+// Random weights of one projection on the device (bf16, or NVFP4 codes and scales) and their
+// exact values on the host for the sampled columns.
+struct Projection {
+  int n = 0, k = 0;
+  DeviceBuffer w, codes, scales;
+  DeviceLinear lin;
+  std::vector<int> columns;        // sampled output columns
+  std::vector<double> exact;       // [columns, k]
+  Projection(int n_, int k_, bool fp4, uint32_t seed) : n(n_), k(k_) {
+    for (int i = 0; i < kSampledColumns; ++i) columns.push_back(int(int64_t(i) * n / kSampledColumns));
+    lin.out = n, lin.in = k;
+    if (!fp4) {
+      w = DeviceBuffer(size_t(n) * k * 2);
+      fill_random_bf16(w.as<bf16_t>(), int64_t(n) * k, 0.02f, seed, nullptr);
+      lin.bf16 = w.as<bf16_t>();
+      std::vector<bf16_t> row(static_cast<size_t>(k));
+      for (int c : columns) {
+        FATHOM_CUDA_CHECK(cudaMemcpy(row.data(), lin.bf16 + int64_t(c) * k, size_t(k) * 2, cudaMemcpyDeviceToHost));
+        for (bf16_t v : row) exact.push_back(bf16_to_f32(v));
+      }
+    } else {
+      codes = DeviceBuffer(size_t(n) * k / 2);
+      scales = DeviceBuffer(size_t(n) * k / 16);
+      fill_random_bytes(codes.as<uint8_t>(), int64_t(n) * k / 2, seed, 0xff, 0, nullptr);
+      fill_random_bytes(scales.as<uint8_t>(), int64_t(n) * k / 16, seed + 1, 0x0f, 0x30, nullptr);  // around 1
+      lin.fp4 = codes.as<uint8_t>();
+      lin.fp4_scale = scales.as<uint8_t>();
+      lin.fp4_global = 0.01f;
+      std::vector<uint8_t> crow(static_cast<size_t>(k) / 2), srow(static_cast<size_t>(k) / 16);
+      for (int c : columns) {
+        FATHOM_CUDA_CHECK(cudaMemcpy(crow.data(), lin.fp4 + int64_t(c) * k / 2, crow.size(), cudaMemcpyDeviceToHost));
+        FATHOM_CUDA_CHECK(cudaMemcpy(srow.data(), lin.fp4_scale + int64_t(c) * k / 16, srow.size(), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < k; ++i)
+          exact.push_back(double(fp4_e2m1_to_f32((crow[size_t(i) / 2] >> ((i & 1) * 4)) & 0xF)) *
+                          fp8_e4m3_to_f32(srow[size_t(i) / 16]) * lin.fp4_global);
+      }
+    }
+  }
+};
+
+struct DenseRig {
+  DenseShape shape;
+  bool fp4;
+  Projection in, out;
+  std::unique_ptr<Projection> head;  // bf16 only
+  DeviceBuffer x, y, scratch;
+  std::vector<double> x_host;  // [max tokens, max k]
+  int max_T, max_k;
+  DenseRig(const DenseShape& s, bool fp4_, int max_tokens)
+      : shape(s), fp4(fp4_), in(s.in_n, s.in_k, fp4_, 21), out(s.out_n, s.out_k, fp4_, 22), max_T(max_tokens),
+        max_k(std::max(s.in_k, s.out_k)) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<bf16_t> xb(size_t(max_T) * max_k);
+    for (auto& v : xb) {
+      v = fathom::f32_to_bf16(normal(rng));
+      x_host.push_back(bf16_to_f32(v));
+    }
+    x = DeviceBuffer::from_host(xb);
+    if (fp4) scratch = DeviceBuffer(size_t(std::max(int64_t(s.in_n) * s.in_k, int64_t(s.out_n) * s.out_k)) * 2);
+    else head = std::make_unique<Projection>(s.vocab, s.in_k, false, 23);
+    y = DeviceBuffer(size_t(max_T) * std::max({s.in_n, s.out_n, head ? s.vocab : 0}) * 4);
+  }
+  void launch(const Projection& p, int T) {
+    linear(p.lin, x.as<bf16_t>(), y.as<float>(), T, scratch.as<bf16_t>(), nullptr);
+  }
+  // The product's sampled columns for T tokens; its error against the host reference.
+  std::vector<float> run(const Projection& p, int T, double& error) {
+    launch(p, T);
+    std::vector<float> all(size_t(T) * p.n);
+    FATHOM_CUDA_CHECK(cudaMemcpy(all.data(), y.data(), all.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> got;
+    std::vector<double> ref;
+    for (int t = 0; t < T; ++t)
+      for (size_t j = 0; j < p.columns.size(); ++j) {
+        got.push_back(all[size_t(t) * p.n + p.columns[j]]);
+        double acc = 0;
+        for (int i = 0; i < p.k; ++i) acc += x_host[size_t(t) * p.k + i] * p.exact[j * p.k + i];
+        ref.push_back(acc);
+      }
+    error = relative_error(got.data(), ref.data(), got.size());
+    for (float v : got)
+      if (!std::isfinite(v)) error = NAN;
+    return got;
+  }
+};
+
+std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseShape& s, bool fp4,
+                                          const std::vector<int>& buckets) {
+  KernelBackends& kb = kernel_backends();
+  const KernelBackends saved = kb;
+  if (fp4) kb.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
+  else kb.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
+  const double bound = fp4 ? kFp4Bound : kBf16Bound;
+  static std::unique_ptr<DenseRig> rig;  // shared by the candidates of one child
+  if (!rig || rig->fp4 != fp4) rig = std::make_unique<DenseRig>(s, fp4, buckets.back());
+  std::vector<BackendCheck> out;
+  std::vector<float> first_token;
+  for (int T : buckets) {
+    double err_in = 0, err_out = 0, err_head = 0;
+    const std::vector<float> got = rig->run(rig->in, T, err_in);
+    rig->run(rig->out, T, err_out);
+    if (rig->head) rig->run(*rig->head, T, err_head);
+    BackendCheck c = checks_at({T}, "", std::max({err_in, err_out, err_head}), bound, "", nullptr)[0];
+    c.failure = error_failure(got.data(), got.size(), c.max_error, bound);
+    // Token 0's bits: the same at every size for a batch-invariant candidate.
+    const std::vector<float> t0(got.begin(), got.begin() + kSampledColumns);
+    if (first_token.empty()) first_token = t0;
+    c.fingerprint = bits_fingerprint(t0.data(), t0.size() * 4) + (t0 == first_token ? "" : "@" + std::to_string(T));
+    c.passed = c.failure.empty();
+    if (c.passed)
+      c.ms = median_launch_ms(
+          [&] {
+            rig->launch(rig->in, T), rig->launch(rig->out, T);
+            if (rig->head) rig->launch(*rig->head, T);
+          },
+          20);
+    out.push_back(c);
+  }
+  kb = saved;
+  return out;
+}
+
+TunableOp dense_op(const ModelConfig& cfg, bool fp4) {
+  const DenseShape s = shapes_of(cfg);
+  TunableOp op;
+  op.op = fp4 ? kGemmFp4Op : kGemmBf16Op;
+  op.candidates = {kGemv, fp4 ? kDequantCublasLt : kCublasLt};
+  op.buckets = fp4 ? std::vector<int>{1, 4, kFp4GemvMaxTokens} : std::vector<int>{1, 2, kGemvMaxTokens};
+  op.consistent = true;
+  op.per_bucket_without_speculation = true;
+  op.fixed = [](int) { return std::string(kGemv); };
+  op.shapes = shapes_key(s);
+  op.check = [s, fp4, buckets = op.buckets](const std::string& c) { return check_candidate(c, s, fp4, buckets); };
+  op.apply = [fp4](const std::vector<BackendChoice>& choices) {
+    // The GEMV up to the largest bucket that it and every smaller bucket chose.
+    int limit = 0;
+    for (const BackendChoice& c : choices) {  // buckets ascending
+      if (c.candidate != kGemv) break;
+      limit = c.bucket;
+    }
+    (fp4 ? kernel_backends().fp4_gemv_max_tokens : kernel_backends().gemv_max_tokens) = limit;
+  };
+  return op;
+}
+
+}  // namespace
+
+std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4) {
+  std::vector<TunableOp> ops = {dense_op(cfg, false)};
+  if (nvfp4) ops.push_back(dense_op(cfg, true));
+  return ops;
+}
+
+}  // namespace fathom::cuda
