@@ -2,8 +2,8 @@
 the server starts, its log names each rejected candidate with the check it failed, and its greedy
 completions equal those of a server without faults (the embedded default model: a trained model,
 whose greedy choices do not hang on the last bits the other kernels round differently), their
-token logprobs within rounding. Ops with one implementation (gdn.decode) are left out: a fault
-there ends start-up with an error naming the op (checked last). The same comparison for the
+token logprobs within rounding. With every candidate of an op faulty (gdn.decode's two),
+start-up ends with an error naming the op (checked last). The same comparison for the
 SM120 profile (FATHOM_SM120_PROFILE=1: only kernels within SM120's 99 KB of shared memory).
 
 Run by ctest (label gpu) as: python3 backend_faults_serve_gpu.py --fathom BIN --model DIR
@@ -22,6 +22,7 @@ FAULTS = {
     "attention.decode/tensor-core": "wrong",
     "attention.prefill/tensor-core": "crash",
     "gdn.prefill/chunked": "nan",
+    "gdn.decode/recurrent": "crash",
     "sampling/device": "wrong",
 }
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
@@ -83,16 +84,16 @@ def main():
         profile, profile_log = run(a.fathom, a.model, dict(env, FATHOM_SM120_PROFILE="1"), tmp + "/sm120.log")
         assert "SM120 profile" in profile_log, profile_log[-3000:]
         profile_diff = compare("SM120 profile", clean, profile)
-        # The one-implementation op: a fault there stops start-up with the op named.
-        p, port = serve_proc.start(a.fathom, a.model, SERVE_ARGS, dict(env, FATHOM_BACKEND_FAULT="gdn.decode:recurrent:nan"),
-                                   tmp + "/stop.log")
+        # Every candidate of an op faulty: start-up stops with the op named.
+        both = "gdn.decode:recurrent:nan,gdn.decode:recurrent-smem:wrong"
+        p, port = serve_proc.start(a.fathom, a.model, SERVE_ARGS, dict(env, FATHOM_BACKEND_FAULT=both), tmp + "/stop.log")
         if port:
             serve_proc.stop(p)
             raise SystemExit("the server started without a verified gdn.decode kernel")
         stop = open(tmp + "/stop.log").read()
         assert "gdn.decode" in stop and "no verified candidate" in stop, stop[-2000:]
     print(f"faults {FAULTS} rejected; {len(PROMPTS)} greedy completions equal (logprobs within {faulty_diff:.3g}); "
-          f"SM120 profile equal (within {profile_diff:.3g}); gdn.decode fault stops start-up")
+          f"SM120 profile equal (within {profile_diff:.3g}); faults in all of gdn.decode stop start-up")
     return 0
 
 

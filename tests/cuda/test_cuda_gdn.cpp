@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 
@@ -244,6 +245,14 @@ struct GdnCase {
   std::vector<int> lens;
 };
 
+// gdn.decode's two implementations (backend_switches.h): the register-tiled kernel and the
+// shared-memory one, each through gdn_recurrent as the engine calls it.
+struct DecodeKernel {
+  explicit DecodeKernel(bool smem) { cuda::kernel_backends().gdn_decode_smem = smem; }
+  ~DecodeKernel() { cuda::kernel_backends().gdn_decode_smem = false; }
+};
+constexpr bool kDecodeKernels[] = {false, true};
+
 TEST(CudaGdn, RecurrentMatchesHostReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const GdnCase cases[] = {
@@ -253,8 +262,12 @@ TEST(CudaGdn, RecurrentMatchesHostReference) {
       {{2, 4, 16, 16}, {1, 7, 40}},     // the test fixtures' heads
       {{1, 2, 64, 37}, {1, 7, 40}},     // a partial column slice; u rows not 16-byte aligned
   };
-  uint32_t seed = 11;
-  for (const GdnCase& c : cases) expect_step_matches_reference(c.sh, c.lens, seed += 2, kTol);
+  for (const bool smem : kDecodeKernels) {
+    const DecodeKernel k(smem);
+    SCOPED_TRACE(smem ? "shared-memory kernel" : "register-tiled kernel");
+    uint32_t seed = 11;
+    for (const GdnCase& c : cases) expect_step_matches_reference(c.sh, c.lens, seed += 2, kTol);
+  }
 }
 
 // The chunked form (prefill) in the same check: long sequences (>= 64 tokens) go to gdn_chunked
@@ -284,7 +297,10 @@ TEST(CudaGdn, ChunkedMatchesHostReference) {
 // tokens, in slot 2, each step led by another sequence with 1-3 tokens: the same bits.
 TEST(CudaGdn, TokensPerStepDoNotChangeBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const bool smem : kDecodeKernels)
   for (const GdnShape sh : {GdnShape{4, 8, 128, 128}, GdnShape{2, 4, 16, 16}, GdnShape{1, 2, 64, 37}}) {
+    const DecodeKernel k(smem);
+    SCOPED_TRACE(smem ? "shared-memory kernel" : "register-tiled kernel");
     const int n = 12, others = 9;  // rows [0, 12): the sequence; [12, 21): the other sequence
     const GdnInputs in = random_inputs(sh, n + others, 5);
     std::vector<float> init = random_states(sh, 4, 6);
@@ -316,8 +332,7 @@ TEST(CudaGdn, TokensPerStepDoNotChangeBits) {
 // A verify step with StateHistory: for kept sequences, entry i is bit-identical to the state after
 // i single-token steps (what a rollback to i accepted tokens must restore) and close to the
 // reference; entries past a sequence's tokens and every entry of a sequence not kept stay untouched.
-TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+void expect_history_keeps_state() {
   const GdnShape sh{4, 8, 128, 128};
   const int kSlots = 3, kEntries = 6;
   const std::vector<StepSeq> seqs = {{2, 0, 5}, {0, 5, 3}, {1, 8, 4}};
@@ -368,6 +383,15 @@ TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
       EXPECT_TRUE(std::all_of(entry(q.slot, e), entry(q.slot, e) + sh.slot_size(),
                               [](float x) { return x == kUntouched; }))
           << "entry " << e << " past the sequence's " << q.count << " tokens was written";
+  }
+}
+
+TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const bool smem : kDecodeKernels) {
+    const DecodeKernel k(smem);
+    SCOPED_TRACE(smem ? "shared-memory kernel" : "register-tiled kernel");
+    expect_history_keeps_state();
   }
 }
 

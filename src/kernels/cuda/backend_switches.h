@@ -24,6 +24,7 @@ inline constexpr const char* kGdnDecodeOp = "gdn.decode";    // the delta rule a
 inline constexpr const char* kGdnPrefillOp = "gdn.prefill";  // prefill-sized sequences: "chunked" or "recurrent"
 inline constexpr const char* kChunked = "chunked";
 inline constexpr const char* kRecurrent = "recurrent";
+inline constexpr const char* kRecurrentSmem = "recurrent-smem";  // gdn.decode's second: gdn_recurrent_smem.cu
 inline constexpr const char* kSamplingOp = "sampling";       // token choice: "device" kernel or "host" (CPU sampler)
 inline constexpr const char* kDeviceSampling = "device";
 inline constexpr const char* kHostSampling = "host";
@@ -35,6 +36,7 @@ struct KernelBackends {
   bool attention_decode_tensor_core = true;  // else the CUDA-core split-K kernel
   bool attention_prefill_tensor_core = true; // else the CUDA-core kernel
   bool gdn_chunked = true;                   // gdn.prefill
+  bool gdn_decode_smem = false;              // gdn.decode: the shared-memory kernel instead of the register-tiled one
   bool device_sampling = true;               // sampling
 };
 KernelBackends& kernel_backends();

@@ -1,6 +1,7 @@
 // Gated DeltaNet: causal depthwise conv with carried state, the gated delta rule (recurrent
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include <algorithm>
+#include <string_view>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
@@ -436,6 +437,9 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
                    const char* serves) {
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
+  if (kernel_backends().gdn_decode_smem && std::string_view(serves) == kGdnDecodeOp)
+    return gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk,
+                              dv, s, hist, long_from);
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent: ", hv, " value heads over ", hk, " key heads");
   const int64_t ld = 2 * int64_t(hk) * dk + int64_t(hv) * dv;

@@ -161,6 +161,13 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
                    int long_from = 0, const char* serves = "gdn.decode");
+// The same rule, one block per (value head, sequence) with the state in shared memory
+// (gdn_recurrent_smem.cu): gdn.decode's second implementation; gdn_recurrent runs it in place of
+// its own kernel for decode steps when kernel_backends().gdn_decode_smem (backend_switches.h).
+void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
+                        const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot,
+                        float* out, int num_seqs, int hk, int hv, int dk, int dv, cudaStream_t s,
+                        const StateHistory* hist = nullptr, int long_from = 0);
 // The same rule in chunks of 64 tokens on tensor cores (prefill), for the sequences with at least
 // `min_tokens` tokens; same arguments as gdn_recurrent (no history), plus the step's token count,
 // its longest sequence and a scratch of gdn_chunked_scratch_bytes(tokens, min_tokens, ...). A

@@ -1,5 +1,5 @@
-// The gated delta rule as backends: op "gdn.decode" (decode / verify tokens: the recurrent
-// kernel, the one implementation that keeps per-token history) and "gdn.prefill" (prefill-sized
+// The gated delta rule as backends: op "gdn.decode" (decode / verify tokens: the register-tiled
+// recurrent kernel or the shared-memory one, both keeping per-token history) and "gdn.prefill" (prefill-sized
 // sequences: the chunked tensor-core form or the recurrent one), at the model's heads. Checked
 // against a double-precision host recurrence on sampled heads from a random starting state;
 // bound 1e-2 of the row's largest value (the chunked form's products are tf32; the engine rounds
@@ -75,6 +75,7 @@ struct GdnRig {
   // The first `seqs` sequences through `cand`, as the engine runs it (runner_layers.cpp).
   void launch(const std::string& cand, bool decode, int seqs) {
     const int long_from = cand == kChunked ? kGdnChunkedMinTokens : 0;
+    kernel_backends().gdn_decode_smem = cand == kRecurrentSmem;
     gdn_recurrent(u.as<float>(), b.as<float>(), a.as<float>(), h.hv, dalog.as<float>(), ddt.as<float>(),
                   state.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(), out.as<float>(), seqs, h.hk, h.hv,
                   h.dk, h.dv, nullptr, nullptr, long_from, decode ? kGdnDecodeOp : kGdnPrefillOp);
@@ -184,12 +185,14 @@ std::vector<TunableOp> gdn_ops(const ModelConfig& cfg) {
                              std::to_string(h.dv);
   TunableOp decode, prefill;
   decode.op = kGdnDecodeOp;
-  decode.candidates = {kRecurrent};
+  decode.candidates = {kRecurrent, kRecurrentSmem};
   decode.buckets = kDecodeBuckets;
   decode.consistent = true;
   decode.fixed = [](int) { return std::string(kRecurrent); };
   decode.check = [h](const std::string& c) { return check_decode(c, h); };
-  decode.apply = [](const std::vector<BackendChoice>&) {};  // nothing to switch: one implementation
+  decode.apply = [](const std::vector<BackendChoice>& choices) {
+    kernel_backends().gdn_decode_smem = choices.front().candidate == kRecurrentSmem;
+  };
   prefill.op = kGdnPrefillOp;
   prefill.candidates = {kChunked, kRecurrent};
   prefill.buckets = kPrefillBuckets;
