@@ -1,6 +1,7 @@
 // `fathom bench serve --url U --concurrency 1,16,64,256 --input-len N --output-len M
 //  --num-prompts P [--model NAME] [--random-range-ratio R] [--request-rate RPS --max-concurrency C]
-//  [--temperature T --top-p P --logprobs K --logprobs-fraction F] [--goodput ttft:MS tpot:MS]`:
+//  [--temperature T --top-p P --logprobs K --logprobs-fraction F] [--goodput ttft:MS tpot:MS]
+//  [--dataset-name random|prefix-repeat|multi-turn --prefix-len S --num-turns T]`:
 //  load test of a running server, `vllm bench serve` flags and output.
 #include <cstdlib>
 
@@ -11,15 +12,19 @@ namespace fathom::cli {
 
 void add_bench_serve(CLI::App* parent, const std::string& name) {
   auto a = std::make_shared<server::BenchConfig>();
-  auto dataset = std::make_shared<std::string>("random");  // the only dataset: random token ids
   CLI::App* sub = parent->add_subcommand(name, "Benchmark a running OpenAI-compatible server (like `vllm bench serve`)");
   sub->add_option("--url", a->url, "Server base URL")->capture_default_str();
   sub->add_option("--model", a->model, "Model name (default: the first from /v1/models)");
   sub->add_option("--api-key", a->api_key, "Bearer key");
   sub->add_option("--concurrency", a->concurrency, "Comma-separated concurrency levels")->delimiter(',')->capture_default_str();
-  sub->add_option("--dataset-name", *dataset, "Prompt source: random (token ids)")
-      ->check(CLI::IsMember({"random"}))
+  sub->add_option("--dataset-name", a->dataset,
+                  "Prompts: random (token ids), prefix-repeat (--prefix-len shared tokens before each), multi-turn "
+                  "(--num-turns turns a conversation, each prompt the conversation so far plus --input-len new tokens)")
+      ->check(CLI::IsMember({"random", "prefix-repeat", "multi-turn"}))
       ->capture_default_str();
+  sub->add_option("--prefix-len", a->prefix_len, "prefix-repeat: tokens of the prefix every prompt shares")
+      ->capture_default_str();
+  sub->add_option("--num-turns", a->num_turns, "multi-turn: turns of each conversation")->capture_default_str();
   sub->add_option("--input-len,--random-input-len", a->input_len, "Prompt tokens (random ids), mean")->capture_default_str();
   sub->add_option("--output-len,--random-output-len", a->output_len, "Generated tokens per request (ignore_eos), mean")
       ->capture_default_str();

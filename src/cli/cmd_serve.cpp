@@ -33,6 +33,15 @@ CommandRegistrar reg([](CLI::App& app) {
                   "logits and sample on the CPU")
       ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
+                "Reuse the state after a cached prompt prefix (KV, Gated DeltaNet states, MTP KV snapshots at block "
+                "boundaries; default on where the engine supports it: the CPU engine today)");
+  sub->add_option("--prefix-cache-interval", a->prefix_cache_interval,
+                  "Also snapshot every N tokens inside a prompt, ending prefill chunks there (0: only where chunks end "
+                  "anyway: long prompts, at block boundaries)")
+      ->capture_default_str();
+  sub->add_option("--prefix-cache-mb", a->prefix_cache_mb, "Memory for prefix snapshots (least recently used go first)")
+      ->capture_default_str();
   sub->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                 "Plan each step only after the previous step's tokens are on the host (SGLang's flag); by default "
                 "the next step is planned and launched while the GPU runs this one");

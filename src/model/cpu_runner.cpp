@@ -117,6 +117,37 @@ SequenceId CpuRunner::add_sequence() {
 
 void CpuRunner::remove_sequence(SequenceId seq) { seqs_.erase(seq); }
 
+int64_t CpuRunner::save_snapshot(SequenceId seq) {
+  std::vector<SequenceState> copy = states(seq);
+  for (SequenceState& st : copy) {  // a snapshot is not inside a verify step
+    st.history.clear();
+    st.history_base = -1;
+  }
+  const int64_t id = next_snapshot_++;
+  snapshots_.emplace(id, std::move(copy));
+  return id;
+}
+
+SequenceId CpuRunner::add_sequence_from(int64_t snapshot) {
+  auto it = snapshots_.find(snapshot);
+  FATHOM_CHECK(it != snapshots_.end(), "unknown prefix snapshot ", snapshot);
+  const SequenceId id = next_id_++;
+  seqs_.emplace(id, it->second);
+  return id;
+}
+
+int64_t CpuRunner::snapshot_bytes(int64_t snapshot) const {
+  auto it = snapshots_.find(snapshot);
+  if (it == snapshots_.end()) return 0;
+  size_t floats = 0;
+  for (const SequenceState& st : it->second) {
+    for (const KvCache& kv : st.kv) floats += kv.k.size() + kv.v.size();
+    for (const LinearAttentionState& l : st.linear) floats += l.conv.size() + l.recurrent.size();
+    floats += st.mtp_kv.k.size() + st.mtp_kv.v.size();
+  }
+  return int64_t(floats * sizeof(float));
+}
+
 std::vector<SequenceState>& CpuRunner::states(SequenceId seq) {
   auto it = seqs_.find(seq);
   FATHOM_CHECK(it != seqs_.end(), "unknown sequence id ", seq);

@@ -32,6 +32,11 @@ class CpuRunner final : public ModelRunner {
   std::string device_name() const override;
   bool has_mtp() const override { return ranks_[0]->has_mtp(); }
   SequenceId add_sequence() override;
+  bool supports_snapshots() const override { return true; }
+  int64_t save_snapshot(SequenceId seq) override;
+  SequenceId add_sequence_from(int64_t snapshot) override;
+  void drop_snapshot(int64_t snapshot) override { snapshots_.erase(snapshot); }
+  int64_t snapshot_bytes(int64_t snapshot) const override;
   void remove_sequence(SequenceId seq) override;
   int64_t length(SequenceId seq) const override;
   int64_t mtp_length(SequenceId seq) const override;
@@ -59,6 +64,8 @@ class CpuRunner final : public ModelRunner {
   std::vector<std::unique_ptr<HybridModel>> ranks_;
   std::map<SequenceId, std::vector<SequenceState>> seqs_;
   SequenceId next_id_ = 1;
+  std::map<int64_t, std::vector<SequenceState>> snapshots_;  // prefix snapshots, per rank
+  int64_t next_snapshot_ = 1;
 };
 
 }  // namespace fathom

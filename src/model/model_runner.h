@@ -186,6 +186,26 @@ class ModelRunner {
     return out;
   }
 
+  // Prefix caching (runtime/prefix_cache.h): a snapshot is a copy of a sequence's whole state at
+  // its current length (every layer's KV, the linear-attention states, the MTP layer's KV), which
+  // later sequences start from. Copies, not shared blocks: a Gated DeltaNet state cannot be cut
+  // back to a shorter prefix, so a snapshot is taken where a prefix may be reused.
+  virtual bool supports_snapshots() const { return false; }
+  virtual int64_t save_snapshot(SequenceId seq) {
+    (void)seq;
+    fail("save_snapshot: ", device_name(), " has no prefix snapshots");
+  }
+  // A new sequence holding the snapshot's state (its length and MTP length are the snapshot's).
+  virtual SequenceId add_sequence_from(int64_t snapshot) {
+    (void)snapshot;
+    fail("add_sequence_from: ", device_name(), " has no prefix snapshots");
+  }
+  virtual void drop_snapshot(int64_t snapshot) { (void)snapshot; }
+  virtual int64_t snapshot_bytes(int64_t snapshot) const {
+    (void)snapshot;
+    return 0;
+  }
+
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
   // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The
   // serving engine takes its limits from these, so that it never schedules what cannot run.

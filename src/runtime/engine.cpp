@@ -82,6 +82,12 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
+  if (cfg.enable_prefix_caching && runner_->supports_snapshots() && !overlap_) {
+    FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
+    prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
+    sched_.set_admit_hook([this](Request& r) { admit(r); });
+    sched_.set_align_chunks(true);
+  }
   stat_blocks_free_ = blocks_.num_free();
   for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
   for (const char* st : {"sample", "detokenize", "stop", "forward", "postprocess"}) metrics_.errors[st] = 0;
@@ -168,6 +174,7 @@ void Engine::drain_inbox() {
 
 void Engine::drop(Request* r) {
   sched_.remove(r);
+  retire_turn_snapshot(*r);
   if (r->seq && spec_) spec_->release(r->seq);
   if (r->seq) runner_->remove_sequence(r->seq);
   r->seq = 0;
@@ -430,10 +437,14 @@ bool Engine::guarded_forward(const std::vector<ScheduledChunk>& chunks, const st
 void Engine::start_sequence(Request& r) {
   if (r.seq) return;
   r.seq = runner_->add_sequence();
-  if (r.num_preemptions == 0 && r.num_computed == 0) {
-    std::lock_guard<std::mutex> l(metrics_mu_);
-    metrics_.queue.observe(seconds(Clock::now() - r.arrival));
-  }
+  observe_queue(r);
+}
+
+void Engine::observe_queue(Request& r) {
+  if (r.queue_observed) return;
+  r.queue_observed = true;
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  metrics_.queue.observe(seconds(Clock::now() - r.arrival));
 }
 
 bool Engine::step() {
@@ -538,6 +549,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   };
   if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
     observe(n);
+    take_snapshots(r);
     return;
   }
   // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
@@ -569,6 +581,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   }
   observe(r.num_computed - pos);
   r.drafts.clear();
+  take_snapshots(r);
 }
 
 void Engine::loop() {
@@ -623,6 +636,12 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
   counter("prompt_tokens_total", "Number of prefill tokens processed.", metrics_.prompt_tokens);
   counter("generation_tokens_total", "Number of generation tokens processed.", metrics_.generation_tokens);
   counter("requests_received_total", "Number of client requests accepted.", metrics_.requests_received);
+  if (prefix_cache_) {  // vLLM's names: tokens looked up, tokens found
+    counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", metrics_.prefix_queries);
+    counter("prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", metrics_.prefix_hits);
+    gauge("prefix_cache_hit_rate", "Prefix cache hits / queries (tokens).",
+          metrics_.prefix_queries ? double(metrics_.prefix_hits) / double(metrics_.prefix_queries) : 0.0);
+  }
   os << "# HELP " << prefix << "request_errors_total Sequences ended by an error, by where it was raised.\n"
      << "# TYPE " << prefix << "request_errors_total counter\n";
   for (const auto& [stage, n] : metrics_.errors)

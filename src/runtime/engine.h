@@ -20,6 +20,7 @@
 
 #include "model/model_runner.h"
 #include "runtime/kv_cache_manager.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/request.h"
 #include "runtime/sampling_rows.h"
 #include "runtime/scheduler.h"
@@ -49,6 +50,13 @@ struct EngineConfig {
   // With device sampling: plan and launch the next step while the device runs this one
   // (SGLang's overlap scheduler; off: --disable-overlap-schedule). Not with speculative decoding.
   bool overlap_schedule = true;
+  // Prefix caching (runtime/prefix_cache.h), where the runner can snapshot sequences: snapshots
+  // of prompts where a prefill chunk ends on a block boundary (and every `prefix_cache_interval`
+  // tokens, 0: no extra chunk ends), and of conversations at their end; `prefix_cache_bytes` of
+  // them at most (LRU).
+  bool enable_prefix_caching = true;
+  int64_t prefix_cache_bytes = int64_t(2) << 30;
+  int64_t prefix_cache_interval = 0;
 };
 
 class Histogram {
@@ -74,6 +82,7 @@ struct EngineMetrics {
   Histogram e2e{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}};
   Histogram queue{{0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 60}};
   SpecStats spec;  // speculative decoding, all sequences
+  uint64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
 };
 
 class Engine {
@@ -98,6 +107,7 @@ class Engine {
   std::string device_name() const { return runner_->device_name(); }
   bool samples_on_device() const { return device_sampling_; }
   bool overlaps_steps() const { return overlap_; }
+  bool caches_prefixes() const { return prefix_cache_ != nullptr; }
 
   struct Stats {
     int running = 0, waiting = 0;
@@ -162,6 +172,16 @@ class Engine {
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).
   bool decodes_certainly_end(const Request& r, int64_t out_pos) const;
   bool penalties_running() const;  // output-dependent penalties need each step's tokens first
+  void observe_queue(Request& r);
+  // Prefix caching (engine_prefix.cpp): the admission hook that starts a request from its longest
+  // cached prefix, the next position to snapshot, the snapshots after a forward, and the
+  // conversation's snapshot going into the cache when the request ends.
+  void admit(Request& r);
+  int64_t next_snapshot_at(const Request& r) const;
+  void take_snapshots(Request& r);
+  bool snapshot_ready(Request& r);
+  void retire_turn_snapshot(Request& r);
+  void drop_snapshots(const std::vector<int64_t>& ids);
   void flush(Request& r, bool finished, const std::string& reason);
   void finish(Request& r, const std::string& reason);
   void drop(Request* r);
@@ -173,6 +193,7 @@ class Engine {
   StateSlotPool slots_;
   Scheduler sched_;
   std::unique_ptr<Speculator> spec_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
   std::set<int32_t> eos_;
   size_t max_stop_len_ = 0;
 

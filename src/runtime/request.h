@@ -135,6 +135,13 @@ struct Request {
   SequenceId seq = 0;                // engine sequence, 0 when none
   RequestStatus status = RequestStatus::Waiting;
   int num_preemptions = 0;
+  bool queue_observed = false;      // its queue time went into /metrics
+  // Prefix caching (runtime/prefix_cache.h): the next position whose state goes into the cache
+  // (prefill chunks stop there; -1: none), and the latest block-aligned snapshot of this
+  // sequence's conversation so far, cached when it ends (the next turn of a chat starts there).
+  int64_t next_snapshot = -1;
+  int64_t turn_snapshot = 0, turn_snapshot_len = 0;
+  int prefix_lookups = 0;  // admissions that looked the prompt up (one each, preemptions included)
 
   Sampler sampler;
   std::shared_ptr<grammar::Matcher> matcher;  // with spec.params.grammar: the output so far

@@ -69,10 +69,19 @@ SchedulerOutput Scheduler::schedule(bool allow_preemption) {
     ++i;
   }
   // 2. The rest of chunked prompts, then 3. new admissions, within the prefill cap.
+  auto prefill_tokens = [&](const Request* r) {  // a chunk ends where prefix caching takes a snapshot
+    int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
+    if (r->next_snapshot > r->num_computed) n = std::min(n, r->next_snapshot - r->num_computed);
+    if (cfg_.align_chunks && n < r->num_wanted()) {
+      const int64_t B = blocks_.block_size(), aligned = (r->num_computed + n) / B * B - r->num_computed;
+      if (aligned > 0) n = aligned;
+    }
+    return n;
+  };
   for (size_t i = 0; i < running_.size() && budget > 0 && prefill_budget > 0; ++i) {
     Request* r = running_[i];
     if (decoding(r)) continue;
-    const int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
+    const int64_t n = prefill_tokens(r);
     if (n <= 0 || !grow(r, r->num_computed + n, out, allow_preemption)) continue;
     out.chunks.push_back({r, n});
     out.num_tokens += n;
@@ -83,7 +92,8 @@ SchedulerOutput Scheduler::schedule(bool allow_preemption) {
     while (!waiting_.empty() && budget > 0 && prefill_budget > 0 && int(running_.size()) < cfg_.max_num_seqs &&
            slots_.num_free() > 0) {
       Request* r = waiting_.front();
-      const int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
+      if (admit_hook_) admit_hook_(*r);
+      const int64_t n = prefill_tokens(r);
       if (!blocks_.grow(r->block_table, r->num_computed + n)) break;  // wait for blocks to free up
       waiting_.pop_front();
       r->state_slot = *slots_.acquire();

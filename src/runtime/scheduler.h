@@ -8,12 +8,15 @@
 // sequence is preempted by recompute: its blocks and slot are freed and it goes back to the
 // front of the waiting queue with prompt + generated tokens, to be prefilled again.
 //
-// A step entry carries any number of tokens per sequence (Request::num_wanted: the unconsumed
+// A prefill chunk ends at the request's next_snapshot position (prefix caching saves the state
+// there), and with align_chunks a chunk the budget cuts ends on a block boundary. A step entry
+// carries any number of tokens per sequence (Request::num_wanted: the unconsumed
 // tokens plus any speculative drafts), so verification of drafts fits the same plan; a chunk
 // shorter than that verifies fewer drafts.
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "runtime/kv_cache_manager.h"
@@ -25,6 +28,9 @@ struct SchedulerConfig {
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_prefill_tokens = 0;  // prefill tokens in one step (0: max_num_batched_tokens)
+  // A prefill chunk cut by the budget ends on a block boundary (prefix caching snapshots the state
+  // there at no extra step).
+  bool align_chunks = false;
 };
 
 struct ScheduledChunk {
@@ -44,6 +50,10 @@ class Scheduler {
       : cfg_(cfg), blocks_(blocks), slots_(slots) {}
 
   void add(Request* r);           // to the back of the waiting queue
+  // Called for a waiting request each time it is about to be admitted, before its chunk is
+  // sized: prefix caching starts it from a cached prefix there (num_computed > 0).
+  void set_admit_hook(std::function<void(Request&)> hook) { admit_hook_ = std::move(hook); }
+  void set_align_chunks(bool on) { cfg_.align_chunks = on; }
   // Without preemption (the overlapped engine while a step is in flight), a sequence that needs a
   // block none can give waits.
   SchedulerOutput schedule(bool allow_preemption = true);
@@ -68,6 +78,7 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   int64_t num_preemptions_ = 0;
+  std::function<void(Request&)> admit_hook_;
 };
 
 }  // namespace fathom

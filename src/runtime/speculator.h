@@ -57,6 +57,9 @@ class Speculator {
   void observe(SequenceId seq, int64_t pos, std::span<const float> hidden, std::span<const int32_t> next);
   // Runs the MTP over backlogs longer than the cap (call once after a step's observe() calls).
   void flush_long_backlogs();
+  // Runs the MTP over `seq`'s backlog: its MTP cache then covers every position whose next token
+  // is known (before a prefix snapshot).
+  void catch_up(SequenceId seq) { flush({seq}); }
 
   // Fills each request's drafts: at most min(max_drafts, the sequence's adaptive length) tokens.
   void propose(std::span<DraftRequest> batch);

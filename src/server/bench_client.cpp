@@ -27,6 +27,7 @@ struct Result {
   int prompt_len = 0, output_tokens = 0;
   double ttft = 0, e2e = 0;
   std::vector<double> itl;
+  std::vector<int> output_ids;  // the answer (multi-turn: the next turn's prompt holds it)
 };
 
 double sec(BClock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -47,10 +48,11 @@ double mean(const std::vector<double>& v) {
 // One request of a run: its prompt, output length, whether it asks for logprobs, and (with a
 // request rate) its arrival time after the start.
 struct Job {
-  std::vector<int> prompt;
+  std::vector<int> prompt;  // multi-turn: this turn's new message only
   int output_len = 0;
   bool logprobs = false;
   double arrival = 0;
+  int turn = 0;             // multi-turn: jobs of one conversation are num_turns consecutive ones
 };
 
 Result one_request(httplib::Client& cli, const BenchConfig& cfg, const std::string& model, const Job& job) {
@@ -92,6 +94,8 @@ Result one_request(httplib::Client& cli, const BenchConfig& cfg, const std::stri
       const json& c = j["choices"][0];
       int ntok = c.contains("token_ids") && c["token_ids"].is_array() ? int(c["token_ids"].size()) : 1;
       if (ntok == 0) continue;
+      if (c.contains("token_ids") && c["token_ids"].is_array())
+        for (const json& id : c["token_ids"]) r.output_ids.push_back(id.get<int>());
       const auto now = BClock::now();
       if (first) {
         r.ttft = sec(now - t0);
@@ -133,11 +137,12 @@ std::string first_model(const BenchConfig& cfg) {
 }
 
 // The server's speculative-decoding counters from /metrics (vLLM's spec_decode_* names under any
-// prefix); `found` is false when the server exports none.
+// prefix; `found` is false when the server exports none), and its prefix-cache counters (tokens).
 struct SpecCounters {
   bool found = false;
   double drafts = 0, draft_tokens = 0, accepted = 0;
   std::vector<double> accepted_at;  // by draft position
+  double prefix_hits = 0, prefix_queries = 0;
 };
 
 SpecCounters scrape_spec(const BenchConfig& cfg) {
@@ -165,6 +170,8 @@ SpecCounters scrape_spec(const BenchConfig& cfg) {
     if (is("spec_decode_num_drafts_total")) c.drafts = v, c.found = true;
     else if (is("spec_decode_num_draft_tokens_total")) c.draft_tokens = v;
     else if (is("spec_decode_num_accepted_tokens_total")) c.accepted = v;
+    else if (is("prefix_cache_hits_total")) c.prefix_hits = v;
+    else if (is("prefix_cache_queries_total")) c.prefix_queries = v;
     else if (is("spec_decode_num_accepted_tokens_per_pos_total")) {
       const size_t p = line.find("position=\"");
       if (p == std::string::npos) continue;
@@ -213,12 +220,16 @@ std::vector<Job> make_jobs(const BenchConfig& cfg) {
     return std::uniform_int_distribution<int>(lo, hi)(gen);
   };
   std::uniform_real_distribution<double> unit(0, 1);
+  std::vector<int> prefix(size_t(cfg.dataset == "prefix-repeat" ? cfg.prefix_len : 0));
+  for (int& x : prefix) x = token(gen);
   std::vector<Job> jobs(size_t(cfg.num_prompts));
   double t = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
-    j.prompt.resize(size_t(length(cfg.input_len)));
-    for (int& x : j.prompt) x = token(gen);
+    j.prompt = prefix;
+    j.prompt.resize(prefix.size() + size_t(length(cfg.input_len)));
+    for (size_t k = prefix.size(); k < j.prompt.size(); ++k) j.prompt[k] = token(gen);
+    if (cfg.dataset == "multi-turn") j.turn = int(i % size_t(cfg.num_turns));
     j.output_len = length(cfg.output_len);
     // Every 1/fraction-th request, spread evenly (the same requests in every run).
     j.logprobs = cfg.logprobs >= 0 && std::floor(double(i + 1) * cfg.logprobs_fraction) > std::floor(double(i) * cfg.logprobs_fraction);
@@ -247,14 +258,25 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
       cli.set_read_timeout(600);
       cli.set_write_timeout(60);
       cli.set_connection_timeout(30);
-      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
-        std::this_thread::sleep_until(t0 + std::chrono::duration_cast<BClock::duration>(
-                                               std::chrono::duration<double>(jobs[i].arrival)));
-        results[i] = one_request(cli, cfg, model, jobs[i]);
-        int d = ++finished;
-        if (cfg.progress) {
-          std::lock_guard<std::mutex> l(pm);
-          progress(d, int(jobs.size()));
+      // A unit of work: one job, or (multi-turn) one conversation's turns in order.
+      const size_t unit = cfg.dataset == "multi-turn" ? size_t(cfg.num_turns) : 1;
+      for (size_t first; (first = next.fetch_add(unit)) < jobs.size();) {
+        std::vector<int> conversation;
+        for (size_t i = first; i < std::min(first + unit, jobs.size()); ++i) {
+          std::this_thread::sleep_until(t0 + std::chrono::duration_cast<BClock::duration>(
+                                                 std::chrono::duration<double>(jobs[i].arrival)));
+          Job job = jobs[i];
+          if (unit > 1) {  // the conversation so far, then this turn's message
+            conversation.insert(conversation.end(), job.prompt.begin(), job.prompt.end());
+            job.prompt = conversation;
+          }
+          results[i] = one_request(cli, cfg, model, job);
+          if (unit > 1) conversation.insert(conversation.end(), results[i].output_ids.begin(), results[i].output_ids.end());
+          int d = ++finished;
+          if (cfg.progress) {
+            std::lock_guard<std::mutex> l(pm);
+            progress(d, int(jobs.size()));
+          }
         }
       }
     });
@@ -306,7 +328,21 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
   block("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
   block("---------------Inter-token Latency----------------", "ITL", itl);
   block("----------------End-to-end Latency----------------", "E2EL", e2e);
-  if (const SpecCounters spec1 = scrape_spec(cfg); spec1.found) {  // this level's share of the counters
+  if (cfg.dataset == "multi-turn") {  // does TTFT grow with the conversation?
+    std::printf("-----------Time to First Token by Turn------------\n");
+    for (int turn = 0; turn < cfg.num_turns; ++turn) {
+      std::vector<double> v;
+      for (size_t i = 0; i < results.size(); ++i)
+        if (results[i].ok && jobs[i].turn == turn) v.push_back(results[i].ttft * 1e3);
+      line("Median TTFT turn " + std::to_string(turn + 1) + " (ms):", f2(percentile(v, 50)));
+    }
+  }
+  const SpecCounters spec1 = scrape_spec(cfg);
+  if (const double queries = spec1.prefix_queries - spec0.prefix_queries; queries > 0) {  // this level's
+    std::printf("-------------------Prefix Cache-------------------\n");
+    line("Prefix cache hit rate (%, prompt tokens):", f2(100 * (spec1.prefix_hits - spec0.prefix_hits) / queries));
+  }
+  if (spec1.found) {  // this level's share of the counters
     const double rounds = spec1.drafts - spec0.drafts, drafted = spec1.draft_tokens - spec0.draft_tokens;
     const double accepted = spec1.accepted - spec0.accepted;
     std::printf("---------------Speculative Decoding---------------\n");
@@ -336,6 +372,10 @@ int run_bench_serve(const BenchConfig& cfg) {
   FATHOM_CHECK(cfg.range_ratio >= 0 && cfg.range_ratio < 1, "--random-range-ratio must be in [0, 1)");
   FATHOM_CHECK(cfg.logprobs <= 20, "--logprobs must be at most 20");
   FATHOM_CHECK(cfg.logprobs_fraction >= 0 && cfg.logprobs_fraction <= 1, "--logprobs-fraction must be in [0, 1]");
+  FATHOM_CHECK(cfg.dataset == "random" || cfg.dataset == "prefix-repeat" || cfg.dataset == "multi-turn",
+               "--dataset-name must be random, prefix-repeat or multi-turn");
+  FATHOM_CHECK(cfg.dataset != "prefix-repeat" || cfg.prefix_len > 0, "--dataset-name prefix-repeat needs --prefix-len > 0");
+  FATHOM_CHECK(cfg.num_turns >= 1, "--num-turns must be at least 1");
   const std::string model = cfg.model.empty() ? first_model(cfg) : cfg.model;
   const std::vector<Job> jobs = make_jobs(cfg);
   auto pad = [](const std::string& k, const std::string& v) {

@@ -15,6 +15,13 @@ struct BenchConfig {
   std::string api_key;
   std::vector<int> concurrency = {1};
   int input_len = 128, output_len = 32, num_prompts = 100;
+  // Prompts: "random" token ids; "prefix-repeat": one shared prefix of prefix_len tokens before
+  // each random prompt (a system prompt); "multi-turn": conversations of num_turns turns, each
+  // prompt the conversation so far (earlier prompts and the server's answers) plus a new message
+  // of input_len tokens, the turns of a conversation one after another (num_prompts requests).
+  std::string dataset = "random";
+  int prefix_len = 0;
+  int num_turns = 1;
   double range_ratio = 0;        // lengths uniform in [len * (1 - r), len * (1 + r)] (vLLM's random dataset)
   double request_rate = 0;       // > 0: Poisson arrivals at this rate (req/s) instead of fixed concurrency
   int max_concurrency = 0;       // with request_rate: requests in flight at most (0: all)

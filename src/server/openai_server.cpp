@@ -267,6 +267,10 @@ void OpenAIServer::load() {
   ec.max_prefill_tokens = cfg_.chunked_prefill_size;
   ec.device_sampling = cfg_.sampler != "host";
   ec.overlap_schedule = !cfg_.disable_overlap_schedule;
+  ec.enable_prefix_caching = cfg_.enable_prefix_caching;
+  ec.prefix_cache_interval = cfg_.prefix_cache_interval;
+  FATHOM_CHECK(cfg_.prefix_cache_mb >= 0, "--prefix-cache-mb must not be negative");
+  ec.prefix_cache_bytes = cfg_.prefix_cache_mb << 20;
   ec.max_model_len = max_len;
   ec.max_queue_len = cfg_.max_queue_len;
   ec.num_kv_blocks = cfg_.num_kv_blocks;
@@ -334,12 +338,16 @@ int OpenAIServer::run() {
   std::fprintf(stderr,
                "fathom serve: %s on %s, listening on http://%s:%d (max-model-len %lld, max-num-seqs %d, "
                "max-num-batched-tokens %lld, chunked-prefill-size %lld, sampler %s, overlap schedule %s, "
-               "max-connections %d)\n",
+               "prefix caching %s, max-connections %d)\n",
                name_.c_str(), engine_->device_name().c_str(), cfg_.host.c_str(), http_->port(), (long long)ctx_.max_model_len,
                cfg_.max_num_seqs, (long long)cfg_.max_num_batched_tokens,
                (long long)(cfg_.chunked_prefill_size > 0 ? cfg_.chunked_prefill_size : cfg_.max_num_batched_tokens),
                cfg_.sampler == "host" || !engine_->samples_on_device() ? "host" : "device",
-               engine_->overlaps_steps() ? "on" : "off", http_->max_connections());
+               engine_->overlaps_steps() ? "on" : "off",
+               engine_->caches_prefixes() ? "on"
+               : cfg_.enable_prefix_caching ? "off (this engine has no prefix snapshots)"
+                                            : "off",
+               http_->max_connections());
   std::fflush(stderr);
   http_->run();
   stopping_ = true;

@@ -21,6 +21,9 @@ struct ServerConfig {
   int64_t chunked_prefill_size = 0;  // prefill tokens joining one step (0: max_num_batched_tokens)
   std::string sampler = "device";    // device: tokens chosen on the GPU when the engine can; host
   bool disable_overlap_schedule = false;  // plan each step only after the previous one's tokens are back
+  bool enable_prefix_caching = true;      // where the engine can snapshot sequences (runtime/prefix_cache.h)
+  int64_t prefix_cache_interval = 0;      // tokens between forced snapshots inside a prompt (0: none)
+  int64_t prefix_cache_mb = 2048;         // snapshots kept, least recently used dropped first
   int max_queue_len = 1024;
   int64_t num_kv_blocks = 0;      // 0: from device memory (CUDA) or max_num_seqs full-length sequences (CPU)
   double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take

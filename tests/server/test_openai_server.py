@@ -411,16 +411,24 @@ def main():
             text = requests.get(srv.url + "/metrics", timeout=5).text
             for m in ["fathom:num_requests_running", "fathom:num_requests_waiting", "fathom:kv_cache_usage_perc",
                       "fathom:prompt_tokens_total", "fathom:generation_tokens_total", "fathom:request_success_total",
-                      "fathom:time_to_first_token_seconds_bucket", "fathom:inter_token_latency_seconds_bucket"]:
+                      "fathom:time_to_first_token_seconds_bucket", "fathom:inter_token_latency_seconds_bucket",
+                      "fathom:prefix_cache_queries_total", "fathom:prefix_cache_hits_total"]:
                 assert m in text, m
             assert srv.metric("fathom:generation_tokens_total") > 100
+            assert srv.metric("fathom:prefix_cache_queries_total") >= srv.metric("fathom:prefix_cache_hits_total") >= 0
         _()
     finally:
         srv.stop()
 
     # A tiny server: one running sequence and one queued, the rest must get 429; plus an API key.
-    small = Server(args.fathom, model, "--max-num-seqs", "1", "--max-queue-len", "1", "--api-key", "sekret")
+    small = Server(args.fathom, model, "--max-num-seqs", "1", "--max-queue-len", "1", "--api-key", "sekret",
+                   "--no-enable-prefix-caching")
     try:
+        @check("prefix caching off")
+        def _():
+            assert "prefix_cache_queries_total" not in requests.get(small.url + "/metrics", timeout=5).text
+        _()
+
         @check("API key enforced")
         def _():
             r = requests.get(small.url + "/v1/models", timeout=5)

@@ -1,0 +1,89 @@
+#include "runtime/prefix_cache.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace fathom {
+
+namespace {
+constexpr uint64_t kSeed = 0x9e3779b97f4a7c15ull;
+uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the pair
+  uint64_t z = h ^ (v + kSeed + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+PrefixCache::PrefixCache(int block_size, int64_t capacity_bytes) : block_size_(block_size), capacity_(capacity_bytes) {
+  FATHOM_CHECK(block_size > 0, "prefix cache: block size ", block_size);
+}
+
+uint64_t PrefixCache::chain(std::span<const int32_t> tokens, int64_t from, int64_t blocks, uint64_t h) const {
+  for (int64_t b = from; b < blocks; ++b) {
+    for (int64_t i = b * block_size_; i < (b + 1) * block_size_; ++i) h = mix(h, uint64_t(uint32_t(tokens[size_t(i)])));
+    h = mix(h, uint64_t(b + 1));  // block boundary
+  }
+  return h;
+}
+
+PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_length) {
+  Hit best;
+  const int64_t blocks = std::min<int64_t>(max_length, int64_t(tokens.size())) / block_size_;
+  uint64_t h = kSeed;
+  Entry* found = nullptr;
+  for (int64_t b = 0; b < blocks; ++b) {
+    h = chain(tokens, b, b + 1, h);
+    auto it = entries_.find(h);
+    if (it == entries_.end()) continue;
+    const Entry& e = it->second;
+    const size_t n = size_t(b + 1) * block_size_;
+    if (e.tokens.size() == n && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) {
+      found = &it->second;
+      best = Hit{e.snapshot, int64_t(n)};
+    }
+  }
+  if (found) found->last_used = ++clock_;
+  return best;
+}
+
+bool PrefixCache::contains(std::span<const int32_t> prefix) const {
+  if (prefix.empty() || prefix.size() % size_t(block_size_) != 0) return false;
+  auto it = entries_.find(chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed));
+  return it != entries_.end() && std::equal(prefix.begin(), prefix.end(), it->second.tokens.begin(),
+                                            it->second.tokens.end());
+}
+
+std::vector<int64_t> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes) {
+  FATHOM_CHECK(!prefix.empty() && prefix.size() % size_t(block_size_) == 0, "prefix cache: a prefix of ",
+               prefix.size(), " tokens is not whole blocks of ", block_size_);
+  if (bytes > capacity_ || contains(prefix)) return {snapshot};
+  const uint64_t key = chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed);
+  std::vector<int64_t> dropped;
+  if (auto it = entries_.find(key); it != entries_.end()) {  // a collision: the newer prefix wins
+    dropped.push_back(it->second.snapshot);
+    bytes_ -= it->second.bytes;
+    entries_.erase(it);
+  }
+  for (int64_t s : evict_to(capacity_ - bytes)) dropped.push_back(s);
+  entries_[key] = Entry{std::vector<int32_t>(prefix.begin(), prefix.end()), snapshot, bytes, ++clock_};
+  bytes_ += bytes;
+  return dropped;
+}
+
+std::vector<int64_t> PrefixCache::evict_to(int64_t capacity) {
+  std::vector<int64_t> dropped;
+  while (bytes_ > capacity && !entries_.empty()) {
+    auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+    dropped.push_back(lru->second.snapshot);
+    bytes_ -= lru->second.bytes;
+    entries_.erase(lru);
+  }
+  return dropped;
+}
+
+std::vector<int64_t> PrefixCache::clear() { return evict_to(-1); }
+
+}  // namespace fathom

@@ -1,0 +1,252 @@
+// Prefix caching (issue 20) on the CPU engine: the cache's lookup and eviction, and greedy outputs
+// with a cached prefix equal to those without caching, token for token, on hybrid fixtures (Gated
+// DeltaNet + attention): prompts sharing no block, one block, many blocks and all but one token,
+// with requests arriving while a shared prefix is still being prefilled, with chunked prefill,
+// with MTP speculative decoding, under eviction pressure, and across the turns of a chat.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden_reader.h"
+#include "model/cpu_runner.h"
+#include "runtime/engine.h"
+#include "runtime/engine_test_util.h"
+#include "runtime/prefix_cache.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Job;
+using testing::metric;
+using testing::run_engine;
+
+std::vector<int32_t> seq_of(int n, int32_t first) {
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(first + i);
+  return v;
+}
+
+TEST(PrefixCache, LongestCachedPrefixWins) {
+  PrefixCache c(4, 1000);
+  const std::vector<int32_t> t = seq_of(20, 1);
+  EXPECT_TRUE(c.insert({t.data(), 8}, 1, 10).empty());
+  EXPECT_TRUE(c.insert({t.data(), 16}, 2, 10).empty());
+  EXPECT_EQ(c.lookup(t, 20).length, 16);
+  EXPECT_EQ(c.lookup(t, 20).snapshot, 2);
+  EXPECT_EQ(c.lookup(t, 15).length, 8);  // no longer than asked
+  std::vector<int32_t> other = t;
+  other[10] = 99;  // differs in the third block: only the 2-block prefix matches
+  EXPECT_EQ(c.lookup(other, 20).length, 8);
+  other[0] = 99;
+  EXPECT_EQ(c.lookup(other, 20).length, 0);
+  // A prefix already cached: the new snapshot comes back to be dropped.
+  EXPECT_EQ(c.insert({t.data(), 8}, 3, 10), std::vector<int64_t>{3});
+  EXPECT_THROW(c.insert({t.data(), 6}, 4, 10), std::exception);  // not whole blocks
+}
+
+TEST(PrefixCache, EvictsLeastRecentlyUsedWithinCapacity) {
+  PrefixCache c(2, 100);
+  const std::vector<int32_t> a = {1, 2}, b = {3, 4}, d = {5, 6}, big = {7, 8};
+  EXPECT_TRUE(c.insert(a, 1, 60).empty());
+  EXPECT_TRUE(c.insert(b, 2, 30).empty());
+  EXPECT_EQ(c.lookup(a, 2).snapshot, 1);  // a is now the most recently used
+  EXPECT_EQ(c.insert(d, 3, 30), std::vector<int64_t>{2});  // b goes
+  EXPECT_EQ(c.bytes(), 90);
+  EXPECT_EQ(c.insert(big, 4, 101), std::vector<int64_t>{4});  // larger than the whole cache
+  EXPECT_EQ(c.clear().size(), 2u);
+  EXPECT_EQ(c.bytes(), 0);
+}
+
+std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
+  const fs::path dir = testing::fixtures_dir() / name;
+  if (!fs::exists(dir / "config.json")) return nullptr;
+  return std::make_unique<CpuRunner>(HybridModel::load(dir, mtp));
+}
+
+std::vector<int32_t> random_tokens(int len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(len), 0);
+  for (auto& t : p) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
+  return p;
+}
+
+Job greedy(std::vector<int32_t> prompt, int max_tokens) {
+  Job j;
+  j.prompt = std::move(prompt);
+  j.params.max_tokens = max_tokens;
+  j.params.ignore_eos = true;
+  return j;
+}
+
+EngineConfig config(int64_t budget, bool caching) {
+  EngineConfig c;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = budget;
+  c.max_model_len = 512;
+  c.enable_prefix_caching = caching;
+  c.prefix_cache_interval = 32;
+  return c;
+}
+
+// A base prompt of 65 tokens and prompts sharing 0, 1, 4 blocks (16 tokens each) and all but its
+// last token with it; the first half arrive together (sharing a prefix still being prefilled),
+// the rest while those decode (the base prompt's snapshots exist by then), then the base again.
+std::vector<Job> sharing_jobs(int vocab) {
+  const std::vector<int32_t> base = random_tokens(65, vocab, 7);
+  auto with_tail = [&](int shared, int tail, uint32_t seed) {
+    std::vector<int32_t> p(base.begin(), base.begin() + shared);
+    const std::vector<int32_t> t = random_tokens(tail, vocab, seed);
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  return {greedy(base, 12),
+          greedy(with_tail(40, 9, 21), 10),
+          greedy(with_tail(0, 30, 22), 11),
+          greedy(with_tail(16, 20, 23), 9),
+          greedy(with_tail(64, 1, 24), 13),
+          greedy(with_tail(64, 30, 25), 8),
+          greedy(base, 10)};
+}
+
+class PrefixCacheEngine : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PrefixCacheEngine, GreedyOutputsEqualWithoutCaching) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  const std::vector<Job> jobs = sharing_jobs(probe->config().vocab_size);
+  for (const int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill
+    const auto plain = run_engine(load_runner(GetParam()), config(budget, false), jobs);
+    std::string m;
+    const auto cached = run_engine(load_runner(GetParam()), config(budget, true), jobs, &m);
+    for (size_t i = 0; i < jobs.size(); ++i)
+      EXPECT_EQ(cached[i].ids, plain[i].ids) << GetParam() << " budget " << budget << " job " << i;
+    const double hits = metric(m, "fathom:prefix_cache_hits_total");
+    EXPECT_GE(hits, 64 + 64 + 16) << "the later prompts sharing 4 blocks and 1 block must hit";
+    EXPECT_GT(metric(m, "fathom:prefix_cache_queries_total"), hits);
+    std::printf("  %s budget %lld: %.0f of %.0f prompt tokens from the prefix cache\n", GetParam(),
+                (long long)budget, hits, metric(m, "fathom:prefix_cache_queries_total"));
+  }
+}
+
+// MTP speculative decoding from a cached prefix (the fixture with an MTP layer): the snapshot
+// holds the MTP layer's KV too.
+TEST(PrefixCacheMtp, GreedyOutputsEqualWithoutCaching) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_runner(fixture, true);
+  ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
+  const std::vector<Job> jobs = sharing_jobs(probe->config().vocab_size);
+  const auto plain = run_engine(load_runner(fixture), config(2048, false), jobs);
+  EngineConfig c = config(2048, true);
+  c.spec.algorithm = SpecAlgorithm::Mtp;
+  c.spec.num_steps = 2;
+  std::string m;
+  const auto cached = run_engine(load_runner(fixture, true), c, jobs, &m);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(cached[i].ids, plain[i].ids) << fixture << " job " << i;
+  EXPECT_GT(metric(m, "fathom:prefix_cache_hits_total"), 0);
+  EXPECT_GT(metric(m, "fathom:spec_decode_num_draft_tokens_total"), 0);
+}
+
+// Jobs one after another (each submitted when the one before has finished): the cache's inserts
+// and evictions happen in a fixed order.
+std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                 const std::vector<Job>& jobs, std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  engine.start();
+  std::vector<std::vector<int32_t>> out;
+  for (const Job& j : jobs) {
+    auto ch = std::make_shared<OutputChannel>();
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = ch;
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    out.emplace_back();
+    for (bool done = false; !done;) {
+      auto ev = ch->pop(std::chrono::milliseconds(60000));
+      if (!ev) break;
+      out.back().insert(out.back().end(), ev->token_ids.begin(), ev->token_ids.end());
+      done = ev->finished;
+    }
+  }
+  engine.shutdown();
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return out;
+}
+
+// A cache with room for one and a half snapshots of 64 tokens: entries come and go, outputs do
+// not change. One by one, the prompt sharing all but one token with the base comes right after
+// it and finds its 64-token snapshot.
+TEST_P(PrefixCacheEngine, EvictionPressureKeepsOutputs) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  std::vector<Job> jobs = sharing_jobs(probe->config().vocab_size);
+  std::swap(jobs[1], jobs[4]);
+  const auto plain = run_one_by_one(load_runner(GetParam()), config(2048, false), jobs, nullptr);
+  // One snapshot of the base prompt's first 64 tokens, measured, is the whole budget.
+  auto runner = load_runner(GetParam());
+  const SequenceId s = runner->add_sequence();
+  runner->forward(std::vector<ForwardStep>{{s, std::span<const int32_t>(jobs[0].prompt.data(), 64)}});
+  const int64_t one = runner->snapshot_bytes(runner->save_snapshot(s));
+  EngineConfig c = config(2048, true);
+  c.prefix_cache_bytes = one + one / 2;
+  std::string m;
+  const auto cached = run_one_by_one(load_runner(GetParam()), c, jobs, &m);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(cached[i], plain[i]) << GetParam() << " job " << i;
+  EXPECT_GE(metric(m, "fathom:prefix_cache_hits_total"), 64);
+}
+
+// Three turns of a chat: each prompt is the conversation so far (prompt and answer) plus a new
+// message; from the second turn on the conversation's snapshot serves the shared part.
+TEST_P(PrefixCacheEngine, ChatTurnsStartFromTheConversationSoFar) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  const int V = probe->config().vocab_size;
+  auto converse = [&](bool caching, std::string* m) {
+    Engine engine(load_runner(GetParam()), nullptr, config(2048, caching));
+    engine.start();
+    std::vector<int32_t> conversation;
+    std::vector<std::vector<int32_t>> answers;
+    for (int turn = 0; turn < 3; ++turn) {
+      const std::vector<int32_t> message = random_tokens(11 + 5 * turn, V, 40 + uint32_t(turn));
+      conversation.insert(conversation.end(), message.begin(), message.end());
+      auto ch = std::make_shared<OutputChannel>();
+      RequestSpec s;
+      s.group = engine.new_group_id();
+      s.prompt = conversation;
+      s.params = greedy({}, 37).params;
+      s.out = ch;
+      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+      std::vector<int32_t> answer;
+      for (bool done = false; !done;) {
+        auto ev = ch->pop(std::chrono::milliseconds(60000));
+        if (!ev) break;
+        answer.insert(answer.end(), ev->token_ids.begin(), ev->token_ids.end());
+        done = ev->finished;
+      }
+      conversation.insert(conversation.end(), answer.begin(), answer.end());
+      answers.push_back(answer);
+    }
+    engine.shutdown();
+    if (m) *m = engine.render_metrics("fathom:", "m");
+    return answers;
+  };
+  std::string m;
+  const auto plain = converse(false, nullptr);
+  const auto cached = converse(true, &m);
+  EXPECT_EQ(cached, plain);
+  // A conversation's snapshot is at the last block boundary its sequence reached (the last answer
+  // token is never fed): turn 1 consumed 11 + 36 tokens (snapshot at 32), turn 2 64 + 36 (at 96).
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 32 + 96);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheEngine, ::testing::Values("qwen35_moe", "qwen3_next", "qwen3_dense"));
+
+}  // namespace
+}  // namespace fathom
