@@ -42,3 +42,7 @@ def post(port, path, body, timeout_s=300):
 def stop(p):
     p.terminate()
     p.wait()
+
+
+def get_text(port, path, timeout_s=30):
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s).read().decode()

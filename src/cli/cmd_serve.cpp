@@ -33,9 +33,11 @@ CommandRegistrar reg([](CLI::App& app) {
                   "logits and sample on the CPU")
       ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
-  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                "Reuse the state after a cached prompt prefix (KV, Gated DeltaNet states, MTP KV snapshots at block "
-                "boundaries; default on where the engine supports it: the CPU engine today)");
+  sub->add_flag_callback(
+      "--enable-prefix-caching", [a] { a->enable_prefix_caching = 1; },
+      "Reuse the state after a cached prompt prefix (KV, Gated DeltaNet states, MTP KV snapshots at block "
+      "boundaries; default: on for the CPU engine, off for the CUDA engine until its snapshot policy is tuned)");
+  sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = 0; }, "No prefix caching");
   sub->add_option("--prefix-cache-interval", a->prefix_cache_interval,
                   "Also snapshot every N tokens inside a prompt, ending prefill chunks there (0: only where chunks end "
                   "anyway: long prompts, at block boundaries)")

@@ -191,6 +191,7 @@ class ModelRunner {
   // later sequences start from. Copies, not shared blocks: a Gated DeltaNet state cannot be cut
   // back to a shorter prefix, so a snapshot is taken where a prefix may be reused.
   virtual bool supports_snapshots() const { return false; }
+  // The snapshot's id, or 0 when the room the engine set aside for snapshots is full.
   virtual int64_t save_snapshot(SequenceId seq) {
     (void)seq;
     fail("save_snapshot: ", device_name(), " has no prefix snapshots");
@@ -249,6 +250,8 @@ struct EngineOptions {
   TensorParallelism parallel;
   // CUDA kernel backends (model/cuda/backend_tuning.h), chosen before the GPU is touched; an
   // empty policy: the fixed rules, unverified.
+  // Prefix-cache snapshots (CUDA: memory set aside from the KV budget; 0: none).
+  int64_t prefix_cache_mb = 0;
   BackendOptions backends = [] {
     BackendOptions b;
     b.policy.clear();

@@ -82,7 +82,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec, cfg.max_num_batched_tokens);
-  if (cfg.enable_prefix_caching && runner_->supports_snapshots() && !overlap_) {
+  if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
     sched_.set_admit_hook([this](Request& r) { admit(r); });
@@ -452,6 +452,7 @@ bool Engine::step() {
   if (overlap_) return step_overlapped();
   if (!sched_.has_work()) return false;
   if (spec_) propose_drafts();
+  take_snapshots();
   SchedulerOutput plan = sched_.schedule();
   for (Request* p : plan.preempted) {
     if (p->seq && spec_) spec_->release(p->seq);
@@ -549,7 +550,6 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   };
   if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
     observe(n);
-    take_snapshots(r);
     return;
   }
   // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
@@ -581,7 +581,6 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   }
   observe(r.num_computed - pos);
   r.drafts.clear();
-  take_snapshots(r);
 }
 
 void Engine::loop() {

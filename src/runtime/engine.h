@@ -178,8 +178,10 @@ class Engine {
   // conversation's snapshot going into the cache when the request ends.
   void admit(Request& r);
   int64_t next_snapshot_at(const Request& r) const;
+  void take_snapshots();  // of every running sequence, before a step is planned
   void take_snapshots(Request& r);
   bool snapshot_ready(Request& r);
+  int64_t save_snapshot(Request& r);
   void retire_turn_snapshot(Request& r);
   void drop_snapshots(const std::vector<int64_t>& ids);
   void flush(Request& r, bool finished, const std::string& reason);

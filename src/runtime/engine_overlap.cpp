@@ -32,6 +32,7 @@ bool Engine::step_overlapped() {
   InflightStep next;
   SchedulerOutput plan;
   if (sched_.has_work() && (!inflight_.active || !penalties_running())) {
+    take_snapshots();
     plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);
     for (Request* p : plan.preempted) {
       if (p->seq) runner_->remove_sequence(p->seq);

@@ -49,20 +49,39 @@ bool Engine::snapshot_ready(Request& r) {
   return runner_->mtp_length(r.seq) == r.num_computed;
 }
 
+// Called before a step is planned (so that the plan sees the next snapshot position), before any
+// forward that extends `r`: the runner's state is that of its first num_computed tokens (engines
+// that queue work run the copies after the forwards already queued).
+void Engine::take_snapshots() {
+  if (!prefix_cache_) return;
+  for (auto& [r, owned] : live_)
+    if (r->status == RequestStatus::Running) take_snapshots(*r);
+}
+
 void Engine::take_snapshots(Request& r) {
   if (!prefix_cache_ || !r.seq) return;
   const int64_t B = cfg_.block_size, at = r.num_computed;
-  if (at < r.num_prompt && at % B == 0) {  // a prefill chunk ended on a block boundary: into the cache
-    if ((at == r.next_snapshot || !prefix_cache_->contains({r.tokens.data(), size_t(at)})) && snapshot_ready(r)) {
-      const int64_t snap = runner_->save_snapshot(r.seq);
-      drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
-    }
-    r.next_snapshot = next_snapshot_at(r);
-  } else if (at >= r.num_prompt && at % B == 0 && at > r.turn_snapshot_len) {  // the conversation so far
-    if (!snapshot_ready(r)) return;
+  if (at == 0 || at % B != 0) return;
+  if (at < r.num_prompt) {  // a prefill chunk ended on a block boundary: into the cache
+    if ((at == r.next_snapshot || !prefix_cache_->contains({r.tokens.data(), size_t(at)})) && snapshot_ready(r))
+      if (const int64_t snap = save_snapshot(r))
+        drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
+    if (at == r.next_snapshot) r.next_snapshot = next_snapshot_at(r);
+  } else if (at > r.turn_snapshot_len && snapshot_ready(r)) {  // the conversation so far
     if (r.turn_snapshot) runner_->drop_snapshot(r.turn_snapshot);
-    r.turn_snapshot = runner_->save_snapshot(r.seq);
-    r.turn_snapshot_len = at;
+    r.turn_snapshot = save_snapshot(r);
+    r.turn_snapshot_len = r.turn_snapshot ? at : 0;
+  }
+}
+
+// A snapshot of r's sequence; when the runner's room for them is full, the least recently used
+// cache entries go first. 0: no room even so.
+int64_t Engine::save_snapshot(Request& r) {
+  for (;;) {
+    if (const int64_t snap = runner_->save_snapshot(r.seq)) return snap;
+    const int64_t victim = prefix_cache_->evict_lru();
+    if (!victim) return 0;
+    runner_->drop_snapshot(victim);
   }
 }
 

@@ -74,16 +74,20 @@ std::vector<int64_t> PrefixCache::insert(std::span<const int32_t> prefix, int64_
 
 std::vector<int64_t> PrefixCache::evict_to(int64_t capacity) {
   std::vector<int64_t> dropped;
-  while (bytes_ > capacity && !entries_.empty()) {
-    auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-    dropped.push_back(lru->second.snapshot);
-    bytes_ -= lru->second.bytes;
-    entries_.erase(lru);
-  }
+  while (bytes_ > capacity && !entries_.empty()) dropped.push_back(evict_lru());
   return dropped;
 }
 
 std::vector<int64_t> PrefixCache::clear() { return evict_to(-1); }
+
+int64_t PrefixCache::evict_lru() {
+  if (entries_.empty()) return 0;
+  auto lru = std::min_element(entries_.begin(), entries_.end(),
+                              [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+  const int64_t snapshot = lru->second.snapshot;
+  bytes_ -= lru->second.bytes;
+  entries_.erase(lru);
+  return snapshot;
+}
 
 }  // namespace fathom

@@ -30,6 +30,7 @@ class PrefixCache {
   // cached or the snapshot alone is larger than the capacity.
   std::vector<int64_t> insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes);
   std::vector<int64_t> clear();  // every snapshot, for the caller to drop
+  int64_t evict_lru();           // the least recently used entry's snapshot (0: empty)
 
   int block_size() const { return block_size_; }
   int64_t bytes() const { return bytes_; }

@@ -238,6 +238,7 @@ void OpenAIServer::load() {
   eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
   eo.parallel = cfg_.parallel;
   eo.backends = cfg_.backends;
+  eo.prefix_cache_mb = cfg_.enable_prefix_caching == 1 ? cfg_.prefix_cache_mb : 0;  // CUDA: only when asked
   eo.backends.speculative = !cfg_.speculative_algorithm.empty();
   SpecOptions spec;
   spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
@@ -267,7 +268,7 @@ void OpenAIServer::load() {
   ec.max_prefill_tokens = cfg_.chunked_prefill_size;
   ec.device_sampling = cfg_.sampler != "host";
   ec.overlap_schedule = !cfg_.disable_overlap_schedule;
-  ec.enable_prefix_caching = cfg_.enable_prefix_caching;
+  ec.enable_prefix_caching = cfg_.enable_prefix_caching != 0;
   ec.prefix_cache_interval = cfg_.prefix_cache_interval;
   FATHOM_CHECK(cfg_.prefix_cache_mb >= 0, "--prefix-cache-mb must not be negative");
   ec.prefix_cache_bytes = cfg_.prefix_cache_mb << 20;
@@ -345,8 +346,9 @@ int OpenAIServer::run() {
                cfg_.sampler == "host" || !engine_->samples_on_device() ? "host" : "device",
                engine_->overlaps_steps() ? "on" : "off",
                engine_->caches_prefixes() ? "on"
-               : cfg_.enable_prefix_caching ? "off (this engine has no prefix snapshots)"
-                                            : "off",
+               : cfg_.enable_prefix_caching == -1 ? "off (CUDA engine default; --enable-prefix-caching)"
+               : cfg_.enable_prefix_caching == 1 ? "off (this engine has no prefix snapshots)"
+                                                 : "off",
                http_->max_connections());
   std::fflush(stderr);
   http_->run();

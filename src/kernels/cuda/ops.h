@@ -131,6 +131,11 @@ bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_
                              int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
                              cudaStream_t s);
 
+// KV block copies (kv_copy.cu): in each of the n_pools pools (a device array of pointers), block
+// src[i] to block dst[i], i < n (device arrays); a block is block_elems bf16 (block_size * nkv * d).
+void copy_kv_blocks(bf16_t* const* pools, int n_pools, const int32_t* src, const int32_t* dst, int n,
+                    int64_t block_elems, cudaStream_t s);
+
 // ---- Gated DeltaNet (gdn.cu). Tokens of sequence i are [seq_start[i], seq_start[i+1]);
 // its state lives in slot state_slot[i] of the pools.
 // History (draft verification): when `hist` is given and keep[i] is non-zero, the state before

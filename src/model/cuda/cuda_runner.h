@@ -40,6 +40,10 @@ struct CudaRunnerOptions {
   double gpu_memory_utilization = 0;
   bool reserve_history = false;    // leave room for the state history of draft verification
   bool capture_graphs_at_start = false;  // capture every decode bucket's graph when the engine opens
+  // Prefix-cache snapshots (runtime/prefix_cache.h): this many, holding up to snapshot_tokens of
+  // KV in all, in memory set aside from the KV budget (0: no snapshots).
+  int snapshot_slots = 0;
+  int64_t snapshot_tokens = 0;
   // Tensor parallelism (issue 15): this runner is rank split.rank of split.size on GPU `device`
   // and holds that slice of the weights (model/tensor_split.h); partial sums go through
   // `communicator` (an NcclCommunicator on `device`, not owned). With a communicator and a whole
@@ -69,6 +73,13 @@ class CudaRunner final : public ModelRunner {
   bool has_mtp() const override;
   SequenceId add_sequence() override;
   void remove_sequence(SequenceId seq) override;
+  // Prefix snapshots (runner_snapshots.cpp): copies into memory set aside for them; save returns
+  // 0 when that is full (the caller evicts and tries again).
+  bool supports_snapshots() const override;
+  int64_t save_snapshot(SequenceId seq) override;
+  SequenceId add_sequence_from(int64_t snapshot) override;
+  void drop_snapshot(int64_t snapshot) override;
+  int64_t snapshot_bytes(int64_t snapshot) const override;
   int64_t length(SequenceId seq) const override;
   int64_t mtp_length(SequenceId seq) const override;
   ForwardOutput forward(std::span<const ForwardStep> steps) override;

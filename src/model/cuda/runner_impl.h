@@ -72,6 +72,21 @@ struct CudaRunner::Impl {
   int32_t pad_block = 0;
   std::map<SequenceId, Sequence> seqs;
   SequenceId next_id = 1;
+  // Prefix snapshots: KV blocks of the pools set aside for them, and linear states of their own
+  // ([layer][snapshot slot][...]).
+  struct Snapshot {
+    std::vector<int32_t> blocks;
+    int slot = -1;
+    int64_t length = 0, mtp_length = 0;
+  };
+  std::map<int64_t, Snapshot> snapshots;
+  int64_t next_snapshot = 1;
+  std::vector<int32_t> snap_free_blocks;
+  std::vector<int> snap_free_slots;
+  DeviceBuffer snap_conv, snap_rec, pool_ptrs, copy_idx;
+  void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
+  // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
+  void copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to, int64_t per_slot);
   int max_blocks = 0;
   int64_t kv_tokens = 0;  // the KV pools' capacity
 

@@ -27,6 +27,12 @@ void CudaRunner::Impl::allocate_runtime() {
     fp.state_bytes = int64_t(conv_state.bytes() + rec_state.bytes());
   }
   for (int s = opt.max_seqs - 1; s >= 0; --s) free_slots.push_back(s);
+  if (opt.snapshot_slots > 0 && n_linear > 0) {  // prefix snapshots' states, apart from the slots
+    snap_conv = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * (kc - 1) * conv_dim * 4);
+    snap_rec = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * hv * dk * dv * 4);
+    fp.state_bytes += int64_t(snap_conv.bytes() + snap_rec.bytes());
+  }
+  for (int s = opt.snapshot_slots - 1; s >= 0; --s) snap_free_slots.push_back(s);
 
   T_max = opt.max_tokens_per_step;
   R_max = opt.max_rows_per_step;
@@ -163,8 +169,13 @@ void CudaRunner::Impl::allocate_kv_pools() {
                  " GB; reserve ", (kReserve + (opt.reserve_history ? double(history_bytes()) : 0.0)) / 1e9, " GB)");
     tokens = int64_t(budget / double(kv_bytes_per_token()));
   }
-  const int64_t num_blocks = std::max<int64_t>(1, tokens / bs) + 1;  // + pad_block
-  kv_tokens = (num_blocks - 1) * bs;
+  // Prefix snapshots' blocks come out of the same budget, after the sequences' and before pad_block.
+  const int64_t snap_blocks = opt.snapshot_slots > 0 ? (opt.snapshot_tokens + bs - 1) / bs : 0;
+  if (opt.gpu_memory_utilization > 0) tokens -= snap_blocks * bs;
+  FATHOM_CHECK(tokens >= bs, "no room for a KV cache beside ", snap_blocks * bs, " tokens of prefix snapshots");
+  const int64_t main_blocks = std::max<int64_t>(1, tokens / bs);
+  const int64_t num_blocks = main_blocks + snap_blocks + 1;  // + pad_block
+  kv_tokens = main_blocks * bs;
   const int nkv = cfg.num_key_value_heads, d = cfg.head_dim;
   for (int i = 0; i < n_attn + (w.has_mtp ? 1 : 0); ++i) {
     k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
@@ -175,7 +186,14 @@ void CudaRunner::Impl::allocate_kv_pools() {
     fp.kv_bytes += int64_t(k_pool.back().bytes() * 2);
   }
   pad_block = int32_t(num_blocks - 1);
-  for (int64_t b2 = num_blocks - 2; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
+  for (int64_t b2 = main_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
+  for (int64_t b2 = main_blocks + snap_blocks - 1; b2 >= main_blocks; --b2) snap_free_blocks.push_back(int32_t(b2));
+  if (snap_blocks > 0) {
+    std::vector<bf16_t*> ptrs;
+    for (size_t i = 0; i < k_pool.size(); ++i) ptrs.push_back(k_pool[i].as<bf16_t>()), ptrs.push_back(v_pool[i].as<bf16_t>());
+    pool_ptrs = DeviceBuffer::from_host(ptrs);
+    copy_idx = DeviceBuffer(size_t(2) * std::max<int64_t>(max_blocks, snap_blocks) * 4);
+  }
 }
 
 }  // namespace fathom::cuda

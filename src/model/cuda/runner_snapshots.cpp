@@ -1,0 +1,119 @@
+// Prefix-cache snapshots of the CUDA engine (runtime/prefix_cache.h): a snapshot is a copy of a
+// sequence's KV blocks (every attention layer's and the MTP layer's, into blocks of the pools set
+// aside for snapshots) and of its linear-attention states (into buffers of their own), at its
+// current length; a sequence started from one gets copies of those in its own blocks and slot.
+// Copies rather than shared blocks keep the engine's block accounting exact: the sequences'
+// blocks and the snapshots' never mix. All copies are queued on the runner's stream, after the
+// forwards that made the state and before the next one.
+#include "model/cuda/runner_impl.h"
+
+namespace fathom::cuda {
+
+void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  std::vector<int32_t> idx(src);
+  idx.insert(idx.end(), dst.begin(), dst.end());
+  // Pageable memory: the call returns once the indices are staged, so `idx` may go.
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(copy_idx.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, stream));
+  const int32_t* d = copy_idx.as<int32_t>();
+  copy_kv_blocks(pool_ptrs.as<bf16_t*>(), int(k_pool.size() * 2), d, d + src.size(), int(src.size()),
+                 int64_t(opt.block_size) * cfg.num_key_value_heads * cfg.head_dim, stream);
+}
+
+void CudaRunner::Impl::copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to,
+                                  int64_t per_slot) {
+  // One row a layer: pitch = the layer's slots.
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + int64_t(to) * per_slot, size_t(dst_slots) * per_slot * 4,
+                                      base + int64_t(from) * per_slot, size_t(base_slots) * per_slot * 4,
+                                      size_t(per_slot) * 4, size_t(n_linear), cudaMemcpyDeviceToDevice, stream));
+}
+
+namespace {
+struct StateSizes {
+  int64_t conv = 0, rec = 0;
+};
+StateSizes state_sizes(const ModelConfig& c) {
+  const int64_t conv_dim = 2 * int64_t(c.linear_num_key_heads) * c.linear_key_head_dim +
+                           int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
+  return {(c.linear_conv_kernel_dim - 1) * conv_dim,
+          int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim};
+}
+}  // namespace
+
+bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->pool_ptrs.data(); }
+
+int64_t CudaRunner::save_snapshot(SequenceId id) {
+  Impl& m = *impl_;
+  const Impl::Sequence& sq = m.seq(id);
+  const int64_t bs = m.opt.block_size, need = (std::max(sq.length, sq.mtp_length) + bs - 1) / bs;
+  if (m.snap_free_slots.empty() || int64_t(m.snap_free_blocks.size()) < need) return 0;
+  Impl::Snapshot snap;
+  snap.slot = m.snap_free_slots.back();
+  m.snap_free_slots.pop_back();
+  for (int64_t i = 0; i < need; ++i) {
+    snap.blocks.push_back(m.snap_free_blocks.back());
+    m.snap_free_blocks.pop_back();
+  }
+  snap.length = sq.length;
+  snap.mtp_length = sq.mtp_length;
+  m.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks);
+  if (m.n_linear > 0) {
+    const StateSizes z = state_sizes(m.cfg);
+    m.copy_state(m.conv_state.as<float>(), m.slots, sq.slot, m.snap_conv.as<float>(), m.opt.snapshot_slots, snap.slot,
+                 z.conv);
+    m.copy_state(m.rec_state.as<float>(), m.slots, sq.slot, m.snap_rec.as<float>(), m.opt.snapshot_slots, snap.slot,
+                 z.rec);
+  }
+  const int64_t sid = m.next_snapshot++;
+  m.snapshots.emplace(sid, std::move(snap));
+  return sid;
+}
+
+SequenceId CudaRunner::add_sequence_from(int64_t snapshot) {
+  Impl& m = *impl_;
+  auto it = m.snapshots.find(snapshot);
+  FATHOM_CHECK(it != m.snapshots.end(), "unknown prefix snapshot ", snapshot);
+  const Impl::Snapshot& snap = it->second;
+  FATHOM_CHECK(!m.free_slots.empty(), "no free sequence slot (max_seqs ", m.opt.max_seqs, ")");
+  FATHOM_CHECK(m.free_blocks.size() >= snap.blocks.size(), "KV cache is full (", m.kv_tokens, " tokens)");
+  Impl::Sequence sq;
+  sq.slot = m.free_slots.back();
+  m.free_slots.pop_back();
+  for (size_t i = 0; i < snap.blocks.size(); ++i) {
+    sq.blocks.push_back(m.free_blocks.back());
+    m.free_blocks.pop_back();
+  }
+  sq.length = snap.length;
+  sq.mtp_length = snap.mtp_length;
+  m.copy_blocks(snap.blocks, sq.blocks);
+  if (m.n_linear > 0) {
+    const StateSizes z = state_sizes(m.cfg);
+    m.copy_state(m.snap_conv.as<float>(), m.opt.snapshot_slots, snap.slot, m.conv_state.as<float>(), m.slots, sq.slot,
+                 z.conv);
+    m.copy_state(m.snap_rec.as<float>(), m.opt.snapshot_slots, snap.slot, m.rec_state.as<float>(), m.slots, sq.slot,
+                 z.rec);
+  }
+  const SequenceId id = m.next_id++;
+  m.seqs.emplace(id, std::move(sq));
+  return id;
+}
+
+void CudaRunner::drop_snapshot(int64_t snapshot) {
+  Impl& m = *impl_;
+  auto it = m.snapshots.find(snapshot);
+  if (it == m.snapshots.end()) return;
+  m.snap_free_blocks.insert(m.snap_free_blocks.end(), it->second.blocks.begin(), it->second.blocks.end());
+  m.snap_free_slots.push_back(it->second.slot);
+  m.snapshots.erase(it);
+}
+
+int64_t CudaRunner::snapshot_bytes(int64_t snapshot) const {
+  const Impl& m = *impl_;
+  auto it = m.snapshots.find(snapshot);
+  if (it == m.snapshots.end()) return 0;
+  const StateSizes z = state_sizes(m.cfg);
+  return int64_t(it->second.blocks.size()) * m.opt.block_size * m.kv_bytes_per_token() +
+         (m.n_linear > 0 ? int64_t(m.n_linear) * (z.conv + z.rec) * 4 : 0);
+}
+
+}  // namespace fathom::cuda
