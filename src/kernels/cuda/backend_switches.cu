@@ -36,9 +36,17 @@ namespace {
 __global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }
 }  // namespace
 
+bool backend_faults_enabled() {
+  static const bool on = [] {
+    const char* spec = std::getenv("FATHOM_BACKEND_FAULT");
+    return spec && *spec;
+  }();
+  return on;
+}
+
 BackendFault backend_fault_of(const char* op, const char* candidate) {
+  if (!backend_faults_enabled()) return BackendFault::None;
   static const char* spec = std::getenv("FATHOM_BACKEND_FAULT");
-  if (!spec || !*spec) return BackendFault::None;
   static std::mutex m;
   static std::map<std::pair<std::string, std::string>, BackendFault> known;
   std::lock_guard<std::mutex> lock(m);

@@ -55,6 +55,9 @@ inline constexpr size_t kSm120SharedBytes = 99 * 1024;
 // Dynamic shared memory a block may have on the current device (the profile's cap applied).
 size_t shared_memory_limit();
 
+// Whether FATHOM_BACKEND_FAULT is set at all (read once): callers that would build a candidate's
+// name for inject_backend_fault on every call ask this first.
+bool backend_faults_enabled();
 // The fault FATHOM_BACKEND_FAULT names for (op, candidate), for kernels that inject it themselves.
 BackendFault backend_fault_of(const char* op, const char* candidate);
 

@@ -585,9 +585,10 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   } else {
     launch_large(variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
   }
-  inject_backend_fault(small ? kMoeFp4DecodeOp : kMoeFp4PrefillOp,
-                       (small ? moe_fp4_small_variant_id(variant) : moe_fp4_large_variant_id(variant)).c_str(), pair_out,
-                       size_t(P) * ex.hidden * 4, s);
+  if (backend_faults_enabled())  // the variant's name is built only when faults are injected
+    inject_backend_fault(small ? kMoeFp4DecodeOp : kMoeFp4PrefillOp,
+                         (small ? moe_fp4_small_variant_id(variant) : moe_fp4_large_variant_id(variant)).c_str(),
+                         pair_out, size_t(P) * ex.hidden * 4, s);
   if (y) moe_combine_pairs(pair_out, y, T, K, ex.hidden, shared, shared_gate, gate_ld, s);
 }
 

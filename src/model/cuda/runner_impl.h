@@ -87,6 +87,7 @@ struct CudaRunner::Impl {
   void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
   void copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to, int64_t per_slot);
+  void copy_states(bool into_snapshot, int slot, int snap_slot);
   int max_blocks = 0;
   int64_t kv_tokens = 0;  // the KV pools' capacity
 

@@ -9,25 +9,6 @@
 
 namespace fathom::cuda {
 
-void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
-  if (src.empty()) return;
-  std::vector<int32_t> idx(src);
-  idx.insert(idx.end(), dst.begin(), dst.end());
-  // Pageable memory: the call returns once the indices are staged, so `idx` may go.
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(copy_idx.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, stream));
-  const int32_t* d = copy_idx.as<int32_t>();
-  copy_kv_blocks(pool_ptrs.as<bf16_t*>(), int(k_pool.size() * 2), d, d + src.size(), int(src.size()),
-                 int64_t(opt.block_size) * cfg.num_key_value_heads * cfg.head_dim, stream);
-}
-
-void CudaRunner::Impl::copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to,
-                                  int64_t per_slot) {
-  // One row a layer: pitch = the layer's slots.
-  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + int64_t(to) * per_slot, size_t(dst_slots) * per_slot * 4,
-                                      base + int64_t(from) * per_slot, size_t(base_slots) * per_slot * 4,
-                                      size_t(per_slot) * 4, size_t(n_linear), cudaMemcpyDeviceToDevice, stream));
-}
-
 namespace {
 struct StateSizes {
   int64_t conv = 0, rec = 0;
@@ -39,6 +20,41 @@ StateSizes state_sizes(const ModelConfig& c) {
           int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim};
 }
 }  // namespace
+
+void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  std::vector<int32_t> idx(src);
+  idx.insert(idx.end(), dst.begin(), dst.end());
+  // Pageable memory: the call returns once the indices are staged, so `idx` may go.
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(copy_idx.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, stream));
+  const int32_t* d = copy_idx.as<int32_t>();
+  copy_kv_blocks(pool_ptrs.as<bf16_t*>(), int(k_pool.size() * 2), d, d + src.size(), int(src.size()),
+                 int64_t(opt.block_size) * cfg.num_key_value_heads * cfg.head_dim, stream);
+}
+
+// Both linear-state buffers (conv windows, recurrent states) between sequence slot `slot` and
+// snapshot slot `snap_slot`, in the direction asked.
+void CudaRunner::Impl::copy_states(bool into_snapshot, int slot, int snap_slot) {
+  if (n_linear == 0) return;
+  const StateSizes z = state_sizes(cfg);
+  const struct {
+    float *seq, *snap;
+    int64_t per_slot;
+  } bufs[] = {{conv_state.as<float>(), snap_conv.as<float>(), z.conv},
+              {rec_state.as<float>(), snap_rec.as<float>(), z.rec}};
+  for (const auto& b : bufs) {
+    if (into_snapshot) copy_state(b.seq, slots, slot, b.snap, opt.snapshot_slots, snap_slot, b.per_slot);
+    else copy_state(b.snap, opt.snapshot_slots, snap_slot, b.seq, slots, slot, b.per_slot);
+  }
+}
+
+void CudaRunner::Impl::copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to,
+                                  int64_t per_slot) {
+  // One row a layer: pitch = the layer's slots.
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + int64_t(to) * per_slot, size_t(dst_slots) * per_slot * 4,
+                                      base + int64_t(from) * per_slot, size_t(base_slots) * per_slot * 4,
+                                      size_t(per_slot) * 4, size_t(n_linear), cudaMemcpyDeviceToDevice, stream));
+}
 
 bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->pool_ptrs.data(); }
 
@@ -57,13 +73,7 @@ int64_t CudaRunner::save_snapshot(SequenceId id) {
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
   m.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks);
-  if (m.n_linear > 0) {
-    const StateSizes z = state_sizes(m.cfg);
-    m.copy_state(m.conv_state.as<float>(), m.slots, sq.slot, m.snap_conv.as<float>(), m.opt.snapshot_slots, snap.slot,
-                 z.conv);
-    m.copy_state(m.rec_state.as<float>(), m.slots, sq.slot, m.snap_rec.as<float>(), m.opt.snapshot_slots, snap.slot,
-                 z.rec);
-  }
+  m.copy_states(/*into_snapshot=*/true, sq.slot, snap.slot);
   const int64_t sid = m.next_snapshot++;
   m.snapshots.emplace(sid, std::move(snap));
   return sid;
@@ -86,13 +96,7 @@ SequenceId CudaRunner::add_sequence_from(int64_t snapshot) {
   sq.length = snap.length;
   sq.mtp_length = snap.mtp_length;
   m.copy_blocks(snap.blocks, sq.blocks);
-  if (m.n_linear > 0) {
-    const StateSizes z = state_sizes(m.cfg);
-    m.copy_state(m.snap_conv.as<float>(), m.opt.snapshot_slots, snap.slot, m.conv_state.as<float>(), m.slots, sq.slot,
-                 z.conv);
-    m.copy_state(m.snap_rec.as<float>(), m.opt.snapshot_slots, snap.slot, m.rec_state.as<float>(), m.slots, sq.slot,
-                 z.rec);
-  }
+  m.copy_states(/*into_snapshot=*/false, sq.slot, snap.slot);
   const SequenceId id = m.next_id++;
   m.seqs.emplace(id, std::move(sq));
   return id;
