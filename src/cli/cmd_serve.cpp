@@ -34,13 +34,13 @@ CommandRegistrar reg([](CLI::App& app) {
       ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
   sub->add_flag_callback(
-      "--enable-prefix-caching", [a] { a->enable_prefix_caching = 1; },
+      "--enable-prefix-caching", [a] { a->enable_prefix_caching = true; },
       "Reuse the state after a cached prompt prefix (KV, Gated DeltaNet states, MTP KV snapshots at block "
-      "boundaries; default: on for the CPU engine, off for the CUDA engine until its snapshot policy is tuned)");
-  sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = 0; }, "No prefix caching");
+      "boundaries; on by default)");
+  sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = false; }, "No prefix caching");
   sub->add_option("--prefix-cache-interval", a->prefix_cache_interval,
                   "Also snapshot every N tokens inside a prompt, ending prefill chunks there (0: only where chunks end "
-                  "anyway: long prompts, at block boundaries)")
+                  "anyway and where prompts stop sharing a prefix)")
       ->capture_default_str();
   sub->add_option("--prefix-cache-mb", a->prefix_cache_mb, "Memory for prefix snapshots (least recently used go first)")
       ->capture_default_str();

@@ -206,6 +206,11 @@ class ModelRunner {
     (void)snapshot;
     return 0;
   }
+  // The room set aside for snapshots: how many at once, and tokens of KV over all (0: no bound).
+  struct SnapshotRoom {
+    int64_t snapshots = 0, tokens = 0;
+  };
+  virtual SnapshotRoom snapshot_room() const { return {}; }
 
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
   // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The

@@ -85,7 +85,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokeni
   if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
-    sched_.set_admit_hook([this](Request& r) { admit(r); });
+    sched_.set_admit_hook([this](Request& r) { return admit(r); });
     sched_.set_align_chunks(true);
   }
   stat_blocks_free_ = blocks_.num_free();

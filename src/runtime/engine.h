@@ -52,11 +52,14 @@ struct EngineConfig {
   bool overlap_schedule = true;
   // Prefix caching (runtime/prefix_cache.h), where the runner can snapshot sequences: snapshots
   // of prompts where a prefill chunk ends on a block boundary (and every `prefix_cache_interval`
-  // tokens, 0: no extra chunk ends), and of conversations at their end; `prefix_cache_bytes` of
-  // them at most (LRU).
+  // tokens, 0: no extra chunk ends), where prompts stop sharing blocks, and of conversations at
+  // their end; `prefix_cache_bytes` of them at most (LRU). A shared part shorter than
+  // `prefix_cache_min_shared` tokens neither cuts a prefill chunk nor holds a request back (the
+  // extra step would cost more than the tokens saved).
   bool enable_prefix_caching = true;
   int64_t prefix_cache_bytes = int64_t(2) << 30;
   int64_t prefix_cache_interval = 0;
+  int64_t prefix_cache_min_shared = 256;
 };
 
 class Histogram {
@@ -176,12 +179,17 @@ class Engine {
   // Prefix caching (engine_prefix.cpp): the admission hook that starts a request from its longest
   // cached prefix, the next position to snapshot, the snapshots after a forward, and the
   // conversation's snapshot going into the cache when the request ends.
-  void admit(Request& r);
+  bool admit(Request& r);  // false: r waits for another request's prefill of its prefix
+  bool wait_for_shared_prefill(const Request& r, int64_t cached);
+  void add_snapshot_target(Request& r, int64_t at);
   int64_t next_snapshot_at(const Request& r) const;
   void take_snapshots();  // of every running sequence, before a step is planned
   void take_snapshots(Request& r);
   bool snapshot_ready(Request& r);
   int64_t save_snapshot(Request& r);
+  bool turn_room_for(const Request& r, int64_t at) const;
+  void release_turn_snapshot(Request& r);  // dropped
+  void forget_turn_snapshot(Request& r);   // its snapshot went elsewhere (the cache)
   void retire_turn_snapshot(Request& r);
   void drop_snapshots(const std::vector<int64_t>& ids);
   void flush(Request& r, bool finished, const std::string& reason);
@@ -196,6 +204,7 @@ class Engine {
   Scheduler sched_;
   std::unique_ptr<Speculator> spec_;
   std::unique_ptr<PrefixCache> prefix_cache_;
+  int64_t turn_snapshots_ = 0, turn_snapshot_tokens_ = 0;  // live conversation snapshots
   std::set<int32_t> eos_;
   size_t max_stop_len_ = 0;
 

@@ -1,43 +1,98 @@
 // Prefix caching in the serving engine (issue 20; runtime/prefix_cache.h has the cache). A
 // request's prompt is looked up when it is admitted: with a hit its sequence starts as a copy of
-// the cached snapshot and only the rest of the prompt is prefilled. Snapshots are taken where a
-// prefill chunk ends on a block boundary (the scheduler rounds chunks the budget cuts down to one,
-// so a long prompt, such as a shared system prompt, leaves snapshots without extra steps), every
-// `prefix_cache_interval` tokens when set (chunks then end there: Request::next_snapshot), and,
-// for the next turn of a chat, at the last block boundary a sequence reached when it ends. With
-// MTP the draft layer catches up first, so a snapshot holds the MTP layer's KV for the same
+// the cached snapshot and only the rest of the prompt is prefilled. Snapshots are taken where:
+// - the prompt stops sharing blocks with an earlier prompt (the cache remembers prompts' block
+//   hashes): a shared system prompt's end, learned from the second request that has it;
+// - a request waiting at admission shares the prompt another is prefilling: the waiter is held
+//   back until that request has snapshotted the shared part, then starts from it, instead of
+//   prefilling the same tokens beside it (a burst of requests with one system prompt);
+// - a prefill chunk ends on a block boundary (the scheduler rounds chunks the budget cuts down to
+//   one), and every `prefix_cache_interval` tokens when set (chunks then end there);
+// - for the next turn of a chat, the last block boundary a sequence reached, cached when it ends.
+//   These live snapshots take at most half of the runner's room, so that the cache keeps the
+//   other half when many long requests run at once.
+// With MTP the draft layer catches up first, so a snapshot holds the MTP layer's KV for the same
 // positions as the main model's.
+#include <algorithm>
+
 #include "runtime/engine.h"
 
 namespace fathom {
 
-void Engine::admit(Request& r) {
-  if (!prefix_cache_ || r.seq || r.num_computed != 0 || r.prefix_lookups > r.num_preemptions) return;
+bool Engine::admit(Request& r) {
+  if (!prefix_cache_ || r.seq || r.num_computed != 0 || r.prefix_lookups > r.num_preemptions) return true;
+  const int64_t B = cfg_.block_size, len = int64_t(r.tokens.size());
+  // At least the last token is fed: its logits choose the first new token. Tokens only grow (a
+  // preempted request comes back with its output), so the hashes of whole blocks stay valid.
+  if (const size_t blocks = size_t((len - 1) / B); r.block_hashes.size() != blocks)
+    r.block_hashes = prefix_cache_->block_hashes({r.tokens.data(), blocks * size_t(B)});
+  const PrefixCache::Hit hit = prefix_cache_->find(r.block_hashes, r.tokens);
+  if (wait_for_shared_prefill(r, hit.length)) return false;
   r.prefix_lookups = r.num_preemptions + 1;
-  const int64_t len = int64_t(r.tokens.size());
-  // At least the last token is fed: its logits choose the first new token.
-  const PrefixCache::Hit hit = prefix_cache_->lookup(r.tokens, len - 1);
+  prefix_cache_->touch(hit);
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.prefix_queries += uint64_t(len);
     metrics_.prefix_hits += uint64_t(hit.length);
   }
+  if (const int64_t shared = prefix_cache_->seen_blocks(r.block_hashes) * B;
+      shared > hit.length && shared >= cfg_.prefix_cache_min_shared)
+    add_snapshot_target(r, shared);
+  prefix_cache_->remember(r.block_hashes);
   if (hit.length > 0) {
     r.seq = runner_->add_sequence_from(hit.snapshot);
     r.num_computed = hit.length;
     observe_queue(r);
   }
   r.next_snapshot = next_snapshot_at(r);
+  return true;
+}
+
+// True when a running request is prefilling a longer prefix of r's prompt than the cache holds
+// and has not passed its end: that request is told to snapshot there, and r waits for it.
+bool Engine::wait_for_shared_prefill(const Request& r, int64_t cached) {
+  const int64_t B = cfg_.block_size;
+  for (auto& [p, owned] : live_) {
+    if (p == &r || p->status != RequestStatus::Running || p->num_computed >= p->num_prompt) continue;
+    // Blocks in common: the hashes are chained, so they agree up to a point and differ after it.
+    size_t lo = 0, hi = std::min(r.block_hashes.size(), p->block_hashes.size());
+    while (lo < hi) {
+      const size_t mid = (lo + hi + 1) / 2;
+      if (r.block_hashes[mid - 1] == p->block_hashes[mid - 1]) lo = mid;
+      else hi = mid - 1;
+    }
+    const int64_t at = int64_t(lo) * B;
+    if (at <= cached || at < cfg_.prefix_cache_min_shared || at >= p->num_prompt || p->num_computed >= at) continue;
+    add_snapshot_target(*p, at);
+    if (p->next_snapshot <= p->num_computed || p->next_snapshot > at) p->next_snapshot = at;
+    return true;
+  }
+  return false;
+}
+
+void Engine::add_snapshot_target(Request& r, int64_t at) {
+  auto it = std::lower_bound(r.snapshot_targets.begin(), r.snapshot_targets.end(), at);
+  if (it == r.snapshot_targets.end() || *it != at) r.snapshot_targets.insert(it, at);
 }
 
 int64_t Engine::next_snapshot_at(const Request& r) const {
   const int64_t B = cfg_.block_size;
   const int64_t end = (int64_t(r.tokens.size()) - 1) / B * B;  // the last block boundary before the last token
   const int64_t every = (cfg_.prefix_cache_interval + B - 1) / B * B;
+  auto wanted = [&](int64_t p) { return !prefix_cache_->contains({r.tokens.data(), size_t(p)}); };
+  int64_t next = -1;
   if (every > 0)
     for (int64_t p = (r.num_computed / every + 1) * every; p <= end; p += every)
-      if (!prefix_cache_->contains({r.tokens.data(), size_t(p)})) return p;
-  return -1;
+      if (wanted(p)) {
+        next = p;
+        break;
+      }
+  for (int64_t p : r.snapshot_targets)  // ascending
+    if (p > r.num_computed && p <= end && (next < 0 || p < next) && wanted(p)) {
+      next = p;
+      break;
+    }
+  return next;
 }
 
 // With MTP drafting, a snapshot must hold the draft layer's KV for every position: the layer runs
@@ -63,15 +118,40 @@ void Engine::take_snapshots(Request& r) {
   const int64_t B = cfg_.block_size, at = r.num_computed;
   if (at == 0 || at % B != 0) return;
   if (at < r.num_prompt) {  // a prefill chunk ended on a block boundary: into the cache
-    if ((at == r.next_snapshot || !prefix_cache_->contains({r.tokens.data(), size_t(at)})) && snapshot_ready(r))
+    if (!prefix_cache_->contains({r.tokens.data(), size_t(at)}) && snapshot_ready(r))
       if (const int64_t snap = save_snapshot(r))
         drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
-    if (at == r.next_snapshot) r.next_snapshot = next_snapshot_at(r);
-  } else if (at > r.turn_snapshot_len && snapshot_ready(r)) {  // the conversation so far
-    if (r.turn_snapshot) runner_->drop_snapshot(r.turn_snapshot);
-    r.turn_snapshot = save_snapshot(r);
-    r.turn_snapshot_len = r.turn_snapshot ? at : 0;
+    if (r.next_snapshot >= 0 && at >= r.next_snapshot) r.next_snapshot = next_snapshot_at(r);
+  } else if (at > r.turn_snapshot_len && turn_room_for(r, at) && snapshot_ready(r)) {  // the conversation so far
+    release_turn_snapshot(r);
+    if ((r.turn_snapshot = save_snapshot(r))) {
+      r.turn_snapshot_len = at;
+      ++turn_snapshots_;
+      turn_snapshot_tokens_ += at;
+    }
   }
+}
+
+// Whether r's conversation snapshot may grow to `at` tokens: the live ones take at most half of
+// the runner's room (in snapshots and in KV tokens).
+bool Engine::turn_room_for(const Request& r, int64_t at) const {
+  const ModelRunner::SnapshotRoom room = runner_->snapshot_room();
+  const int64_t mine = r.turn_snapshot ? 1 : 0;
+  return (room.snapshots == 0 || 2 * (turn_snapshots_ - mine + 1) <= room.snapshots) &&
+         (room.tokens == 0 || 2 * (turn_snapshot_tokens_ - r.turn_snapshot_len + at) <= room.tokens);
+}
+
+void Engine::release_turn_snapshot(Request& r) {
+  if (!r.turn_snapshot) return;
+  runner_->drop_snapshot(r.turn_snapshot);
+  forget_turn_snapshot(r);
+}
+
+void Engine::forget_turn_snapshot(Request& r) {
+  --turn_snapshots_;
+  turn_snapshot_tokens_ -= r.turn_snapshot_len;
+  r.turn_snapshot = 0;
+  r.turn_snapshot_len = 0;
 }
 
 // A snapshot of r's sequence; when the runner's room for them is full, the least recently used
@@ -91,7 +171,7 @@ void Engine::retire_turn_snapshot(Request& r) {
     drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(r.turn_snapshot_len)}, r.turn_snapshot,
                                          runner_->snapshot_bytes(r.turn_snapshot)));
   else runner_->drop_snapshot(r.turn_snapshot);
-  r.turn_snapshot = 0;
+  forget_turn_snapshot(r);
 }
 
 void Engine::drop_snapshots(const std::vector<int64_t>& ids) {

@@ -28,24 +28,49 @@ uint64_t PrefixCache::chain(std::span<const int32_t> tokens, int64_t from, int64
   return h;
 }
 
-PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_length) {
-  Hit best;
-  const int64_t blocks = std::min<int64_t>(max_length, int64_t(tokens.size())) / block_size_;
+std::vector<uint64_t> PrefixCache::block_hashes(std::span<const int32_t> tokens) const {
+  std::vector<uint64_t> hashes(tokens.size() / size_t(block_size_));
   uint64_t h = kSeed;
-  Entry* found = nullptr;
-  for (int64_t b = 0; b < blocks; ++b) {
-    h = chain(tokens, b, b + 1, h);
-    auto it = entries_.find(h);
+  for (size_t b = 0; b < hashes.size(); ++b) hashes[b] = h = chain(tokens, int64_t(b), int64_t(b) + 1, h);
+  return hashes;
+}
+
+PrefixCache::Hit PrefixCache::find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const {
+  for (size_t b = hashes.size(); b-- > 0;) {
+    auto it = entries_.find(hashes[b]);
     if (it == entries_.end()) continue;
     const Entry& e = it->second;
-    const size_t n = size_t(b + 1) * block_size_;
-    if (e.tokens.size() == n && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) {
-      found = &it->second;
-      best = Hit{e.snapshot, int64_t(n)};
-    }
+    const size_t n = (b + 1) * size_t(block_size_);
+    if (e.tokens.size() == n && n <= tokens.size() && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
+      return Hit{e.snapshot, int64_t(n), hashes[b]};
   }
-  if (found) found->last_used = ++clock_;
-  return best;
+  return {};
+}
+
+void PrefixCache::touch(const Hit& hit) {
+  if (auto it = entries_.find(hit.key); hit.length > 0 && it != entries_.end()) it->second.last_used = ++clock_;
+}
+
+PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_length) {
+  const int64_t n = std::min<int64_t>(max_length, int64_t(tokens.size())) / block_size_ * block_size_;
+  const Hit hit = find(block_hashes(tokens.first(size_t(std::max<int64_t>(n, 0)))), tokens);
+  touch(hit);
+  return hit;
+}
+
+int64_t PrefixCache::seen_blocks(std::span<const uint64_t> hashes) const {
+  for (size_t b = hashes.size(); b-- > 0;)  // chained: block b seen means blocks 0..b were
+    if (seen_.count(hashes[b])) return int64_t(b) + 1;
+  return 0;
+}
+
+void PrefixCache::remember(std::span<const uint64_t> hashes) {
+  for (uint64_t h : hashes)
+    if (seen_.insert(h).second) seen_order_.push_back(h);
+  while (seen_order_.size() > kMaxSeen) {
+    seen_.erase(seen_order_.front());
+    seen_order_.pop_front();
+  }
 }
 
 bool PrefixCache::contains(std::span<const int32_t> prefix) const {

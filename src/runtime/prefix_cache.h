@@ -6,10 +6,16 @@
 // lookup walks the prompt's blocks once; an entry's tokens are compared on a hit, so a hash
 // collision never serves a wrong prefix. Entries go least recently used first once their bytes
 // pass the capacity; the caller drops the evicted snapshots from the runner.
+//
+// Where to snapshot is learned: the cache remembers the block hashes of the prompts it has seen
+// (hashes only, a bounded number), so a prompt sharing blocks with an earlier one knows where the
+// shared part ends, the one position worth a snapshot that no chunk boundary need hit.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace fathom {
@@ -21,9 +27,20 @@ class PrefixCache {
   struct Hit {
     int64_t snapshot = 0;
     int64_t length = 0;  // tokens of the cached prefix; 0: none
+    uint64_t key = 0;
   };
-  // The longest cached prefix of `tokens` no longer than `max_length`; marks it recently used.
+  // The chained hash of each whole block of `tokens`: element b covers blocks 0..b.
+  std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens) const;
+  // The longest cached prefix among the first hashes.size() blocks of `tokens` (find leaves the
+  // recency alone; touch marks it used; lookup does both over at most `max_length` tokens).
+  Hit find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const;
+  void touch(const Hit& hit);
   Hit lookup(std::span<const int32_t> tokens, int64_t max_length);
+  // Blocks of the longest prefix (by hashes) an earlier remembered prompt had too; remember adds
+  // a prompt's, the oldest going past kMaxSeen.
+  int64_t seen_blocks(std::span<const uint64_t> hashes) const;
+  void remember(std::span<const uint64_t> hashes);
+  static constexpr size_t kMaxSeen = size_t(1) << 18;
   bool contains(std::span<const int32_t> prefix) const;
   // Adds the snapshot of `prefix` (whole blocks). Returns the snapshots the caller must drop: the
   // entries evicted to stay within the capacity, or the new one itself when the prefix is already
@@ -52,6 +69,8 @@ class PrefixCache {
   int64_t bytes_ = 0;
   uint64_t clock_ = 0;
   std::unordered_map<uint64_t, Entry> entries_;
+  std::unordered_set<uint64_t> seen_;
+  std::deque<uint64_t> seen_order_;
 };
 
 }  // namespace fathom

@@ -139,7 +139,11 @@ struct Request {
   // Prefix caching (runtime/prefix_cache.h): the next position whose state goes into the cache
   // (prefill chunks stop there; -1: none), and the latest block-aligned snapshot of this
   // sequence's conversation so far, cached when it ends (the next turn of a chat starts there).
+  // The positions wanted besides the interval's: where the prompt stops sharing blocks with an
+  // earlier prompt, and where requests waiting for this one's prefill share its prompt.
   int64_t next_snapshot = -1;
+  std::vector<int64_t> snapshot_targets;
+  std::vector<uint64_t> block_hashes;  // of the tokens before the last (PrefixCache::block_hashes)
   int64_t turn_snapshot = 0, turn_snapshot_len = 0;
   int prefix_lookups = 0;  // admissions that looked the prompt up (one each, preemptions included)
 

@@ -89,13 +89,16 @@ SchedulerOutput Scheduler::schedule(bool allow_preemption) {
     prefill_budget -= n;
   }
   if (out.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 && prefill_budget > 0 && int(running_.size()) < cfg_.max_num_seqs &&
-           slots_.num_free() > 0) {
-      Request* r = waiting_.front();
-      if (admit_hook_) admit_hook_(*r);
+    for (size_t i = 0; i < waiting_.size() && budget > 0 && prefill_budget > 0 &&
+                       int(running_.size()) < cfg_.max_num_seqs && slots_.num_free() > 0;) {
+      Request* r = waiting_[i];
+      if (admit_hook_ && !admit_hook_(*r)) {
+        ++i;
+        continue;
+      }
       const int64_t n = prefill_tokens(r);
       if (!blocks_.grow(r->block_table, r->num_computed + n)) break;  // wait for blocks to free up
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
       r->state_slot = *slots_.acquire();
       r->status = RequestStatus::Running;
       running_.push_back(r);
@@ -105,6 +108,13 @@ SchedulerOutput Scheduler::schedule(bool allow_preemption) {
       prefill_budget -= n;
     }
   }
+  // An admission may have asked a request planned above to stop its prefill at a snapshot (a
+  // waiter sharing its prompt): its chunk ends there (blocks grown past it are used later).
+  for (ScheduledChunk& c : out.chunks)
+    if (const Request* r = c.req; r->next_snapshot > r->num_computed && r->num_computed + c.num_tokens > r->next_snapshot) {
+      out.num_tokens -= c.num_tokens - (r->next_snapshot - r->num_computed);
+      c.num_tokens = r->next_snapshot - r->num_computed;
+    }
   return out;
 }
 

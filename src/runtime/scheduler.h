@@ -9,7 +9,8 @@
 // front of the waiting queue with prompt + generated tokens, to be prefilled again.
 //
 // A prefill chunk ends at the request's next_snapshot position (prefix caching saves the state
-// there), and with align_chunks a chunk the budget cuts ends on a block boundary. A step entry
+// there; an admission may move it, so chunks are cut to it once all are planned), and with
+// align_chunks a chunk the budget cuts ends on a block boundary. A step entry
 // carries any number of tokens per sequence (Request::num_wanted: the unconsumed
 // tokens plus any speculative drafts), so verification of drafts fits the same plan; a chunk
 // shorter than that verifies fewer drafts.
@@ -51,8 +52,10 @@ class Scheduler {
 
   void add(Request* r);           // to the back of the waiting queue
   // Called for a waiting request each time it is about to be admitted, before its chunk is
-  // sized: prefix caching starts it from a cached prefix there (num_computed > 0).
-  void set_admit_hook(std::function<void(Request&)> hook) { admit_hook_ = std::move(hook); }
+  // sized: prefix caching starts it from a cached prefix there (num_computed > 0). False: not
+  // this step (its shared prefix is still being prefilled by another request); the requests
+  // behind it may go.
+  void set_admit_hook(std::function<bool(Request&)> hook) { admit_hook_ = std::move(hook); }
   void set_align_chunks(bool on) { cfg_.align_chunks = on; }
   // Without preemption (the overlapped engine while a step is in flight), a sequence that needs a
   // block none can give waits.
@@ -78,7 +81,7 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   int64_t num_preemptions_ = 0;
-  std::function<void(Request&)> admit_hook_;
+  std::function<bool(Request&)> admit_hook_;
 };
 
 }  // namespace fathom

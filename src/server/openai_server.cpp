@@ -238,7 +238,7 @@ void OpenAIServer::load() {
   eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
   eo.parallel = cfg_.parallel;
   eo.backends = cfg_.backends;
-  eo.prefix_cache_mb = cfg_.enable_prefix_caching == 1 ? cfg_.prefix_cache_mb : 0;  // CUDA: only when asked
+  eo.prefix_cache_mb = cfg_.enable_prefix_caching ? cfg_.prefix_cache_mb : 0;
   eo.backends.speculative = !cfg_.speculative_algorithm.empty();
   SpecOptions spec;
   spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
@@ -258,17 +258,21 @@ void OpenAIServer::load() {
   int64_t max_len =
       cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
   if (cfg_.max_model_len <= 0 && runner->max_sequence_length() > 0) max_len = std::min(max_len, runner->max_sequence_length());
-  if (runner->kv_capacity_tokens() > 0)
+  if (runner->kv_capacity_tokens() > 0) {
     std::fprintf(stderr, "fathom serve: KV cache %lld tokens (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
                  (long long)runner->kv_capacity_tokens(), (long long)runner->kv_capacity_tokens() / 16, (long long)max_len,
                  runner->max_sequences());
+    if (const ModelRunner::SnapshotRoom room = runner->snapshot_room(); runner->supports_snapshots() && room.snapshots > 0)
+      std::fprintf(stderr, "fathom serve: prefix snapshots: %lld at once, %lld tokens of KV over all (--prefix-cache-mb %lld)\n",
+                   (long long)room.snapshots, (long long)room.tokens, (long long)cfg_.prefix_cache_mb);
+  }
   EngineConfig ec;
   ec.max_num_seqs = cfg_.max_num_seqs;
   ec.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   ec.max_prefill_tokens = cfg_.chunked_prefill_size;
   ec.device_sampling = cfg_.sampler != "host";
   ec.overlap_schedule = !cfg_.disable_overlap_schedule;
-  ec.enable_prefix_caching = cfg_.enable_prefix_caching != 0;
+  ec.enable_prefix_caching = cfg_.enable_prefix_caching;
   ec.prefix_cache_interval = cfg_.prefix_cache_interval;
   FATHOM_CHECK(cfg_.prefix_cache_mb >= 0, "--prefix-cache-mb must not be negative");
   ec.prefix_cache_bytes = cfg_.prefix_cache_mb << 20;
@@ -345,10 +349,9 @@ int OpenAIServer::run() {
                (long long)(cfg_.chunked_prefill_size > 0 ? cfg_.chunked_prefill_size : cfg_.max_num_batched_tokens),
                cfg_.sampler == "host" || !engine_->samples_on_device() ? "host" : "device",
                engine_->overlaps_steps() ? "on" : "off",
-               engine_->caches_prefixes() ? "on"
-               : cfg_.enable_prefix_caching == -1 ? "off (CUDA engine default; --enable-prefix-caching)"
-               : cfg_.enable_prefix_caching == 1 ? "off (this engine has no prefix snapshots)"
-                                                 : "off",
+               engine_->caches_prefixes()    ? "on"
+               : cfg_.enable_prefix_caching ? "off (this engine has no prefix snapshots)"
+                                            : "off",
                http_->max_connections());
   std::fflush(stderr);
   http_->run();

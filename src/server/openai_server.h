@@ -21,10 +21,8 @@ struct ServerConfig {
   int64_t chunked_prefill_size = 0;  // prefill tokens joining one step (0: max_num_batched_tokens)
   std::string sampler = "device";    // device: tokens chosen on the GPU when the engine can; host
   bool disable_overlap_schedule = false;  // plan each step only after the previous one's tokens are back
-  // Prefix caching (runtime/prefix_cache.h): 1 on, 0 off, -1 the engine's default: on for the CPU
-  // engine; off for the CUDA engine, whose snapshot policy loses at a shared 4K prefix under load
-  // (docs/perf.md) until it is tuned.
-  int enable_prefix_caching = -1;
+  // Prefix caching (runtime/prefix_cache.h), where the engine can snapshot sequences.
+  bool enable_prefix_caching = true;
   int64_t prefix_cache_interval = 0;      // tokens between forced snapshots inside a prompt (0: none)
   int64_t prefix_cache_mb = 2048;         // snapshots kept, least recently used dropped first
   int max_queue_len = 1024;

@@ -63,6 +63,25 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedWithinCapacity) {
   EXPECT_EQ(c.bytes(), 0);
 }
 
+TEST(PrefixCache, RemembersWherePromptsStopSharing) {
+  PrefixCache c(4, 1000);
+  const std::vector<int32_t> a = seq_of(16, 1);
+  std::vector<int32_t> b = a;
+  b[9] = 99;  // differs in the third block
+  const std::vector<uint64_t> ha = c.block_hashes(a), hb = c.block_hashes(b);
+  ASSERT_EQ(ha.size(), 4u);
+  EXPECT_EQ(ha[1], hb[1]);
+  EXPECT_NE(ha[2], hb[2]);
+  EXPECT_EQ(c.seen_blocks(hb), 0);
+  c.remember(ha);
+  EXPECT_EQ(c.seen_blocks(hb), 2);  // the first two blocks
+  EXPECT_EQ(c.seen_blocks(ha), 4);
+  EXPECT_EQ(c.find(ha, a).length, 0);  // remembered is not cached
+  EXPECT_TRUE(c.insert({a.data(), 8}, 5, 10).empty());
+  EXPECT_EQ(c.find(hb, b).length, 8);
+  EXPECT_EQ(c.find({hb.data(), 1}, b).length, 0);  // no longer than the hashes given
+}
+
 std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
   const fs::path dir = testing::fixtures_dir() / name;
   if (!fs::exists(dir / "config.json")) return nullptr;
@@ -91,6 +110,7 @@ EngineConfig config(int64_t budget, bool caching) {
   c.max_model_len = 512;
   c.enable_prefix_caching = caching;
   c.prefix_cache_interval = 32;
+  c.prefix_cache_min_shared = 16;  // the fixtures' prompts are short
   return c;
 }
 
@@ -152,6 +172,18 @@ TEST(PrefixCacheMtp, GreedyOutputsEqualWithoutCaching) {
   EXPECT_GT(metric(m, "fathom:spec_decode_num_draft_tokens_total"), 0);
 }
 
+// A request's tokens, once it has finished (a minute at most).
+std::vector<int32_t> tokens_of(OutputChannel& ch) {
+  std::vector<int32_t> ids;
+  for (bool done = false; !done;) {
+    auto ev = ch.pop(std::chrono::milliseconds(60000));
+    if (!ev) break;
+    ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    done = ev->finished;
+  }
+  return ids;
+}
+
 // Jobs one after another (each submitted when the one before has finished): the cache's inserts
 // and evictions happen in a fixed order.
 std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
@@ -167,17 +199,74 @@ std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> ru
     s.params = j.params;
     s.out = ch;
     EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    out.emplace_back();
-    for (bool done = false; !done;) {
-      auto ev = ch->pop(std::chrono::milliseconds(60000));
-      if (!ev) break;
-      out.back().insert(out.back().end(), ev->token_ids.begin(), ev->token_ids.end());
-      done = ev->finished;
-    }
+    out.push_back(tokens_of(*ch));
   }
   engine.shutdown();
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
   return out;
+}
+
+// `n` prompts: one 64-token prefix (from `seed`), then tails of their own of tail + i * step tokens.
+std::vector<Job> prefix_and_tails(int vocab, uint32_t seed, int n, int tail, int step, int max_tokens) {
+  const std::vector<int32_t> shared = random_tokens(64, vocab, seed);
+  std::vector<Job> jobs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p = shared;
+    const std::vector<int32_t> t = random_tokens(tail + i * step, vocab, seed * 10 + uint32_t(i));
+    p.insert(p.end(), t.begin(), t.end());
+    jobs.push_back(greedy(p, max_tokens));
+  }
+  return jobs;
+}
+
+// Requests sharing a 64-token prefix, all arriving before the engine's first step: the first
+// prefills it and snapshots its end, the others wait for that snapshot instead of prefilling the
+// same tokens beside it, and start from it.
+TEST_P(PrefixCacheEngine, BurstSharingAPrefixWaitsForItsPrefill) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  const std::vector<Job> jobs = prefix_and_tails(probe->config().vocab_size, 8, 6, 9, 1, 7);
+  auto burst = [&](bool caching, std::string* m) {
+    EngineConfig c = config(2048, caching);
+    c.prefix_cache_interval = 0;  // the shared part's end is the only position worth a snapshot
+    Engine engine(load_runner(GetParam()), nullptr, c);
+    std::vector<std::shared_ptr<OutputChannel>> chans;
+    for (const Job& j : jobs) {
+      chans.push_back(std::make_shared<OutputChannel>());
+      RequestSpec s;
+      s.group = engine.new_group_id();
+      s.prompt = j.prompt;
+      s.params = j.params;
+      s.out = chans.back();
+      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    }
+    engine.start();  // all six are waiting at the first step
+    std::vector<std::vector<int32_t>> out(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) out[i] = tokens_of(*chans[i]);
+    engine.shutdown();
+    if (m) *m = engine.render_metrics("fathom:", "m");
+    return out;
+  };
+  std::string m;
+  const auto plain = burst(false, nullptr);
+  const auto cached = burst(true, &m);
+  EXPECT_EQ(cached, plain);
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 5 * 64);
+}
+
+// One after another: the second prompt sharing 64 tokens with the first finds no snapshot there
+// (the first one's chunk did not end there) but learns where the sharing ends and snapshots it;
+// the third starts from that snapshot.
+TEST_P(PrefixCacheEngine, LearnsWhereAPrefixIsShared) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  const std::vector<Job> jobs = prefix_and_tails(probe->config().vocab_size, 9, 3, 20, 0, 6);
+  EngineConfig c = config(2048, true);
+  c.prefix_cache_interval = 0;
+  std::string m;
+  const auto cached = run_one_by_one(load_runner(GetParam()), c, jobs, &m);
+  EXPECT_EQ(cached, run_one_by_one(load_runner(GetParam()), config(2048, false), jobs, nullptr));
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 64);
 }
 
 // A cache with room for one and a half snapshots of 64 tokens: entries come and go, outputs do
@@ -223,13 +312,7 @@ TEST_P(PrefixCacheEngine, ChatTurnsStartFromTheConversationSoFar) {
       s.params = greedy({}, 37).params;
       s.out = ch;
       EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-      std::vector<int32_t> answer;
-      for (bool done = false; !done;) {
-        auto ev = ch->pop(std::chrono::milliseconds(60000));
-        if (!ev) break;
-        answer.insert(answer.end(), ev->token_ids.begin(), ev->token_ids.end());
-        done = ev->finished;
-      }
+      const std::vector<int32_t> answer = tokens_of(*ch);
       conversation.insert(conversation.end(), answer.begin(), answer.end());
       answers.push_back(answer);
     }

@@ -80,6 +80,7 @@ class CudaRunner final : public ModelRunner {
   SequenceId add_sequence_from(int64_t snapshot) override;
   void drop_snapshot(int64_t snapshot) override;
   int64_t snapshot_bytes(int64_t snapshot) const override;
+  SnapshotRoom snapshot_room() const override;
   int64_t length(SequenceId seq) const override;
   int64_t mtp_length(SequenceId seq) const override;
   ForwardOutput forward(std::span<const ForwardStep> steps) override;

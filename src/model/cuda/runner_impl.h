@@ -84,6 +84,7 @@ struct CudaRunner::Impl {
   std::vector<int32_t> snap_free_blocks;
   std::vector<int> snap_free_slots;
   DeviceBuffer snap_conv, snap_rec, pool_ptrs, copy_idx;
+  int64_t snap_tokens = 0;  // KV room of the snapshots (opt.snapshot_tokens, or less where it did not fit)
   void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
   void copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to, int64_t per_slot);

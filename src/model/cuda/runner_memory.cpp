@@ -169,10 +169,16 @@ void CudaRunner::Impl::allocate_kv_pools() {
                  " GB; reserve ", (kReserve + (opt.reserve_history ? double(history_bytes()) : 0.0)) / 1e9, " GB)");
     tokens = int64_t(budget / double(kv_bytes_per_token()));
   }
-  // Prefix snapshots' blocks come out of the same budget, after the sequences' and before pad_block.
-  const int64_t snap_blocks = opt.snapshot_slots > 0 ? (opt.snapshot_tokens + bs - 1) / bs : 0;
-  if (opt.gpu_memory_utilization > 0) tokens -= snap_blocks * bs;
+  // Prefix snapshots' blocks come out of the same budget, after the sequences' and before
+  // pad_block; at most a quarter of it (none: no snapshots), so that prefix caching, on by
+  // default, never takes the room sequences need.
+  int64_t snap_blocks = opt.snapshot_slots > 0 ? (opt.snapshot_tokens + bs - 1) / bs : 0;
+  if (opt.gpu_memory_utilization > 0) {
+    snap_blocks = std::min(snap_blocks, tokens / bs / 4);
+    tokens -= snap_blocks * bs;
+  }
   FATHOM_CHECK(tokens >= bs, "no room for a KV cache beside ", snap_blocks * bs, " tokens of prefix snapshots");
+  snap_tokens = snap_blocks * bs;
   const int64_t main_blocks = std::max<int64_t>(1, tokens / bs);
   const int64_t num_blocks = main_blocks + snap_blocks + 1;  // + pad_block
   kv_tokens = main_blocks * bs;

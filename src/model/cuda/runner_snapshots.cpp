@@ -111,6 +111,10 @@ void CudaRunner::drop_snapshot(int64_t snapshot) {
   m.snapshots.erase(it);
 }
 
+ModelRunner::SnapshotRoom CudaRunner::snapshot_room() const {
+  return {impl_->opt.snapshot_slots, impl_->snap_tokens};
+}
+
 int64_t CudaRunner::snapshot_bytes(int64_t snapshot) const {
   const Impl& m = *impl_;
   auto it = m.snapshots.find(snapshot);
