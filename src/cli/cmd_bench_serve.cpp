@@ -17,7 +17,7 @@ void add_bench_serve(CLI::App* parent, const std::string& name) {
   sub->add_option("--model", a->model, "Model name (default: the first from /v1/models)");
   sub->add_option("--api-key", a->api_key, "Bearer key");
   sub->add_option("--concurrency", a->concurrency, "Comma-separated concurrency levels")->delimiter(',')->capture_default_str();
-  sub->add_option("--dataset-name", a->dataset,
+  sub->add_option("--dataset-name,--dataset", a->dataset,
                   "Prompts: random (token ids), prefix-repeat (--prefix-len shared tokens before each), multi-turn "
                   "(--num-turns turns a conversation, each prompt the conversation so far plus --input-len new tokens)")
       ->check(CLI::IsMember({"random", "prefix-repeat", "multi-turn"}))

@@ -1,7 +1,8 @@
 """`fathom bench serve` against a `fathom serve` on the CPU (tiny fixture): fixed concurrency and
 Poisson arrivals, prompt and output lengths drawn within --random-range-ratio, a sampling mix with
 a share of logprobs requests (checked on the server's counters), the goodput line and the asked
-percentiles, and clear errors for bad flags.
+percentiles, the prefix-repeat and multi-turn datasets (served from the prefix cache), and clear
+errors for bad flags.
 
 Run by ctest as: python3 test_bench_serve.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -78,6 +79,23 @@ def main():
             assert rc == 0, err
             assert field(out, "Successful requests:") == 8
             assert srv.metric("fathom:requests_received_total") - before == 8
+        _()
+
+        @check("prefix-repeat and multi-turn datasets: the shared prefix and the conversations come from the cache")
+        def _():
+            rc, out, err = bench(args.fathom, srv.url, "--dataset", "prefix-repeat", "--prefix-len", "288",
+                                 "--input-len", "8", "--output-len", "3", "--num-prompts", "6", "--concurrency", "2")
+            assert rc == 0, err
+            assert field(out, "Successful requests:") == 6
+            # The first request prefills the 288 shared tokens; the other five start from its snapshot.
+            assert field(out, "Prefix cache hit rate (%, prompt tokens):") > 50, out
+            rc, out, err = bench(args.fathom, srv.url, "--dataset-name", "multi-turn", "--num-turns", "3",
+                                 "--input-len", "16", "--output-len", "4", "--num-prompts", "6", "--concurrency", "2")
+            assert rc == 0, err
+            assert field(out, "Successful requests:") == 6
+            for turn in (1, 2, 3):
+                field(out, f"Median TTFT turn {turn} (ms):")
+            assert field(out, "Prefix cache hit rate (%, prompt tokens):") > 0, out
         _()
 
         @check("bad flags: one-line errors that name them")
