@@ -18,9 +18,7 @@ import serve_proc
 
 
 def run(fathom, model, flags, env, log_path):
-    p, port = serve_proc.start(fathom, model, flags, env, log_path)
-    assert port, open(log_path).read()[-3000:]
-    try:
+    with serve_proc.serving(fathom, model, flags, env, log_path) as port:
         def complete(prompt, n=32):
             c = serve_proc.post(port, "/v1/completions",
                                 {"prompt": prompt, "max_tokens": n, "temperature": 0, "return_token_ids": True})
@@ -44,20 +42,13 @@ def run(fathom, model, flags, env, log_path):
         # products are not batch-invariant); each keeps its logprobs to tell that from a wrong state.
         burst_base = ("In the mountains the monastery kept a library of maps, letters and ledgers, copied "
                       "by hand each winter and carried down to the valley towns in spring. ") * 8
-
-        def scored(q):
-            c = serve_proc.post(port, "/v1/completions",
-                                {"prompt": burst_base + f"Question {q}: what was copied?", "max_tokens": 24,
-                                 "temperature": 0, "logprobs": 5})
-            lp = c["choices"][0]["logprobs"]
-            return lp["tokens"], lp["top_logprobs"]
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            burst = list(pool.map(scored, range(6)))
+            burst = list(pool.map(
+                lambda q: serve_proc.greedy_logprobs(port, burst_base + f"Question {q}: what was copied?", 24),
+                range(6)))
         metrics = serve_proc.get_text(port, "/metrics")
         hits = [float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith("fathom:prefix_cache_hits_total")]
         return outs, burst, hits[0] if hits else None
-    finally:
-        serve_proc.stop(p)
 
 
 def compare_burst(cached, plain, tie=0.1):

@@ -1,5 +1,6 @@
 """A `fathom serve` process for GPU-machine scripts and tests, with the standard library only (the
 GPU machine has no `requests` / `openai`): start it on a free port, wait for /health, post JSON."""
+import contextlib
 import json
 import socket
 import subprocess
@@ -42,6 +43,25 @@ def post(port, path, body, timeout_s=300):
 def stop(p):
     p.terminate()
     p.wait()
+
+
+@contextlib.contextmanager
+def serving(fathom, model, args, env, log_path):
+    """`with serving(...) as port:` a server up for the block, stopped after it; an exit before
+    /health answers fails with the log's tail."""
+    p, port = start(fathom, model, args, env, log_path)
+    try:
+        assert port, f"fathom serve exited: {open(log_path).read()[-3000:]}"
+        yield port
+    finally:
+        stop(p)
+
+
+def greedy_logprobs(port, prompt, max_tokens, top=5):
+    """A greedy completion's tokens and each position's top-`top` logprobs ({token: logprob})."""
+    lp = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                        "logprobs": top})["choices"][0]["logprobs"]
+    return lp["tokens"], lp["top_logprobs"]
 
 
 def get_text(port, path, timeout_s=30):

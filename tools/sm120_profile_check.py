@@ -21,17 +21,8 @@ import serve_proc
 
 
 def run(fathom, model, flags, env, prompts, log_path):
-    p, port = serve_proc.start(fathom, model, flags, env, log_path)
-    assert port, open(log_path).read()[-3000:]
-    try:
-        out = []
-        for q in prompts:
-            lp = serve_proc.post(port, "/v1/completions",
-                                 {"prompt": q, "max_tokens": 8, "temperature": 0, "logprobs": 5})["choices"][0]["logprobs"]
-            out.append((lp["tokens"], lp["top_logprobs"]))
-        return out
-    finally:
-        serve_proc.stop(p)
+    with serve_proc.serving(fathom, model, flags, env, log_path) as port:
+        return [serve_proc.greedy_logprobs(port, q, 8) for q in prompts]
 
 
 def main():

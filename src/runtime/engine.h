@@ -182,6 +182,7 @@ class Engine {
   bool admit(Request& r);  // false: r waits for another request's prefill of its prefix
   bool wait_for_shared_prefill(const Request& r, int64_t cached);
   void add_snapshot_target(Request& r, int64_t at);
+  bool cached(const Request& r, int64_t at) const;
   int64_t next_snapshot_at(const Request& r) const;
   void take_snapshots();  // of every running sequence, before a step is planned
   void take_snapshots(Request& r);

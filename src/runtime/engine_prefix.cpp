@@ -75,11 +75,19 @@ void Engine::add_snapshot_target(Request& r, int64_t at) {
   if (it == r.snapshot_targets.end() || *it != at) r.snapshot_targets.insert(it, at);
 }
 
+// Whether the cache holds r's first `at` tokens (whole blocks), by the hashes of its admission.
+bool Engine::cached(const Request& r, int64_t at) const {
+  const std::span<const int32_t> prefix(r.tokens.data(), size_t(at));
+  const size_t blocks = size_t(at / cfg_.block_size);
+  return blocks > 0 && blocks <= r.block_hashes.size() ? prefix_cache_->contains(prefix, r.block_hashes[blocks - 1])
+                                                       : prefix_cache_->contains(prefix);
+}
+
 int64_t Engine::next_snapshot_at(const Request& r) const {
   const int64_t B = cfg_.block_size;
   const int64_t end = (int64_t(r.tokens.size()) - 1) / B * B;  // the last block boundary before the last token
   const int64_t every = (cfg_.prefix_cache_interval + B - 1) / B * B;
-  auto wanted = [&](int64_t p) { return !prefix_cache_->contains({r.tokens.data(), size_t(p)}); };
+  auto wanted = [&](int64_t p) { return !cached(r, p); };
   int64_t next = -1;
   if (every > 0)
     for (int64_t p = (r.num_computed / every + 1) * every; p <= end; p += every)
@@ -118,7 +126,7 @@ void Engine::take_snapshots(Request& r) {
   const int64_t B = cfg_.block_size, at = r.num_computed;
   if (at == 0 || at % B != 0) return;
   if (at < r.num_prompt) {  // a prefill chunk ended on a block boundary: into the cache
-    if (!prefix_cache_->contains({r.tokens.data(), size_t(at)}) && snapshot_ready(r))
+    if (!cached(r, at) && snapshot_ready(r))
       if (const int64_t snap = save_snapshot(r))
         drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
     if (r.next_snapshot >= 0 && at >= r.next_snapshot) r.next_snapshot = next_snapshot_at(r);

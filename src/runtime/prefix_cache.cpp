@@ -75,7 +75,11 @@ void PrefixCache::remember(std::span<const uint64_t> hashes) {
 
 bool PrefixCache::contains(std::span<const int32_t> prefix) const {
   if (prefix.empty() || prefix.size() % size_t(block_size_) != 0) return false;
-  auto it = entries_.find(chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed));
+  return contains(prefix, chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed));
+}
+
+bool PrefixCache::contains(std::span<const int32_t> prefix, uint64_t hash) const {
+  auto it = entries_.find(hash);
   return it != entries_.end() && std::equal(prefix.begin(), prefix.end(), it->second.tokens.begin(),
                                             it->second.tokens.end());
 }
@@ -83,8 +87,8 @@ bool PrefixCache::contains(std::span<const int32_t> prefix) const {
 std::vector<int64_t> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes) {
   FATHOM_CHECK(!prefix.empty() && prefix.size() % size_t(block_size_) == 0, "prefix cache: a prefix of ",
                prefix.size(), " tokens is not whole blocks of ", block_size_);
-  if (bytes > capacity_ || contains(prefix)) return {snapshot};
   const uint64_t key = chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed);
+  if (bytes > capacity_ || contains(prefix, key)) return {snapshot};
   std::vector<int64_t> dropped;
   if (auto it = entries_.find(key); it != entries_.end()) {  // a collision: the newer prefix wins
     dropped.push_back(it->second.snapshot);

@@ -42,6 +42,7 @@ class PrefixCache {
   void remember(std::span<const uint64_t> hashes);
   static constexpr size_t kMaxSeen = size_t(1) << 18;
   bool contains(std::span<const int32_t> prefix) const;
+  bool contains(std::span<const int32_t> prefix, uint64_t hash) const;  // hash: its block_hashes().back()
   // Adds the snapshot of `prefix` (whole blocks). Returns the snapshots the caller must drop: the
   // entries evicted to stay within the capacity, or the new one itself when the prefix is already
   // cached or the snapshot alone is larger than the capacity.

@@ -51,12 +51,9 @@ SERVE_ARGS = ["--device", "cuda", "--max-model-len", "1024"]
 
 
 def run(fathom, model, env, log_path):
-    p, port = serve_proc.start(fathom, model, SERVE_ARGS, env, log_path)
-    assert port, f"server exited: {open(log_path).read()[-2000:]}"
-    try:
-        return [complete(port, q) for q in PROMPTS], open(log_path).read()
-    finally:
-        serve_proc.stop(p)
+    with serve_proc.serving(fathom, model, SERVE_ARGS, env, log_path) as port:
+        outs = [complete(port, q) for q in PROMPTS]
+    return outs, open(log_path).read()
 
 
 def main():

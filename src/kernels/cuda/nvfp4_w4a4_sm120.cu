@@ -52,17 +52,8 @@ struct Stage {
   uint32_t sb[kBN * kScaleWords];
 };
 
-// cp.async with a source size: 0 bytes read means the destination is zero-filled (rows past T or
-// N, k past K). Zero codes contribute nothing whatever the scale.
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
-}
-
+// Operands load with cp_async*_zfill (mma.cuh): rows past T or N and k past K become zero codes,
+// which contribute nothing whatever the scale.
 __device__ __forceinline__ void mma_nvf4(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], uint32_t sfa,
                                          uint32_t sfb) {
   const uint16_t sel = 0;  // byte-id and thread-id selectors: scales in byte order, from lanes 0/1 of each quad

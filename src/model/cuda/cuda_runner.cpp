@@ -90,9 +90,7 @@ SequenceId CudaRunner::add_sequence() {
   m.free_slots.pop_back();
   // A new sequence starts from zero linear-attention state.
   if (m.n_linear > 0) {
-    const int hk = m.cfg.linear_num_key_heads, hv = m.cfg.linear_num_value_heads;
-    const int dk = m.cfg.linear_key_head_dim, dv = m.cfg.linear_value_head_dim, kc = m.cfg.linear_conv_kernel_dim;
-    const int64_t conv = int64_t(kc - 1) * (2 * hk * dk + hv * dv), rec = int64_t(hv) * dk * dv;
+    const auto [conv, rec] = m.state_sizes();
     for (int l = 0; l < m.n_linear; ++l) {
       FATHOM_CUDA_CHECK(cudaMemsetAsync(m.conv_state.as<float>() + (int64_t(l) * m.slots + sq.slot) * conv, 0,
                                         size_t(conv) * 4, m.stream));
@@ -196,9 +194,7 @@ void CudaRunner::rollback(SequenceId id, int64_t new_length) {
     const int64_t i = new_length - sq.hist_base;
     FATHOM_CHECK(sq.hist_base >= 0 && i >= 0 && i <= sq.hist_len, "rollback to ", new_length,
                  " tokens: no linear-attention state kept for that length");
-    const int hk = m.cfg.linear_num_key_heads, hv = m.cfg.linear_num_value_heads;
-    const int dk = m.cfg.linear_key_head_dim, dv = m.cfg.linear_value_head_dim, kc = m.cfg.linear_conv_kernel_dim;
-    const int64_t conv = int64_t(kc - 1) * (2 * hk * dk + hv * dv), rec = int64_t(hv) * dk * dv;
+    const auto [conv, rec] = m.state_sizes();
     restore_linear_state(m.conv_state.as<float>(), m.rec_state.as<float>(), m.hist, m.n_linear, m.slots, sq.slot,
                          int(i), conv, rec, m.stream);
   }

@@ -231,12 +231,20 @@ struct CudaRunner::Impl {
   int64_t kv_bytes_per_token() const {
     return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
   }
+  // One slot's linear-attention state in one layer, in floats: the conv window and the recurrent
+  // state (the layout of conv_state / rec_state, the snapshots' and the history's).
+  struct StateSizes {
+    int64_t conv = 0, rec = 0;
+  };
+  StateSizes state_sizes() const {
+    const int64_t conv_dim = 2 * int64_t(cfg.linear_num_key_heads) * cfg.linear_key_head_dim +
+                             int64_t(cfg.linear_num_value_heads) * cfg.linear_value_head_dim;
+    return {(cfg.linear_conv_kernel_dim - 1) * conv_dim,
+            int64_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim};
+  }
   int64_t history_bytes() const {
-    const int64_t conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim +
-                             cfg.linear_num_value_heads * cfg.linear_value_head_dim;
-    const int64_t per_entry = (cfg.linear_conv_kernel_dim - 1) * conv_dim +
-                              int64_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
-    return int64_t(n_linear) * slots * (opt.max_history + 1) * per_entry * 4;
+    const StateSizes z = state_sizes();
+    return int64_t(n_linear) * slots * (opt.max_history + 1) * (z.conv + z.rec) * 4;
   }
 
   // The KV pools come last: with gpu_memory_utilization they take what the weights, states and

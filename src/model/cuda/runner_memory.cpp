@@ -11,7 +11,7 @@ void CudaRunner::Impl::allocate_runtime() {
   fp.dense_bytes = w.dense_bytes;
   const int H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-  const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
+  const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
   const int conv_dim = 2 * hk * dk + hv * dv;
   for (size_t i = 0; i < w.layers.size(); ++i) {
     if (w.layers[i].type == LayerType::FullAttention) w.layers[i].attn_index = n_attn++;
@@ -21,15 +21,16 @@ void CudaRunner::Impl::allocate_runtime() {
   if (w.has_mtp) w.mtp_layer.attn_index = n_attn;
   slots = opt.max_seqs + 1;
   pad_slot = opt.max_seqs;
+  const StateSizes state = state_sizes();
   if (n_linear > 0) {
-    conv_state = DeviceBuffer(size_t(n_linear) * slots * (kc - 1) * conv_dim * 4);
-    rec_state = DeviceBuffer(size_t(n_linear) * slots * hv * dk * dv * 4);
+    conv_state = DeviceBuffer(size_t(n_linear) * slots * state.conv * 4);
+    rec_state = DeviceBuffer(size_t(n_linear) * slots * state.rec * 4);
     fp.state_bytes = int64_t(conv_state.bytes() + rec_state.bytes());
   }
   for (int s = opt.max_seqs - 1; s >= 0; --s) free_slots.push_back(s);
   if (opt.snapshot_slots > 0 && n_linear > 0) {  // prefix snapshots' states, apart from the slots
-    snap_conv = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * (kc - 1) * conv_dim * 4);
-    snap_rec = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * hv * dk * dv * 4);
+    snap_conv = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * state.conv * 4);
+    snap_rec = DeviceBuffer(size_t(n_linear) * opt.snapshot_slots * state.rec * 4);
     fp.state_bytes += int64_t(snap_conv.bytes() + snap_rec.bytes());
   }
   for (int s = opt.snapshot_slots - 1; s >= 0; --s) snap_free_slots.push_back(s);

@@ -10,14 +10,12 @@
 namespace fathom::cuda {
 
 namespace {
-struct StateSizes {
-  int64_t conv = 0, rec = 0;
-};
-StateSizes state_sizes(const ModelConfig& c) {
-  const int64_t conv_dim = 2 * int64_t(c.linear_num_key_heads) * c.linear_key_head_dim +
-                           int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
-  return {(c.linear_conv_kernel_dim - 1) * conv_dim,
-          int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim};
+// The last `n` entries of a free list (a slot's or blocks'), taken off it.
+template <class T>
+std::vector<T> take(std::vector<T>& free, size_t n) {
+  std::vector<T> out(free.rbegin(), free.rbegin() + std::ptrdiff_t(n));
+  free.resize(free.size() - n);
+  return out;
 }
 }  // namespace
 
@@ -36,7 +34,7 @@ void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::v
 // snapshot slot `snap_slot`, in the direction asked.
 void CudaRunner::Impl::copy_states(bool into_snapshot, int slot, int snap_slot) {
   if (n_linear == 0) return;
-  const StateSizes z = state_sizes(cfg);
+  const StateSizes z = state_sizes();
   const struct {
     float *seq, *snap;
     int64_t per_slot;
@@ -64,12 +62,8 @@ int64_t CudaRunner::save_snapshot(SequenceId id) {
   const int64_t bs = m.opt.block_size, need = (std::max(sq.length, sq.mtp_length) + bs - 1) / bs;
   if (m.snap_free_slots.empty() || int64_t(m.snap_free_blocks.size()) < need) return 0;
   Impl::Snapshot snap;
-  snap.slot = m.snap_free_slots.back();
-  m.snap_free_slots.pop_back();
-  for (int64_t i = 0; i < need; ++i) {
-    snap.blocks.push_back(m.snap_free_blocks.back());
-    m.snap_free_blocks.pop_back();
-  }
+  snap.slot = take(m.snap_free_slots, 1)[0];
+  snap.blocks = take(m.snap_free_blocks, size_t(need));
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
   m.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks);
@@ -87,12 +81,8 @@ SequenceId CudaRunner::add_sequence_from(int64_t snapshot) {
   FATHOM_CHECK(!m.free_slots.empty(), "no free sequence slot (max_seqs ", m.opt.max_seqs, ")");
   FATHOM_CHECK(m.free_blocks.size() >= snap.blocks.size(), "KV cache is full (", m.kv_tokens, " tokens)");
   Impl::Sequence sq;
-  sq.slot = m.free_slots.back();
-  m.free_slots.pop_back();
-  for (size_t i = 0; i < snap.blocks.size(); ++i) {
-    sq.blocks.push_back(m.free_blocks.back());
-    m.free_blocks.pop_back();
-  }
+  sq.slot = take(m.free_slots, 1)[0];
+  sq.blocks = take(m.free_blocks, snap.blocks.size());
   sq.length = snap.length;
   sq.mtp_length = snap.mtp_length;
   m.copy_blocks(snap.blocks, sq.blocks);
@@ -119,7 +109,7 @@ int64_t CudaRunner::snapshot_bytes(int64_t snapshot) const {
   const Impl& m = *impl_;
   auto it = m.snapshots.find(snapshot);
   if (it == m.snapshots.end()) return 0;
-  const StateSizes z = state_sizes(m.cfg);
+  const Impl::StateSizes z = m.state_sizes();
   return int64_t(it->second.blocks.size()) * m.opt.block_size * m.kv_bytes_per_token() +
          (m.n_linear > 0 ? int64_t(m.n_linear) * (z.conv + z.rec) * 4 : 0);
 }
