@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -90,6 +90,21 @@ for what in "${@:-all}"; do
       timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18601 --concurrency 1,16 --input-len 512 \
         --output-len 64 --num-prompts 32 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/bench_serve_spec.log"
       kill $SRV; wait $SRV; tail -5 "$OUT/serve_spec.log" ;;&
+    sanitize)
+      # Issue 29: the kernel-level CUDA tests under compute-sanitizer (memcheck over all, racecheck
+      # over the kernels sharing memory between threads; lists in tests/cuda/sanitize_filters.txt).
+      for tool in memcheck racecheck; do
+        filter=$(sed -n "s/^$tool=//p" tests/cuda/sanitize_filters.txt)
+        pad=; [ $tool = memcheck ] && pad="--padding 4096"  # else a write into the next allocation goes unseen
+        timeout 540 compute-sanitizer --tool $tool $pad --error-exitcode 3 --print-limit 50 "$BIN/test_cuda" \
+          --gtest_filter="$filter" > "$OUT/sanitize_$tool.log" 2>&1
+        echo "sanitize $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+        grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Invalid|Race|hazard" "$OUT/sanitize_$tool.log" | head -12
+      done ;;
+    sweep)
+      # Issue 29: the shape sweep (fixed configs, 200 drawn, 50 of them under memcheck).
+      tools/shape_sweep.sh "$BIN/test_cuda" "$OUT/sweep" "${SWEEP_FIRST:-1}" "${SWEEP_LAST:-200}" "${SWEEP_MEMCHECK:-50}"
+      tail -3 "$OUT/sweep/sweep_table.md" ;;
     sampling)
       # Device sampling against the CPU sampler, and the engines that now sample on the device
       # (speculative decoding included), against their references.

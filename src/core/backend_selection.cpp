@@ -265,11 +265,12 @@ BackendFault backend_fault_in(const std::string& spec, const std::string& op, co
     if (entry.empty()) continue;
     const size_t c1 = entry.find(':'), c2 = entry.rfind(':');
     FATHOM_CHECK(c1 != std::string::npos && c2 != c1, "FATHOM_BACKEND_FAULT: '", entry,
-                 "' is not op:candidate:nan|wrong|crash");
+                 "' is not op:candidate:nan|wrong|crash|oob");
     const std::string kind = entry.substr(c2 + 1);
     BackendFault f = kind == "nan" ? BackendFault::Nan : kind == "wrong" ? BackendFault::Wrong
-                   : kind == "crash" ? BackendFault::Crash : BackendFault::None;
-    FATHOM_CHECK(f != BackendFault::None, "FATHOM_BACKEND_FAULT: unknown fault '", kind, "' (nan, wrong or crash)");
+                   : kind == "crash" ? BackendFault::Crash : kind == "oob" ? BackendFault::Oob : BackendFault::None;
+    FATHOM_CHECK(f != BackendFault::None, "FATHOM_BACKEND_FAULT: unknown fault '", kind,
+                 "' (nan, wrong, crash or oob)");
     if (entry.substr(0, c1) == op && entry.substr(c1 + 1, c2 - c1 - 1) == candidate) return f;
   }
   return BackendFault::None;

@@ -64,9 +64,10 @@ std::vector<BackendChoice> select_backends_consistent(const std::string& op, con
                                                       BackendPolicy policy, const std::string& pinned,
                                                       const std::function<std::string(int bucket)>& fixed);
 
-// Fault injection (tests): FATHOM_BACKEND_FAULT="op:candidate:nan|wrong|crash[,...]" makes that
-// candidate's output NaN or wrong, or abort the process, whenever it runs.
-enum class BackendFault { None, Nan, Wrong, Crash };
+// Fault injection (tests): FATHOM_BACKEND_FAULT="op:candidate:nan|wrong|crash|oob[,...]" makes
+// that candidate's output NaN or wrong, abort the process, or write just past the end of its
+// output (oob: the values stay right, so only the checks' guard zones see it), whenever it runs.
+enum class BackendFault { None, Nan, Wrong, Crash, Oob };
 BackendFault backend_fault(const std::string& op, const std::string& candidate);
 // The same from a spec string (what the environment variable holds); throws on a bad entry.
 BackendFault backend_fault_in(const std::string& spec, const std::string& op, const std::string& candidate);

@@ -1,7 +1,8 @@
 // Verified backend selection on CPU stand-ins: three implementations of a dot product, checked in
 // child processes against a double-precision reference with an error bound from fp32 rounding;
-// faults injected into the preferred one (NaN, wrong values, a crash) get it rejected with the
-// failed check named, and the selection falls to the next verified candidate.
+// faults injected into the preferred one (NaN, wrong values, a crash, a write past its output)
+// get it rejected with the failed check named, and the selection falls to the next verified
+// candidate.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,8 +20,13 @@
 namespace fathom {
 namespace {
 
-// y = sum x[i] * w[i] three ways; `spec` injects faults as FATHOM_BACKEND_FAULT would.
-float dot(const std::string& cand, const std::vector<float>& x, const std::vector<float>& w, const std::string& spec) {
+// The canary after a result, as the GPU checks' guard zones (kernels/cuda/guarded_buffer.h).
+constexpr float kCanary = -12345.f;
+
+// y = sum x[i] * w[i] three ways into out[0]; out[1] is past the result (a guard the check
+// compares); `spec` injects faults as FATHOM_BACKEND_FAULT would.
+void dot(const std::string& cand, const std::vector<float>& x, const std::vector<float>& w, const std::string& spec,
+         float* out) {
   float y = 0;
   if (cand == "simple") {
     for (size_t i = 0; i < x.size(); ++i) y += x[i] * w[i];
@@ -37,13 +43,14 @@ float dot(const std::string& cand, const std::vector<float>& x, const std::vecto
     for (size_t i = 0; i < x.size(); ++i) s[i % 4] += x[i] * w[i];
     y = (s[0] + s[1]) + (s[2] + s[3]);
   }
+  out[0] = y;
   switch (backend_fault_in(spec, "dot", cand)) {
-    case BackendFault::Nan: return std::numeric_limits<float>::quiet_NaN();
-    case BackendFault::Wrong: return y * 1.5f + 1.f;
+    case BackendFault::Nan: out[0] = std::numeric_limits<float>::quiet_NaN(); break;
+    case BackendFault::Wrong: out[0] = y * 1.5f + 1.f; break;
     case BackendFault::Crash: std::abort();
+    case BackendFault::Oob: out[1] = y; break;  // the result stays right
     case BackendFault::None: break;
   }
-  return y;
 }
 
 // A check as the engine's would be: random inputs of the bucket's size, NaN/Inf, then the error
@@ -59,8 +66,14 @@ BackendCheck check_dot(const std::string& cand, int n, const std::string& spec) 
   BackendCheck c;
   c.candidate = cand;
   c.bucket = n;
-  const float y = dot(cand, x, w, spec);
+  float out[2] = {0.f, kCanary};
+  dot(cand, x, w, spec, out);
+  const float y = out[0];
   c.bound = n * double(std::numeric_limits<float>::epsilon()) * mag;
+  if (out[1] != kCanary) {  // before the values, as the GPU checks' guards
+    c.failure = "out-of-bounds write: dot candidate " + cand + " wrote past the end of output 'y'";
+    return c;
+  }
   if (!std::isfinite(y)) {
     c.failure = "NaN/Inf in the output";
     return c;
@@ -74,7 +87,10 @@ BackendCheck check_dot(const std::string& cand, int n, const std::string& spec) 
   c.fingerprint = std::to_string(::getpid());  // here: which child ran it
   const auto t0 = std::chrono::steady_clock::now();
   volatile float sink = 0;
-  for (int r = 0; r < 50; ++r) sink = sink + dot(cand, x, w, spec);
+  for (int r = 0; r < 50; ++r) {
+    dot(cand, x, w, spec, out);
+    sink = sink + out[0];
+  }
   c.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 50;
   if (cand == "simple") c.ms *= 10;  // make "simple" the slowest, so that faults hit the preferred one
   return c;
@@ -110,26 +126,31 @@ TEST(BackendSelection, AllPassWithoutFaultsAndTheFastestIsChosen) {
 
 TEST(BackendSelection, EachInjectedFaultIsRejectedAndTheNextCandidateServes) {
   const auto clean = select_backends("dot", verify(""), BackendPolicy::VerifiedFastest, "", nullptr);
-  for (const char* kind : {"nan", "wrong", "crash"}) {
+  for (const char* kind : {"nan", "wrong", "crash", "oob"}) {
     std::string spec;
     for (const BackendChoice& ch : clean) spec += "dot:" + ch.candidate + ":" + kind + ",";
     const auto checks = verify(spec);
     for (const BackendChoice& was : clean) {
       const BackendCheck& bad = find(checks, was.candidate, was.bucket);
       EXPECT_FALSE(bad.passed) << kind;
-      const std::string expect = std::string(kind) == "nan" ? "NaN/Inf" : std::string(kind) == "wrong" ? "max error" : "crashed";
+      const std::string k = kind;
+      const std::string expect = k == "nan" ? "NaN/Inf" : k == "wrong" ? "max error" : k == "oob" ? "out-of-bounds" : "crashed";
       EXPECT_NE(bad.failure.find(expect), std::string::npos) << kind << ": " << bad.failure;
     }
     if (std::string(kind) == "crash") {  // the shared child died: each candidate then ran alone
       const auto& a = find(checks, "simple", 64);
       for (const BackendCheck& c : checks)
-        if (c.passed && c.candidate != a.candidate) EXPECT_NE(c.fingerprint, a.fingerprint);
+        if (c.passed && c.candidate != a.candidate) {
+          EXPECT_NE(c.fingerprint, a.fingerprint);
+        }
     }
     for (const BackendChoice& ch : select_backends("dot", checks, BackendPolicy::VerifiedFastest, "", nullptr)) {
       EXPECT_FALSE(ch.candidate.empty()) << ch.why;
       EXPECT_TRUE(find(checks, ch.candidate, ch.bucket).passed) << kind;
       for (const BackendChoice& was : clean)
-        if (was.bucket == ch.bucket) EXPECT_NE(ch.candidate, was.candidate) << kind;
+        if (was.bucket == ch.bucket) {
+          EXPECT_NE(ch.candidate, was.candidate) << kind;
+        }
     }
   }
 }
@@ -211,7 +232,14 @@ TEST(BackendSelection, ConsistentSelectionKeepsOneFingerprint) {
 TEST(BackendSelection, FaultSpecsAndPolicyNames) {
   EXPECT_EQ(backend_fault_in("a:b:nan,c:d:crash", "c", "d"), BackendFault::Crash);
   EXPECT_EQ(backend_fault_in("a:b:nan", "a", "c"), BackendFault::None);
-  EXPECT_THROW(backend_fault_in("a:b:explode", "a", "b"), std::exception);
+  EXPECT_EQ(backend_fault_in("a:b:nan,gemm.fp4:dequant-cublaslt:oob", "gemm.fp4", "dequant-cublaslt"), BackendFault::Oob);
+  EXPECT_EQ(backend_fault_in("gemm.fp4:dequant-cublaslt:oob", "gemm.fp4", "gemv"), BackendFault::None);
+  try {
+    backend_fault_in("a:b:explode", "a", "b");
+    ADD_FAILURE() << "an unknown fault kind was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("oob"), std::string::npos) << e.what();  // the kinds are listed
+  }
   EXPECT_THROW(backend_fault_in("nonsense", "a", "b"), std::exception);
   EXPECT_EQ(parse_backend_policy("fixed"), BackendPolicy::Fixed);
   EXPECT_THROW(parse_backend_policy("fastest"), std::exception);

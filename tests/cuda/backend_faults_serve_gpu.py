@@ -1,5 +1,6 @@
 """`fathom serve` with faults injected into every op's preferred kernel (issue 19), on the GPU:
-the server starts, its log names each rejected candidate with the check it failed, and its greedy
+the server starts (on each op's next candidate), its log names each rejected candidate with the
+check it failed (an out-of-bounds write among them: the guard zones' check), and its greedy
 completions equal those of a server without faults (the embedded default model: a trained model,
 whose greedy choices do not hang on the last bits the other kernels round differently), their
 token logprobs within rounding. With every candidate of an op faulty (gdn.decode's two),
@@ -16,9 +17,10 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import serve_proc  # noqa: E402
 
-# Each op's fixed-rule candidate, and the fault it gets: NaN, wrong values or an illegal address.
+# Each op's fixed-rule candidate, and the fault it gets: NaN, wrong values, an illegal address, or
+# a write just past its output (oob: the values right, only the checks' guard zones see it).
 FAULTS = {
-    "gemm.bf16/gemv": "nan",
+    "gemm.bf16/gemv": "oob",
     "attention.decode/tensor-core": "wrong",
     "attention.prefill/tensor-core": "crash",
     "gdn.prefill/chunked": "nan",
@@ -70,7 +72,8 @@ def main():
             assert f"  {op}, steps of up to" in clean_log, (op, clean_log[-3000:])
         spec = ",".join(f"{k.replace('/', ':')}:{v}" for k, v in FAULTS.items())
         faulty, faulty_log = run(a.fathom, a.model, dict(env, FATHOM_BACKEND_FAULT=spec), tmp + "/faulty.log")
-        expect = {"nan": "NaN/Inf", "wrong": "", "crash": "illegal memory access"}
+        expect = {"nan": "NaN/Inf", "wrong": "", "crash": "illegal memory access",
+                  "oob": "out-of-bounds write"}
         for cand, kind in FAULTS.items():
             line = next((l for l in faulty_log.splitlines() if f"rejected {cand} " in l), None)
             assert line and expect[kind] in line, (cand, kind, line)

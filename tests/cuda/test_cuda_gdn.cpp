@@ -261,6 +261,11 @@ TEST(CudaGdn, RecurrentMatchesHostReference) {
       {{16, 64, 128, 128}, {3, 1, 2}},  // Qwen3.5-397B's heads
       {{2, 4, 16, 16}, {1, 7, 40}},     // the test fixtures' heads
       {{1, 2, 64, 37}, {1, 7, 40}},     // a partial column slice; u rows not 16-byte aligned
+      // Key head dims the register-tiled kernel has no instance for (the shared-memory kernel
+      // runs them either way), and a state past a block's shared memory (kept in device memory).
+      {{2, 4, 24, 24}, {1, 7, 40}},
+      {{1, 3, 80, 48}, {2, 17, 1}},
+      {{1, 2, 256, 256}, {1, 9, 33}},
   };
   for (const bool smem : kDecodeKernels) {
     const DecodeKernel k(smem);

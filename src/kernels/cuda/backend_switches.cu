@@ -1,6 +1,7 @@
 #include "kernels/cuda/backend_switches.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -61,6 +62,8 @@ void inject_backend_fault(const char* op, const char* candidate, void* out, size
   if (f == BackendFault::Nan) FATHOM_CUDA_CHECK(cudaMemsetAsync(out, 0xff, bytes, s));
   if (f == BackendFault::Wrong) FATHOM_CUDA_CHECK(cudaMemsetAsync(out, 0x3f, bytes, s));
   if (f == BackendFault::Crash) illegal_write_kernel<<<1, 32, 0, s>>>(reinterpret_cast<float*>(uintptr_t(64)));
+  if (f == BackendFault::Oob)
+    FATHOM_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(out) + bytes, 0x3f, kOobFaultBytes, s));
 }
 
 }  // namespace fathom::cuda

@@ -43,9 +43,13 @@ KernelBackends& kernel_backends();
 
 // When FATHOM_BACKEND_FAULT names (op, candidate) (read once): `bytes` at `out` become NaN
 // (0xff bytes) or wrong (0x3f bytes: 0.747 as fp32, 0.746 as bf16), or the stream faults on an
-// illegal address. Every candidate's dispatch calls it after its kernels, so a faulty candidate
+// illegal address, or (oob) the kOobFaultBytes just past `out + bytes` are overwritten, the output
+// itself left right. Every candidate's dispatch calls it after its kernels, so a faulty candidate
 // misbehaves wherever it runs: in verification and, if it were chosen, in serving.
 void inject_backend_fault(const char* op, const char* candidate, void* out, size_t bytes, cudaStream_t s);
+// What an oob fault overwrites past the end of an output: within the checks' guard zones
+// (kernels/cuda/guarded_buffer.h), so the check that ran the candidate sees it.
+inline constexpr size_t kOobFaultBytes = 64;
 // The SM120 profile (FATHOM_SM120_PROFILE=1): the kernels an RTX PRO 6000 (SM120) could run,
 // tried on this GPU: shared memory a block is capped at SM120's 99 KB, so kernels that need more
 // report themselves unsupported (their callers take the next implementation) and

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_array.h"
 
 namespace fathom::cuda {
 
@@ -31,6 +32,9 @@ class DeviceBuffer {
 
   template <class T>
   T* as() const { return static_cast<T*>(ptr_); }
+  // The whole allocation as an array of T (what a launch may write into).
+  template <class T>
+  DeviceArray<T> array() const { return {static_cast<T*>(ptr_), int64_t(bytes_ / sizeof(T))}; }
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
 

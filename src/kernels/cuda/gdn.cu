@@ -2,6 +2,7 @@
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include <algorithm>
 #include <string_view>
+#include <type_traits>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     bool vec16, StateHistory hs, int long_from, int fault) {
   pdl_prologue();
   // Fault injection (backend_switches.h): the step's token count is on the device only, so the
-  // kernel itself writes NaN or wrong values, or an illegal address.
+  // kernel itself writes NaN or wrong values, an illegal address, or just past its output (oob).
   if (fault == int(BackendFault::Crash)) *reinterpret_cast<volatile float*>(uintptr_t(64)) = 1.f;
   constexpr int F = DK / 16;  // float4s of the column per lane
   __shared__ GdnStage<DK> sm;
@@ -245,6 +246,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
   const int key_dim = hk * DK, j = h / (hv / hk);
   const int t_begin = seq_start[s], t_end = seq_start[s + 1];
   if (long_from > 0 && t_end - t_begin >= long_from) return;  // gdn_chunked takes it
+  // oob: 64 bytes just past the step's output (seq_start[num_seqs] tokens), from each sequence run here.
+  if (fault == int(BackendFault::Oob) && blockIdx.x == 0 && h == 0 && threadIdx.x < 16)
+    out[int64_t(seq_start[gridDim.z]) * hv * dv + threadIdx.x] = 0.747f;
   const GdnSources src{u, b, a, 2 * int64_t(key_dim) + int64_t(hv) * dv, ba_ld, j * DK, key_dim + j * DK,
                        2 * key_dim + h * dv + c0, min(kGdnCols, dv - c0), h, vec16};
   if (t_begin < t_end) gdn_stage_chunk<DK>(sm, 0, src, t_begin, min(kGdnChunk, t_end - t_begin));
@@ -419,17 +423,25 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
   if (num_seqs == 0) return;
   const StateHistory hs = hist ? *hist : StateHistory{};
   const int chunks = !hist && max_seq_tokens > kConvChunk ? (max_seq_tokens + kConvChunk - 1) / kConvChunk : 1;
+  // Every kernel size up to kMaxConvKernel: the window lives in registers, unrolled.
+  auto run = [&](auto kc_const) {
+    launch_conv<decltype(kc_const)::value>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs,
+                                           conv_dim, s, hs, chunks);
+  };
   switch (kc) {
-    case 2: launch_conv<2>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
-                           chunks); break;
-    case 3: launch_conv<3>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
-                           chunks); break;
-    case 4: launch_conv<4>(mixed, mixed_ld, conv_w, conv_state, seq_start, state_slot, u, num_seqs, conv_dim, s, hs,
-                           chunks); break;
-    default: fail("gdn_conv: unsupported conv kernel size ", kc, " (supported: 2, 3, 4)");
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    case 3: run(std::integral_constant<int, 3>{}); break;
+    case 4: run(std::integral_constant<int, 4>{}); break;
+    case 5: run(std::integral_constant<int, 5>{}); break;
+    case 6: run(std::integral_constant<int, 6>{}); break;
+    case 7: run(std::integral_constant<int, 7>{}); break;
+    case 8: run(std::integral_constant<int, 8>{}); break;
+    default: fail("gdn_conv: conv kernel size ", kc, " (supported: 2..", kMaxConvKernel, ")");
   }
   FATHOM_CUDA_LAUNCH_CHECK();
 }
+
+bool gdn_recurrent_covers(int dk) { return dk == 16 || dk == 32 || dk == 64 || dk == 128; }
 
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
@@ -437,7 +449,9 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
                    const char* serves) {
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
-  if (kernel_backends().gdn_decode_smem && std::string_view(serves) == kGdnDecodeOp)
+  // The shared-memory kernel when the tuner chose it for decode, and for every key head dim the
+  // register-tiled kernel has no instance for (gdn_recurrent_covers).
+  if ((kernel_backends().gdn_decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk))
     return gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk,
                               dv, s, hist, long_from);
   FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
@@ -451,7 +465,7 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
     case 32: kernel = gdn_recurrent_kernel<32>; break;
     case 64: kernel = gdn_recurrent_kernel<64>; break;
     case 128: kernel = gdn_recurrent_kernel<128>; break;
-    default: fail("gdn_recurrent: unsupported key head dim ", dk, " (supported: 16, 32, 64, 128)");
+    default: fail("gdn_recurrent: no register-tiled kernel for key head dim ", dk);
   }
   launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
          vec16, hs, long_from, int(backend_fault_of(serves, kRecurrent)));

@@ -3,6 +3,9 @@
 // memory. A second decode implementation beside gdn.cu's register-tiled kernel, so that decode
 // keeps a verified kernel when that one fails its checks on some GPU; slower (the state goes
 // through shared memory every token), with the same inputs, history and results within rounding.
+// It is also the generic form: any key head dim (the register-tiled kernel covers 16/32/64/128),
+// and states too large for shared memory (dk * dv * 4 bytes past the block limit) are updated
+// in place in device memory.
 #include <cstring>
 
 #include "kernels/cuda/backend_switches.h"
@@ -16,25 +19,28 @@ namespace fathom::cuda {
 
 namespace {
 
+template <bool kStateInGlobal>
 __global__ void gdn_recurrent_smem_kernel(const float* u, const float* b, const float* a, int64_t ba_ld,
                                           const float* a_log, const float* dt_bias, float* state,
                                           const int32_t* seq_start, const int32_t* state_slot, float* out, int hk,
                                           int hv, int dk, int dv, StateHistory hs, int long_from, int fault) {
   extern __shared__ float smem[];
-  float* S = smem;             // [dk, dv]
-  float* qs = S + dk * dv;     // [dk]
-  float* ks = qs + dk;         // [dk]
   const int h = blockIdx.x, s = blockIdx.y, c = threadIdx.x;
   const int t_begin = seq_start[s], t_end = seq_start[s + 1];
   if (long_from > 0 && t_end - t_begin >= long_from) return;
   if (fault == int(BackendFault::Crash)) *reinterpret_cast<volatile float*>(uintptr_t(64)) = 1.f;
+  // oob: 64 bytes just past the step's output (seq_start[num_seqs] tokens), from each sequence run here.
+  if (fault == int(BackendFault::Oob) && h == 0 && c < 16) out[int64_t(seq_start[gridDim.y]) * hv * dv + c] = 0.747f;
   const int key_dim = hk * dk, j = h / (hv / hk);
   const int64_t ld = 2 * int64_t(key_dim) + int64_t(hv) * dv, n = int64_t(dk) * dv;
   float* st = state + (int64_t(state_slot[s]) * hv + h) * n;
+  float* S = kStateInGlobal ? st : smem;                // [dk, dv]
+  float* qs = kStateInGlobal ? smem : smem + dk * dv;  // [dk]
+  float* ks = qs + dk;                                 // [dk]
   float* keep = hs.recurrent && hs.keep[s] ? hs.recurrent + (int64_t(state_slot[s]) * hs.entries * hv + h) * n : nullptr;
   const int64_t entry_stride = int64_t(hv) * n;
   for (int64_t i = c; i < n; i += blockDim.x) {
-    S[i] = st[i];
+    if (!kStateInGlobal) S[i] = st[i];
     if (keep) keep[i] = st[i];
   }
   const float A = expf(a_log[h]), dtb = dt_bias[h];
@@ -65,7 +71,7 @@ __global__ void gdn_recurrent_smem_kernel(const float* u, const float* b, const 
     if (keep)
       for (int i = 0; i < dk; ++i) keep[(t - t_begin + 1) * entry_stride + int64_t(i) * dv + c] = S[i * dv + c];
   }
-  if (c < dv)
+  if (!kStateInGlobal && c < dv)
     for (int i = 0; i < dk; ++i) st[int64_t(i) * dv + c] = S[i * dv + c];
 }
 
@@ -78,12 +84,14 @@ void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t 
   if (num_seqs == 0) return;
   FATHOM_CHECK(dv >= 1 && dv <= 1024 && dk >= 1, "gdn_recurrent_smem: head dims dk ", dk, ", dv ", dv);
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent_smem: ", hv, " value heads over ", hk, " key heads");
-  const int smem = int((int64_t(dk) * dv + 2 * dk) * sizeof(float));
-  allow_dynamic_smem(reinterpret_cast<const void*>(gdn_recurrent_smem_kernel), smem);
+  const size_t state_bytes = size_t(dk) * dv * sizeof(float), qk_bytes = 2 * size_t(dk) * sizeof(float);
+  const bool in_global = state_bytes + qk_bytes > shared_memory_limit();
+  auto kernel = in_global ? gdn_recurrent_smem_kernel<true> : gdn_recurrent_smem_kernel<false>;
+  const int smem = int(in_global ? qk_bytes : state_bytes + qk_bytes);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const StateHistory hs = hist ? *hist : StateHistory{};
-  launch(gdn_recurrent_smem_kernel, dim3(hv, num_seqs), (dv + 31) / 32 * 32, smem, s, u, b, a, ba_ld, a_log, dt_bias,
-         state, seq_start, state_slot, out, hk, hv, dk, dv, hs, long_from,
-         int(backend_fault_of(kGdnDecodeOp, kRecurrentSmem)));
+  launch(kernel, dim3(hv, num_seqs), (dv + 31) / 32 * 32, smem, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start,
+         state_slot, out, hk, hv, dk, dv, hs, long_from, int(backend_fault_of(kGdnDecodeOp, kRecurrentSmem)));
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -111,19 +111,24 @@ void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStre
   gemm_context()->run(x, w.f32, y, T, w.out, w.in, s, /*f32=*/true);
 }
 
-void linear(const DeviceLinear& w, const bf16_t* x, float* y, int T, bf16_t* scratch, cudaStream_t s) {
+void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
+            cudaStream_t s) {
   if (T == 0) return;
+  FATHOM_CHECK(T > 0 && int64_t(T) * w.out <= y.size, "linear: ", T, " tokens x ", w.out, " outputs do not fit an output of ",
+               y.size, " floats");
   if (!w.is_fp4()) {
-    gemm_bf16(x, w.bf16, y, T, w.out, w.in, s);
+    gemm_bf16(x, w.bf16, y.data, T, w.out, w.in, s);
   } else if (T <= std::min(kFp4GemvMaxTokens, kernel_backends().fp4_gemv_max_tokens)) {  // op gemm.fp4
-    nvfp4_gemv(w, x, y, T, s);
-    inject_backend_fault(kGemmFp4Op, kGemv, y, size_t(T) * w.out * sizeof(float), s);
+    nvfp4_gemv(w, x, y.data, T, s);
+    inject_backend_fault(kGemmFp4Op, kGemv, y.data, size_t(T) * w.out * sizeof(float), s);
   } else {
-    FATHOM_CHECK(scratch != nullptr, "linear: NVFP4 weights with ", T, " tokens need a dequantization buffer");
-    nvfp4_dequantize(w, scratch, s);
-    gemm_context()->run(x, scratch, y, T, w.out, w.in, s);  // not gemm_bf16: this op's candidate, not gemm.bf16's
+    FATHOM_CHECK(scratch.data != nullptr && int64_t(w.out) * w.in <= scratch.size, "linear: NVFP4 weights [", w.out,
+                 ", ", w.in, "] at ", T, " tokens need a dequantization buffer of ", int64_t(w.out) * w.in,
+                 " bf16, have ", scratch.size);
+    nvfp4_dequantize(w, scratch.data, s);
+    gemm_context()->run(x, scratch.data, y.data, T, w.out, w.in, s);  // not gemm_bf16: this op's candidate
     if (T <= kFp4GemvMaxTokens)
-      inject_backend_fault(kGemmFp4Op, kDequantCublasLt, y, size_t(T) * w.out * sizeof(float), s);
+      inject_backend_fault(kGemmFp4Op, kDequantCublasLt, y.data, size_t(T) * w.out * sizeof(float), s);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
@@ -65,7 +66,10 @@ class MoeFp4Rig {
   std::vector<float> w_;
   MoeGroupScratch group_;
   std::map<int, std::vector<double>> ref_cache_;
-  DeviceBuffer group_buf_, dx_, dids_, dw_, h_, pair_out_, y_;
+  // Guarded (guarded_buffer.h) so that a planted out-of-bounds write (FATHOM_BACKEND_FAULT oob)
+  // lands in a guard, not outside any allocation; the bounds themselves are checked by the
+  // backend check's own exact-size run.
+  GuardedBuffer group_buf_, dx_, dids_, dw_, h_, pair_out_, y_;
 };
 
 // Error of a token row: max |got - ref| / max |ref|.

@@ -15,10 +15,15 @@ namespace {
 __constant__ float kE2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                 -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-template <int MAX_T>
+// Each lane takes CB packed bytes at a time (2*CB values, CB/8 scale blocks): 16-byte loads when
+// in_features is a multiple of 32, 8-byte ones when it is only a multiple of 16 (rows of K/2
+// bytes are then only 8-byte aligned).
+template <int MAX_T, int CB>
 __global__ void nvfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales,
                                   float global, const bf16_t* __restrict__ x, float* __restrict__ y, int T, int N,
                                   int K) {
+  static_assert(CB == 16 || CB == 8, "16- or 8-byte chunks");
+  constexpr int kWords = CB / 4, kVals = 2 * CB;
   pdl_prologue();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
@@ -31,19 +36,23 @@ __global__ void nvfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint
   float acc[MAX_T];
 #pragma unroll
   for (int t = 0; t < MAX_T; ++t) acc[t] = 0.f;
-  // Each lane takes 16 packed bytes = 32 values = two scale blocks.
-  for (int byte0 = lane * 16; byte0 < K / 2; byte0 += 32 * 16) {
-    const uint4 wv = *reinterpret_cast<const uint4*>(row + byte0);
+  for (int byte0 = lane * CB; byte0 < K / 2; byte0 += 32 * CB) {
+    uint32_t words[kWords];
+    if constexpr (CB == 16) {
+      const uint4 wv = *reinterpret_cast<const uint4*>(row + byte0);
+      words[0] = wv.x, words[1] = wv.y, words[2] = wv.z, words[3] = wv.w;
+    } else {
+      const uint2 wv = *reinterpret_cast<const uint2*>(row + byte0);
+      words[0] = wv.x, words[1] = wv.y;
+    }
     const int k0 = byte0 * 2;
-    const float s0 = e4m3_to_f32(srow[k0 / 16]) * global, s1 = e4m3_to_f32(srow[k0 / 16 + 1]) * global;
-    float w[32];
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    float w[kVals];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kWords; ++i) {
+      const float sc = e4m3_to_f32(srow[k0 / 16 + i / 2]) * global;  // two words (16 values) a scale block
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t b = (words[i] >> (8 * j)) & 0xff;
-        const float sc = (i < 2) ? s0 : s1;
         w[i * 8 + j * 2] = lut[b & 0xf] * sc;
         w[i * 8 + j * 2 + 1] = lut[b >> 4] * sc;
       }
@@ -54,7 +63,7 @@ __global__ void nvfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint
         const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(t) * K + k0);
         float sum = 0.f;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < kVals / 8; ++q) {
           const uint4 xv = xp[q];
           const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
@@ -94,17 +103,24 @@ __global__ void nvfp4_dequantize_kernel(const uint8_t* packed, const uint8_t* sc
 
 }  // namespace
 
-void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s) {
-  FATHOM_CHECK(T >= 1 && T <= 16, "nvfp4_gemv handles 1..16 tokens, got ", T);
-  FATHOM_CHECK(w.in % 32 == 0, "nvfp4_gemv needs in_features % 32 == 0, got ", w.in);
+template <int CB>
+void launch_nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s) {
   constexpr int kWarps = 4;
   const int grid = (w.out + kWarps - 1) / kWarps;
   if (T <= 1)
-    launch(nvfp4_gemv_kernel<1>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<1, CB>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
   else if (T <= 4)
-    launch(nvfp4_gemv_kernel<4>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<4, CB>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
   else
-    launch(nvfp4_gemv_kernel<16>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+    launch(nvfp4_gemv_kernel<16, CB>, grid, kWarps * 32, 0, s, w.fp4, w.fp4_scale, w.fp4_global, x, y, T, w.out, w.in);
+}
+
+void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s) {
+  FATHOM_CHECK(T >= 1 && T <= 16, "nvfp4_gemv handles 1..16 tokens, got ", T);
+  FATHOM_CHECK(w.in % 16 == 0 && w.in > 0, "nvfp4_gemv needs in_features % 16 == 0, got ", w.in);
+  FATHOM_CHECK(is_aligned(w.fp4, 16) && is_aligned(x, 16), "nvfp4_gemv: weights and x must be 16-byte aligned");
+  if (w.in % 32 == 0) launch_nvfp4_gemv<16>(w, x, y, T, s);
+  else launch_nvfp4_gemv<8>(w, x, y, T, s);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

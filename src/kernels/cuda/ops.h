@@ -11,6 +11,8 @@
 #include <vector>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device_array.h"
+
 namespace fathom::cuda {
 
 using bf16_t = uint16_t;  // storage of __nv_bfloat16 (kept opaque so host code needs no CUDA types)
@@ -74,13 +76,17 @@ constexpr int kGemvMaxTokens = 5;
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
 // y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch for small T, else cuBLASLt. NVFP4: a
-// decode kernel for T <= 16, else dequantize into `scratch` (N*K bf16) and use cuBLASLt.
-void linear(const DeviceLinear& w, const bf16_t* x, float* y, int T, bf16_t* scratch, cudaStream_t s);
+// decode kernel for T <= 16, else dequantize into `scratch` (N*K bf16) and use cuBLASLt. Fails
+// (nothing launched) when y has fewer than T*N elements or a needed scratch fewer than N*K.
+void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
+            cudaStream_t s);
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 // Full fp32 product (no TF32) for fp32 weights: y[T, N] = x[T, K] * W^T (gemv_small_batch for
 // small T).
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s);
 void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
+// T <= 16 tokens, in_features a multiple of 16 (16-byte weight loads where it is a multiple of 32,
+// 8-byte ones otherwise).
 void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
 
 // ---- attention (attention.cu)
@@ -150,11 +156,12 @@ struct StateHistory {
 // conv [layers, slots, conv] and recurrent [layers, slots, rec] states, all layers in one launch.
 void restore_linear_state(float* conv_state, float* rec_state, const StateHistory& hist, int layers, int slots,
                           int slot, int entry, int64_t conv, int64_t rec, cudaStream_t s);
-// Causal depthwise conv (kernel kc) + SiLU over [conv state | new inputs]; updates the state
+// Causal depthwise conv (kernel kc, 2..kMaxConvKernel) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).
 // `max_seq_tokens` (the most tokens of one sequence in the step, 0 if unknown): long sequences
 // are split into chunks processed in parallel (same bits per token as one pass).
+constexpr int kMaxConvKernel = 8;
 void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state, const int32_t* seq_start,
               const int32_t* state_slot, float* u, int num_seqs, int conv_dim, int kc, cudaStream_t s,
               const StateHistory* hist = nullptr, int max_seq_tokens = 0);
@@ -166,9 +173,13 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
                    int long_from = 0, const char* serves = "gdn.decode");
+// Key head dims the register-tiled kernel of gdn_recurrent has an instance for (16, 32, 64, 128);
+// gdn_recurrent runs gdn_recurrent_smem for the others.
+bool gdn_recurrent_covers(int dk);
 // The same rule, one block per (value head, sequence) with the state in shared memory
 // (gdn_recurrent_smem.cu): gdn.decode's second implementation; gdn_recurrent runs it in place of
 // its own kernel for decode steps when kernel_backends().gdn_decode_smem (backend_switches.h).
+// Any dk; a state larger than a block's shared memory is updated in place in device memory.
 void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                         const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot,
                         float* out, int num_seqs, int hk, int hv, int dk, int dv, cudaStream_t s,

@@ -4,7 +4,10 @@
 // Checked against a double-precision host softmax(q k^T / sqrt(d)) v (times sigmoid(gate)) on
 // sampled (token, head) pairs of a cache whose blocks are shuffled; bound 1e-2 of the row's
 // largest value (bf16 cache and output). Decode candidates must give a token the same bits
-// whatever the step's size (a token's result depends on its own inputs only).
+// whatever the step's size (a token's result depends on its own inputs only). Every buffer a
+// candidate touches is guarded (kernels/cuda/guarded_buffer.h): a write outside one fails the
+// check before any value is compared, and the timed runs (longer contexts and chunks than the
+// checked ones) are held to the same.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -12,8 +15,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/backend_switches.h"
-#include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/kernel_timer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/backend_op.h"
 
@@ -34,14 +36,16 @@ struct Heads {
 };
 
 // One step's inputs on the device: `tokens` query tokens at positions pos[], sequence
-// seq_of_token[], over a cache of shuffled blocks filled with random bf16.
+// seq_of_token[], over a cache of shuffled blocks filled with random bf16; all guarded.
 struct AttentionRig {
   Heads h;
   int T = 0, max_blocks = 0, splits = 1;
   std::vector<int32_t> pos, seq_of_token, tables;
   std::vector<bf16_t> k_host, v_host;
   std::vector<float> q_host, gate_host;
-  DeviceBuffer k, v, q, gate, dpos, dseq, dtables, out, pm, pl, pacc;
+  GuardedBuffers buffers;
+  const GuardedBuffer *k = nullptr, *v = nullptr, *q = nullptr, *gate = nullptr, *dpos = nullptr, *dseq = nullptr,
+                      *dtables = nullptr, *out = nullptr, *pm = nullptr, *pl = nullptr, *pacc = nullptr;
 
   // With `host_values` false (timing) the values are drawn on the device and reference() is unavailable.
   AttentionRig(const Heads& heads, const std::vector<std::pair<int, int>>& seqs, uint32_t seed, bool host_values = true)
@@ -74,35 +78,35 @@ struct AttentionRig {
       for (auto& x : q_host) x = normal(rng) * 0.2f;
       if (h.gated) gate_host.resize(qn);
       for (auto& x : gate_host) x = normal(rng);
-      k = DeviceBuffer::from_host(k_host), v = DeviceBuffer::from_host(v_host), q = DeviceBuffer::from_host(q_host);
-      gate = DeviceBuffer::from_host(gate_host);
+      k = &buffers.input("k cache", k_host), v = &buffers.input("v cache", v_host), q = &buffers.input("q", q_host);
+      gate = &buffers.input("gate", gate_host);
     } else {
-      k = DeviceBuffer(cache * 2), v = DeviceBuffer(cache * 2), q = DeviceBuffer(qn * 4);
-      fill_random_bf16(k.as<bf16_t>(), int64_t(cache), 1.f, seed, nullptr);
-      fill_random_bf16(v.as<bf16_t>(), int64_t(cache), 1.f, seed + 1, nullptr);
-      fill_random_f32(q.as<float>(), int64_t(qn), 0.2f, seed + 2, nullptr);
-      if (h.gated) {
-        gate = DeviceBuffer(qn * 4);
-        fill_random_f32(gate.as<float>(), int64_t(qn), 1.f, seed + 3, nullptr);
-      }
+      k = &buffers.input("k cache", cache * 2), v = &buffers.input("v cache", cache * 2), q = &buffers.input("q", qn * 4);
+      gate = &buffers.input("gate", h.gated ? qn * 4 : 0);
+      fill_random_bf16(k->as<bf16_t>(), int64_t(cache), 1.f, seed, nullptr);
+      fill_random_bf16(v->as<bf16_t>(), int64_t(cache), 1.f, seed + 1, nullptr);
+      fill_random_f32(q->as<float>(), int64_t(qn), 0.2f, seed + 2, nullptr);
+      if (h.gated) fill_random_f32(gate->as<float>(), int64_t(qn), 1.f, seed + 3, nullptr);
     }
-    dpos = DeviceBuffer::from_host(pos), dseq = DeviceBuffer::from_host(seq_of_token);
-    dtables = DeviceBuffer::from_host(tables);
-    out = DeviceBuffer(size_t(T) * h.nh * h.d * 2);
+    dpos = &buffers.input("positions", pos), dseq = &buffers.input("sequence of token", seq_of_token);
+    dtables = &buffers.input("block tables", tables);
+    out = &buffers.output("out", size_t(T) * h.nh * h.d * 2);
     splits = std::min(16, std::max(1, (longest + 511) / 512));  // as the runner's memory plan
     const size_t parts = size_t(T) * h.nh * splits;
-    pm = DeviceBuffer(parts * 4), pl = DeviceBuffer(parts * 4), pacc = DeviceBuffer(parts * h.d * 4);
+    pm = &buffers.scratch("split maxima", parts * 4), pl = &buffers.scratch("split sums", parts * 4);
+    pacc = &buffers.scratch("split partials", parts * h.d * 4);
   }
 
   // Runs `cand` over tokens [t0, t0 + n); false when the candidate does not cover the shape.
   bool launch(const std::string& cand, bool decode, int t0, int n) {
     const int64_t o = int64_t(t0) * h.nh * h.d;
-    const float* g = h.gated ? gate.as<float>() + o : nullptr;
-    bf16_t* y = out.as<bf16_t>() + o;
-    AttentionSplit split{splits, pm.as<float>(), pl.as<float>(), pacc.as<float>()};
+    const float* g = h.gated ? gate->as<float>() + o : nullptr;
+    bf16_t* y = out->as<bf16_t>() + o;
+    AttentionSplit split{splits, pm->as<float>(), pl->as<float>(), pacc->as<float>()};
     auto args = [&](auto&& f) {
-      return f(q.as<float>() + o, g, k.as<bf16_t>(), v.as<bf16_t>(), dpos.as<int32_t>() + t0, dseq.as<int32_t>() + t0,
-               dtables.as<int32_t>(), max_blocks, kBlock, y, n, h.nh, h.nkv, h.d, cudaStream_t(nullptr));
+      return f(q->as<float>() + o, g, k->as<bf16_t>(), v->as<bf16_t>(), dpos->as<int32_t>() + t0,
+               dseq->as<int32_t>() + t0, dtables->as<int32_t>(), max_blocks, kBlock, y, n, h.nh, h.nkv, h.d,
+               cudaStream_t(nullptr));
     };
     if (cand == kTensorCore)
       return decode ? args([&](auto... a) { return paged_attention_decode(a..., split); })
@@ -144,7 +148,7 @@ struct AttentionRig {
 
   std::vector<float> output() const {
     std::vector<bf16_t> b(size_t(T) * h.nh * h.d);
-    FATHOM_CUDA_CHECK(cudaMemcpy(b.data(), out.data(), b.size() * 2, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(b.data(), out->data(), b.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> f(b.size());
     for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
     return f;
@@ -175,14 +179,17 @@ std::vector<BackendCheck> check_decode(const std::string& cand, const Heads& h) 
   for (int i = 0; i < kDecodeBuckets.back(); ++i) seqs.emplace_back(kVerifyContext - 1 + i % 5, 1);
   AttentionRig rig(h, seqs, 3);
   if (!rig.launch(cand, true, 0, rig.T)) return unsupported(kDecodeBuckets, h);
+  std::string failure = bounds_failure(kAttentionDecodeOp, cand, count_of(rig.T, "token"), {&rig.buffers});
   const std::vector<float> all = rig.output();
   const double err = rig.error(all, {0, 31, 63});
-  std::string failure = error_failure(all.data(), all.size(), err, kBound);
+  if (failure.empty()) failure = error_failure(all.data(), all.size(), err, kBound);
   const size_t row = size_t(h.nh) * h.d;
   const std::string fp = bits_fingerprint(all.data(), row * 4);
   for (int n : {1, 8}) {
     if (!failure.empty()) break;
     rig.launch(cand, true, 0, n);
+    failure = bounds_failure(kAttentionDecodeOp, cand, count_of(n, "token"), {&rig.buffers});
+    if (!failure.empty()) break;
     const std::vector<float> y = rig.output();
     if (bits_fingerprint(y.data(), row * 4) != fp)
       failure = "not batch invariant: a token's bits differ at " + std::to_string(n) + " tokens";
@@ -191,7 +198,8 @@ std::vector<BackendCheck> check_decode(const std::string& cand, const Heads& h) 
   for (int i = 0; i < kDecodeBuckets.back(); ++i) timed.emplace_back(kDecodeContext - 1, 1);
   AttentionRig trig(h, timed, 4, /*host_values=*/false);
   return checks_at(kDecodeBuckets, failure, err, kBound, fp, [&](int n) {
-    return median_launch_ms([&] { trig.launch(cand, true, 0, n); }, 20);
+    return timed_within_bounds([&] { trig.launch(cand, true, 0, n); }, 20, trig.buffers, kAttentionDecodeOp, cand,
+                               count_of(n, "token"));
   });
 }
 
@@ -199,12 +207,14 @@ std::vector<BackendCheck> check_prefill(const std::string& cand, const Heads& h)
   // Checked: a 300-token chunk after 37 tokens of context (partial blocks at both ends).
   AttentionRig rig(h, {{37, 300}}, 5);
   if (!rig.launch(cand, false, 0, rig.T)) return unsupported(kPrefillBuckets, h);
+  std::string failure = bounds_failure(kAttentionPrefillOp, cand, count_of(rig.T, "token"), {&rig.buffers});
   const std::vector<float> y = rig.output();
   const double err = rig.error(y, {0, 150, 299});
-  const std::string failure = error_failure(y.data(), y.size(), err, kBound);
+  if (failure.empty()) failure = error_failure(y.data(), y.size(), err, kBound);
   return checks_at(kPrefillBuckets, failure, err, kBound, cand, [&](int n) {
     AttentionRig trig(h, {{0, n}}, 6, /*host_values=*/false);
-    return median_launch_ms([&] { trig.launch(cand, false, 0, n); }, 5);
+    return timed_within_bounds([&] { trig.launch(cand, false, 0, n); }, 5, trig.buffers, kAttentionPrefillOp, cand,
+                               count_of(n, "token"));
   });
 }
 

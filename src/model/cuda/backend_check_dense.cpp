@@ -4,7 +4,9 @@
 // projection against a double-precision host reference on sampled columns (fp32 accumulation of
 // exact products: bound 1e-3 of a row's largest value), timed over its in and out projections
 // (and, for bf16, lm_head: the largest product of a decode step).
-// The fingerprint is a token's bits: batch-invariant candidates keep one across sizes.
+// The fingerprint is a token's bits: batch-invariant candidates keep one across sizes. Weights,
+// input and scratch are guarded (kernels/cuda/guarded_buffer.h), each checked run writes an
+// output of exactly its tokens' rows: a write outside any fails the check before the values.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -12,8 +14,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/backend_switches.h"
-#include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/kernel_timer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/backend_op.h"
 
@@ -52,19 +53,21 @@ std::string shapes_key(const DenseShape& s) {
          std::to_string(s.out_k) + ",lm_head " + std::to_string(s.vocab);
 }
 
-// Random weights of one projection on the device (bf16, or NVFP4 codes and scales) and their
-// exact values on the host for the sampled columns.
+// Random weights of one projection on the device (bf16, or NVFP4 codes and scales; guarded, as
+// a kernel must not write them) and their exact values on the host for the sampled columns.
 struct Projection {
+  std::string name;
   int n = 0, k = 0;
-  DeviceBuffer w, codes, scales;
   DeviceLinear lin;
+  DeviceArray<bf16_t> dequant;     // NVFP4: the dequantization scratch, exactly [n, k]
   std::vector<int> columns;        // sampled output columns
   std::vector<double> exact;       // [columns, k]
-  Projection(int n_, int k_, bool fp4, uint32_t seed) : n(n_), k(k_) {
+  Projection(GuardedBuffers& buffers, const std::string& name_, int n_, int k_, bool fp4, uint32_t seed)
+      : name(name_), n(n_), k(k_) {
     for (int i = 0; i < kSampledColumns; ++i) columns.push_back(int(int64_t(i) * n / kSampledColumns));
     lin.out = n, lin.in = k;
     if (!fp4) {
-      w = DeviceBuffer(size_t(n) * k * 2);
+      const GuardedBuffer& w = buffers.weights(name, size_t(n) * k * 2);
       fill_random_bf16(w.as<bf16_t>(), int64_t(n) * k, 0.02f, seed, nullptr);
       lin.bf16 = w.as<bf16_t>();
       std::vector<bf16_t> row(static_cast<size_t>(k));
@@ -73,13 +76,14 @@ struct Projection {
         for (bf16_t v : row) exact.push_back(bf16_to_f32(v));
       }
     } else {
-      codes = DeviceBuffer(size_t(n) * k / 2);
-      scales = DeviceBuffer(size_t(n) * k / 16);
+      const GuardedBuffer& codes = buffers.weights(name + ".codes", size_t(n) * k / 2);
+      const GuardedBuffer& scales = buffers.weights(name + ".scales", size_t(n) * k / 16);
       fill_random_bytes(codes.as<uint8_t>(), int64_t(n) * k / 2, seed, 0xff, 0, nullptr);
       fill_random_bytes(scales.as<uint8_t>(), int64_t(n) * k / 16, seed + 1, 0x0f, 0x30, nullptr);  // around 1
       lin.fp4 = codes.as<uint8_t>();
       lin.fp4_scale = scales.as<uint8_t>();
       lin.fp4_global = 0.01f;
+      dequant = buffers.scratch(name + ".dequant", size_t(n) * k * 2).array<bf16_t>();
       std::vector<uint8_t> crow(static_cast<size_t>(k) / 2), srow(static_cast<size_t>(k) / 16);
       for (int c : columns) {
         FATHOM_CUDA_CHECK(cudaMemcpy(crow.data(), lin.fp4 + int64_t(c) * k / 2, crow.size(), cudaMemcpyDeviceToHost));
@@ -93,16 +97,18 @@ struct Projection {
 };
 
 struct DenseRig {
+  GuardedBuffers buffers;  // weights, input, scratch and the timing output, for the whole child
   DenseShape shape;
   bool fp4;
   Projection in, out;
   std::unique_ptr<Projection> head;  // bf16 only
-  DeviceBuffer x, y, scratch;
-  std::vector<double> x_host;  // [max tokens, max k]
   int max_T, max_k;
+  DeviceArray<bf16_t> x;
+  DeviceArray<float> timing_y;       // timed runs write here (checked runs: an output of their exact size)
+  std::vector<double> x_host;        // [max tokens, max k]
   DenseRig(const DenseShape& s, bool fp4_, int max_tokens)
-      : shape(s), fp4(fp4_), in(s.in_n, s.in_k, fp4_, 21), out(s.out_n, s.out_k, fp4_, 22), max_T(max_tokens),
-        max_k(std::max(s.in_k, s.out_k)) {
+      : shape(s), fp4(fp4_), in(buffers, "in_proj", s.in_n, s.in_k, fp4_, 21),
+        out(buffers, "out_proj", s.out_n, s.out_k, fp4_, 22), max_T(max_tokens), max_k(std::max(s.in_k, s.out_k)) {
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.f, 1.f);
     std::vector<bf16_t> xb(size_t(max_T) * max_k);
@@ -110,17 +116,20 @@ struct DenseRig {
       v = fathom::f32_to_bf16(normal(rng));
       x_host.push_back(bf16_to_f32(v));
     }
-    x = DeviceBuffer::from_host(xb);
-    if (fp4) scratch = DeviceBuffer(size_t(std::max(int64_t(s.in_n) * s.in_k, int64_t(s.out_n) * s.out_k)) * 2);
-    else head = std::make_unique<Projection>(s.vocab, s.in_k, false, 23);
-    y = DeviceBuffer(size_t(max_T) * std::max({s.in_n, s.out_n, head ? s.vocab : 0}) * 4);
+    x = buffers.input("x", xb).array<bf16_t>();
+    if (!fp4) head = std::make_unique<Projection>(buffers, "lm_head", s.vocab, s.in_k, false, 23);
+    timing_y = buffers.output("timing y", size_t(max_T) * std::max({s.in_n, s.out_n, head ? s.vocab : 0}) * 4).array<float>();
   }
-  void launch(const Projection& p, int T) {
-    linear(p.lin, x.as<bf16_t>(), y.as<float>(), T, scratch.as<bf16_t>(), nullptr);
-  }
-  // The product's sampled columns for T tokens; its error against the host reference.
-  std::vector<float> run(const Projection& p, int T, double& error) {
-    launch(p, T);
+  void launch(const Projection& p, int T, DeviceArray<float> y) { linear(p.lin, x.data, y, T, p.dequant, nullptr); }
+  // The product's sampled columns for T tokens, into an output of exactly T rows; its error
+  // against the host reference, or (`bounds`, checked first) what it wrote outside its buffers.
+  std::vector<float> run(const std::string& op, const std::string& cand, const Projection& p, int T, double& error,
+                         std::string& bounds) {
+    GuardedBuffers step;
+    const GuardedBuffer& y = step.output(p.name + ".y", size_t(T) * p.n * 4);
+    launch(p, T, y.array<float>());
+    const std::string outside = bounds_failure(op, cand, count_of(T, "token"), {&buffers, &step});
+    if (bounds.empty()) bounds = outside;
     std::vector<float> all(size_t(T) * p.n);
     FATHOM_CUDA_CHECK(cudaMemcpy(all.data(), y.data(), all.size() * 4, cudaMemcpyDeviceToHost));
     std::vector<float> got;
@@ -145,6 +154,7 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
   const KernelBackends saved = kb;
   if (fp4) kb.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
   else kb.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
+  const std::string op = fp4 ? kGemmFp4Op : kGemmBf16Op;
   const double bound = fp4 ? kFp4Bound : kBf16Bound;
   static std::unique_ptr<DenseRig> rig;  // shared by the candidates of one child
   if (!rig || rig->fp4 != fp4) rig = std::make_unique<DenseRig>(s, fp4, buckets.back());
@@ -152,23 +162,29 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
   std::vector<float> first_token;
   for (int T : buckets) {
     double err_in = 0, err_out = 0, err_head = 0;
-    const std::vector<float> got = rig->run(rig->in, T, err_in);
-    rig->run(rig->out, T, err_out);
-    if (rig->head) rig->run(*rig->head, T, err_head);
+    std::string bounds;  // the first write outside the buffers over the three products, if any
+    const std::vector<float> got = rig->run(op, cand, rig->in, T, err_in, bounds);
+    rig->run(op, cand, rig->out, T, err_out, bounds);
+    if (rig->head) rig->run(op, cand, *rig->head, T, err_head, bounds);
     BackendCheck c = checks_at({T}, "", std::max({err_in, err_out, err_head}), bound, "", nullptr)[0];
-    c.failure = error_failure(got.data(), got.size(), c.max_error, bound);
+    c.failure = bounds.empty() ? error_failure(got.data(), got.size(), c.max_error, bound) : bounds;
     // Token 0's bits: the same at every size for a batch-invariant candidate.
     const std::vector<float> t0(got.begin(), got.begin() + kSampledColumns);
     if (first_token.empty()) first_token = t0;
     c.fingerprint = bits_fingerprint(t0.data(), t0.size() * 4) + (t0 == first_token ? "" : "@" + std::to_string(T));
     c.passed = c.failure.empty();
-    if (c.passed)
-      c.ms = median_launch_ms(
-          [&] {
-            rig->launch(rig->in, T), rig->launch(rig->out, T);
-            if (rig->head) rig->launch(*rig->head, T);
-          },
-          20);
+    auto launch_all = [&] {
+      rig->launch(rig->in, T, rig->timing_y), rig->launch(rig->out, T, rig->timing_y);
+      if (rig->head) rig->launch(*rig->head, T, rig->timing_y);
+    };
+    if (c.passed) {
+      try {
+        c.ms = timed_within_bounds(launch_all, 20, rig->buffers, op, cand, count_of(T, "token"));
+      } catch (const OutOfBounds& e) {
+        c.passed = false;
+        c.failure = e.what();
+      }
+    }
     out.push_back(c);
   }
   kb = saved;

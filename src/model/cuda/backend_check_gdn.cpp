@@ -4,13 +4,14 @@
 // against a double-precision host recurrence on sampled heads from a random starting state;
 // bound 1e-2 of the row's largest value (the chunked form's products are tf32; the engine rounds
 // the result to bf16). Decode candidates must give a token the same bits in any step size.
+// Every buffer a candidate touches is guarded (kernels/cuda/guarded_buffer.h): a write outside
+// one fails the check before any value is compared, the timed runs' writes too.
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "kernels/cuda/backend_switches.h"
-#include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/kernel_timer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/backend_op.h"
 
@@ -27,13 +28,15 @@ struct GdnHeads {
   int64_t width() const { return 2 * int64_t(hk) * dk + int64_t(hv) * dv; }  // u's row: q | k | v
 };
 
-// A step of sequences (tokens each) with random inputs and starting states.
+// A step of sequences (tokens each) with random inputs and starting states; all guarded.
 struct GdnRig {
   GdnHeads h;
   int T = 0, S = 0, longest = 0;
   std::vector<int32_t> seq_start, slot;
   std::vector<float> u_host, b_host, a_host, a_log, dt_bias, state_host;
-  DeviceBuffer u, b, a, dalog, ddt, state, dstart, dslot, out, scratch;
+  GuardedBuffers buffers;
+  const GuardedBuffer *u = nullptr, *b = nullptr, *a = nullptr, *dalog = nullptr, *ddt = nullptr, *state = nullptr,
+                      *dstart = nullptr, *dslot = nullptr, *out = nullptr, *scratch = nullptr;
 
   GdnRig(const GdnHeads& heads, const std::vector<int>& tokens, uint32_t seed, bool host_values) : h(heads) {
     S = int(tokens.size());
@@ -52,41 +55,44 @@ struct GdnRig {
       for (auto& x : b_host) x = normal(rng);
       for (auto& x : a_host) x = normal(rng);
       for (auto& x : state_host) x = 0.1f * normal(rng);
-      u = DeviceBuffer::from_host(u_host), b = DeviceBuffer::from_host(b_host), a = DeviceBuffer::from_host(a_host);
+      u = &buffers.input("u", u_host), b = &buffers.input("beta", b_host), a = &buffers.input("a", a_host);
     } else {
-      u = DeviceBuffer(un * 4), b = DeviceBuffer(size_t(T) * h.hv * 4), a = DeviceBuffer(size_t(T) * h.hv * 4);
-      fill_random_f32(u.as<float>(), int64_t(un), 1.f, seed, nullptr);
-      fill_random_f32(b.as<float>(), int64_t(T) * h.hv, 1.f, seed + 1, nullptr);
-      fill_random_f32(a.as<float>(), int64_t(T) * h.hv, 1.f, seed + 2, nullptr);
+      u = &buffers.input("u", un * 4), b = &buffers.input("beta", size_t(T) * h.hv * 4);
+      a = &buffers.input("a", size_t(T) * h.hv * 4);
+      fill_random_f32(u->as<float>(), int64_t(un), 1.f, seed, nullptr);
+      fill_random_f32(b->as<float>(), int64_t(T) * h.hv, 1.f, seed + 1, nullptr);
+      fill_random_f32(a->as<float>(), int64_t(T) * h.hv, 1.f, seed + 2, nullptr);
     }
-    dalog = DeviceBuffer::from_host(a_log), ddt = DeviceBuffer::from_host(dt_bias);
-    state = DeviceBuffer(sn * 4);
+    dalog = &buffers.weights("a_log", a_log), ddt = &buffers.weights("dt_bias", dt_bias);
+    state = &buffers.state("recurrent state", sn * 4);
     reset_state();
-    dstart = DeviceBuffer::from_host(seq_start), dslot = DeviceBuffer::from_host(slot);
-    out = DeviceBuffer(size_t(T) * h.hv * h.dv * 4);
-    if (gdn_chunked_supported(h.dk, h.dv))
-      scratch = DeviceBuffer(gdn_chunked_scratch_bytes(T, kGdnChunkedMinTokens, h.hk, h.hv, h.dk));
+    dstart = &buffers.input("sequence starts", seq_start), dslot = &buffers.input("state slots", slot);
+    out = &buffers.output("out", size_t(T) * h.hv * h.dv * 4);
+    scratch = &buffers.scratch("chunks", gdn_chunked_supported(h.dk, h.dv)
+                                             ? gdn_chunked_scratch_bytes(T, kGdnChunkedMinTokens, h.hk, h.hv, h.dk)
+                                             : 0);
   }
   void reset_state() {
     if (!state_host.empty())
-      FATHOM_CUDA_CHECK(cudaMemcpy(state.data(), state_host.data(), state.bytes(), cudaMemcpyHostToDevice));
-    else fill_f32(state.as<float>(), int64_t(state.bytes() / 4), 0.f, nullptr);
+      FATHOM_CUDA_CHECK(cudaMemcpy(state->data(), state_host.data(), state->bytes(), cudaMemcpyHostToDevice));
+    else fill_f32(state->as<float>(), int64_t(state->bytes() / 4), 0.f, nullptr);
   }
   // The first `seqs` sequences through `cand`, as the engine runs it (runner_layers.cpp).
   void launch(const std::string& cand, bool decode, int seqs) {
     const int long_from = cand == kChunked ? kGdnChunkedMinTokens : 0;
     kernel_backends().gdn_decode_smem = cand == kRecurrentSmem;
-    gdn_recurrent(u.as<float>(), b.as<float>(), a.as<float>(), h.hv, dalog.as<float>(), ddt.as<float>(),
-                  state.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(), out.as<float>(), seqs, h.hk, h.hv,
+    gdn_recurrent(u->as<float>(), b->as<float>(), a->as<float>(), h.hv, dalog->as<float>(), ddt->as<float>(),
+                  state->as<float>(), dstart->as<int32_t>(), dslot->as<int32_t>(), out->as<float>(), seqs, h.hk, h.hv,
                   h.dk, h.dv, nullptr, nullptr, long_from, decode ? kGdnDecodeOp : kGdnPrefillOp);
     if (long_from > 0)
-      gdn_chunked(u.as<float>(), b.as<float>(), a.as<float>(), h.hv, dalog.as<float>(), ddt.as<float>(),
-                  state.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(), out.as<float>(), seqs, h.hk, h.hv,
-                  h.dk, h.dv, long_from, seq_start[size_t(seqs)], longest, {scratch.data(), scratch.bytes()}, nullptr);
+      gdn_chunked(u->as<float>(), b->as<float>(), a->as<float>(), h.hv, dalog->as<float>(), ddt->as<float>(),
+                  state->as<float>(), dstart->as<int32_t>(), dslot->as<int32_t>(), out->as<float>(), seqs, h.hk, h.hv,
+                  h.dk, h.dv, long_from, seq_start[size_t(seqs)], longest, {scratch->data(), scratch->bytes()},
+                  nullptr);
   }
   std::vector<float> output() const {
     std::vector<float> y(size_t(T) * h.hv * h.dv);
-    FATHOM_CUDA_CHECK(cudaMemcpy(y.data(), out.data(), y.size() * 4, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(y.data(), out->data(), y.size() * 4, cudaMemcpyDeviceToHost));
     return y;
   }
   // Host recurrence of sequence s, value head hh: its tokens' outputs [n, dv].
@@ -136,24 +142,33 @@ struct GdnRig {
 };
 
 std::vector<BackendCheck> check_decode(const std::string& cand, const GdnHeads& h) {
+  // The register-tiled kernel has instances for some key head dims; gdn_recurrent runs the
+  // shared-memory one for the others, which is then this op's only real candidate.
+  if (cand == kRecurrent && !gdn_recurrent_covers(h.dk))
+    return checks_at(kDecodeBuckets, "unsupported: key head size " + std::to_string(h.dk) + " (16/32/64/128 only)", 0,
+                     kBound, "", nullptr);
   GdnRig rig(h, std::vector<int>(size_t(kDecodeBuckets.back()), 1), 8, true);
   rig.launch(cand, true, rig.S);
+  std::string failure = bounds_failure(kGdnDecodeOp, cand, count_of(rig.S, "sequence"), {&rig.buffers});
   const std::vector<float> all = rig.output();
   const double err = std::max(rig.error(all, 0), rig.error(all, rig.S - 1));
-  std::string failure = error_failure(all.data(), all.size(), err, kBound);
+  if (failure.empty()) failure = error_failure(all.data(), all.size(), err, kBound);
   const size_t row = size_t(h.hv) * h.dv;
   const std::string fp = bits_fingerprint(all.data(), row * 4);
   for (int n : {1, 8}) {
     if (!failure.empty()) break;
     rig.reset_state();
     rig.launch(cand, true, n);
+    failure = bounds_failure(kGdnDecodeOp, cand, count_of(n, "sequence"), {&rig.buffers});
+    if (!failure.empty()) break;
     const std::vector<float> y = rig.output();
     if (bits_fingerprint(y.data(), row * 4) != fp)
       failure = "not batch invariant: a token's bits differ at " + std::to_string(n) + " tokens";
   }
   GdnRig trig(h, std::vector<int>(size_t(kDecodeBuckets.back()), 1), 9, false);
   return checks_at(kDecodeBuckets, failure, err, kBound, fp, [&](int n) {
-    return median_launch_ms([&] { trig.launch(cand, true, n); }, 20);
+    return timed_within_bounds([&] { trig.launch(cand, true, n); }, 20, trig.buffers, kGdnDecodeOp, cand,
+                               count_of(n, "sequence"));
   });
 }
 
@@ -166,12 +181,14 @@ std::vector<BackendCheck> check_prefill(const std::string& cand, const GdnHeads&
   // Checked: a 300-token sequence (chunks and a partial one) beside a 70-token one.
   GdnRig rig(h, {300, 70}, 10, true);
   rig.launch(cand, false, rig.S);
+  std::string failure = bounds_failure(kGdnPrefillOp, cand, "sequences of 300 and 70 tokens", {&rig.buffers});
   const std::vector<float> y = rig.output();
   const double err = std::max(rig.error(y, 0), rig.error(y, 1));
-  const std::string failure = error_failure(y.data(), y.size(), err, kBound);
+  if (failure.empty()) failure = error_failure(y.data(), y.size(), err, kBound);
   return checks_at(kPrefillBuckets, failure, err, kBound, cand, [&](int n) {
     GdnRig trig(h, {n}, 11, false);
-    return median_launch_ms([&] { trig.launch(cand, false, 1); }, 5);
+    return timed_within_bounds([&] { trig.launch(cand, false, 1); }, 5, trig.buffers, kGdnPrefillOp, cand,
+                               "a sequence of " + count_of(n, "token"));
   });
 }
 
@@ -188,7 +205,7 @@ std::vector<TunableOp> gdn_ops(const ModelConfig& cfg) {
   decode.candidates = {kRecurrent, kRecurrentSmem};
   decode.buckets = kDecodeBuckets;
   decode.consistent = true;
-  decode.fixed = [](int) { return std::string(kRecurrent); };
+  decode.fixed = [h](int) { return std::string(gdn_recurrent_covers(h.dk) ? kRecurrent : kRecurrentSmem); };
   decode.check = [h](const std::string& c) { return check_decode(c, h); };
   decode.apply = [](const std::vector<BackendChoice>& choices) {
     kernel_backends().gdn_decode_smem = choices.front().candidate == kRecurrentSmem;

@@ -2,13 +2,19 @@
 // candidates d0..d7, bucketed by step tokens) and "moe.fp4.prefill" (the prefill-shaped ones,
 // p0..p3). Checked at the model's MoE widths against a double-precision host reference
 // (kernels/cuda/moe_fp4_rig.h; bound: the kernels' one rounding, bf16 h, 1e-2 of a row's largest
-// value); decode candidates must also be batch invariant.
+// value); decode candidates must also be batch invariant. Before that, each bucket's step runs
+// once with every buffer guarded (MoeBoundsRig): a write outside any fails the bucket.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 
 #include "kernels/cuda/backend_switches.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/moe_fp4_rig.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/backend_op.h"
@@ -61,6 +67,83 @@ Rigs& rigs(const MoeShapes& s) {
   return r;
 }
 
+// The kernels of a step of exactly T tokens at the verify rig's experts, with every buffer they
+// touch guarded: random packed experts and inputs for up to max_T tokens once per child (values
+// do not matter here: MoeFp4Rig checks those, in buffers sized for its largest step, whose guards
+// nobody reads), the step's grouping scratch, h, pair outputs and y at their exact sizes per run.
+class MoeBoundsRig {
+ public:
+  MoeBoundsRig(const MoeFp4Shape& shape, int max_T) : shape_(shape), max_T_(max_T) {
+    const MoeFp4Shape& c = shape_;
+    // One source of random codes and scales, repacked into each matrix's guarded weights.
+    const int64_t most = std::max(int64_t(c.I) * c.H, int64_t(c.H) * c.I);
+    DeviceBuffer src_codes(size_t(most / 2)), src_scales(size_t(most / 16));
+    std::vector<PackedFp4> tables[3];
+    const char* kind[3] = {"gate", "up", "down"};
+    for (int e = 0; e < c.E; ++e)
+      for (int j = 0; j < 3; ++j) {
+        const int rows = j < 2 ? c.I : c.H, k = j < 2 ? c.H : c.I;
+        const uint64_t seed = 100 + uint64_t(e) * 3 + uint64_t(j);
+        fill_random_bytes(src_codes.as<uint8_t>(), int64_t(rows) * k / 2, seed, 0xff, 0, nullptr);
+        fill_random_bytes(src_scales.as<uint8_t>(), int64_t(rows) * k / 16, seed + 1000, 0x0f, 0x30, nullptr);
+        const std::string name = "expert " + std::to_string(e) + " " + kind[j];
+        GuardedBuffer& codes = fixed_.weights(name + " codes", size_t(packed_fp4_code_bytes(rows, k)));
+        GuardedBuffer& scales = fixed_.weights(name + " scales", size_t(packed_fp4_scale_bytes(rows, k)));
+        tables[j].push_back(pack_fp4(src_codes.as<uint8_t>(), src_scales.as<uint8_t>(), 0.02f, rows, k,
+                                     codes.as<uint8_t>(), scales.as<uint16_t>(), nullptr));
+      }
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // the sources go when this returns
+    ex_.num = c.E, ex_.inter = c.I, ex_.hidden = c.H;
+    ex_.gate = fixed_.weights("gate table", tables[0]).as<PackedFp4>();
+    ex_.up = fixed_.weights("up table", tables[1]).as<PackedFp4>();
+    ex_.down = fixed_.weights("down table", tables[2]).as<PackedFp4>();
+    x_ = fixed_.input("x", size_t(max_T_) * c.H * 2).as<bf16_t>();
+    fill_random_bf16(x_, int64_t(max_T_) * c.H, 1.f, 17, nullptr);
+    // Each token routed to K distinct experts, with positive weights.
+    std::mt19937 rng(19);
+    std::uniform_real_distribution<float> weight(0.05f, 1.f);
+    std::vector<int32_t> ids(size_t(max_T_) * c.K), perm(size_t(c.E));
+    std::vector<float> w(ids.size());
+    for (int t = 0; t < max_T_; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int k = 0; k < c.K; ++k) ids[size_t(t) * c.K + k] = perm[size_t(k)], w[size_t(t) * c.K + k] = weight(rng);
+    }
+    ids_ = fixed_.input("topk ids", ids).as<int32_t>();
+    w_ = fixed_.input("topk weights", w).as<float>();
+  }
+
+  // "" or the out-of-bounds failure of `cand` (already selected) at T tokens.
+  std::string run(const std::string& op, const std::string& cand, int T) {
+    FATHOM_CHECK(T > 0 && T <= max_T_, "MoeBoundsRig: ", T, " tokens of ", max_T_);
+    const MoeFp4Shape& c = shape_;
+    const int P = T * c.K;
+    GuardedBuffers step;
+    const GuardedBuffer& group = step.scratch("grouping", size_t(moe_group_scratch_ints(P, c.E)) * 4);
+    const GuardedBuffer& h = step.scratch("h", size_t(P) * c.I * 2);
+    const GuardedBuffer& pair_out = step.output("pair outputs", size_t(P) * c.H * 4);
+    const GuardedBuffer& y = step.output("y", size_t(T) * c.H * 4);
+    moe_experts_fp4(ex_, x_, ids_, w_, h.as<bf16_t>(), pair_out.as<float>(), y.as<float>(), T, c.K, nullptr, nullptr,
+                    1, moe_group_scratch(group.as<int32_t>(), P, c.E), nullptr);
+    return bounds_failure(op, cand, count_of(T, "token"), {&fixed_, &step});
+  }
+
+ private:
+  MoeFp4Shape shape_;
+  int max_T_;
+  GuardedBuffers fixed_;  // weights, their descriptor tables, the inputs
+  PackedExperts ex_;
+  bf16_t* x_ = nullptr;
+  int32_t* ids_ = nullptr;
+  float* w_ = nullptr;
+};
+
+MoeBoundsRig& bounds_rig(const MoeShapes& s) {
+  static std::unique_ptr<MoeBoundsRig> r;
+  if (!r) r = std::make_unique<MoeBoundsRig>(s.verify, std::max(kDecodeBuckets.back(), kPrefillBuckets.back()));
+  return *r;
+}
+
 // NaN/Inf, then the error of sampled tokens against the host reference; empty when fine.
 std::string check_output(MoeFp4Rig& rig, const std::vector<float>& y, int T, double& max_error) {
   for (float v : y)
@@ -83,6 +166,10 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
   Rigs& r = rigs(s);
   if (decode) set_moe_fp4_small_variant(v);
   else set_moe_fp4_large_variant(v);
+  // Each bucket's step with every buffer guarded, before any value is compared.
+  std::map<int, std::string> outside;
+  for (int T : decode ? kDecodeBuckets : kPrefillBuckets)
+    outside[T] = bounds_rig(s).run(decode ? kMoeFp4DecodeOp : kMoeFp4PrefillOp, cand, T);
   const int T = decode ? kMoeFp4SmallT : 150;  // 150 tokens over 8 experts: the prefill kernels
   const std::vector<float> full = r.verify->run(T);
   double max_error = 0;
@@ -93,6 +180,7 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
       checks_at(decode ? kDecodeBuckets : kPrefillBuckets, failure, max_error, kBound,
                 decode ? bits_fingerprint(full.data(), full.size() * 4) : cand, nullptr);
   for (BackendCheck& c : out) {
+    if (!outside[c.bucket].empty()) c.failure = outside[c.bucket];
     if (c.failure.empty() && decode) {
       const std::vector<float> y = r.verify->run(c.bucket);
       if (std::memcmp(y.data(), full.data(), y.size() * 4) != 0)

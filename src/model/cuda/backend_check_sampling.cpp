@@ -3,15 +3,16 @@
 // random rows of the model's vocabulary against a host computation: greedy rows must pick the
 // argmax (ties to the lowest id), sampled rows (temperature, top-k, top-p) a token inside the
 // kept set, and the reported logprob must equal log_softmax(raw row)[token] within 1e-3. Timed
-// per rows in a step; the host candidate's time is the logits copy and a pass over them.
+// per rows in a step; the host candidate's time is the logits copy and a pass over them. Every
+// buffer the sampler touches is guarded (kernels/cuda/guarded_buffer.h): a write outside one
+// fails the check before any choice is compared, the timed runs' writes too.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
 #include "kernels/cuda/backend_switches.h"
-#include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/kernel_timer.h"
+#include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/backend_op.h"
 
@@ -26,7 +27,9 @@ struct SamplingRig {
   int rows, vocab;
   std::vector<float> logits;
   std::vector<RowSampling> params;
-  DeviceBuffer dlogits, work, dparams, dadjust, dout, top_ids, top_lp;
+  GuardedBuffers buffers;
+  const GuardedBuffer *dlogits = nullptr, *work = nullptr, *dparams = nullptr, *dadjust = nullptr, *dout = nullptr,
+                      *top_ids = nullptr, *top_lp = nullptr;
   std::vector<float> host_copy;
 
   SamplingRig(int rows_, int vocab_) : rows(rows_), vocab(vocab_) {
@@ -41,34 +44,35 @@ struct SamplingRig {
       p.logprobs = r % 4 < 2 ? 5 : -1;
       params.push_back(p);
     }
-    dlogits = DeviceBuffer::from_host(logits);
-    work = DeviceBuffer(dlogits.bytes());
-    dparams = DeviceBuffer::from_host(params);
-    dadjust = DeviceBuffer(sizeof(LogitAdjustment));
-    dout = DeviceBuffer(size_t(rows) * sizeof(RowSample));
-    top_ids = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4), top_lp = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
+    dlogits = &buffers.input("logits", logits);
+    work = &buffers.scratch("logits copy", dlogits->bytes());  // the sampler adjusts it in place
+    dparams = &buffers.input("row parameters", params);
+    dadjust = &buffers.scratch("adjustments", sizeof(LogitAdjustment));
+    dout = &buffers.output("samples", size_t(rows) * sizeof(RowSample));
+    top_ids = &buffers.output("top ids", size_t(rows) * kMaxTopLogprobs * 4);
+    top_lp = &buffers.output("top logprobs", size_t(rows) * kMaxTopLogprobs * 4);
     host_copy.resize(logits.size());
   }
   void launch(const std::string& cand, int n) {
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(work.data(), dlogits.data(), size_t(n) * vocab * 4, cudaMemcpyDeviceToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(work->data(), dlogits->data(), size_t(n) * vocab * 4, cudaMemcpyDeviceToDevice));
     if (cand == kDeviceSampling) {
-      sample_rows(work.as<float>(), n, vocab, dparams.as<RowSampling>(), dadjust.as<LogitAdjustment>(),
-                  dout.as<RowSample>(), top_ids.as<int32_t>(), top_lp.as<float>(), nullptr);
+      sample_rows(work->as<float>(), n, vocab, dparams->as<RowSampling>(), dadjust->as<LogitAdjustment>(),
+                  dout->as<RowSample>(), top_ids->as<int32_t>(), top_lp->as<float>(), nullptr);
       return;
     }
     // The host path: the logits come back and the CPU looks at every one of them.
-    FATHOM_CUDA_CHECK(cudaMemcpy(host_copy.data(), work.data(), size_t(n) * vocab * 4, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(host_copy.data(), work->data(), size_t(n) * vocab * 4, cudaMemcpyDeviceToHost));
     for (int r = 0; r < n; ++r) {
       const float* row = host_copy.data() + size_t(r) * vocab;
       volatile int32_t best = int32_t(std::max_element(row, row + vocab) - row);
       (void)best;
     }
   }
-  // "" when every row's choice is one the reference allows; the largest logprob error.
+  // After a launch of every row: "" when each row's choice is one the reference allows; the
+  // largest logprob error.
   std::string verify(double& max_error) {
-    launch(kDeviceSampling, rows);
     std::vector<RowSample> got(static_cast<size_t>(rows));
-    FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), dout.data(), got.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), dout->data(), got.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
     max_error = 0;
     for (int r = 0; r < rows; ++r) {
       const float* row = logits.data() + size_t(r) * vocab;
@@ -115,9 +119,14 @@ struct SamplingRig {
 std::vector<BackendCheck> check_candidate(const std::string& cand, int vocab) {
   SamplingRig rig(kRowBuckets.back(), vocab);
   double err = 0;
-  const std::string failure = cand == kDeviceSampling ? rig.verify(err) : "";  // the host one is the reference
+  std::string failure;
+  if (cand == kDeviceSampling) {  // the host one is the reference
+    rig.launch(cand, rig.rows);
+    failure = bounds_failure(kSamplingOp, cand, count_of(rig.rows, "row"), {&rig.buffers});
+    if (failure.empty()) failure = rig.verify(err);
+  }
   return checks_at(kRowBuckets, failure, err, kLogprobBound, cand, [&](int n) {
-    return median_launch_ms([&] { rig.launch(cand, n); }, 10);
+    return timed_within_bounds([&] { rig.launch(cand, n); }, 10, rig.buffers, kSamplingOp, cand, count_of(n, "row"));
   });
 }
 

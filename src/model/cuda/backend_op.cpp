@@ -5,7 +5,12 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "kernels/cuda/backend_switches.h"
+#include "kernels/cuda/kernel_timer.h"
+
 namespace fathom::cuda {
+
+static_assert(kOobFaultBytes <= GuardedBuffer::kGuardBytes, "an oob fault must land inside the guard it hits");
 
 std::string bits_fingerprint(const void* data, size_t bytes) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -48,10 +53,39 @@ std::vector<BackendCheck> checks_at(const std::vector<int>& buckets, const std::
     c.max_error = max_error;
     c.bound = bound;
     c.fingerprint = fingerprint;
-    if (c.passed && time) c.ms = time(bucket);
+    if (c.passed && time) {
+      try {
+        c.ms = time(bucket);
+      } catch (const OutOfBounds& e) {
+        c.passed = false;
+        c.failure = e.what();
+      }
+    }
     out.push_back(c);
   }
   return out;
+}
+
+std::string bounds_failure(const std::string& op, const std::string& candidate, const std::string& step,
+                           std::initializer_list<GuardedBuffers*> buffers) {
+  std::string first;
+  for (GuardedBuffers* b : buffers) {
+    const std::string v = b->check();
+    if (first.empty()) first = v;
+  }
+  return first.empty() ? "" : "out-of-bounds write: " + op + " candidate " + candidate + " at " + step + " " + first;
+}
+
+double timed_within_bounds(const std::function<void()>& launch, int reps, GuardedBuffers& buffers,
+                           const std::string& op, const std::string& candidate, const std::string& step) {
+  const double ms = median_launch_ms(launch, reps);
+  const std::string outside = bounds_failure(op, candidate, step + " (timed)", {&buffers});
+  if (!outside.empty()) throw OutOfBounds(outside);
+  return ms;
+}
+
+std::string count_of(int n, const std::string& unit) {
+  return std::to_string(n) + " " + unit + (n == 1 ? "" : "s");
 }
 
 }  // namespace fathom::cuda

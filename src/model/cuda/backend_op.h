@@ -4,11 +4,14 @@
 // of ops builds its own (backend_check_*.cpp); backend_tuning.cpp runs them all.
 #pragma once
 #include <functional>
+#include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/backend_selection.h"
 #include "io/model_config.h"
+#include "kernels/cuda/guarded_buffer.h"
 
 namespace fathom::cuda {
 
@@ -46,11 +49,30 @@ std::string bits_fingerprint(const void* data, size_t bytes);
 // max |got - ref| / max |ref| over n values.
 double relative_error(const float* got, const double* ref, size_t n);
 // The checks of one candidate at every bucket: `failure` (empty: passed, then `time(bucket)`
-// gives its median ms), the error and bound, the fingerprint.
+// gives its median ms), the error and bound, the fingerprint. A `time` that throws OutOfBounds
+// fails that bucket with the message.
 std::vector<BackendCheck> checks_at(const std::vector<int>& buckets, const std::string& failure, double max_error,
                                     double bound, const std::string& fingerprint,
                                     const std::function<double(int bucket)>& time);
 // "" when fine, else "NaN/Inf in the output" or "max error E of a row's largest value > bound B".
 std::string error_failure(const float* got, size_t n, double max_error, double bound);
+
+// The guard check after a candidate ran (kernels/cuda/guarded_buffer.h), before its values are
+// compared: "" when no buffer of `buffers` was written outside, else "out-of-bounds write: <op>
+// candidate <candidate> at <step> wrote 64 bytes past the end of output 'y' (first at +0)". Every
+// set is checked (and its changed guards armed again), the first violation reported.
+std::string bounds_failure(const std::string& op, const std::string& candidate, const std::string& step,
+                           std::initializer_list<GuardedBuffers*> buffers);
+// Thrown by a timing callback whose runs (at shapes the value check did not run) wrote outside
+// their buffers: checks_at fails that bucket with what().
+struct OutOfBounds : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A timing callback's body: the median ms of `reps` launches, then the guards of `buffers`
+// (OutOfBounds naming "<step> (timed)" when the launches wrote outside them).
+double timed_within_bounds(const std::function<void()>& launch, int reps, GuardedBuffers& buffers,
+                           const std::string& op, const std::string& candidate, const std::string& step);
+// "1 token", "8 tokens": a step's size in a message.
+std::string count_of(int n, const std::string& unit);
 
 }  // namespace fathom::cuda

@@ -17,8 +17,9 @@ namespace fathom::cuda {
 
 namespace {
 
-// Bumped when the checks or the candidates change meaning: older cache entries no longer match.
-constexpr const char* kTuneVersion = "2";
+// Bumped when the checks or the candidates change meaning: older cache entries no longer match
+// (3: every check guards its buffers against out-of-bounds writes).
+constexpr const char* kTuneVersion = "3";
 
 std::vector<TunableOp> model_ops(const ModelConfig& cfg, bool nvfp4) {
   std::vector<TunableOp> ops;

@@ -2,8 +2,9 @@
 // (model/cuda/backend_op.h: dense bf16 and NVFP4 products at decode sizes, the NVFP4 experts at
 // decode and prefill sizes, attention decode and prefill, the delta rule at decode and prefill,
 // sampling) lists its candidate implementations; each candidate runs in child processes at the
-// model's shapes against a trusted reference (NaN/Inf, then the error within a bound derived from
-// the precision; decode-side ops also batch invariance), the passing ones are timed per bucket
+// model's shapes against a trusted reference (writes outside their buffers, seen by guard zones;
+// NaN/Inf, then the error within a bound derived from the precision; decode-side ops also batch
+// invariance), the passing ones are timed per bucket
 // and one is chosen per bucket (core/backend_selection.h). Results are cached per GPU, driver,
 // CUDA runtime, tuning version and model shapes (io/tune_cache.h).
 #pragma once

@@ -3,6 +3,7 @@
 #include "io/checkpoint.h"
 #include "io/quant_config.h"
 #include "io/text_file.h"
+#include "model/cuda/kernel_coverage.h"
 #include "model/cuda/runner_impl.h"
 
 namespace fathom::cuda {
@@ -26,6 +27,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   auto impl = std::make_unique<Impl>();
   impl->opt = opt;
   impl->set_model(ModelConfig::load(dir));
+  check_cuda_shapes(impl->model_cfg);
   impl->init_device();
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -51,6 +53,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
   auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::fprintf(stderr, "fathom: %s loaded in %.2f s: shards opened %.2f s, %.2f GB of weights %.2f s, KV cache and buffers %.2f s\n",
                dir.c_str(), s(t0, t3), s(t0, t1), double(impl->w.weight_bytes) / 1e9, s(t1, t2), s(t2, t3));
+  impl->log_generic_kernels();
   impl->start_up_graphs();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
@@ -60,11 +63,13 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
   auto impl = std::make_unique<Impl>();
   impl->opt = opt;
   impl->set_model(cfg);
+  check_cuda_shapes(impl->model_cfg);
   impl->init_device();
   WeightBuilder build(impl->cfg, impl->stream, impl->w);
   build.split = impl->tp;
   build.dummy(nvfp4_experts, opt.load_mtp, seed);
   impl->allocate_runtime();
+  impl->log_generic_kernels();
   impl->start_up_graphs();
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
@@ -126,7 +131,7 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
   out.hidden_row_begin = std::move(layout.hidden_row_begin);
   out.logits.resize(size_t(out.rows) * V);
   out.hidden.resize(size_t(layout.hidden_rows) * H);
-  m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
+  m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Impl::Piece>& pieces) {
     Impl::Plan p = m.prepare(batch);
     m.run(p);
     std::vector<float> logits(size_t(p.RL) * V), hidden(size_t(p.R) * H);
@@ -134,7 +139,6 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), m.sel.data(), hidden.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     m.commit(batch);
-    const std::vector<Impl::Piece> pieces = Impl::pieces_of(steps, batch);
     for (size_t i = 0; i < pieces.size(); ++i) {
       const Impl::Piece& pc = pieces[i];
       const ForwardStep& st = steps[pc.step];

@@ -45,6 +45,17 @@ struct DevLayer {
   DeviceLinear s_fused;  // [gate | up | gate logit | zero rows] in one bf16 matrix when none is NVFP4
   DeviceLinear m_gate, m_up, m_down;  // dense MLP
   int attn_index = -1, linear_index = -1;
+
+  // Every dense projection the layer code passes to linear() (empty ones included): what the
+  // memory plan sizes the dequantization scratch and the projection outputs from.
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const DeviceLinear* d : {&q, &k, &v, &o, &attn_qkv, &qkv, &z, &b, &a, &out, &gdn_in, &s_gate, &s_up, &s_down,
+                                  &s_gate_logit, &s_fused, &m_gate, &m_up, &m_down})
+      f(*d);
+    for (const auto* group : {&ex_gate, &ex_up, &ex_down})
+      for (const DeviceLinear& d : *group) f(d);
+  }
 };
 
 // Fused matrices get zero rows up to a multiple of 8: an output row pitch of 2S+1 floats
@@ -62,6 +73,17 @@ struct DeviceWeights {
   const float *mtp_norm_e = nullptr, *mtp_norm_h = nullptr, *mtp_norm = nullptr;
   int64_t weight_bytes = 0, expert_bytes = 0, dense_bytes = 0;
   std::vector<DeviceBuffer> arena;  // the slabs
+
+  // Every projection of every layer, the MTP layer's and the MTP input projections.
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const DevLayer& l : layers) l.for_each_linear(f);
+    if (has_mtp) {
+      mtp_layer.for_each_linear(f);
+      f(mtp_fc_e);
+      f(mtp_fc_h);
+    }
+  }
 };
 
 class CheckpointStreamer;

@@ -227,6 +227,8 @@ struct CudaRunner::Impl {
 
   // ---- caches, states and scratch
   void allocate_runtime();
+  // The ops that run generic kernels for this model's shapes (kernel_coverage.h), on stderr.
+  void log_generic_kernels() const;
 
   int64_t kv_bytes_per_token() const {
     return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
@@ -522,7 +524,7 @@ struct CudaRunner::Impl {
 
   void gdn_block(const DevLayer& l, const Plan& p);
 
-  void mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn, const bf16_t* in, float* out,
+  void mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn, const bf16_t* in, DeviceArray<float> out,
                  int T);
 
   // The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
@@ -582,32 +584,13 @@ struct CudaRunner::Impl {
   }
 
   // Where each piece of a chunk (from for_each_chunk) comes from: its original step, its first
-  // token inside that step, and whether it ends the step.
+  // token inside that step, and whether it ends the step. Recorded as the chunks are cut, not
+  // recovered from the token pointers: steps may share token storage (prefixes of one array).
   struct Piece {
     size_t step = 0;
     int64_t offset = 0, n = 0;
     bool last = false;
   };
-  static std::vector<Piece> pieces_of(std::span<const ForwardStep> steps, std::span<const ForwardStep> batch) {
-    std::vector<Piece> out;
-    size_t si = 0;  // pieces come in step order
-    for (const ForwardStep& piece : batch) {
-      auto inside = [&](size_t k) {
-        return piece.tokens.data() >= steps[k].tokens.data() &&
-               piece.tokens.data() < steps[k].tokens.data() + steps[k].tokens.size();
-      };
-      while (si < steps.size() && !inside(si)) ++si;
-      FATHOM_CHECK(si < steps.size(), "forward: a chunk piece belongs to no step");
-      const ForwardStep& st = steps[si];
-      Piece pc;
-      pc.step = si;
-      pc.offset = piece.tokens.data() - st.tokens.data();
-      pc.n = int64_t(piece.tokens.size());
-      pc.last = pc.offset + pc.n == int64_t(st.tokens.size());
-      out.push_back(pc);
-    }
-    return out;
-  }
 
   // Where a chunk's hidden rows go in the step's output: every row of an all_rows or all_hidden
   // piece, else the last piece's one row.
@@ -623,15 +606,18 @@ struct CudaRunner::Impl {
     return out;
   }
 
-  // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences.
+  // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences; calls
+  // fn(batch, pieces) for each chunk (pieces[i]: where batch[i] comes from).
   template <class Fn>
   void for_each_chunk(std::span<const ForwardStep> steps, Fn&& fn) {
     std::vector<ForwardStep> batch;
+    std::vector<Piece> pieces;
     int tokens = 0, rows = 0;
     auto flush = [&] {
       if (batch.empty()) return;
-      fn(std::span<const ForwardStep>(batch));
+      fn(std::span<const ForwardStep>(batch), static_cast<const std::vector<Piece>&>(pieces));
       batch.clear();
+      pieces.clear();
       tokens = rows = 0;
     };
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -653,6 +639,7 @@ struct CudaRunner::Impl {
         ForwardStep piece = st;
         piece.tokens = st.tokens.subspan(done, size_t(n));
         batch.push_back(piece);
+        pieces.push_back(Piece{i, int64_t(done), int64_t(n), last_piece});
         tokens += n;
         rows += rows_each ? n : 1;
         done += size_t(n);

@@ -33,7 +33,7 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
                  split ? router_x3.as<bf16_t>() : nullptr);
   }
   if (l.is_moe) moe_block(l, p);
-  else mlp_block(l.m_gate, l.m_up, l.m_down, XN, D, T);
+  else mlp_block(l.m_gate, l.m_up, l.m_down, XN, delta.array<float>(), T);
   reduce_partial(D, T);
 }
 
@@ -54,20 +54,20 @@ void CudaRunner::Impl::run_layers(const Plan& p) {
 void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int T = p.T, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  bf16_t* dq = dequant.as<bf16_t>();
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
   const float *qp = q_raw.as<float>(), *kp = k_raw.as<float>(), *vp = v_raw.as<float>();
   int64_t qkv_ld = 0;
   {
     Scope sc(this, "attn.proj");
     if (l.attn_qkv.out > 0) {
-      linear(l.attn_qkv, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
+      linear(l.attn_qkv, xn.as<bf16_t>(), q_raw.array<float>(), T, dq, s);
       qkv_ld = l.attn_qkv.out;
       kp = qp + (qkv_ld - 2 * nkv * d);
       vp = kp + nkv * d;
     } else {
-      linear(l.q, xn.as<bf16_t>(), q_raw.as<float>(), T, dq, s);
-      linear(l.k, xn.as<bf16_t>(), k_raw.as<float>(), T, dq, s);
-      linear(l.v, xn.as<bf16_t>(), v_raw.as<float>(), T, dq, s);
+      linear(l.q, xn.as<bf16_t>(), q_raw.array<float>(), T, dq, s);
+      linear(l.k, xn.as<bf16_t>(), k_raw.array<float>(), T, dq, s);
+      linear(l.v, xn.as<bf16_t>(), v_raw.array<float>(), T, dq, s);
     }
   }
   {
@@ -80,7 +80,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   }
   {
     Scope sc(this, "attn.proj");
-    linear(l.o, attn_out.as<bf16_t>(), delta.as<float>(), T, dq, s);
+    linear(l.o, attn_out.as<bf16_t>(), delta.array<float>(), T, dq, s);
   }
   reduce_partial(delta.as<float>(), T);
 }
@@ -130,7 +130,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
   const int conv_dim = 2 * hk * dk + hv * dv;
-  bf16_t* dq = dequant.as<bf16_t>();
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
   // Projections: one fused GEMM ([qkv | z | b | a] per row) or four.
   const float *mix_p, *z_p, *b_p, *a_p;
   int64_t mix_ld, z_ld, ba_ld;
@@ -138,17 +138,17 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
     Scope sc(this, "gdn.proj");
     if (l.gdn_in.out > 0) {
       const int64_t W = l.gdn_in.out;
-      linear(l.gdn_in, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
+      linear(l.gdn_in, xn.as<bf16_t>(), mixed.array<float>(), T, dq, s);
       mix_p = mixed.as<float>();
       z_p = mix_p + conv_dim;
       b_p = z_p + int64_t(hv) * dv;
       a_p = b_p + hv;
       mix_ld = z_ld = ba_ld = W;
     } else {
-      linear(l.qkv, xn.as<bf16_t>(), mixed.as<float>(), T, dq, s);
-      linear(l.z, xn.as<bf16_t>(), zbuf.as<float>(), T, dq, s);
-      linear(l.b, xn.as<bf16_t>(), bbuf.as<float>(), T, dq, s);
-      linear(l.a, xn.as<bf16_t>(), abuf.as<float>(), T, dq, s);
+      linear(l.qkv, xn.as<bf16_t>(), mixed.array<float>(), T, dq, s);
+      linear(l.z, xn.as<bf16_t>(), zbuf.array<float>(), T, dq, s);
+      linear(l.b, xn.as<bf16_t>(), bbuf.array<float>(), T, dq, s);
+      linear(l.a, xn.as<bf16_t>(), abuf.array<float>(), T, dq, s);
       mix_p = mixed.as<float>();
       z_p = zbuf.as<float>();
       b_p = bbuf.as<float>();
@@ -189,17 +189,17 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   }
   {
     Scope sc(this, "gdn.proj");
-    linear(l.out, normed.as<bf16_t>(), delta.as<float>(), T, dq, s);
+    linear(l.out, normed.as<bf16_t>(), delta.array<float>(), T, dq, s);
   }
   reduce_partial(delta.as<float>(), T);
 }
 
 void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn,
-                                 const bf16_t* in, float* out, int T) {
+                                 const bf16_t* in, DeviceArray<float> out, int T) {
   const cudaStream_t s = stream;
-  bf16_t* dq = dequant.as<bf16_t>();
-  linear(g, in, sh_g.as<float>(), T, dq, s);
-  linear(u, in, sh_u.as<float>(), T, dq, s);
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
+  linear(g, in, sh_g.array<float>(), T, dq, s);
+  linear(u, in, sh_u.array<float>(), T, dq, s);
   silu_mul(sh_g.as<float>(), sh_u.as<float>(), sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
   linear(dn, sh_h.as<bf16_t>(), out, T, dq, s);
 }
@@ -208,18 +208,18 @@ void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, c
 // (at [t * gate_ld]), or null without a shared expert.
 const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
   Scope sc(this, "moe.shared");
-  bf16_t* dq = dequant.as<bf16_t>();
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
   if (l.has_shared && l.s_fused.out > 0) {
     const int S = l.s_down.in;
-    linear(l.s_fused, xn.as<bf16_t>(), sh_g.as<float>(), T, dq, s);
+    linear(l.s_fused, xn.as<bf16_t>(), sh_g.array<float>(), T, dq, s);
     silu_mul_rows(sh_g.as<float>(), l.s_fused.out, sh_h.as<bf16_t>(), T, S, s);
-    linear(l.s_down, sh_h.as<bf16_t>(), sh_out.as<float>(), T, dq, s);
+    linear(l.s_down, sh_h.as<bf16_t>(), sh_out.array<float>(), T, dq, s);
     *gate_ld = l.s_fused.out;
     return sh_g.as<float>() + 2 * S;
   }
   if (l.has_shared) {
-    mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.as<float>(), T);
-    linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.as<float>(), T, dq, s);
+    mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.array<float>(), T);
+    linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.array<float>(), T, dq, s);
     *gate_ld = 1;
     return sh_gate.as<float>();
   }
@@ -229,7 +229,7 @@ const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStrea
 void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
-  bf16_t* dq = dequant.as<bf16_t>();
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
   float* D = delta.as<float>();
   // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
   const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
@@ -301,10 +301,10 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       if (m == 0) continue;
       const int32_t* r = eg_rows.as<int32_t>() + offset[e];
       gather_rows_bf16(xn.as<bf16_t>(), r, eg_x.as<bf16_t>(), m, H, s);
-      linear(l.ex_gate[e], eg_x.as<bf16_t>(), eg_g.as<float>(), m, dq, s);
-      linear(l.ex_up[e], eg_x.as<bf16_t>(), eg_u.as<float>(), m, dq, s);
+      linear(l.ex_gate[e], eg_x.as<bf16_t>(), eg_g.array<float>(), m, dq, s);
+      linear(l.ex_up[e], eg_x.as<bf16_t>(), eg_u.array<float>(), m, dq, s);
       silu_mul(eg_g.as<float>(), eg_u.as<float>(), eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
-      linear(l.ex_down[e], eg_h.as<bf16_t>(), eg_o.as<float>(), m, dq, s);
+      linear(l.ex_down[e], eg_h.as<bf16_t>(), eg_o.array<float>(), m, dq, s);
       scatter_add_rows(D, eg_o.as<float>(), r, eg_w.as<float>() + offset[e], m, H, s);
     }
     // The host vectors above must outlive the async copies.
@@ -353,12 +353,12 @@ void CudaRunner::Impl::run_mtp(const Plan& p) {
   const bool zc = cfg.norm_zero_centered;
   float* X = x.as<float>();
   float* D = delta.as<float>();
-  bf16_t* dq = dequant.as<bf16_t>();
+  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
   embedding(dmeta.ids, w.embed, X, T, H, s);
   rms_norm(X, w.mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
   rms_norm(mtp_hidden.as<float>(), w.mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-  linear(w.mtp_fc_e, mtp_e.as<bf16_t>(), X, T, dq, s);
-  linear(w.mtp_fc_h, mtp_h.as<bf16_t>(), D, T, dq, s);
+  linear(w.mtp_fc_e, mtp_e.as<bf16_t>(), x.array<float>(), T, dq, s);
+  linear(w.mtp_fc_h, mtp_h.as<bf16_t>(), delta.array<float>(), T, dq, s);
   add_inplace(X, D, int64_t(T) * H, s);
   decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
   add_inplace(X, D, int64_t(T) * H, s);

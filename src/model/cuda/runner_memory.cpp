@@ -1,5 +1,6 @@
 // The CUDA engine's memory plan: states, step scratch and metadata, sampling buffers, then the
 // KV pools from what is left of --gpu-memory-utilization.
+#include "model/cuda/kernel_coverage.h"
 #include "model/cuda/runner_impl.h"
 
 namespace fathom::cuda {
@@ -47,6 +48,17 @@ void CudaRunner::Impl::allocate_runtime() {
   auto b16 = [&](int64_t n) { return DeviceBuffer(size_t(std::max<int64_t>(n, 1)) * 2); };
   const int64_t T = T_max;
   const int q_rows = nh * d * (cfg.attn_output_gate ? 2 : 1);
+  // The widest output of a projection role among the loaded weights (fused matrices may carry
+  // padding rows), so that a buffer holds whatever linear() writes into it.
+  auto widest = [&](std::initializer_list<DeviceLinear DevLayer::*> roles) {
+    int64_t most = 0;
+    auto of = [&](const DevLayer& l) {
+      for (auto role : roles) most = std::max<int64_t>(most, (l.*role).out);
+    };
+    for (const DevLayer& l : w.layers) of(l);
+    if (w.has_mtp) of(w.mtp_layer);
+    return most;
+  };
   x = f32(T * H);
   delta = f32(T * H);
   xn = b16(T * H);
@@ -59,13 +71,13 @@ void CudaRunner::Impl::allocate_runtime() {
   split.part_m = part_m.as<float>();
   split.part_l = part_l.as<float>();
   split.part_acc = part_acc.as<float>();
-  q_raw = f32(T * (q_rows + 2 * nkv * d));  // room for the fused [q | k | v] output
+  q_raw = f32(T * std::max<int64_t>({q_rows + 2 * nkv * d, widest({&DevLayer::attn_qkv, &DevLayer::q})}));
   k_raw = f32(T * nkv * d);
   v_raw = f32(T * nkv * d);
   q = f32(T * nh * d);
   gate = f32(T * nh * d);
   attn_out = b16(T * nh * d);
-  mixed = f32(T * (conv_dim + hv * dv + 2 * hv));  // room for the fused [qkv | z | b | a] output
+  mixed = f32(T * std::max<int64_t>({conv_dim + hv * dv + 2 * hv, widest({&DevLayer::gdn_in, &DevLayer::qkv})}));
   zbuf = f32(T * hv * dv);
   bbuf = f32(T * hv);
   abuf = f32(T * hv);
@@ -84,8 +96,8 @@ void CudaRunner::Impl::allocate_runtime() {
   group = moe_group_scratch(group_buf.as<int32_t>(), pair_limit, E);
   pair_out = f32(int64_t(pair_limit) * H);
   const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});
-  sh_g = f32(T * padded_rows(2 * S + 1));  // room for the fused [gate | up | gate logit] output
-  sh_u = f32(T * S);
+  sh_g = f32(T * std::max<int64_t>({padded_rows(2 * S + 1), widest({&DevLayer::s_fused, &DevLayer::s_gate, &DevLayer::m_gate})}));
+  sh_u = f32(T * std::max<int64_t>(S, widest({&DevLayer::s_up, &DevLayer::m_up})));
   sh_h = b16(T * S);
   sh_out = f32(T * H);
   sh_gate = f32(T);
@@ -96,11 +108,13 @@ void CudaRunner::Impl::allocate_runtime() {
   eg_o = f32(T * H);
   eg_rows = DeviceBuffer(size_t(T) * K * 4);
   eg_w = f32(T * K);
-  int64_t max_fp4 = 1;
-  for (const DevLayer& l : w.layers)
-    for (const auto* v2 : {&l.ex_gate, &l.ex_up, &l.ex_down})
-      for (const DeviceLinear& dl : *v2) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
-  dequant = b16(std::max<int64_t>(max_fp4, int64_t(S) * H));
+  // linear() dequantizes NVFP4 weights here for steps past the GEMV sizes: room for the largest
+  // NVFP4 projection of any kind (attention, DeltaNet and shared experts may be NVFP4 too).
+  int64_t max_fp4 = 0;
+  w.for_each_linear([&](const DeviceLinear& dl) {
+    if (dl.is_fp4()) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
+  });
+  dequant = b16(max_fp4);
   sel = f32(int64_t(R_max) * H);
   if (w.has_mtp) {
     mtp_hidden = f32(T * H);
@@ -201,6 +215,11 @@ void CudaRunner::Impl::allocate_kv_pools() {
     pool_ptrs = DeviceBuffer::from_host(ptrs);
     copy_idx = DeviceBuffer(size_t(2) * std::max<int64_t>(max_blocks, snap_blocks) * 4);
   }
+}
+
+void CudaRunner::Impl::log_generic_kernels() const {
+  if (tp.rank > 0) return;  // one rank speaks for the split model
+  for (const std::string& n : generic_kernel_notes(cfg, w)) std::fprintf(stderr, "fathom: generic kernel: %s\n", n.c_str());
 }
 
 }  // namespace fathom::cuda

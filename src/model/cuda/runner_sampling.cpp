@@ -73,12 +73,12 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
 
   if (defer_masks) {  // the sampler of the step's last chunk waits; earlier chunks could not
     int chunks = 0;
-    m.for_each_chunk(steps, [&](std::span<const ForwardStep>) { ++chunks; });
+    m.for_each_chunk(steps, [&](std::span<const ForwardStep>, const std::vector<Impl::Piece>&) { ++chunks; });
     FATHOM_CHECK(chunks == 1, "launch_sampled: a step whose token masks come later must fit one forward (",
                  chunks, " chunks)");
   }
   try {
-    m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch) {
+    m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Impl::Piece>& pieces) {
       // A pending chunk (an earlier one of this launch, or the other launch's) in the output
       // buffers this chunk takes: read it first.
       for (Impl::LaunchedStep& other : m.launched)
@@ -95,7 +95,6 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       m.io_buf ^= 1;
       // The chunk's logits rows, in order, with their rows of `rows`; a prefill piece that does not
       // end its step has a row nobody reads, as have padding rows.
-      const std::vector<Impl::Piece> pieces = Impl::pieces_of(steps, batch);
       c.source.assign(size_t(p.RL), -1);
       std::vector<int32_t> slot_of_row(size_t(p.RL), -1);
       for (size_t i = 0; i < pieces.size(); ++i) {
