@@ -170,7 +170,7 @@ class GdnRig {
       cuda::gdn_chunked(du.as<float>(), dba.as<float>(), dba.as<float>() + sh_.hv, ba_ld, a_log_.as<float>(),
                         dt_bias_.as<float>(), pool_.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(),
                         out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, chunked_from, T, longest,
-                        {scratch.data(), scratch.bytes()}, nullptr);
+                        scratch.array<uint8_t>(), nullptr);
       FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
     }
     FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -429,7 +429,7 @@ TEST(CudaGdn, PrefillTime) {
     cuda::gdn_chunked(u.as<float>(), ba.as<float>(), ba.as<float>() + sh.hv, 2 * sh.hv, a_log.as<float>(),
                       dt_bias.as<float>(), state.as<float>(), start.as<int32_t>(), slot.as<int32_t>(),
                       out.as<float>(), 1, sh.hk, sh.hv, sh.dk, sh.dv, cuda::kGdnChunkedMinTokens, T, T,
-                      {scratch.data(), scratch.bytes()}, nullptr);
+                      scratch.array<uint8_t>(), nullptr);
   };
   cudaEvent_t e0, e1;
   FATHOM_CUDA_CHECK(cudaEventCreate(&e0));

@@ -68,6 +68,7 @@ struct SweepOutcome {
 // Rows over the bound are tallied per part of the run ("prefill 17", "decode B=33 step 2", ...)
 // for the failure message: where a config goes wrong says which kernel to look at.
 struct RowComparer {
+  RowComparer(const std::vector<float>& ref_, int vocab, double spread_) : ref(ref_), V(vocab), spread(spread_) {}
   const std::vector<float>& ref;
   int V;
   double spread;
@@ -131,52 +132,167 @@ std::vector<int> prefill_counts(const SweepConfig& c, bool quick) {
   return n;
 }
 
+// For tools/shape_sweep_hf_bound.py (FATHOM_SWEEP_KEEP): the prompt and the CPU engine's logits of it.
+void keep_for_hf_bound(const fs::path& dir, const std::vector<int32_t>& P, const std::vector<float>& ref) {
+  std::ofstream prompt(dir / "sweep_prompt.txt");
+  for (int32_t id : P) prompt << id << " ";
+  std::ofstream(dir / "sweep_cpu_logits.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(ref.data()), std::streamsize(ref.size() * sizeof(float)));
+}
+
+// The error a bf16 engine has on this model (the bound's scale): the CPU engine with the CUDA
+// engine's bf16 storage points over P, against fp32. Leaves its per-position errors in cmp.noise.
+void bf16_engine_error(const fs::path& dir, const std::vector<int32_t>& P, RowComparer& cmp, SweepOutcome& out) {
+  auto model = HybridModel::load(dir, false);
+  model->set_bf16_activations(true);
+  CpuRunner bf16(std::move(model));
+  SequenceId s = bf16.add_sequence();
+  ForwardStep st{s, P, true};
+  const ForwardOutput o = bf16.forward(std::span<const ForwardStep>(&st, 1));
+  RowComparer emu(cmp.ref, cmp.V, cmp.spread);
+  emu.compare(o.logits.data(), kPromptTokens, 0);
+  cmp.noise = emu.errs;  // by position
+  std::sort(emu.errs.begin(), emu.errs.end());
+  out.bf16_median = emu.errs[emu.errs.size() / 2];
+  out.bf16_over = double(std::count_if(emu.errs.begin(), emu.errs.end(), [](double e) { return e >= kRowBound; })) /
+                  double(emu.errs.size());
+}
+
+// P[0:n] in one step for each token count, P in ragged chunks, and P in one step the engine splits.
+void compare_prefills(ModelRunner& gpu, const std::vector<int32_t>& P, const SweepConfig& c, bool quick,
+                      RowComparer& cmp) {
+  auto prefill = [&](const std::vector<int>& chunks) {  // P in these chunks, all rows compared
+    SequenceId s = gpu.add_sequence();
+    int64_t at = 0;
+    for (int n : chunks) {
+      ForwardStep st{s, std::span<const int32_t>(P.data() + at, size_t(n)), true};
+      ForwardOutput o = gpu.forward(std::span<const ForwardStep>(&st, 1));
+      cmp.compare(o.logits.data(), o.rows, at);
+      at += n;
+    }
+    gpu.remove_sequence(s);
+  };
+  for (int n : prefill_counts(c, quick)) {
+    cmp.part = "prefill " + std::to_string(n);
+    prefill({n});
+  }
+  cmp.part = "chunks 17,33,15,65";
+  prefill({17, 33, 15, 65});
+  cmp.part = "prefill 130 split by the engine";
+  prefill({kPromptTokens});
+}
+
+// Decode batches: sequence i holds P[0 : len_i] (one ragged prefill step of all B), then every
+// sequence takes P's next token, kSteps steps.
+void compare_decode_batches(ModelRunner& gpu, const std::vector<int32_t>& P, bool quick, RowComparer& cmp) {
+  constexpr int kSteps = 4;
+  const std::vector<int> batches = quick ? std::vector<int>{1, 17} : std::vector<int>{1, 3, 16, 17, 33};
+  for (int B : batches) {
+    std::vector<SequenceId> ids(B);
+    std::vector<int64_t> len(B);
+    std::vector<ForwardStep> steps;
+    for (int i = 0; i < B; ++i) {
+      ids[i] = gpu.add_sequence();
+      len[i] = 1 + (int64_t(i) * 37 + B) % (kPromptTokens - kSteps - 1);
+      steps.push_back(ForwardStep{ids[i], std::span<const int32_t>(P.data(), size_t(len[i])), false});
+    }
+    cmp.part = "ragged prefill of " + std::to_string(B);
+    ForwardOutput o = gpu.forward(steps);
+    for (int i = 0; i < B; ++i) cmp.compare(o.logits.data() + o.row_begin[i] * cmp.V, 1, len[i] - 1);
+    for (int k = 0; k < kSteps; ++k) {
+      cmp.part = "decode B=" + std::to_string(B) + " step " + std::to_string(k);
+      steps.clear();
+      for (int i = 0; i < B; ++i) steps.push_back(ForwardStep{ids[i], std::span<const int32_t>(&P[len[i] + k], 1), false});
+      o = gpu.forward(steps);
+      for (int i = 0; i < B; ++i) cmp.compare(o.logits.data() + o.row_begin[i] * cmp.V, 1, len[i] + k);
+    }
+    for (SequenceId s : ids) gpu.remove_sequence(s);
+  }
+}
+
+// The draft layer over the CPU's hidden states of P[0:n-1] with next tokens P[1:n], on both
+// engines (each after its own forward of P, which the MTP layer's positions follow); its rows
+// join cmp's, compared against the CPU's MTP logits.
+void compare_mtp(ModelRunner& cpu, ModelRunner& gpu, const std::vector<int32_t>& P, const std::vector<float>& hidden,
+                 RowComparer& cmp) {
+  const int n = kPromptTokens - 1, H = cpu.config().hidden_size;
+  auto mtp_logits = [&](ModelRunner& r, std::vector<int> chunks) {
+    SequenceId s = r.add_sequence();
+    ForwardStep st{s, P, false};
+    r.forward(std::span<const ForwardStep>(&st, 1));
+    std::vector<float> all;
+    int at = 0;
+    for (int m : chunks) {
+      MtpStep ms{s, std::span<const float>(hidden.data() + int64_t(at) * H, size_t(m) * H),
+                 std::span<const int32_t>(P.data() + at + 1, size_t(m)), true};
+      ForwardOutput o = r.mtp_forward(std::span<const MtpStep>(&ms, 1));
+      all.insert(all.end(), o.logits.begin(), o.logits.end());
+      at += m;
+    }
+    r.remove_sequence(s);
+    return all;
+  };
+  const std::vector<float> mref = mtp_logits(cpu, {n});
+  const auto [lo, hi] = std::minmax_element(mref.begin(), mref.end());
+  RowComparer mcmp(mref, cmp.V, std::max(1e-6, double(*hi - *lo)));
+  const std::vector<float> mgot = mtp_logits(gpu, {1, 40, 64, n - 105});  // steps of at most 64 tokens
+  mcmp.part = "mtp";
+  mcmp.compare(mgot.data(), n, 0);
+  cmp.errs.insert(cmp.errs.end(), mcmp.errs.begin(), mcmp.errs.end());
+  cmp.over_by_part.insert(mcmp.over_by_part.begin(), mcmp.over_by_part.end());
+  cmp.argmax_checked += mcmp.argmax_checked;
+  cmp.argmax_wrong += mcmp.argmax_wrong;
+}
+
+// The row statistics against the bound (see the top of this file); a failure names where rows went over.
+void judge(const RowComparer& cmp, bool moe, SweepOutcome& out) {
+  std::vector<double> errs = cmp.errs;
+  std::sort(errs.begin(), errs.end());
+  out.rows = int64_t(errs.size());
+  out.median = errs[errs.size() / 2];
+  out.max = errs.back();
+  out.over = std::count_if(errs.begin(), errs.end(), [](double e) { return e >= kRowBound; });
+  out.argmax_checked = cmp.argmax_checked;
+  out.argmax_wrong = cmp.argmax_wrong;
+  const double allowed = std::max(moe ? kMoeRowsOver : 0.0, 2 * out.bf16_over);
+  const double median_bound = std::max(kMedianBound, 2 * out.bf16_median);
+  char buf[256];
+  if (out.median >= median_bound) {
+    std::snprintf(buf, sizeof buf, "median row error %.2e >= %.1e", out.median, median_bound);
+    out.failure = buf;
+  } else if (double(out.over) > allowed * double(out.rows)) {
+    std::snprintf(buf, sizeof buf, "%lld of %lld rows over %.0e (allowed %.1f%%)", (long long)out.over,
+                  (long long)out.rows, kRowBound, 100 * allowed);
+    out.failure = buf;
+  } else if (double(out.argmax_wrong) > allowed * double(std::max<int64_t>(out.argmax_checked, 1))) {
+    std::snprintf(buf, sizeof buf, "argmax differs in %lld of %lld clear rows", (long long)out.argmax_wrong,
+                  (long long)out.argmax_checked);
+    out.failure = buf;
+  }
+  if (out.failure.empty()) return;
+  int listed = 0;  // where rows went over the bound (a few)
+  for (const auto& [name, cw] : cmp.over_by_part) {
+    if (listed++ == 12) break;
+    std::snprintf(buf, sizeof buf, "%s%s (%.2f)", listed == 1 ? ": " : "; ", name.c_str(), cw.second);
+    out.failure += buf;
+  }
+}
+
 SweepOutcome run_sweep_config(const SweepConfig& c, const fs::path& dir) {
   SweepOutcome out;
   testutil::write_random_checkpoint(c, dir);
   auto cpu = open_model(dir.string(), "cpu", c.mtp);
-  const ModelConfig& mc = cpu->config();
-  const int V = mc.vocab_size, H = mc.hidden_size;
+  const int V = cpu->config().vocab_size;
   const std::vector<int32_t> P = sweep_prompt(V, c.seed);
-
   // The CPU reference: every row of P, with hidden states for the MTP layer.
-  std::vector<float> ref, hidden;
-  {
-    SequenceId s = cpu->add_sequence();
-    ForwardStep st{s, P, true};
-    ForwardOutput o = cpu->forward(std::span<const ForwardStep>(&st, 1));
-    ref = std::move(o.logits);
-    hidden = std::move(o.hidden);
-    cpu->remove_sequence(s);
-  }
-  if (std::getenv("FATHOM_SWEEP_KEEP")) {
-    // For tools/shape_sweep_hf_bound.py: the prompt and the CPU engine's logits of it.
-    std::ofstream(dir / "sweep_prompt.txt") << [&] {
-      std::string t;
-      for (int32_t id : P) t += std::to_string(id) + " ";
-      return t;
-    }();
-    std::ofstream(dir / "sweep_cpu_logits.f32", std::ios::binary)
-        .write(reinterpret_cast<const char*>(ref.data()), std::streamsize(ref.size() * sizeof(float)));
-  }
-  const auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
-  RowComparer cmp{ref, V, std::max(1e-6, double(*mx - *mn)), {}};
-  {
-    // The error a bf16 engine has on this model (the bound's scale).
-    auto model = HybridModel::load(dir, false);
-    model->set_bf16_activations(true);
-    CpuRunner bf16(std::move(model));
-    SequenceId s = bf16.add_sequence();
-    ForwardStep st{s, P, true};
-    const ForwardOutput o = bf16.forward(std::span<const ForwardStep>(&st, 1));
-    RowComparer emu{ref, V, cmp.spread, {}};
-    emu.compare(o.logits.data(), kPromptTokens, 0);
-    cmp.noise = emu.errs;  // by position
-    std::sort(emu.errs.begin(), emu.errs.end());
-    out.bf16_median = emu.errs[emu.errs.size() / 2];
-    out.bf16_over = double(std::count_if(emu.errs.begin(), emu.errs.end(), [](double e) { return e >= kRowBound; })) /
-                    double(emu.errs.size());
-  }
+  SequenceId s = cpu->add_sequence();
+  ForwardStep st{s, P, true};
+  ForwardOutput ref = cpu->forward(std::span<const ForwardStep>(&st, 1));
+  cpu->remove_sequence(s);
+  if (std::getenv("FATHOM_SWEEP_KEEP")) keep_for_hf_bound(dir, P, ref.logits);
+  const auto [mn, mx] = std::minmax_element(ref.logits.begin(), ref.logits.end());
+  RowComparer cmp(ref.logits, V, std::max(1e-6, double(*mx - *mn)));
+  bf16_engine_error(dir, P, cmp, out);
 
   cuda::CudaRunnerOptions opt;
   opt.max_seqs = 40;
@@ -194,116 +310,10 @@ SweepOutcome run_sweep_config(const SweepConfig& c, const fs::path& dir) {
     return out;
   }
   const bool quick = env_flag("FATHOM_SWEEP_QUICK");
-  auto prefill = [&](const std::vector<int>& chunks) {  // P in these chunks, all rows compared
-    SequenceId s = gpu->add_sequence();
-    int64_t at = 0;
-    for (int n : chunks) {
-      ForwardStep st{s, std::span<const int32_t>(P.data() + at, size_t(n)), true};
-      ForwardOutput o = gpu->forward(std::span<const ForwardStep>(&st, 1));
-      cmp.compare(o.logits.data(), o.rows, at);
-      at += n;
-    }
-    gpu->remove_sequence(s);
-  };
-  for (int n : prefill_counts(c, quick)) {
-    cmp.part = "prefill " + std::to_string(n);
-    prefill({n});
-  }
-  cmp.part = "chunks 17,33,15,65";
-  prefill({17, 33, 15, 65});
-  cmp.part = "prefill 130 split by the engine";
-  prefill({kPromptTokens});
-
-  // Decode batches: sequence i holds P[0 : len_i], then every sequence takes P's next token.
-  const std::vector<int> batches = quick ? std::vector<int>{1, 17} : std::vector<int>{1, 3, 16, 17, 33};
-  for (int B : batches) {
-    constexpr int kSteps = 4;
-    std::vector<SequenceId> ids(B);
-    std::vector<int64_t> len(B);
-    std::vector<ForwardStep> steps;
-    for (int i = 0; i < B; ++i) {
-      ids[i] = gpu->add_sequence();
-      len[i] = 1 + (int64_t(i) * 37 + B) % (kPromptTokens - kSteps - 1);
-      steps.push_back(ForwardStep{ids[i], std::span<const int32_t>(P.data(), size_t(len[i])), false});
-    }
-    cmp.part = "ragged prefill of " + std::to_string(B);
-    ForwardOutput o = gpu->forward(steps);  // one ragged prefill step of all B
-    for (int i = 0; i < B; ++i) cmp.compare(o.logits.data() + o.row_begin[i] * V, 1, len[i] - 1);
-    for (int k = 0; k < kSteps; ++k) {
-      cmp.part = "decode B=" + std::to_string(B) + " step " + std::to_string(k);
-      steps.clear();
-      for (int i = 0; i < B; ++i) steps.push_back(ForwardStep{ids[i], std::span<const int32_t>(&P[len[i] + k], 1), false});
-      o = gpu->forward(steps);
-      for (int i = 0; i < B; ++i) cmp.compare(o.logits.data() + o.row_begin[i] * V, 1, len[i] + k);
-    }
-    for (SequenceId s : ids) gpu->remove_sequence(s);
-  }
-
-  if (c.mtp && gpu->has_mtp()) {
-    // The draft layer over the CPU's hidden states of P[0:n-1] with next tokens P[1:n], on both
-    // engines (each after its own forward of P, which the MTP layer's positions follow).
-    const int n = kPromptTokens - 1;
-    auto mtp_logits = [&](ModelRunner& r, std::vector<int> chunks) {
-      SequenceId s = r.add_sequence();
-      ForwardStep st{s, P, false};
-      r.forward(std::span<const ForwardStep>(&st, 1));
-      std::vector<float> all;
-      int at = 0;
-      for (int m : chunks) {
-        MtpStep ms{s, std::span<const float>(hidden.data() + int64_t(at) * H, size_t(m) * H),
-                   std::span<const int32_t>(P.data() + at + 1, size_t(m)), true};
-        ForwardOutput o = r.mtp_forward(std::span<const MtpStep>(&ms, 1));
-        all.insert(all.end(), o.logits.begin(), o.logits.end());
-        at += m;
-      }
-      r.remove_sequence(s);
-      return all;
-    };
-    const std::vector<float> mref = mtp_logits(*cpu, {n});
-    const auto [lo, hi] = std::minmax_element(mref.begin(), mref.end());
-    RowComparer mcmp{mref, V, std::max(1e-6, double(*hi - *lo)), {}};
-    const std::vector<float> mgot = mtp_logits(*gpu, {1, 40, 64, n - 105});  // steps of at most 64 tokens
-    mcmp.part = "mtp";
-    mcmp.compare(mgot.data(), n, 0);
-    cmp.errs.insert(cmp.errs.end(), mcmp.errs.begin(), mcmp.errs.end());
-    cmp.over_by_part.insert(mcmp.over_by_part.begin(), mcmp.over_by_part.end());
-    cmp.argmax_checked += mcmp.argmax_checked;
-    cmp.argmax_wrong += mcmp.argmax_wrong;
-  }
-
-  std::vector<double> errs = cmp.errs;
-  std::sort(errs.begin(), errs.end());
-  out.rows = int64_t(errs.size());
-  out.median = errs[errs.size() / 2];
-  out.max = errs.back();
-  out.over = std::count_if(errs.begin(), errs.end(), [](double e) { return e >= kRowBound; });
-  out.argmax_checked = cmp.argmax_checked;
-  out.argmax_wrong = cmp.argmax_wrong;
-  const double allowed = std::max(mc.num_experts > 0 ? kMoeRowsOver : 0.0, 2 * out.bf16_over);
-  const double median_bound = std::max(kMedianBound, 2 * out.bf16_median);
-  char buf[256];
-  // Where rows went over the bound (a few, for the message).
-  std::string where;
-  int listed = 0;
-  for (const auto& [name, cw] : cmp.over_by_part) {
-    if (listed++ == 12) break;
-    char item[160];
-    std::snprintf(item, sizeof item, "%s%s (%.2f)", where.empty() ? "" : "; ", name.c_str(), cw.second);
-    where += item;
-  }
-  if (out.median >= median_bound) {
-    std::snprintf(buf, sizeof buf, "median row error %.2e >= %.1e", out.median, median_bound);
-    out.failure = buf;
-  } else if (double(out.over) > allowed * double(out.rows)) {
-    std::snprintf(buf, sizeof buf, "%lld of %lld rows over %.0e (allowed %.1f%%)", (long long)out.over,
-                  (long long)out.rows, kRowBound, 100 * allowed);
-    out.failure = buf;
-  } else if (double(out.argmax_wrong) > allowed * double(std::max<int64_t>(out.argmax_checked, 1))) {
-    std::snprintf(buf, sizeof buf, "argmax differs in %lld of %lld clear rows", (long long)out.argmax_wrong,
-                  (long long)out.argmax_checked);
-    out.failure = buf;
-  }
-  if (!out.failure.empty() && !where.empty()) out.failure += ": " + where;
+  compare_prefills(*gpu, P, c, quick, cmp);
+  compare_decode_batches(*gpu, P, quick, cmp);
+  if (c.mtp && gpu->has_mtp()) compare_mtp(*cpu, *gpu, P, ref.hidden, cmp);
+  judge(cmp, cpu->config().num_experts > 0, out);
   return out;
 }
 

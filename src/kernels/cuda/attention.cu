@@ -10,7 +10,7 @@
 namespace fathom::cuda {
 namespace {
 
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = kMaxAttentionHeadDim;
 
 // Normalises buf[0..d) (zero-centred or plain weight) and applies NeoX RoPE on its first
 // rotary_dim features, in shared memory.

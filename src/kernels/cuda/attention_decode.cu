@@ -244,16 +244,21 @@ void launch_decode(const float* q, const bf16_t* k_cache, const bf16_t* v_cache,
 
 }  // namespace
 
-bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
-                            cudaStream_t s, const AttentionSplit& split) {
+bool paged_attention_decode_covers(int nh, int nkv, int d) {
   if (d != 128 && d != 256) return false;
   if (nkv <= 0 || nh <= 0 || nh % nkv != 0) return false;
   // A group of up to 16 q heads is one (zero-padded) row tile; a larger one, a multiple of 16,
   // is split into row tiles of 16 (the KV head is then read once per row tile).
   const int group = nh / nkv;
-  if (group > kRows && group % kRows != 0) return false;
+  return group <= kRows || group % kRows == 0;
+}
+
+bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
+                            cudaStream_t s, const AttentionSplit& split) {
+  if (!paged_attention_decode_covers(nh, nkv, d)) return false;
+  const int group = nh / nkv;
   const int rows = group < kRows ? group : kRows;
   if (split.splits < 1 || split.splits > 65535 || nh / rows > 65535) return false;
   if (!split.part_m || !split.part_l || !split.part_acc) return false;

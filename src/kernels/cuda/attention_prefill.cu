@@ -244,11 +244,13 @@ void launch_prefill(const float* q, const float* gate, const bf16_t* k_cache, co
 
 }  // namespace
 
+bool paged_attention_prefill_covers(int d) { return d == 64 || d == 128 || d == 256; }
+
 bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
                              const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
                              int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
                              cudaStream_t s) {
-  if (d != 64 && d != 128 && d != 256) return false;
+  if (!paged_attention_prefill_covers(d)) return false;
   // Vector accesses: 16-byte q reads and cache copies, 8-byte gate reads, 4-byte output writes.
   if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(gate, 8) || !is_aligned(out, 4))
     return false;

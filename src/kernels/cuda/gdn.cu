@@ -454,7 +454,8 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
   if ((kernel_backends().gdn_decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk))
     return gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk,
                               dv, s, hist, long_from);
-  FATHOM_CHECK(dv >= 1 && dv <= 1024, "gdn_recurrent: value head dim ", dv, " must be in 1..1024");
+  FATHOM_CHECK(dv >= 1 && dv <= kMaxLinearValueHeadDim, "gdn_recurrent: value head dim ", dv, " must be in 1..",
+               kMaxLinearValueHeadDim);
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent: ", hv, " value heads over ", hk, " key heads");
   const int64_t ld = 2 * int64_t(hk) * dk + int64_t(hv) * dv;
   const bool vec16 = reinterpret_cast<uintptr_t>(u) % 16 == 0 && ld % 4 == 0;

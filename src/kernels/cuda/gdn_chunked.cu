@@ -686,15 +686,15 @@ size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                  const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
                  int num_seqs, int hk, int hv, int dk, int dv, int min_tokens, int tokens, int max_seq_tokens,
-                 DeviceSpan scratch, cudaStream_t s) {
+                 DeviceArray<uint8_t> scratch, cudaStream_t s) {
   if (num_seqs == 0 || max_seq_tokens < std::max(1, min_tokens)) return;
   FATHOM_CHECK(gdn_chunked_supported(dk, dv), "gdn_chunked: unsupported here: head dims dk ", dk, ", dv ", dv,
                " (supported: dk 64 or 128, dv a multiple of 4, on a device with 214 KB of shared memory a block)");
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_chunked: ", hv, " value heads over ", hk, " key heads");
   FATHOM_CHECK(is_aligned(u, 16), "gdn_chunked: u must be 16-byte aligned");
-  FATHOM_CHECK(scratch.bytes >= gdn_chunked_scratch_bytes(tokens, min_tokens, hk, hv, dk), "gdn_chunked: scratch of ",
-               scratch.bytes, " bytes is short for ", tokens, " tokens");
-  float* sp = static_cast<float*>(scratch.data);
+  FATHOM_CHECK(scratch.size >= int64_t(gdn_chunked_scratch_bytes(tokens, min_tokens, hk, hv, dk)),
+               "gdn_chunked: scratch of ", scratch.size, " bytes is short for ", tokens, " tokens");
+  float* sp = reinterpret_cast<float*>(scratch.data);
   if (dk == 64)
     launch_chunked<64>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dv,
                        min_tokens, max_seq_tokens, sp, s);

@@ -77,15 +77,19 @@ __global__ void gdn_recurrent_smem_kernel(const float* u, const float* b, const 
 
 }  // namespace
 
+bool gdn_recurrent_smem_state_in_global(int dk, int dv) {
+  return (size_t(dk) * dv + 2 * size_t(dk)) * sizeof(float) > shared_memory_limit();
+}
+
 void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                         const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot,
                         float* out, int num_seqs, int hk, int hv, int dk, int dv, cudaStream_t s,
                         const StateHistory* hist, int long_from) {
   if (num_seqs == 0) return;
-  FATHOM_CHECK(dv >= 1 && dv <= 1024 && dk >= 1, "gdn_recurrent_smem: head dims dk ", dk, ", dv ", dv);
+  FATHOM_CHECK(dv >= 1 && dv <= kMaxLinearValueHeadDim && dk >= 1, "gdn_recurrent_smem: head dims dk ", dk, ", dv ", dv);
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent_smem: ", hv, " value heads over ", hk, " key heads");
   const size_t state_bytes = size_t(dk) * dv * sizeof(float), qk_bytes = 2 * size_t(dk) * sizeof(float);
-  const bool in_global = state_bytes + qk_bytes > shared_memory_limit();
+  const bool in_global = gdn_recurrent_smem_state_in_global(dk, dv);
   auto kernel = in_global ? gdn_recurrent_smem_kernel<true> : gdn_recurrent_smem_kernel<false>;
   const int smem = int(in_global ? qk_bytes : state_bytes + qk_bytes);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);

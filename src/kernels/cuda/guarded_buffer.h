@@ -13,12 +13,13 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace fathom::cuda {
 
-// One cudaMalloc of guard + bytes + guard. The user region starts kGuardBytes in, so it keeps
-// cudaMalloc's 256-byte alignment; the back guard starts right at its last byte + 1, so even a
-// one-byte overrun lands in it. Movable, like DeviceBuffer.
+// One allocation (a DeviceBuffer) of guard + bytes + guard. The user region starts kGuardBytes in,
+// so it keeps cudaMalloc's 256-byte alignment; the back guard starts right at its last byte + 1,
+// so even a one-byte overrun lands in it.
 class GuardedBuffer {
  public:
   static constexpr size_t kGuardBytes = 4096;  // a multiple of 256
@@ -28,49 +29,40 @@ class GuardedBuffer {
   GuardedBuffer() = default;
   explicit GuardedBuffer(size_t bytes) : bytes_(bytes) {
     if (!bytes) return;  // nothing to guard: data() is null, as DeviceBuffer's
-    FATHOM_CUDA_CHECK(cudaMalloc(&base_, bytes + 2 * kGuardBytes));
+    whole_ = DeviceBuffer(bytes + 2 * kGuardBytes);
     arm();
   }
-  ~GuardedBuffer() {
-    if (base_) cudaFree(base_);
+  template <class T>
+  static GuardedBuffer from_host(const std::vector<T>& host) {
+    GuardedBuffer b(host.size() * sizeof(T));
+    if (!host.empty()) FATHOM_CUDA_CHECK(cudaMemcpy(b.data(), host.data(), b.bytes(), cudaMemcpyHostToDevice));
+    return b;
   }
-  GuardedBuffer(GuardedBuffer&& o) noexcept
-      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  GuardedBuffer& operator=(GuardedBuffer&& o) noexcept {
-    if (this != &o) {
-      if (base_) cudaFree(base_);
-      base_ = std::exchange(o.base_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  GuardedBuffer(const GuardedBuffer&) = delete;
-  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
 
   template <class T>
   T* as() const { return static_cast<T*>(data()); }
-  void* data() const { return base_ ? base_ + kGuardBytes : nullptr; }
-  size_t bytes() const { return bytes_; }
+  void* data() const { return base() ? base() + kGuardBytes : nullptr; }
+  size_t bytes() const { return base() ? bytes_ : 0; }
   // The user region as an array of T (what a launch may write into).
   template <class T>
-  DeviceArray<T> array() const { return {as<T>(), int64_t(bytes_ / sizeof(T))}; }
+  DeviceArray<T> array() const { return {as<T>(), int64_t(bytes() / sizeof(T))}; }
 
   // Fills both guards with the canary (synchronously).
   void arm() {
-    if (!base_) return;
+    if (!base()) return;
     const std::vector<uint8_t> pattern = canaries();
-    FATHOM_CUDA_CHECK(cudaMemcpy(base_, pattern.data(), kGuardBytes, cudaMemcpyHostToDevice));
-    FATHOM_CUDA_CHECK(cudaMemcpy(base_ + kGuardBytes + bytes_, pattern.data(), kGuardBytes, cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpy(base(), pattern.data(), kGuardBytes, cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpy(base() + kGuardBytes + bytes_, pattern.data(), kGuardBytes, cudaMemcpyHostToDevice));
   }
 
   // After the device's work so far: "" when both guards are intact, else "wrote N bytes past the
   // end of <name> (first at +K)" and/or "wrote N bytes before the start of <name> (nearest at -K)".
   std::string check(const std::string& name) const {
-    if (!base_) return "";
+    if (!base()) return "";
     FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // every stream's writes, not only the default one's
     std::vector<uint8_t> front(kGuardBytes), back(kGuardBytes);
-    FATHOM_CUDA_CHECK(cudaMemcpy(front.data(), base_, kGuardBytes, cudaMemcpyDeviceToHost));
-    FATHOM_CUDA_CHECK(cudaMemcpy(back.data(), base_ + kGuardBytes + bytes_, kGuardBytes, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(front.data(), base(), kGuardBytes, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(back.data(), base() + kGuardBytes + bytes_, kGuardBytes, cudaMemcpyDeviceToHost));
     size_t before = 0, nearest = 0, after = 0, first = 0;
     for (size_t i = 0; i < kGuardBytes; ++i) {
       if (front[i] != canary(i)) ++before, nearest = kGuardBytes - i;
@@ -92,7 +84,9 @@ class GuardedBuffer {
     return p;
   }
 
-  uint8_t* base_ = nullptr;  // front guard, the user's bytes, back guard
+  uint8_t* base() const { return whole_.as<uint8_t>(); }
+
+  DeviceBuffer whole_;  // front guard, the user's bytes, back guard
   size_t bytes_ = 0;
 };
 
@@ -103,11 +97,13 @@ class GuardedBuffers {
   // What the candidate reads: left for the caller to fill, or a copy of `host`.
   GuardedBuffer& input(const std::string& name, size_t bytes) { return add("input", name, bytes); }
   template <class T>
-  GuardedBuffer& input(const std::string& name, const std::vector<T>& host) { return upload(input(name, bytes_of(host)), host); }
+  GuardedBuffer& input(const std::string& name, const std::vector<T>& host) {
+    return add("input", name, GuardedBuffer::from_host(host));
+  }
   GuardedBuffer& weights(const std::string& name, size_t bytes) { return add("weights", name, bytes); }
   template <class T>
   GuardedBuffer& weights(const std::string& name, const std::vector<T>& host) {
-    return upload(weights(name, bytes_of(host)), host);
+    return add("weights", name, GuardedBuffer::from_host(host));
   }
   // What it writes: its results, its working memory, or a state it reads and updates in place.
   GuardedBuffer& output(const std::string& name, size_t bytes) { return add("output", name, bytes); }
@@ -133,15 +129,9 @@ class GuardedBuffers {
     std::string label;
     GuardedBuffer buffer;
   };
-  template <class T>
-  static size_t bytes_of(const std::vector<T>& v) { return v.size() * sizeof(T); }
-  template <class T>
-  static GuardedBuffer& upload(GuardedBuffer& b, const std::vector<T>& host) {
-    if (!host.empty()) FATHOM_CUDA_CHECK(cudaMemcpy(b.data(), host.data(), b.bytes(), cudaMemcpyHostToDevice));
-    return b;
-  }
-  GuardedBuffer& add(const char* role, const std::string& name, size_t bytes) {
-    buffers_.push_back(std::make_unique<Named>(Named{std::string(role) + " '" + name + "'", GuardedBuffer(bytes)}));
+  GuardedBuffer& add(const char* role, const std::string& name, size_t bytes) { return add(role, name, GuardedBuffer(bytes)); }
+  GuardedBuffer& add(const char* role, const std::string& name, GuardedBuffer buffer) {
+    buffers_.push_back(std::make_unique<Named>(Named{std::string(role) + " '" + name + "'", std::move(buffer)}));
     return buffers_.back()->buffer;
   }
 

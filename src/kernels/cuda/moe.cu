@@ -10,7 +10,7 @@
 namespace fathom::cuda {
 namespace {
 
-constexpr int kMaxExpertsPerLane = 32;  // E <= 1024
+constexpr int kMaxExpertsPerLane = kMaxExperts / 32;
 
 // One warp per token.
 __global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weights, int T, int E, int K,
@@ -348,7 +348,7 @@ __global__ void scatter_add_kernel(float* y, const float* src, const int32_t* ro
 void moe_topk(const float* logits, int32_t* topk_ids, float* topk_w, int T, int E, int K, bool renorm,
               cudaStream_t s) {
   if (T == 0) return;
-  FATHOM_CHECK(E <= 32 * kMaxExpertsPerLane && K <= E, "moe_topk: ", E, " experts / top-", K, " unsupported");
+  FATHOM_CHECK(E <= kMaxExperts && K <= E, "moe_topk: ", E, " experts / top-", K, " unsupported");
   launch(moe_topk_kernel, (T + 3) / 4, 128, 0, s, logits, topk_ids, topk_w, T, E, K, renorm);
   FATHOM_CUDA_LAUNCH_CHECK();
 }

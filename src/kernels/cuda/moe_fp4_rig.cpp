@@ -101,16 +101,11 @@ MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bo
     for (int k = 0; k < c.K; ++k) ids_[size_t(t) * c.K + k] = perm[size_t(k)], w_[size_t(t) * c.K + k] = uw(rng_);
   }
   const int P = max_T_ * c.K;
-  auto upload = [](const auto& host) {
-    GuardedBuffer b(host.size() * sizeof(host[0]));
-    FATHOM_CUDA_CHECK(cudaMemcpy(b.data(), host.data(), b.bytes(), cudaMemcpyHostToDevice));
-    return b;
-  };
   group_buf_ = GuardedBuffer(size_t(moe_group_scratch_ints(P, c.E)) * 4);
   group_ = moe_group_scratch(group_buf_.as<int32_t>(), P, c.E);
-  dx_ = upload(x_);
-  dids_ = upload(ids_);
-  dw_ = upload(w_);
+  dx_ = GuardedBuffer::from_host(x_);
+  dids_ = GuardedBuffer::from_host(ids_);
+  dw_ = GuardedBuffer::from_host(w_);
   h_ = GuardedBuffer(size_t(P) * c.I * 2);
   pair_out_ = GuardedBuffer(size_t(P) * c.H * 4);
   y_ = GuardedBuffer(size_t(max_T_) * c.H * 4);

@@ -90,6 +90,8 @@ void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
 void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
 
 // ---- attention (attention.cu)
+// The CUDA-core kernels hold a head in shared memory and registers: head dims up to this.
+constexpr int kMaxAttentionHeadDim = 256;
 // Per token t (position pos[t], slot slot_mapping[t] in the paged cache): split q rows into query
 // and gate (gated: per head [query d | gate d]), q_norm/k_norm per head, partial NeoX RoPE, store
 // q (fp32 [T, nh, d]) and gate (fp32 [T, nh*d]); write k, v into the cache pools (bf16
@@ -119,6 +121,9 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
 // launched) for shapes it does not cover (head_dim other than 128/256, a GQA group above 16 that
 // is not a multiple of 16, or q, the caches or part_acc not 16-byte aligned); the caller then
 // uses paged_attention. A token's result depends only on its own inputs, the shapes and `splits`.
+// The shapes paged_attention_decode's kernel has (alignment aside): head_dim 128/256, a GQA
+// group of up to 16 or a multiple of 16.
+bool paged_attention_decode_covers(int nh, int nkv, int d);
 bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
                             const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
                             int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
@@ -132,6 +137,7 @@ void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* o
 // when the shape is unsupported (head_dim other than 64/128/256, or pointers not aligned for
 // vector access: q and the caches to 16 bytes, gate to 8, out to 4); the caller then uses
 // paged_attention.
+bool paged_attention_prefill_covers(int d);  // head_dim 64/128/256
 bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
                              const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
                              int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
@@ -176,6 +182,11 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
 // Key head dims the register-tiled kernel of gdn_recurrent has an instance for (16, 32, 64, 128);
 // gdn_recurrent runs gdn_recurrent_smem for the others.
 bool gdn_recurrent_covers(int dk);
+// Value head dims the delta-rule kernels take (one thread per value column).
+constexpr int kMaxLinearValueHeadDim = 1024;
+// Whether gdn_recurrent_smem keeps the state in device memory (dk x dv floats past a block's
+// shared memory on this device).
+bool gdn_recurrent_smem_state_in_global(int dk, int dv);
 // The same rule, one block per (value head, sequence) with the state in shared memory
 // (gdn_recurrent_smem.cu): gdn.decode's second implementation; gdn_recurrent runs it in place of
 // its own kernel for decode steps when kernel_backends().gdn_decode_smem (backend_switches.h).
@@ -191,10 +202,6 @@ void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t 
 // Products are tf32 (outputs within about 1e-3 of fp32; the caller rounds them to bf16), or
 // 3xTF32, as exact as fp32, with set_gdn_chunked_precise(true) or FATHOM_GDN_CHUNKED_PRECISE=1.
 constexpr int kGdnChunkedMinTokens = 64;
-struct DeviceSpan {
-  void* data = nullptr;
-  size_t bytes = 0;
-};
 // dk 64 or 128, dv a multiple of 4, and the current device has the shared memory (not SM120);
 // FATHOM_GDN_CHUNKED=0 turns the chunked form off (every sequence takes the recurrent one).
 bool gdn_chunked_supported(int dk, int dv);
@@ -203,14 +210,15 @@ size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                  const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
                  int num_seqs, int hk, int hv, int dk, int dv, int min_tokens, int tokens, int max_seq_tokens,
-                 DeviceSpan scratch, cudaStream_t s);
+                 DeviceArray<uint8_t> scratch, cudaStream_t s);
 // y = w * rmsnorm(x) * silu(z) per head row of dv, as bf16. x, y: [T*heads, dv]; z: token t's
 // heads start at z + t*z_ld.
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
                     int dv, float eps, cudaStream_t s);
 
 // ---- MoE (moe.cu)
-// softmax over E router logits, top-k, optional renormalisation.
+// softmax over E router logits, top-k, optional renormalisation; E up to kMaxExperts.
+constexpr int kMaxExperts = 1024;
 void moe_topk(const float* logits, int32_t* topk_ids, float* topk_w, int T, int E, int K, bool renorm,
               cudaStream_t s);
 struct DeviceExperts {

@@ -87,7 +87,7 @@ struct GdnRig {
     if (long_from > 0)
       gdn_chunked(u->as<float>(), b->as<float>(), a->as<float>(), h.hv, dalog->as<float>(), ddt->as<float>(),
                   state->as<float>(), dstart->as<int32_t>(), dslot->as<int32_t>(), out->as<float>(), seqs, h.hk, h.hv,
-                  h.dk, h.dv, long_from, seq_start[size_t(seqs)], longest, {scratch->data(), scratch->bytes()},
+                  h.dk, h.dv, long_from, seq_start[size_t(seqs)], longest, scratch->array<uint8_t>(),
                   nullptr);
   }
   std::vector<float> output() const {

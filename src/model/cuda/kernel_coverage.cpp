@@ -3,19 +3,9 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
-
-namespace {
-// The CUDA-core attention kernels keep a head in shared memory and registers (attention.cu).
-constexpr int kMaxAttentionHeadDim = 256;
-// gdn_recurrent(_smem): one thread per value column.
-constexpr int kMaxLinearValueHeadDim = 1024;
-// moe_topk: 32 experts per lane of one warp.
-constexpr int kMaxExperts = 1024;
-}  // namespace
 
 void check_cuda_shapes(const ModelConfig& c) {
   const auto refuse = [](const auto&... what) { fail("the CUDA engine cannot run this model: ", what...); };
@@ -44,18 +34,18 @@ std::vector<std::string> generic_kernel_notes(const ModelConfig& c, const Device
   const bool attention = !w.layers.empty() && (c.num_full_attention_layers() > 0 || w.has_mtp);
   if (attention) {
     const int d = c.head_dim, group = c.num_key_value_heads > 0 ? c.num_attention_heads / c.num_key_value_heads : 0;
-    if (!(d == 128 || d == 256) || !(group <= 16 || group % 16 == 0))
+    if (!paged_attention_decode_covers(c.num_attention_heads, c.num_key_value_heads, d))
       note("attention.decode: head_dim ", d, ", ", group, " query heads a KV head: the tensor-core kernel covers head_dim "
            "128/256 (groups up to 16 or multiples of 16); the CUDA-core split-K kernel runs");
-    if (!(d == 64 || d == 128 || d == 256))
+    if (!paged_attention_prefill_covers(d))
       note("attention.prefill: head_dim ", d, ": the tensor-core kernel covers 64/128/256; the CUDA-core kernel runs");
   }
   if (c.num_linear_attention_layers() > 0) {
     const int dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
-    const bool in_global = size_t(dk) * dv * 4 + 2 * size_t(dk) * 4 > shared_memory_limit();
     if (!gdn_recurrent_covers(dk))
       note("gdn.decode, gdn.prefill: linear_key_head_dim ", dk, ": the register-tiled kernel covers 16/32/64/128; the "
-           "recurrent-smem kernel runs", in_global ? " with the state in device memory" : "");
+           "recurrent-smem kernel runs", gdn_recurrent_smem_state_in_global(dk, dv) ? " with the state in device memory"
+                                                                                      : "");
     if (!gdn_chunked_supported(dk, dv))
       note("gdn.prefill: linear key/value head dims ", dk, "/", dv, ": the chunked kernel covers 64/128 (value a multiple of 4)"
            "; prefill runs the recurrent form");

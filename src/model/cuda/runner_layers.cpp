@@ -181,7 +181,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       if (long_from > 0)
         gdn_chunked(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
-                    {gdn_scratch.data(), gdn_scratch.bytes()}, s);
+                    gdn_scratch.array<uint8_t>(), s);
     }
     Scope sc(this, "gdn.norm");
     gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
