@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -179,6 +179,33 @@ for what in "${@:-all}"; do
       start_server 18610 serve_nccl --max-num-seqs 64 --force-nccl && {
         bench_serve 18610 bench_serve_nccl --concurrency 64 --input-len 16 --num-prompts 128
         stop_server serve_nccl; } ;;
+    ab)
+      # Before and after a change that must not move the numbers (issue 30): the base build
+      # (.devcarry/bin/fathom-base) and this one, alternated, on the 397B shape cut to 28 layers:
+      # `fathom bench` three times each (decode at batch 1, 8, 64 and a 4K prefill), then
+      # `fathom bench serve` at concurrency 64 twice each.
+      for rep in 1 2 3; do
+        for v in base new; do
+          B=$BIN/fathom; [ $v = base ] && B=$BIN/fathom-base
+          timeout 300 "$B" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 --batch 1,8,64 \
+            --input-len 4096 --output-len 64 --json-out "$OUT/ab_bench_${v}_$rep.json" 2>&1 \
+            | grep -E "^(prefill|decode)" | sed "s/^/$v $rep: /" | tee -a "$OUT/ab_bench.log"
+        done
+      done
+      for rep in 1 2; do
+        for v in base new; do
+          B=$BIN/fathom; [ $v = base ] && B=$BIN/fathom-base
+          "$B" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
+            --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18610 > "$OUT/ab_serve_${v}_$rep.log" 2>&1 &
+          SRV=$!
+          wait_healthy 18610 $SRV || { tail -5 "$OUT/ab_serve_${v}_$rep.log"; continue; }
+          timeout 300 "$BIN/fathom" bench serve --url http://127.0.0.1:18610 --concurrency 64 --input-len 512 \
+            --output-len 128 --num-prompts 192 --vocab-size 248320 --no-progress 2>&1 \
+            | tee "$OUT/ab_bench_serve_${v}_$rep.log" | grep -E "throughput|Median TPOT|Median TTFT" | sed "s/^/$v $rep: /" \
+            | tee -a "$OUT/ab_serve.log"
+          kill $SRV; wait $SRV 2>/dev/null
+        done
+      done ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

@@ -397,6 +397,22 @@ int ModelConfig::num_linear_attention_layers() const {
   return int(std::count(layer_types.begin(), layer_types.end(), LayerType::LinearAttention));
 }
 
+int ModelConfig::attention_q_rows() const { return num_attention_heads * head_dim * (attn_output_gate ? 2 : 1); }
+int ModelConfig::attention_kv_rows() const { return num_key_value_heads * head_dim; }
+int ModelConfig::linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+int ModelConfig::linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+int ModelConfig::linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+
+int64_t ModelConfig::linear_conv_state_values() const {
+  return int64_t(linear_conv_kernel_dim - 1) * linear_conv_dim();
+}
+
+int64_t ModelConfig::linear_recurrent_state_values() const {
+  return int64_t(linear_num_value_heads) * linear_key_head_dim * linear_value_head_dim;
+}
+
+int64_t ModelConfig::kv_bytes_per_token_per_layer() const { return 2LL * num_key_value_heads * head_dim * 2; }
+
 ModelConfig ModelConfig::truncated_to(int layers) const {
   ModelConfig c = *this;
   if (layers > 0 && layers < num_hidden_layers) {

@@ -1,6 +1,7 @@
 // The text model's hyper-parameters from a Hugging Face config.json (nested text_config or
 // flat) and generation_config.json, normalised across Qwen3, Qwen3-Next, Qwen3.5(-MoE).
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -76,6 +77,20 @@ struct ModelConfig {
   int rotary_dim() const;  // head_dim * partial_rotary_factor
   int num_full_attention_layers() const;
   int num_linear_attention_layers() const;
+
+  // Sizes derived from the hyper-parameters, computed here only. A tensor-parallel rank's config
+  // (rank_config) gives the rank's share.
+  int attention_q_rows() const;  // q_proj rows: each head's query, and its gate rows when gated
+  int attention_kv_rows() const;  // k_proj / v_proj rows
+  int linear_key_dim() const;    // Gated DeltaNet key heads x key head dim
+  int linear_value_dim() const;  // value heads x value head dim
+  int linear_conv_dim() const;   // convolution channels, [Q | K | V]
+  // One sequence's Gated DeltaNet state in one layer, in values: the convolution window (the
+  // last kernel - 1 inputs) and the recurrent state (a dk x dv matrix per value head).
+  int64_t linear_conv_state_values() const;
+  int64_t linear_recurrent_state_values() const;
+  // K and V of one token in one full-attention layer, in bf16 bytes.
+  int64_t kv_bytes_per_token_per_layer() const;
 };
 
 const char* family_name(ModelFamily f);

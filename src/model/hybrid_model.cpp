@@ -82,16 +82,14 @@ void HybridModel::embed(std::span<const int32_t> tokens, float* dst) const {
 
 SequenceState HybridModel::new_sequence() const {
   SequenceState s;
-  const int hk = split_.linear_key_heads.size(), hv = split_.linear_value_heads.size();
-  const int conv_dim = 2 * hk * cfg_.linear_key_head_dim + hv * cfg_.linear_value_head_dim;
+  const ModelConfig rank = rank_config(cfg_, split_);  // this rank's DeltaNet heads
   for (LayerType t : cfg_.layer_types) {
     if (t == LayerType::FullAttention) {
       s.kv.push_back(KvCache{split_.kv_heads.size(), cfg_.head_dim, {}, {}});
     } else {
       LinearAttentionState st;
-      st.conv.assign(size_t(cfg_.linear_conv_kernel_dim - 1) * conv_dim, 0.f);
-      st.recurrent.assign(size_t(hv) * cfg_.linear_key_head_dim *
-                              cfg_.linear_value_head_dim, 0.f);
+      st.conv.assign(size_t(rank.linear_conv_state_values()), 0.f);
+      st.recurrent.assign(size_t(rank.linear_recurrent_state_values()), 0.f);
       s.linear.push_back(std::move(st));
     }
   }

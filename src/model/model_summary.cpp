@@ -160,14 +160,12 @@ ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
   s.mtp_present = s.mtp_tensors > 0;
   s.vision_present = cfg.has_vision || s.vision_tensors > 0;
 
-  const int64_t kv_layer = 2LL * cfg.num_key_value_heads * cfg.head_dim * 2;
+  const int64_t kv_layer = cfg.kv_bytes_per_token_per_layer();
   s.kv_cache_bytes_per_token = int64_t(s.full_attention_layers) * kv_layer;
   s.mtp_kv_cache_bytes_per_token = int64_t(s.mtp_present ? cfg.mtp_num_hidden_layers : 0) * kv_layer;
   if (s.linear_attention_layers > 0) {
-    const int64_t hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-    const int64_t dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
-    const int64_t conv_dim = 2 * hk * dk + hv * dv;
-    const int64_t per_layer = hv * dk * dv * 4 + conv_dim * (cfg.linear_conv_kernel_dim - 1) * 2;
+    // fp32 recurrent state, bf16 convolution window
+    const int64_t per_layer = cfg.linear_recurrent_state_values() * 4 + cfg.linear_conv_state_values() * 2;
     s.linear_state_bytes_per_sequence = per_layer * s.linear_attention_layers;
   }
   return s;

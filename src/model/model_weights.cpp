@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/nvfp4.h"
+#include "model/model_tensors.h"
 #include "model/weight_shard.h"
 
 namespace fathom {
@@ -57,19 +58,18 @@ class WeightLoader {
     return lw;
   }
 
-  MlpWeights mlp(const std::string& prefix, int inter) const {
-    const int h = cfg_.hidden_size;
-    return MlpWeights{linear(prefix + ".gate_proj", inter, h), linear(prefix + ".up_proj", inter, h),
-                      linear(prefix + ".down_proj", h, inter)};
-  }
+  LinearWeight linear(const LinearSpec& l) const { return linear(l.module, l.out, l.in); }
+  std::vector<float> vec(const TensorSpec& t) const { return vec(t.name, t.shape[0]); }
+
+  MlpWeights mlp(const MlpTensors& t) const { return MlpWeights{linear(t.gate), linear(t.up), linear(t.down)}; }
 
   // Routed experts, fused ([E, 2I, H] gate_up + [E, H, I] down) or one module per expert.
-  std::vector<MlpWeights> experts(const std::string& prefix) const {
+  std::vector<MlpWeights> experts(const MoeTensors& t) const {
     const int E = cfg_.num_experts, I = cfg_.moe_intermediate_size, H = cfg_.hidden_size;
     std::vector<MlpWeights> out(E);
-    if (ckpt_.has(prefix + ".gate_up_proj")) {
-      std::vector<float> gate_up = ckpt_.read_f32(prefix + ".gate_up_proj", {E, 2 * I, H});
-      std::vector<float> down = ckpt_.read_f32(prefix + ".down_proj", {E, H, I});
+    if (ckpt_.has(t.fused_gate_up.name)) {
+      std::vector<float> gate_up = ckpt_.read_f32(t.fused_gate_up.name, t.fused_gate_up.shape);
+      std::vector<float> down = ckpt_.read_f32(t.fused_down.name, t.fused_down.shape);
       const size_t gu = size_t(I) * H;
       for (int e = 0; e < E; ++e) {
         const float* base = gate_up.data() + size_t(e) * 2 * gu;
@@ -80,39 +80,35 @@ class WeightLoader {
       }
       return out;
     }
-    FATHOM_CHECK(ckpt_.has(prefix + ".0.gate_proj.weight"), "missing tensor '", prefix,
-                 ".gate_up_proj' (fused experts) or '", prefix, ".0.gate_proj.weight' (per expert) in ",
-                 ckpt_.dir().string());
-    for (int e = 0; e < E; ++e) out[e] = mlp(prefix + "." + std::to_string(e), I);
+    FATHOM_CHECK(ckpt_.has(t.expert(0).gate.weight()), "missing tensor '", t.fused_gate_up.name,
+                 "' (fused experts) or '", t.expert(0).gate.weight(), "' (per expert) in ", ckpt_.dir().string());
+    for (int e = 0; e < E; ++e) out[e] = mlp(t.expert(e));
     return out;
   }
 
-  AttentionWeights attention(const std::string& p) const {
-    const int h = cfg_.hidden_size, d = cfg_.head_dim;
-    const int q_rows = cfg_.num_attention_heads * d * (cfg_.attn_output_gate ? 2 : 1);
+  AttentionWeights attention(const AttentionTensors& t) const {
     AttentionWeights a;
-    a.q = linear(p + ".q_proj", q_rows, h);
-    a.k = linear(p + ".k_proj", cfg_.num_key_value_heads * d, h);
-    a.v = linear(p + ".v_proj", cfg_.num_key_value_heads * d, h);
-    a.o = linear(p + ".o_proj", h, cfg_.num_attention_heads * d);
-    a.q_norm = vec(p + ".q_norm.weight", d);
-    a.k_norm = vec(p + ".k_norm.weight", d);
+    a.q = linear(t.q);
+    a.k = linear(t.k);
+    a.v = linear(t.v);
+    a.o = linear(t.o);
+    a.q_norm = vec(t.q_norm);
+    a.k_norm = vec(t.k_norm);
     return a;
   }
 
-  GatedDeltaNetWeights gated_delta_net(const std::string& p) const {
+  GatedDeltaNetWeights gated_delta_net(const GatedDeltaNetTensors& t) const {
     const int h = cfg_.hidden_size, hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
     const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
-    const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
-    const int kc = cfg_.linear_conv_kernel_dim;
+    const int key_dim = cfg_.linear_key_dim(), value_dim = cfg_.linear_value_dim(), conv_dim = cfg_.linear_conv_dim();
     GatedDeltaNetWeights g;
-    if (cfg_.family == ModelFamily::Qwen3Next) {
+    if (t.fused_per_key_head) {
       // Fused projections grouped per key head g: [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and
       // [b_g (r) | a_g (r)]. Reorder rows to the Qwen3.5 layout [Q | K | V], Z, B, A.
       const int r = hv / hk;
       // Rows are reordered below, so quantized tensors are dequantized here in any mode.
-      LinearWeight qkvz = linear(p + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, h, false);
-      LinearWeight ba = linear(p + ".in_proj_ba", 2 * hv, h, false);
+      LinearWeight qkvz = linear(t.qkvz.module, t.qkvz.out, t.qkvz.in, false);
+      LinearWeight ba = linear(t.ba.module, t.ba.out, t.ba.in, false);
       g.qkv = make_linear(conv_dim, h, std::vector<float>(size_t(conv_dim) * h), qkvz.quantized);
       g.z = make_linear(value_dim, h, std::vector<float>(size_t(value_dim) * h), qkvz.quantized);
       g.b = make_linear(hv, h, std::vector<float>(size_t(hv) * h), ba.quantized);
@@ -131,39 +127,36 @@ class WeightLoader {
         for (int i = 0; i < r; ++i) copy_row(ba, kh * 2 * r + r + i, g.a, kh * r + i);
       }
     } else {
-      g.qkv = linear(p + ".in_proj_qkv", conv_dim, h);
-      g.z = linear(p + ".in_proj_z", value_dim, h);
-      g.b = linear(p + ".in_proj_b", hv, h);
-      g.a = linear(p + ".in_proj_a", hv, h);
+      g.qkv = linear(t.qkv);
+      g.z = linear(t.z);
+      g.b = linear(t.b);
+      g.a = linear(t.a);
     }
-    g.out = linear(p + ".out_proj", h, value_dim);
-    g.conv = ckpt_.read_f32(p + ".conv1d.weight", {conv_dim, 1, kc});
-    g.dt_bias = vec(p + ".dt_bias", hv);
-    g.a_log = vec(p + ".A_log", hv);
-    g.norm = vec(p + ".norm.weight", dv);
+    g.out = linear(t.out);
+    g.conv = ckpt_.read_f32(t.conv.name, t.conv.shape);
+    g.dt_bias = vec(t.dt_bias);
+    g.a_log = vec(t.a_log);
+    g.norm = vec(t.norm);
     return g;
   }
 
-  LayerWeights layer(const std::string& p, LayerType type, bool is_moe) const {
-    const int h = cfg_.hidden_size;
+  LayerWeights layer(const LayerTensors& t) const {
     LayerWeights l;
-    l.type = type;
-    l.input_norm = vec(p + ".input_layernorm.weight", h);
-    l.post_attention_norm = vec(p + ".post_attention_layernorm.weight", h);
-    if (type == LayerType::FullAttention)
-      l.attn = attention(p + ".self_attn");
-    else
-      l.gdn = gated_delta_net(p + ".linear_attn");
-    l.is_moe = is_moe;
-    if (is_moe) {
-      l.moe.router = linear(p + ".mlp.gate", cfg_.num_experts, h);
-      l.moe.experts = experts(p + ".mlp.experts");
-      if (cfg_.shared_expert_intermediate_size > 0) {
-        l.moe.shared = mlp(p + ".mlp.shared_expert", cfg_.shared_expert_intermediate_size);
-        l.moe.shared_gate = linear(p + ".mlp.shared_expert_gate", 1, h);
+    l.type = t.type;
+    l.input_norm = vec(t.input_norm);
+    l.post_attention_norm = vec(t.post_attention_norm);
+    if (t.type == LayerType::FullAttention) l.attn = attention(t.attn);
+    else l.gdn = gated_delta_net(t.gdn);
+    l.is_moe = t.is_moe;
+    if (t.is_moe) {
+      l.moe.router = linear(t.moe.router);
+      l.moe.experts = experts(t.moe);
+      if (t.moe.has_shared) {
+        l.moe.shared = mlp(t.moe.shared);
+        l.moe.shared_gate = linear(t.moe.shared_gate);
       }
     } else {
-      l.mlp = mlp(p + ".mlp", cfg_.intermediate_size);
+      l.mlp = mlp(t.mlp);
     }
     return l;
   }
@@ -182,25 +175,22 @@ ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, 
   const TensorSplit& s = split ? *split : whole;
   (void)quant;  // storage decides the format per tensor; QuantConfig is reported by `inspect`
   WeightLoader load(ckpt, cfg, keep_nvfp4);
-  const std::string& pre = cfg.weight_prefix;
-  const int h = cfg.hidden_size, vocab = cfg.vocab_size;
+  const ModelTensors t = model_tensors(cfg);
   ModelWeights w;
-  w.embed = ckpt.read_f32(pre + "embed_tokens.weight", {vocab, h});
-  w.final_norm = load.vec(pre + "norm.weight", h);
-  w.tied_lm_head = cfg.tie_word_embeddings && !ckpt.has("lm_head.weight");
-  if (!w.tied_lm_head) w.lm_head = load.linear("lm_head", vocab, h);
-  for (int i = 0; i < cfg.num_hidden_layers; ++i)
-    w.layers.push_back(
-        shard_layer(load.layer(pre + "layers." + std::to_string(i), cfg.layer_types[i], cfg.is_moe_layer(i)), cfg, s));
-  if (load_mtp && cfg.mtp_num_hidden_layers > 0) {
-    FATHOM_CHECK(ckpt.has("mtp.fc.weight"), "config declares mtp_num_hidden_layers = ",
-                 cfg.mtp_num_hidden_layers, " but tensor 'mtp.fc.weight' is missing in ", ckpt.dir().string());
+  w.embed = ckpt.read_f32(t.embed.name, t.embed.shape);
+  w.final_norm = load.vec(t.final_norm);
+  w.tied_lm_head = cfg.tie_word_embeddings && !ckpt.has(t.lm_head.weight());
+  if (!w.tied_lm_head) w.lm_head = load.linear(t.lm_head);
+  for (const LayerTensors& layer : t.layers) w.layers.push_back(shard_layer(load.layer(layer), cfg, s));
+  if (load_mtp && t.mtp) {
+    FATHOM_CHECK(ckpt.has(t.mtp->fc.weight()), "config declares mtp_num_hidden_layers = ", cfg.mtp_num_hidden_layers,
+                 " but tensor '", t.mtp->fc.weight(), "' is missing in ", ckpt.dir().string());
     MtpWeights m;
-    m.fc = load.linear("mtp.fc", h, 2 * h);
-    m.pre_fc_norm_embedding = load.vec("mtp.pre_fc_norm_embedding.weight", h);
-    m.pre_fc_norm_hidden = load.vec("mtp.pre_fc_norm_hidden.weight", h);
-    m.norm = load.vec("mtp.norm.weight", h);
-    m.layer = shard_layer(load.layer("mtp.layers.0", LayerType::FullAttention, cfg.num_experts > 0), cfg, s);
+    m.fc = load.linear(t.mtp->fc);
+    m.pre_fc_norm_embedding = load.vec(t.mtp->pre_fc_norm_embedding);
+    m.pre_fc_norm_hidden = load.vec(t.mtp->pre_fc_norm_hidden);
+    m.norm = load.vec(t.mtp->norm);
+    m.layer = shard_layer(load.layer(t.mtp->layer), cfg, s);
     w.mtp = std::move(m);
   }
   shard_vocabulary(w, cfg, s);

@@ -46,8 +46,12 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
   // conv channels and state.
   p.linear_key_heads = c.linear_num_key_heads >= N ? c.linear_num_key_heads / N : (c.linear_num_key_heads > 0 ? 1 : 0);
   p.linear_value_heads = c.linear_num_value_heads / N;
-  const double dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
-  const double conv_dim = 2.0 * p.linear_key_heads * dk + p.linear_value_heads * dv;
+  ModelConfig rank = c;  // rank 0's heads, for the sizes ModelConfig derives
+  rank.num_key_value_heads = p.kv_heads;
+  rank.linear_num_key_heads = p.linear_key_heads;
+  rank.linear_num_value_heads = p.linear_value_heads;
+  const double dv = c.linear_value_head_dim;
+  const double conv_dim = rank.linear_conv_dim();
   const double linear_layer = (conv_dim + p.linear_value_heads * dv + 2.0 * p.linear_value_heads) * H * kBf16  // qkv, z, b, a
                               + conv_dim * c.linear_conv_kernel_dim * kBf16                                 // conv1d
                               + H * p.linear_value_heads * dv * kBf16                                       // out
@@ -89,10 +93,9 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
       p.routed_expert_bytes + p.attention_bytes + p.linear_attention_bytes + p.embedding_bytes + p.other_bytes + p.mtp_bytes;
 
   const int attention_layers = c.num_full_attention_layers() + c.mtp_num_hidden_layers;
-  p.kv_bytes_per_token = double(attention_layers) * 2 * p.kv_heads * d * kBf16;
-  p.state_bytes_per_sequence =
-      double(c.num_linear_attention_layers()) *
-      (p.linear_value_heads * dk * dv * 4 + double(c.linear_conv_kernel_dim - 1) * conv_dim * 4);
+  p.kv_bytes_per_token = double(attention_layers) * double(rank.kv_bytes_per_token_per_layer());
+  p.state_bytes_per_sequence = double(c.num_linear_attention_layers()) *
+                               double(rank.linear_recurrent_state_values() + rank.linear_conv_state_values()) * 4;
   p.free_bytes = o.gpu_memory_utilization * o.gpu_memory_bytes - p.weight_bytes - kRuntimeReserve -
                  o.max_num_seqs * p.state_bytes_per_sequence;
   p.kv_tokens = p.kv_bytes_per_token > 0 ? p.free_bytes / p.kv_bytes_per_token : 0;

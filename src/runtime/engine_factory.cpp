@@ -96,12 +96,9 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
       // Snapshots of about 2,048 tokens on average (a shared system prompt, a conversation): a
       // slot's linear states plus that much KV each.
       const int64_t kv_per_token =
-          int64_t(cfg.num_full_attention_layers() + (with_mtp ? 1 : 0)) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
-      const int64_t conv_dim = 2 * int64_t(cfg.linear_num_key_heads) * cfg.linear_key_head_dim +
-                               int64_t(cfg.linear_num_value_heads) * cfg.linear_value_head_dim;
+          int64_t(cfg.num_full_attention_layers() + (with_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer();
       const int64_t state = int64_t(cfg.num_linear_attention_layers()) * 4 *
-                            ((cfg.linear_conv_kernel_dim - 1) * conv_dim +
-                             int64_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
+                            (cfg.linear_conv_state_values() + cfg.linear_recurrent_state_values());
       const int64_t budget = options.prefix_cache_mb << 20;
       opt.snapshot_slots = int(std::clamp<int64_t>(budget / (state + 2048 * kv_per_token), 1, 64));
       opt.snapshot_tokens = std::max<int64_t>(opt.block_size, (budget - opt.snapshot_slots * state) / kv_per_token);

@@ -94,15 +94,7 @@ SequenceId CudaRunner::add_sequence() {
   sq.slot = m.free_slots.back();
   m.free_slots.pop_back();
   // A new sequence starts from zero linear-attention state.
-  if (m.n_linear > 0) {
-    const auto [conv, rec] = m.state_sizes();
-    for (int l = 0; l < m.n_linear; ++l) {
-      FATHOM_CUDA_CHECK(cudaMemsetAsync(m.conv_state.as<float>() + (int64_t(l) * m.slots + sq.slot) * conv, 0,
-                                        size_t(conv) * 4, m.stream));
-      FATHOM_CUDA_CHECK(cudaMemsetAsync(m.rec_state.as<float>() + (int64_t(l) * m.slots + sq.slot) * rec, 0,
-                                        size_t(rec) * 4, m.stream));
-    }
-  }
+  m.states.zero(sq.slot, m.stream);
   const SequenceId id = m.next_id++;
   m.seqs.emplace(id, std::move(sq));
   return id;
@@ -124,23 +116,23 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
   for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size;
   // Each original step's rows are appended in order; a split step contributes several pieces.
-  Impl::OutputLayout layout = Impl::output_layout(steps);
+  OutputLayout layout = output_layout(steps);
   ForwardOutput out;
   out.rows = layout.rows;
   out.row_begin = std::move(layout.row_begin);
   out.hidden_row_begin = std::move(layout.hidden_row_begin);
   out.logits.resize(size_t(out.rows) * V);
   out.hidden.resize(size_t(layout.hidden_rows) * H);
-  m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Impl::Piece>& pieces) {
+  m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Piece>& pieces) {
     Impl::Plan p = m.prepare(batch);
     m.run(p);
     std::vector<float> logits(size_t(p.RL) * V), hidden(size_t(p.R) * H);
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), m.sel.data(), hidden.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.act.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), m.act.sel.data(), hidden.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     m.commit(batch);
     for (size_t i = 0; i < pieces.size(); ++i) {
-      const Impl::Piece& pc = pieces[i];
+      const Piece& pc = pieces[i];
       const ForwardStep& st = steps[pc.step];
       const int64_t lrow = p.logit_row_begin[i];
       if (st.all_rows) {
@@ -149,7 +141,7 @@ ForwardOutput CudaRunner::forward(std::span<const ForwardStep> steps) {
         std::copy_n(logits.begin() + lrow * V, V, out.logits.begin() + out.row_begin[pc.step] * V);
       }
     }
-    for (const Impl::RowCopy& c : Impl::hidden_copies(steps, pieces, p, out.hidden_row_begin))
+    for (const RowCopy& c : hidden_copies(steps, pieces, p, out.hidden_row_begin))
       std::copy_n(hidden.begin() + c.from * H, c.n * H, out.hidden.begin() + c.to * H);
   });
   return out;
@@ -168,7 +160,7 @@ std::vector<int32_t> CudaRunner::forward_argmax(std::span<const ForwardStep> ste
   Impl::Plan p = m.prepare(steps);
   m.run(p);
   std::vector<int32_t> ids(size_t(p.RL - p.pad));  // padding rows come last
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.act.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.commit(steps);
   return ids;
@@ -198,9 +190,7 @@ void CudaRunner::rollback(SequenceId id, int64_t new_length) {
     const int64_t i = new_length - sq.hist_base;
     FATHOM_CHECK(sq.hist_base >= 0 && i >= 0 && i <= sq.hist_len, "rollback to ", new_length,
                  " tokens: no linear-attention state kept for that length");
-    const auto [conv, rec] = m.state_sizes();
-    restore_linear_state(m.conv_state.as<float>(), m.rec_state.as<float>(), m.hist, m.n_linear, m.slots, sq.slot,
-                         int(i), conv, rec, m.stream);
+    m.states.restore(sq.slot, int(i), m.stream);
   }
   sq.length = new_length;
   sq.mtp_length = std::min(sq.mtp_length, new_length);
@@ -221,7 +211,7 @@ ForwardOutput CudaRunner::mtp_forward(std::span<const MtpStep> steps) {
   out.row_begin = p.row_begin;
   out.hidden_row_begin = p.row_begin;  // MTP steps take logits for every hidden row they output
   out.logits.resize(size_t(p.R) * V);
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.logits.data(), out.logits.size() * 4, cudaMemcpyDeviceToHost,
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.act.logits.data(), out.logits.size() * 4, cudaMemcpyDeviceToHost,
                                     m.stream));
   m.finish_mtp(steps, p, &out.hidden);
   return out;
@@ -233,7 +223,7 @@ std::vector<int32_t> CudaRunner::mtp_forward_argmax(std::span<const MtpStep> ste
   Impl::Plan p = m.prepare_mtp(steps);
   m.run_mtp_step(p);
   std::vector<int32_t> ids(size_t(p.R));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.act.argmax.data(), ids.size() * 4, cudaMemcpyDeviceToHost, m.stream));
   m.finish_mtp(steps, p, nullptr);
   return ids;
 }

@@ -18,6 +18,7 @@
 #include "io/model_config.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
+#include "model/model_tensors.h"
 #include "model/model_weights.h"
 #include "model/tensor_split.h"
 
@@ -168,21 +169,22 @@ class WeightBuilder {
   DeviceLinear bf16_columns(const std::string& tensor, int64_t row0, int rows, int stored_in, IndexRange cols,
                             bool expert);
 
-  DeviceLinear stored_router(const std::string& module);
+  DeviceLinear stored_router(const LinearSpec& router);
   // Per-expert NVFP4 matrices, read in parallel into a ring of device stages and repacked there.
-  void stream_packed_experts(const std::string& experts, DevLayer& l);
+  void stream_packed_experts(const MoeTensors& t, DevLayer& l);
   std::vector<float> small_f32(const std::string& tensor, const std::vector<int64_t>& shape);
-  DevLayer stream_layer(const std::string& prefix, LayerType type, bool is_moe);
-  void stream_attention(DevLayer& l, const std::string& p);
-  void stream_gated_delta_net(DevLayer& l, const std::string& p);
-  void stream_moe(DevLayer& l, const std::string& p);
+  std::vector<float> small_f32(const TensorSpec& t);
+  DevLayer stream_layer(const LayerTensors& t);
+  void stream_attention(DevLayer& l, const AttentionTensors& t);
+  void stream_gated_delta_net(DevLayer& l, const GatedDeltaNetTensors& t);
+  void stream_moe(DevLayer& l, const MoeTensors& t);
 
   // dummy
   float fill_dummy_fp4(uint8_t* codes, uint8_t* scales, int out, int in);
   DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert);
   const float* dummy_f32(int64_t n, float v);
   PackedFp4 dummy_packed(int out, int in);
-  void make_dummy_layers(bool nvfp4_experts, bool with_embeddings = true);
+  DevLayer dummy_layer(const LayerTensors& t, bool nvfp4_experts);
 
   ModelConfig cfg;
   cudaStream_t stream;

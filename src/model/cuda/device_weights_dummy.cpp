@@ -50,21 +50,20 @@ PackedFp4 WeightBuilder::dummy_packed(int out, int in) {
 
 void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed) {
   seed = first_seed;
-  make_dummy_layers(nvfp4_experts);
-  if (load_mtp && cfg.mtp_num_hidden_layers > 0) {
-    // One full-attention MoE layer like the model's own, plus fc (split in halves) and norms.
-    const int H = cfg.hidden_size;
-    const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
-    ModelConfig one = cfg;
-    one.num_hidden_layers = 1;
-    one.layer_types = {LayerType::FullAttention};
-    std::swap(cfg, one);
-    std::vector<DevLayer> saved;
-    std::swap(w.layers, saved);
-    make_dummy_layers(nvfp4_experts, /*with_embeddings=*/false);
-    w.mtp_layer = std::move(w.layers[0]);
-    std::swap(w.layers, saved);
-    std::swap(cfg, one);
+  const ModelTensors t = model_tensors(cfg);
+  const int H = cfg.hidden_size, V = cfg.vocab_size;
+  const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
+  bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
+  fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
+  w.embed = e;
+  w.lm_head = cfg.tie_word_embeddings ? w.embed + int64_t(split.vocab.begin) * H
+                                      : dummy_linear(split.vocab_rows, H, false, false).bf16;
+  w.final_norm = dummy_f32(H, norm_w);
+  for (const LayerTensors& layer : t.layers) w.layers.push_back(dummy_layer(layer, nvfp4_experts));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (load_mtp && t.mtp) {
+    // The MTP layer like the model's own, plus fc (split in halves) and norms.
+    w.mtp_layer = dummy_layer(t.mtp->layer, nvfp4_experts);
     w.mtp_fc_e = dummy_linear(H, H, false, false);
     w.mtp_fc_h = dummy_linear(H, H, false, false);
     w.mtp_norm_e = dummy_f32(H, norm_w);
@@ -75,81 +74,68 @@ void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void WeightBuilder::make_dummy_layers(bool nvfp4_experts, bool with_embeddings) {
-  const int H = cfg.hidden_size, V = cfg.vocab_size;
+// Dense projections are bf16 (fused the way the streamed loader fuses bf16 ones); routed experts
+// NVFP4 when asked, repacked for the tensor-core kernels where their shape allows.
+DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
+  const int H = cfg.hidden_size;
   const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
-  if (with_embeddings) {
-    bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
-    fill_random_bf16(e, int64_t(V) * H, 1.f, seed++, stream);
-    w.embed = e;
-    w.lm_head = cfg.tie_word_embeddings ? w.embed + int64_t(split.vocab.begin) * H
-                                        : dummy_linear(split.vocab_rows, H, false, false).bf16;
-    w.final_norm = dummy_f32(H, norm_w);
+  DevLayer l;
+  l.type = t.type;
+  l.input_norm = dummy_f32(H, norm_w);
+  l.post_norm = dummy_f32(H, norm_w);
+  if (l.type == LayerType::FullAttention) {
+    const AttentionTensors& a = t.attn;
+    l.attn_qkv = dummy_linear(a.q.out + a.k.out + a.v.out, H, false, false);
+    l.o = dummy_linear(a.o.out, a.o.in, false, false);
+    l.q_norm = dummy_f32(a.q_norm.shape[0], norm_w);
+    l.k_norm = dummy_f32(a.k_norm.shape[0], norm_w);
+  } else {
+    const GatedDeltaNetTensors& g = t.gdn;
+    l.gdn_in = dummy_linear(g.qkv.out + g.z.out + g.b.out + g.a.out, H, false, false);
+    l.out = dummy_linear(g.out.out, g.out.in, false, false);
+    l.conv_w = dummy_f32(g.conv.shape[0] * g.conv.shape[2], 0.25f);
+    l.dt_bias = dummy_f32(g.dt_bias.shape[0], 0.f);
+    l.a_log = dummy_f32(g.a_log.shape[0], -2.f);
+    l.gnorm = dummy_f32(g.norm.shape[0], 1.f);
   }
-  const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-  const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
-  const int conv_dim = 2 * hk * dk + hv * dv;
-  for (int i = 0; i < cfg.num_hidden_layers; ++i) {
-    DevLayer l;
-    l.type = cfg.layer_types[i];
-    l.input_norm = dummy_f32(H, norm_w);
-    l.post_norm = dummy_f32(H, norm_w);
-    if (l.type == LayerType::FullAttention) {
-      l.attn_qkv = dummy_linear(nh * d * (cfg.attn_output_gate ? 2 : 1) + 2 * nkv * d, H, false, false);
-      l.o = dummy_linear(H, nh * d, false, false);
-      l.q_norm = dummy_f32(d, norm_w);
-      l.k_norm = dummy_f32(d, norm_w);
-    } else {
-      l.gdn_in = dummy_linear(conv_dim + hv * dv + 2 * hv, H, false, false);
-      l.out = dummy_linear(H, hv * dv, false, false);
-      l.conv_w = dummy_f32(int64_t(conv_dim) * cfg.linear_conv_kernel_dim, 0.25f);
-      l.dt_bias = dummy_f32(hv, 0.f);
-      l.a_log = dummy_f32(hv, -2.f);
-      l.gnorm = dummy_f32(dv, 1.f);
-    }
-    l.is_moe = cfg.is_moe_layer(i);
-    if (l.is_moe) {
-      const int I = cfg.moe_intermediate_size;
-      {
-        float* r = alloc_weight<float>(int64_t(cfg.num_experts) * H, false);
-        fill_random_f32(r, int64_t(cfg.num_experts) * H, 1.f / std::sqrt(float(H)), seed++, stream);
-        l.router.out = cfg.num_experts;
-        l.router.in = H;
-        l.router.f32 = r;
-        l.router3 = split_router(l.router);
-      }
-      if (nvfp4_experts && can_pack(I, H)) {
-        std::vector<PackedFp4> g, u, dn;
-        for (int e2 = 0; e2 < split.experts.size(); ++e2) {
-          g.push_back(dummy_packed(I, H));
-          u.push_back(dummy_packed(I, H));
-          dn.push_back(dummy_packed(H, I));
-        }
-        l.packed = true;
-        l.pexperts = upload_packed_table(g, u, dn);
-      } else {
-        for (int e2 = 0; e2 < split.experts.size(); ++e2) {
-          l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
-          l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
-          l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
-        }
-        l.experts = upload_expert_table(l);
-      }
-      if (cfg.shared_expert_intermediate_size > 0) {
-        const int S = cfg.shared_expert_intermediate_size;
-        l.has_shared = true;
-        l.s_fused = dummy_linear(padded_rows(2 * S + 1), H, false, false);
-        l.s_down = dummy_linear(H, S, false, false);
-      }
-    } else {
-      l.m_gate = dummy_linear(cfg.intermediate_size, H, false, false);
-      l.m_up = dummy_linear(cfg.intermediate_size, H, false, false);
-      l.m_down = dummy_linear(H, cfg.intermediate_size, false, false);
-    }
-    w.layers.push_back(std::move(l));
+  l.is_moe = t.is_moe;
+  if (!l.is_moe) {
+    l.m_gate = dummy_linear(t.mlp.gate.out, t.mlp.gate.in, false, false);
+    l.m_up = dummy_linear(t.mlp.up.out, t.mlp.up.in, false, false);
+    l.m_down = dummy_linear(t.mlp.down.out, t.mlp.down.in, false, false);
+    return l;
   }
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const MoeTensors& m = t.moe;
+  const int I = m.moe_intermediate;
+  float* r = alloc_weight<float>(int64_t(m.router.out) * H, false);
+  fill_random_f32(r, int64_t(m.router.out) * H, 1.f / std::sqrt(float(H)), seed++, stream);
+  l.router.out = m.router.out;
+  l.router.in = H;
+  l.router.f32 = r;
+  l.router3 = split_router(l.router);
+  if (nvfp4_experts && can_pack(I, H)) {
+    std::vector<PackedFp4> g, u, dn;
+    for (int e2 = 0; e2 < split.experts.size(); ++e2) {
+      g.push_back(dummy_packed(I, H));
+      u.push_back(dummy_packed(I, H));
+      dn.push_back(dummy_packed(H, I));
+    }
+    l.packed = true;
+    l.pexperts = upload_packed_table(g, u, dn);
+  } else {
+    for (int e2 = 0; e2 < split.experts.size(); ++e2) {
+      l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));
+      l.ex_up.push_back(dummy_linear(I, H, nvfp4_experts, true));
+      l.ex_down.push_back(dummy_linear(H, I, nvfp4_experts, true));
+    }
+    l.experts = upload_expert_table(l);
+  }
+  if (m.has_shared) {
+    l.has_shared = true;
+    l.s_fused = dummy_linear(padded_rows(m.shared.gate.out + m.shared.up.out + m.shared_gate.out), H, false, false);
+    l.s_down = dummy_linear(m.shared.down.out, m.shared.down.in, false, false);
+  }
+  return l;
 }
 
 }  // namespace fathom::cuda

@@ -34,6 +34,8 @@ std::vector<float> WeightBuilder::small_f32(const std::string& tensor, const std
   return st->host_f32(tensor, shape);
 }
 
+std::vector<float> WeightBuilder::small_f32(const TensorSpec& t) { return small_f32(t.name, t.shape); }
+
 // Rows [row0, row0 + rows) of a [*, in] matrix stored as `tensor` to `dst` as bf16. A linear
 // stored as NVFP4 is dequantized on the host (only Qwen3-Next's reordered projections need it).
 void WeightBuilder::rows_bf16(const std::string& tensor, int rows, int in, bf16_t* dst, int64_t row0) {
@@ -175,12 +177,12 @@ DeviceLinear WeightBuilder::stored_columns(const std::string& module, int out, i
 }
 
 // Routers stay fp32 (see split_router).
-DeviceLinear WeightBuilder::stored_router(const std::string& module) {
-  FATHOM_CHECK(!stored_fp4(module), "router '", module, "' stored as NVFP4 is not supported");
+DeviceLinear WeightBuilder::stored_router(const LinearSpec& r) {
+  FATHOM_CHECK(!stored_fp4(r.module), "router '", r.module, "' stored as NVFP4 is not supported");
   DeviceLinear d;
-  d.out = cfg.num_experts;
-  d.in = cfg.hidden_size;
-  d.f32 = upload_f32(small_f32(module + ".weight", {d.out, d.in}));
+  d.out = r.out;
+  d.in = r.in;
+  d.f32 = upload_f32(small_f32(r.weight(), {d.out, d.in}));
   return d;
 }
 
@@ -188,7 +190,7 @@ DeviceLinear WeightBuilder::stored_router(const std::string& module) {
 // on every repack. Codes and scales of up to kStageRing matrices go to a ring of device stages,
 // read by all the streamer's readers at once; then the loader's stream repacks them (after
 // fence) and the ring is refilled only after that (fence_back).
-void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
+void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l) {
   const int E = split.experts.size(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   // A tensor-parallel rank keeps rows [c0, c1) of gate/up (contiguous in the file) and those
   // columns of down (staged whole, then copied out before the repack).
@@ -228,10 +230,10 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
     pending.clear();
   };
   for (int e = 0; e < E; ++e) {
-    const std::string m = ex + "." + std::to_string(split.experts.begin + e);
-    for (auto [name, out, down] : {std::tuple{m + ".gate_proj", &g[size_t(e)], false},
-                                   std::tuple{m + ".up_proj", &u[size_t(e)], false},
-                                   std::tuple{m + ".down_proj", &d[size_t(e)], true}}) {
+    const MlpTensors m = t.expert(split.experts.begin + e);
+    for (auto [name, out, down] : {std::tuple{m.gate.module, &g[size_t(e)], false},
+                                   std::tuple{m.up.module, &u[size_t(e)], false},
+                                   std::tuple{m.down.module, &d[size_t(e)], true}}) {
       if (int(pending.size()) == kStageRing) flush();
       uint8_t* base = pack_ring.as<uint8_t>() + pending.size() * slot;
       const float global = check_nvfp4_linear(st->checkpoint(), name, down ? H : I, down ? I : H);
@@ -257,53 +259,52 @@ void WeightBuilder::stream_packed_experts(const std::string& ex, DevLayer& l) {
   l.pexperts = upload_packed_table(g, u, d);
 }
 
-void WeightBuilder::stream_attention(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, d = cfg.head_dim;
-  const int q_rows = cfg.num_attention_heads * d * (cfg.attn_output_gate ? 2 : 1), kv_rows = cfg.num_key_value_heads * d;
+void WeightBuilder::stream_attention(DevLayer& l, const AttentionTensors& t) {
+  const int H = cfg.hidden_size;
   const IndexRange q = split.q_rows(cfg), kv = split.kv_rows(cfg);  // this rank's heads
-  if (!stored_fp4(p + ".q_proj") && !stored_fp4(p + ".k_proj") && !stored_fp4(p + ".v_proj")) {
-    l.attn_qkv = bf16_row_parts({{p + ".q_proj", q.begin, q.size(), q_rows},
-                                 {p + ".k_proj", kv.begin, kv.size(), kv_rows},
-                                 {p + ".v_proj", kv.begin, kv.size(), kv_rows}},
+  if (!stored_fp4(t.q.module) && !stored_fp4(t.k.module) && !stored_fp4(t.v.module)) {
+    l.attn_qkv = bf16_row_parts({{t.q.module, q.begin, q.size(), t.q.out},
+                                 {t.k.module, kv.begin, kv.size(), t.k.out},
+                                 {t.v.module, kv.begin, kv.size(), t.v.out}},
                                 H, q.size() + 2 * kv.size(), false);
   } else {
-    l.q = stored_rows(p + ".q_proj", {q}, q_rows, H, false);
-    l.k = stored_rows(p + ".k_proj", {kv}, kv_rows, H, false);
-    l.v = stored_rows(p + ".v_proj", {kv}, kv_rows, H, false);
+    l.q = stored_rows(t.q.module, {q}, t.q.out, H, false);
+    l.k = stored_rows(t.k.module, {kv}, t.k.out, H, false);
+    l.v = stored_rows(t.v.module, {kv}, t.v.out, H, false);
   }
-  l.o = stored_columns(p + ".o_proj", H, cfg.num_attention_heads * d, split.o_columns(cfg), false);
-  l.q_norm = upload_f32(small_f32(p + ".q_norm.weight", {d}));
-  l.k_norm = upload_f32(small_f32(p + ".k_norm.weight", {d}));
+  l.o = stored_columns(t.o.module, H, t.o.in, split.o_columns(cfg), false);
+  l.q_norm = upload_f32(small_f32(t.q_norm));
+  l.k_norm = upload_f32(small_f32(t.k_norm));
 }
 
-void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
+void WeightBuilder::stream_gated_delta_net(DevLayer& l, const GatedDeltaNetTensors& t) {
   const int H = cfg.hidden_size, hk_all = cfg.linear_num_key_heads, hv_all = cfg.linear_num_value_heads;
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
   // This rank's key heads [k0, k1) and value heads [v0, v1) (all of them without a split).
   const IndexRange kh = split.linear_key_heads;
   const IndexRange vh = split.linear_value_heads;
   const int hk = kh.size(), hv = vh.size();
-  const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
-  const int key_all = hk_all * dk, value_all = hv_all * dv, conv_all = 2 * key_all + value_all;
+  const int key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;  // this rank's
+  const int value_all = cfg.linear_value_dim(), conv_all = cfg.linear_conv_dim();
   const std::vector<IndexRange> qkv_rows = split.linear_qkv_rows(cfg);
   const IndexRange value_rows = split.linear_value_rows(cfg);
-  if (cfg.family == ModelFamily::Qwen3Next) {
+  if (t.fused_per_key_head) {
     // Fused projections grouped per key head g: [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and
     // [b_g (r) | a_g (r)], reordered to the layout [Q | K | V | Z | B | A] of one bf16 matrix
     // (this rank's key heads, and value heads j of group g = j / r).
     const int r = hv_all / hk_all, group_rows = 2 * dk + 2 * r * dv;
-    const std::string qkvz = p + ".in_proj_qkvz.weight", ba = p + ".in_proj_ba.weight";
+    const std::string qkvz = t.qkvz.weight(), ba = t.ba.weight();
     const Checkpoint& ck = st->checkpoint();
-    for (const auto& [t, want] : {std::pair{qkvz, 2 * key_all + 2 * value_all}, std::pair{ba, 2 * hv_all}})
-      FATHOM_CHECK(ck.info(t).shape.size() == 2 && ck.info(t).shape[0] == want, "tensor '", t, "' in ", ck.file_of(t),
-                   ": expected ", want, " rows, found shape ", shape_str(ck.info(t).shape));
+    for (const auto& [name, want] : {std::pair{qkvz, t.qkvz.out}, std::pair{ba, t.ba.out}})
+      FATHOM_CHECK(ck.info(name).shape.size() == 2 && ck.info(name).shape[0] == want, "tensor '", name, "' in ",
+                   ck.file_of(name), ": expected ", want, " rows, found shape ", shape_str(ck.info(name).shape));
     const int rows = conv_dim + value_dim + 2 * hv;
     DeviceLinear d;
     d.out = rows;
     d.in = H;
     bf16_t* m = alloc_weight<bf16_t>(int64_t(rows) * H, false);
-    auto put = [&](const std::string& t, int src_row, int count, int dst_row) {
-      rows_bf16(t, count, H, m + int64_t(dst_row) * H, src_row);
+    auto put = [&](const std::string& name, int src_row, int count, int dst_row) {
+      rows_bf16(name, count, H, m + int64_t(dst_row) * H, src_row);
     };
     for (int g = kh.begin; g < kh.end; ++g) {
       put(qkvz, g * group_rows, dk, (g - kh.begin) * dk);
@@ -318,44 +319,40 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const std::string& p) {
     }
     d.bf16 = m;
     l.gdn_in = d;
-  } else if (!stored_fp4(p + ".in_proj_qkv") && !stored_fp4(p + ".in_proj_z") && !stored_fp4(p + ".in_proj_b") &&
-             !stored_fp4(p + ".in_proj_a")) {
-    const std::string qkv = p + ".in_proj_qkv";
+  } else if (!stored_fp4(t.qkv.module) && !stored_fp4(t.z.module) && !stored_fp4(t.b.module) &&
+             !stored_fp4(t.a.module)) {
+    const std::string& qkv = t.qkv.module;
     l.gdn_in = bf16_row_parts({{qkv, qkv_rows[0].begin, qkv_rows[0].size(), conv_all},
                                {qkv, qkv_rows[1].begin, qkv_rows[1].size(), conv_all},
                                {qkv, qkv_rows[2].begin, qkv_rows[2].size(), conv_all},
-                               {p + ".in_proj_z", value_rows.begin, value_dim, value_all},
-                               {p + ".in_proj_b", vh.begin, hv, hv_all},
-                               {p + ".in_proj_a", vh.begin, hv, hv_all}},
+                               {t.z.module, value_rows.begin, value_dim, value_all},
+                               {t.b.module, vh.begin, hv, hv_all},
+                               {t.a.module, vh.begin, hv, hv_all}},
                               H, conv_dim + value_dim + 2 * hv, false);
   } else {
-    l.qkv = stored_rows(p + ".in_proj_qkv", qkv_rows, conv_all, H, false);
-    l.z = stored_rows(p + ".in_proj_z", {value_rows}, value_all, H, false);
-    l.b = stored_rows(p + ".in_proj_b", {vh}, hv_all, H, false);
-    l.a = stored_rows(p + ".in_proj_a", {vh}, hv_all, H, false);
+    l.qkv = stored_rows(t.qkv.module, qkv_rows, t.qkv.out, H, false);
+    l.z = stored_rows(t.z.module, {value_rows}, t.z.out, H, false);
+    l.b = stored_rows(t.b.module, {vh}, t.b.out, H, false);
+    l.a = stored_rows(t.a.module, {vh}, t.a.out, H, false);
   }
-  l.out = stored_columns(p + ".out_proj", H, value_all, value_rows, false);
-  l.conv_w = upload_f32(rows_of(small_f32(p + ".conv1d.weight", {conv_all, 1, kc}), kc, qkv_rows));
-  l.dt_bias = upload_f32(rows_of(small_f32(p + ".dt_bias", {hv_all}), 1, {vh}));
-  l.a_log = upload_f32(rows_of(small_f32(p + ".A_log", {hv_all}), 1, {vh}));
-  l.gnorm = upload_f32(small_f32(p + ".norm.weight", {dv}));
+  l.out = stored_columns(t.out.module, H, t.out.in, value_rows, false);
+  l.conv_w = upload_f32(rows_of(small_f32(t.conv), kc, qkv_rows));
+  l.dt_bias = upload_f32(rows_of(small_f32(t.dt_bias), 1, {vh}));
+  l.a_log = upload_f32(rows_of(small_f32(t.a_log), 1, {vh}));
+  l.gnorm = upload_f32(small_f32(t.norm));
 }
 
-void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
-  const int H = cfg.hidden_size, E_all = cfg.num_experts, E = split.experts.size(), I = cfg.moe_intermediate_size;
+void WeightBuilder::stream_moe(DevLayer& l, const MoeTensors& t) {
+  const int H = cfg.hidden_size, E = split.experts.size(), I = cfg.moe_intermediate_size;
   const IndexRange cols = split.expert_columns;  // this rank's expert columns
   const int Ic = cols.size();
   const Checkpoint& ck = st->checkpoint();
-  l.router = stored_router(p + ".gate");
+  l.router = stored_router(t.router);
   l.router3 = split_router(l.router);
-  const std::string ex = p + ".experts";
-  if (ck.has(ex + ".gate_up_proj")) {  // fused [E, 2I, H] + [E, H, I], stored unquantized
-    FATHOM_CHECK(ck.info(ex + ".gate_up_proj").shape == (std::vector<int64_t>{E_all, 2 * I, H}), "tensor '", ex,
-                 ".gate_up_proj': expected shape ", shape_str({E_all, 2 * I, H}), ", found ",
-                 shape_str(ck.info(ex + ".gate_up_proj").shape));
-    FATHOM_CHECK(ck.info(ex + ".down_proj").shape == (std::vector<int64_t>{E_all, H, I}), "tensor '", ex,
-                 ".down_proj': expected shape ", shape_str({E_all, H, I}), ", found ",
-                 shape_str(ck.info(ex + ".down_proj").shape));
+  if (ck.has(t.fused_gate_up.name)) {  // fused [E, 2I, H] + [E, H, I], stored unquantized
+    for (const TensorSpec* f : {&t.fused_gate_up, &t.fused_down})
+      FATHOM_CHECK(ck.info(f->name).shape == f->shape, "tensor '", f->name, "': expected shape ", shape_str(f->shape),
+                   ", found ", shape_str(ck.info(f->name).shape));
     for (int e = split.experts.begin; e < split.experts.begin + E; ++e) {
       auto rows_of = [&](const std::string& t, int64_t row0, int out, int in) {
         DeviceLinear d;
@@ -366,67 +363,65 @@ void WeightBuilder::stream_moe(DevLayer& l, const std::string& p) {
         d.bf16 = m;
         return d;
       };
-      l.ex_gate.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I + cols.begin, Ic, H));
-      l.ex_up.push_back(rows_of(ex + ".gate_up_proj", int64_t(e) * 2 * I + I + cols.begin, Ic, H));
-      l.ex_down.push_back(Ic == I ? rows_of(ex + ".down_proj", int64_t(e) * H, H, I)
-                                  : bf16_columns(ex + ".down_proj", int64_t(e) * H, H, I, cols, true));
+      l.ex_gate.push_back(rows_of(t.fused_gate_up.name, int64_t(e) * 2 * I + cols.begin, Ic, H));
+      l.ex_up.push_back(rows_of(t.fused_gate_up.name, int64_t(e) * 2 * I + I + cols.begin, Ic, H));
+      l.ex_down.push_back(Ic == I ? rows_of(t.fused_down.name, int64_t(e) * H, H, I)
+                                  : bf16_columns(t.fused_down.name, int64_t(e) * H, H, I, cols, true));
     }
     l.experts = upload_expert_table(l);
   } else {
-    FATHOM_CHECK(ck.has(ex + ".0.gate_proj.weight"), "missing tensor '", ex, ".gate_up_proj' (fused experts) or '", ex,
-                 ".0.gate_proj.weight' (per expert) in ", ck.dir().string());
+    FATHOM_CHECK(ck.has(t.expert(0).gate.weight()), "missing tensor '", t.fused_gate_up.name, "' (fused experts) or '",
+                 t.expert(0).gate.weight(), "' (per expert) in ", ck.dir().string());
     bool all_fp4 = can_pack(Ic, H);
-    for (int e = split.experts.begin; e < split.experts.begin + E && all_fp4; ++e)
-      for (const char* m : {".gate_proj", ".up_proj", ".down_proj"})
-        all_fp4 = all_fp4 && stored_fp4(ex + "." + std::to_string(e) + m);
+    for (int e = split.experts.begin; e < split.experts.begin + E && all_fp4; ++e) {
+      const MlpTensors m = t.expert(e);
+      for (const LinearSpec* part : {&m.gate, &m.up, &m.down}) all_fp4 = all_fp4 && stored_fp4(part->module);
+    }
     if (all_fp4) {
-      stream_packed_experts(ex, l);
+      stream_packed_experts(t, l);
     } else {
       for (int e = split.experts.begin; e < split.experts.begin + E; ++e) {
-        const std::string m = ex + "." + std::to_string(e);
-        l.ex_gate.push_back(stored_rows(m + ".gate_proj", {cols}, I, H, true));
-        l.ex_up.push_back(stored_rows(m + ".up_proj", {cols}, I, H, true));
-        l.ex_down.push_back(stored_columns(m + ".down_proj", H, I, cols, true));
+        const MlpTensors m = t.expert(e);
+        l.ex_gate.push_back(stored_rows(m.gate.module, {cols}, m.gate.out, H, true));
+        l.ex_up.push_back(stored_rows(m.up.module, {cols}, m.up.out, H, true));
+        l.ex_down.push_back(stored_columns(m.down.module, H, m.down.in, cols, true));
       }
       l.experts = upload_expert_table(l);
     }
   }
-  if (cfg.shared_expert_intermediate_size > 0) {
-    const int S = cfg.shared_expert_intermediate_size;
+  if (t.has_shared) {
+    const int S = t.shared.gate.out;
     const IndexRange sc = split.shared_columns;  // the gate logit stays whole
-    const std::string se = p + ".shared_expert";
     l.has_shared = true;
-    if (!stored_fp4(se + ".gate_proj") && !stored_fp4(se + ".up_proj") && !stored_fp4(p + ".shared_expert_gate")) {
-      l.s_fused = bf16_row_parts({{se + ".gate_proj", sc.begin, sc.size(), S},
-                                  {se + ".up_proj", sc.begin, sc.size(), S},
-                                  {p + ".shared_expert_gate", 0, 1, 1}},
+    if (!stored_fp4(t.shared.gate.module) && !stored_fp4(t.shared.up.module) && !stored_fp4(t.shared_gate.module)) {
+      l.s_fused = bf16_row_parts({{t.shared.gate.module, sc.begin, sc.size(), S},
+                                  {t.shared.up.module, sc.begin, sc.size(), S},
+                                  {t.shared_gate.module, 0, 1, 1}},
                                  H, padded_rows(2 * sc.size() + 1), false);
     } else {
-      l.s_gate = stored_rows(se + ".gate_proj", {sc}, S, H, false);
-      l.s_up = stored_rows(se + ".up_proj", {sc}, S, H, false);
-      l.s_gate_logit = stored_linear(p + ".shared_expert_gate", 1, H, false);
+      l.s_gate = stored_rows(t.shared.gate.module, {sc}, S, H, false);
+      l.s_up = stored_rows(t.shared.up.module, {sc}, S, H, false);
+      l.s_gate_logit = stored_linear(t.shared_gate.module, 1, H, false);
     }
-    l.s_down = stored_columns(se + ".down_proj", H, S, sc, false);
+    l.s_down = stored_columns(t.shared.down.module, H, S, sc, false);
   }
 }
 
-DevLayer WeightBuilder::stream_layer(const std::string& p, LayerType type, bool is_moe) {
-  const int H = cfg.hidden_size;
+DevLayer WeightBuilder::stream_layer(const LayerTensors& t) {
   DevLayer l;
-  l.type = type;
-  l.input_norm = upload_f32(small_f32(p + ".input_layernorm.weight", {H}));
-  l.post_norm = upload_f32(small_f32(p + ".post_attention_layernorm.weight", {H}));
-  if (type == LayerType::FullAttention) stream_attention(l, p + ".self_attn");
-  else stream_gated_delta_net(l, p + ".linear_attn");
-  l.is_moe = is_moe;
-  if (is_moe) {
-    stream_moe(l, p + ".mlp");
+  l.type = t.type;
+  l.input_norm = upload_f32(small_f32(t.input_norm));
+  l.post_norm = upload_f32(small_f32(t.post_attention_norm));
+  if (t.type == LayerType::FullAttention) stream_attention(l, t.attn);
+  else stream_gated_delta_net(l, t.gdn);
+  l.is_moe = t.is_moe;
+  if (t.is_moe) {
+    stream_moe(l, t.moe);
   } else {
-    const int I = cfg.intermediate_size;
     const IndexRange mc = split.mlp_columns;
-    l.m_gate = stored_rows(p + ".mlp.gate_proj", {mc}, I, H, false);
-    l.m_up = stored_rows(p + ".mlp.up_proj", {mc}, I, H, false);
-    l.m_down = stored_columns(p + ".mlp.down_proj", H, I, mc, false);
+    l.m_gate = stored_rows(t.mlp.gate.module, {mc}, t.mlp.gate.out, t.mlp.gate.in, false);
+    l.m_up = stored_rows(t.mlp.up.module, {mc}, t.mlp.up.out, t.mlp.up.in, false);
+    l.m_down = stored_columns(t.mlp.down.module, t.mlp.down.out, t.mlp.down.in, mc, false);
   }
   return l;
 }
@@ -438,13 +433,13 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
     if (load_mtp || name.rfind("mtp.", 0) != 0) total += ck.info(name).nbytes;
   CheckpointStreamer streamer(ck, stream, total);
   st = &streamer;
-  const std::string& pre = cfg.weight_prefix;
+  const ModelTensors t = model_tensors(cfg);
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   {
     bf16_t* e = alloc_weight<bf16_t>(int64_t(V) * H, false);
-    rows_bf16(pre + "embed_tokens.weight", V, H, e);
-    FATHOM_CHECK(ck.info(pre + "embed_tokens.weight").shape == (std::vector<int64_t>{V, H}), "tensor '", pre,
-                 "embed_tokens.weight': expected shape ", shape_str({V, H}));
+    rows_bf16(t.embed.name, V, H, e);
+    FATHOM_CHECK(ck.info(t.embed.name).shape == t.embed.shape, "tensor '", t.embed.name, "': expected shape ",
+                 shape_str(t.embed.shape));
     w.embed = e;
   }
   // A tensor-parallel rank keeps the whole embedding and its vocabulary rows of lm_head (tied:
@@ -452,28 +447,28 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
   const IndexRange vocab = split.vocab;
   FATHOM_CHECK(split.vocab_rows == vocab.size(), "lm_head splits evenly only: vocabulary ", V, " over ", split.size,
                " ranks");
-  const bool tied = cfg.tie_word_embeddings && !ck.has("lm_head.weight");
+  const bool tied = cfg.tie_word_embeddings && !ck.has(t.lm_head.weight());
   if (tied) {
     w.lm_head = w.embed + int64_t(vocab.begin) * H;
   } else {
-    FATHOM_CHECK(!stored_fp4("lm_head"), "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
-    w.lm_head = stored_rows("lm_head", {vocab}, V, H, false).bf16;
+    FATHOM_CHECK(!stored_fp4(t.lm_head.module), "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
+    w.lm_head = stored_rows(t.lm_head.module, {vocab}, V, H, false).bf16;
   }
-  w.final_norm = upload_f32(small_f32(pre + "norm.weight", {H}));
-  for (int i = 0; i < cfg.num_hidden_layers; ++i)
-    w.layers.push_back(stream_layer(pre + "layers." + std::to_string(i), cfg.layer_types[i], cfg.is_moe_layer(i)));
+  w.final_norm = upload_f32(small_f32(t.final_norm));
+  for (const LayerTensors& layer : t.layers) w.layers.push_back(stream_layer(layer));
   if (load_mtp) {
-    FATHOM_CHECK(ck.has("mtp.fc.weight"), "config declares mtp_num_hidden_layers = ", cfg.mtp_num_hidden_layers,
-                 " but tensor 'mtp.fc.weight' is missing in ", ck.dir().string());
-    FATHOM_CHECK(!stored_fp4("mtp.fc"), "mtp.fc stored as NVFP4 is not supported");
+    const MtpTensors& m = *t.mtp;
+    FATHOM_CHECK(ck.has(m.fc.weight()), "config declares mtp_num_hidden_layers = ", cfg.mtp_num_hidden_layers,
+                 " but tensor '", m.fc.weight(), "' is missing in ", ck.dir().string());
+    FATHOM_CHECK(!stored_fp4(m.fc.module), "mtp.fc stored as NVFP4 is not supported");
     w.has_mtp = true;
-    w.mtp_layer = stream_layer("mtp.layers.0", LayerType::FullAttention, cfg.num_experts > 0);
+    w.mtp_layer = stream_layer(m.layer);
     // fc = [W_e | W_h] over the concatenated input: the two column halves become two matrices.
     DeviceBuffer fc(size_t(H) * 2 * H * 2);
-    rows_bf16("mtp.fc.weight", H, 2 * H, fc.as<bf16_t>());
+    rows_bf16(m.fc.weight(), H, 2 * H, fc.as<bf16_t>());
     st->fence();  // the strided copies below read what the readers brought
-    FATHOM_CHECK(ck.info("mtp.fc.weight").shape == (std::vector<int64_t>{H, 2 * H}), "tensor 'mtp.fc.weight': expected shape ",
-                 shape_str({H, 2 * H}));
+    FATHOM_CHECK(ck.info(m.fc.weight()).shape == (std::vector<int64_t>{m.fc.out, m.fc.in}), "tensor '", m.fc.weight(),
+                 "': expected shape ", shape_str({m.fc.out, m.fc.in}));
     for (int half = 0; half < 2; ++half) {
       DeviceLinear d;
       d.out = d.in = H;
@@ -484,9 +479,9 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
       (half == 0 ? w.mtp_fc_e : w.mtp_fc_h) = d;
     }
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `fc` is freed
-    w.mtp_norm_e = upload_f32(small_f32("mtp.pre_fc_norm_embedding.weight", {H}));
-    w.mtp_norm_h = upload_f32(small_f32("mtp.pre_fc_norm_hidden.weight", {H}));
-    w.mtp_norm = upload_f32(small_f32("mtp.norm.weight", {H}));
+    w.mtp_norm_e = upload_f32(small_f32(m.pre_fc_norm_embedding));
+    w.mtp_norm_h = upload_f32(small_f32(m.pre_fc_norm_hidden));
+    w.mtp_norm = upload_f32(small_f32(m.norm));
   }
   streamer.finish();
   st = nullptr;

@@ -1,8 +1,10 @@
-// The CUDA engine's state and step machinery (CudaRunner::Impl): caches and buffers, step plans
-// and metadata. Its parts live in files by concept: runner_memory.cpp (the memory plan),
-// runner_layers.cpp (the layers, lm_head, the MTP step), runner_graphs.cpp (graph buckets and
-// capture), runner_sampling.cpp (device sampling, launched and finished steps) and
-// cuda_runner.cpp (the public methods: sequences, forward passes, rollback).
+// The CUDA engine's state and step machinery (CudaRunner::Impl). Its parts, by concept:
+// activations (runner_activations.h: every step buffer, sized in one place), the DeltaNet state
+// pool (linear_state_pool.h), the step plan (step_plan.h: chunks, rows, graph buckets) and its
+// metadata (runner_step.cpp), the memory plan (runner_memory.cpp), the layers, lm_head and MTP
+// step (runner_layers.cpp), graph buckets and capture (runner_graphs.cpp), device sampling and
+// launched steps (runner_sampling.cpp), prefix snapshots (runner_snapshots.cpp), and the public
+// methods: sequences, forward passes, rollback (cuda_runner.cpp).
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -25,6 +27,9 @@
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/linear_state_pool.h"
+#include "model/cuda/runner_activations.h"
+#include "model/cuda/step_plan.h"
 
 namespace fathom::cuda {
 namespace runner_detail {
@@ -55,7 +60,6 @@ struct CudaRunner::Impl {
   CudaRunnerOptions opt;
   TensorSplit tp;               // this rank's slice (whole on one GPU)
   Communicator* comm = nullptr;  // tensor-parallel group, or null (no collectives)
-  DeviceBuffer logits_part, logits_all;  // split lm_head: this rank's vocabulary slice, every rank's
   cudaStream_t stream = nullptr;
   DeviceWeights w;
   Footprint fp;
@@ -63,8 +67,7 @@ struct CudaRunner::Impl {
 
   std::vector<DeviceBuffer> k_pool, v_pool;
   std::vector<int32_t> free_blocks;
-  DeviceBuffer conv_state, rec_state;
-  DeviceBuffer gdn_scratch;  // gdn_chunked's per-chunk products (prefill steps)
+  LinearStatePool states;  // the DeltaNet states of the slots (linear_state_pool.h)
   std::vector<int> free_slots;
   // State slots: max_seqs for sequences and one (pad_slot) for the rows that pad decode batches
   // to a captured graph's size; their KV goes to a reserved block (pad_block).
@@ -83,34 +86,22 @@ struct CudaRunner::Impl {
   int64_t next_snapshot = 1;
   std::vector<int32_t> snap_free_blocks;
   std::vector<int> snap_free_slots;
-  DeviceBuffer snap_conv, snap_rec, pool_ptrs, copy_idx;
+  DeviceBuffer pool_ptrs, copy_idx;
   int64_t snap_tokens = 0;  // KV room of the snapshots (opt.snapshot_tokens, or less where it did not fit)
   void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
-  void copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to, int64_t per_slot);
-  void copy_states(bool into_snapshot, int slot, int snap_slot);
   int max_blocks = 0;
   int64_t kv_tokens = 0;  // the KV pools' capacity
 
-  // scratch
+  // The step's buffers (runner_activations.h) and the limits they are sized for.
   int T_max = 0, R_max = 0, pair_limit = 0;
-  static constexpr int kSplitTokens = 64;
-  DeviceBuffer xn32, part_m, part_l, part_acc, group_buf;
-  MoeGroupScratch group;
-  AttentionSplit split;
-  DeviceBuffer x, delta, xn, q_raw, k_raw, v_raw, q, gate, attn_out, mixed, zbuf, bbuf, abuf, ubuf, core, normed,
-      router_logits, router_x3, topk_ids, topk_w, pair_h, pair_out, sh_g, sh_u, sh_h, sh_out, sh_gate, eg_x, eg_g, eg_u, eg_h,
-      eg_o, eg_rows, eg_w, dequant, sel, hidden_bf, logits, argmax;
+  Activations act;
   DeviceBuffer meta_dev;
   int32_t* meta_host = nullptr;
   size_t meta_ints = 0;
   Meta dmeta{}, hmeta{};
 
   // MTP draft layer (optional, in w): its own full-attention layer and KV pool (index n_attn).
-  DeviceBuffer mtp_hidden, mtp_e, mtp_h;
-  // Linear-attention state history for keep_history steps, allocated on first use.
-  DeviceBuffer conv_hist, rec_hist;
-  StateHistory hist;
   bool hist_step = false;  // the current forward records history
 
   // Kernel shapes depend on tokens, sequences and output rows; verify steps also pass the state
@@ -145,10 +136,8 @@ struct CudaRunner::Impl {
   // Recorded after a step's metadata copy: the pinned metadata is rewritten only after it.
   cudaEvent_t meta_uploaded = nullptr;
 
-  // n rows from row `from` of a chunk's output to row `to` of the step's.
-  struct RowCopy {
-    int64_t from, to, n;
-  };
+  using RowCopy = cuda::RowCopy;
+  using Piece = cuda::Piece;
   // A launched sampled chunk whose results are not read yet (runner_sampling.cpp).
   struct SampledChunk {
     int RL = 0, R = 0, buf = 0;
@@ -231,23 +220,9 @@ struct CudaRunner::Impl {
   void log_generic_kernels() const;
 
   int64_t kv_bytes_per_token() const {
-    return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
+    return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer();
   }
-  // One slot's linear-attention state in one layer, in floats: the conv window and the recurrent
-  // state (the layout of conv_state / rec_state, the snapshots' and the history's).
-  struct StateSizes {
-    int64_t conv = 0, rec = 0;
-  };
-  StateSizes state_sizes() const {
-    const int64_t conv_dim = 2 * int64_t(cfg.linear_num_key_heads) * cfg.linear_key_head_dim +
-                             int64_t(cfg.linear_num_value_heads) * cfg.linear_value_head_dim;
-    return {(cfg.linear_conv_kernel_dim - 1) * conv_dim,
-            int64_t(cfg.linear_num_value_heads) * cfg.linear_key_head_dim * cfg.linear_value_head_dim};
-  }
-  int64_t history_bytes() const {
-    const StateSizes z = state_sizes();
-    return int64_t(n_linear) * slots * (opt.max_history + 1) * (z.conv + z.rec) * 4;
-  }
+  int64_t history_bytes() const { return states.history_bytes(opt.max_history + 1); }
 
   // The KV pools come last: with gpu_memory_utilization they take what the weights, states and
   // scratch leave of that share of the device, less a reserve for CUDA graphs and cuBLASLt
@@ -285,178 +260,38 @@ struct CudaRunner::Impl {
     pending_events.clear();
   }
 
-  // ---- one forward over a batch that fits the scratch buffers
-  // Attention over runs of consecutive sequences: runs whose sequences have at least
-  // kPrefillRunTokens tokens each go to the prefill kernel, the others to the decode kernel.
-  static constexpr int kPrefillRunTokens = 16;
-  struct AttentionRun {
-    int t0 = 0, n = 0;  // tokens [t0, t0 + n) of the step
-    bool prefill = false;
-  };
-  struct Plan {
-    int T = 0, S = 0, R = 0, RL = 0;  // tokens, sequences, hidden rows, logits rows
-    std::vector<int64_t> row_begin, logit_row_begin;  // per sequence
-    int max_seq_tokens = 0;                           // the most tokens of one sequence
-    std::vector<AttentionRun> attention_runs;
-    // Only decode steps (one token) and draft verification steps (keep_history, all rows): the
-    // shapes a CUDA graph keyed by (T, S, R, history) can replay.
-    bool graphable = true;
-    int pad = 0;  // padding rows at the end (a decode batch raised to a graph bucket)
-  };
+  // ---- one forward over a batch that fits the scratch buffers (step_plan.h, runner_step.cpp)
+  using AttentionRun = cuda::AttentionRun;
+  using Plan = StepPlan;
 
   // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
   // grown as needed), the output rows (hidden states of every token with all_rows or all_hidden,
   // logits of every token with all_rows; else the last token's), its state slot and block table.
   // A sequence too long or holding a token outside the vocabulary fails alone (SequenceError).
   // forward() checks every step before it runs any chunk of the batch, so no state has changed.
-  void check_step(SequenceId id, int64_t start, std::span<const int32_t> tokens) const {
-    const int64_t n = int64_t(tokens.size());
-    if (start + n > opt.max_seq_len)
-      throw SequenceError(id, "sequence of " + std::to_string(start + n) + " tokens exceeds the engine's max_seq_len " +
-                                  std::to_string(opt.max_seq_len));
-    for (int32_t t : tokens)
-      if ((t < 0 && t != kPendingToken) || t >= cfg.vocab_size)
-        throw SequenceError(id, "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                    std::to_string(cfg.vocab_size) + ")");
-  }
-
+  void check_step(SequenceId id, int64_t start, std::span<const int32_t> tokens) const;
   void add_to_plan(Plan& p, int i, SequenceId id, Sequence& sq, int64_t start, std::span<const int32_t> tokens,
-                   bool all_rows, bool all_hidden = false) {
-    const int n = int(tokens.size());
-    const int bs = opt.block_size;
-    check_step(id, start, tokens);
-    while (int64_t(sq.blocks.size()) * bs < start + n) {
-      FATHOM_CHECK(!free_blocks.empty(), "KV cache is full (", kv_tokens, " tokens)");
-      sq.blocks.push_back(free_blocks.back());
-      free_blocks.pop_back();
-    }
-    for (int j = 0; j < n; ++j) {
-      const int t = p.T + j;
-      const int64_t posn = start + j;
-      hmeta.ids[t] = tokens[j] == kPendingToken ? -1 - sq.slot : tokens[j];
-      hmeta.pos[t] = int32_t(posn);
-      hmeta.seq_of_token[t] = i;
-      hmeta.slot_mapping[t] = sq.blocks[posn / bs] * bs + int32_t(posn % bs);
-    }
-    p.row_begin.push_back(p.R);
-    p.logit_row_begin.push_back(p.RL);
-    if (all_rows || all_hidden) {
-      for (int j = 0; j < n; ++j) hmeta.rows[p.R++] = p.T + j;
-    } else {
-      hmeta.rows[p.R++] = p.T + n - 1;
-    }
-    if (all_rows) {
-      for (int j = n; j > 0; --j) hmeta.logit_rows[p.RL++] = p.R - j;
-    } else {
-      hmeta.logit_rows[p.RL++] = p.R - 1;
-    }
-    const bool prefill = n >= kPrefillRunTokens;
-    if (p.attention_runs.empty() || p.attention_runs.back().prefill != prefill)
-      p.attention_runs.push_back({p.T, 0, prefill});
-    p.attention_runs.back().n += n;
-    p.max_seq_tokens = std::max(p.max_seq_tokens, n);
-    p.T += n;
-    hmeta.seq_start[i + 1] = p.T;
-    hmeta.state_slot[i] = sq.slot;
-    std::fill(hmeta.block_tables + int64_t(i) * max_blocks, hmeta.block_tables + int64_t(i + 1) * max_blocks, 0);
-    std::copy(sq.blocks.begin(), sq.blocks.end(), hmeta.block_tables + int64_t(i) * max_blocks);
-  }
+                   bool all_rows, bool all_hidden = false);
 
   // The pinned metadata is rewritten only after the step before has copied it (that step may still
   // be running: overlapped scheduling).
   void wait_uploads() { FATHOM_CUDA_CHECK(cudaEventSynchronize(meta_uploaded)); }
 
-  Plan prepare(std::span<const ForwardStep> steps) {
-    wait_uploads();
-    Plan p;
-    bool decode_only = true;
-    p.S = int(steps.size());
-    FATHOM_CHECK(p.S <= opt.max_seqs, "batch of ", p.S, " sequences exceeds max_seqs ", opt.max_seqs);
-    hmeta.seq_start[0] = 0;
-    hist_step = false;
-    for (int i = 0; i < p.S; ++i) {
-      const ForwardStep& st = steps[i];
-      Sequence& sq = seq(st.seq);
-      const int n = int(st.tokens.size());
-      FATHOM_CHECK(n > 0, "forward: a step has no tokens");
-      hmeta.keep_hist[i] = st.keep_history ? 1 : 0;
-      if (st.keep_history) {
-        FATHOM_CHECK(n <= opt.max_history, "a keep_history step of ", n, " tokens exceeds max_history ",
-                     opt.max_history);
-        if (n_linear > 0) ensure_history();
-        hist_step = true;
-        sq.hist_base = sq.length;
-        sq.hist_len = n;
-      }
-      if (n != 1 && !(st.keep_history && st.all_rows && !st.all_hidden)) p.graphable = false;
-      if (n != 1 || st.keep_history) decode_only = false;
-      add_to_plan(p, i, st.seq, sq, sq.length, st.tokens, st.all_rows, st.all_hidden);
-    }
-    if (decode_only && uses_graphs()) {
-      const int B = graph_bucket(p.S);
-      if (fits_graph(B)) pad_to(p, B);
-    }
-    upload_meta(p.S);
-    return p;
-  }
+  // The metadata of one forward of `steps` (which fit the limits), uploaded; a plain decode batch
+  // is padded to its graph bucket.
+  Plan prepare(std::span<const ForwardStep> steps);
 
   bool uses_graphs() const { return opt.cuda_graphs && !opt.profile; }
-
-  // Decode batch sizes that get a CUDA graph: a plain decode step of S sequences is padded to the
-  // smallest bucket >= S, so a few graphs, captured at start-up, serve every batch size.
-  std::vector<int> graph_buckets() const {
-    std::vector<int> b;
-    for (int s : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256})
-      if (s < opt.max_seqs) b.push_back(s);
-    for (int s = 320; s < opt.max_seqs; s += 64) b.push_back(s);
-    b.push_back(opt.max_seqs);
-    return b;
-  }
-  int graph_bucket(int S) const {
-    for (int b : graph_buckets())
-      if (b >= S) return b;
-    return S;
-  }
-
+  std::vector<int> graph_buckets() const { return cuda::graph_buckets(opt.max_seqs); }
   bool fits_graph(int B) const {
     return B <= T_max && B <= R_max && B * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
   }
   // A decode step of B padding rows only (what start-up captures), its metadata uploaded.
-  Plan padding_plan(int B) {
-    FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the previous step's metadata copy has left meta_host
-    Plan p;
-    hmeta.seq_start[0] = 0;
-    hist_step = false;
-    p.attention_runs.push_back({0, 0, false});
-    p.max_seq_tokens = 1;
-    pad_to(p, B);
-    upload_meta(p.S);
-    return p;
-  }
+  Plan padding_plan(int B);
 
   // Rows S.. of a decode batch up to B: token 0 at position 0 of a scratch sequence (pad_slot's
   // state, pad_block's KV), whose outputs nobody reads.
-  void pad_to(Plan& p, int B) {
-    for (int i = p.S; i < B; ++i) {
-      const int t = p.T;
-      hmeta.ids[t] = 0;
-      hmeta.pos[t] = 0;
-      hmeta.seq_of_token[t] = i;
-      hmeta.slot_mapping[t] = pad_block * opt.block_size;
-      p.row_begin.push_back(p.R);
-      p.logit_row_begin.push_back(p.RL);
-      hmeta.rows[p.R++] = t;
-      hmeta.logit_rows[p.RL++] = p.R - 1;
-      p.attention_runs.back().n += 1;  // decode rows, like the batch's own
-      p.T += 1;
-      hmeta.seq_start[i + 1] = p.T;
-      hmeta.state_slot[i] = pad_slot;
-      hmeta.keep_hist[i] = 0;
-      hmeta.block_tables[int64_t(i) * max_blocks] = pad_block;
-    }
-    p.pad = B - p.S;
-    p.S = B;
-  }
+  void pad_to(Plan& p, int B);
 
   void start_up_graphs();
 
@@ -467,35 +302,7 @@ struct CudaRunner::Impl {
   // The step's metadata to the device: the block tables come last, so only the rows of the
   // step's S sequences travel (each row is max_seq_len / block_size wide, 16,384 entries at
   // 262,144 tokens).
-  void upload_meta(int S) {
-    const size_t ints = meta_ints - size_t(opt.max_seqs - S) * size_t(max_blocks);
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(meta_dev.data(), meta_host, ints * 4, cudaMemcpyHostToDevice, stream));
-    FATHOM_CUDA_CHECK(cudaEventRecord(meta_uploaded, stream));
-  }
-
-  void ensure_history() {
-    if (hist.conv) return;
-    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
-    const int64_t per_slot = int64_t(opt.max_history + 1);
-    conv_hist = DeviceBuffer(size_t(n_linear) * slots * per_slot * (kc - 1) * (2 * hk * dk + hv * dv) * 4);
-    rec_hist = DeviceBuffer(size_t(n_linear) * slots * per_slot * hv * dk * dv * 4);
-    hist.conv = conv_hist.as<float>();
-    hist.recurrent = rec_hist.as<float>();
-    hist.entries = opt.max_history + 1;
-  }
-
-  // Per-layer view of the history pools ([layer][slot][entry]...).
-  StateHistory layer_history(int linear_index) const {
-    const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
-    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
-    const int64_t per_layer = int64_t(slots) * hist.entries;
-    StateHistory h = hist;
-    h.conv += linear_index * per_layer * (kc - 1) * (2 * hk * dk + hv * dv);
-    h.recurrent += linear_index * per_layer * hv * dk * dv;
-    h.keep = dmeta.keep_hist;
-    return h;
-  }
+  void upload_meta(int S);
 
   void commit(std::span<const ForwardStep> steps) {
     for (const ForwardStep& st : steps) seq(st.seq).length += int64_t(st.tokens.size());
@@ -557,7 +364,7 @@ struct CudaRunner::Impl {
   void finish_mtp(std::span<const MtpStep> steps, const Plan& p, std::vector<float>* hidden) {
     if (hidden) {
       hidden->resize(size_t(p.R) * cfg.hidden_size);
-      FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), sel.data(), hidden->size() * 4, cudaMemcpyDeviceToHost, stream));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), act.sel.data(), hidden->size() * 4, cudaMemcpyDeviceToHost, stream));
     }
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (const MtpStep& st : steps) seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
@@ -566,87 +373,10 @@ struct CudaRunner::Impl {
   // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
   void run_mtp(const Plan& p);
 
-  // Rows forward() returns for `steps`: logits rows (n per all_rows step, else 1) and hidden rows
-  // (n per all_rows or all_hidden step, else 1), each step's first row of both.
-  struct OutputLayout {
-    int64_t rows = 0, hidden_rows = 0;
-    std::vector<int64_t> row_begin, hidden_row_begin;
-  };
-  static OutputLayout output_layout(std::span<const ForwardStep> steps) {
-    OutputLayout o;
-    for (const ForwardStep& st : steps) {
-      o.row_begin.push_back(o.rows);
-      o.rows += st.all_rows ? int64_t(st.tokens.size()) : 1;
-      o.hidden_row_begin.push_back(o.hidden_rows);
-      o.hidden_rows += st.all_rows || st.all_hidden ? int64_t(st.tokens.size()) : 1;
-    }
-    return o;
-  }
-
-  // Where each piece of a chunk (from for_each_chunk) comes from: its original step, its first
-  // token inside that step, and whether it ends the step. Recorded as the chunks are cut, not
-  // recovered from the token pointers: steps may share token storage (prefixes of one array).
-  struct Piece {
-    size_t step = 0;
-    int64_t offset = 0, n = 0;
-    bool last = false;
-  };
-
-  // Where a chunk's hidden rows go in the step's output: every row of an all_rows or all_hidden
-  // piece, else the last piece's one row.
-  static std::vector<RowCopy> hidden_copies(std::span<const ForwardStep> steps, const std::vector<Piece>& pieces,
-                                            const Plan& p, const std::vector<int64_t>& hidden_row_begin) {
-    std::vector<RowCopy> out;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const Piece& pc = pieces[i];
-      const ForwardStep& st = steps[pc.step];
-      if (st.all_rows || st.all_hidden) out.push_back({p.row_begin[i], hidden_row_begin[pc.step] + pc.offset, pc.n});
-      else if (pc.last) out.push_back({p.row_begin[i], hidden_row_begin[pc.step], 1});
-    }
-    return out;
-  }
-
-  // Splits steps so each forward fits T_max tokens, R_max rows and max_seqs sequences; calls
-  // fn(batch, pieces) for each chunk (pieces[i]: where batch[i] comes from).
+  // Cuts steps into forwards that fit the step limits (step_plan.h).
   template <class Fn>
   void for_each_chunk(std::span<const ForwardStep> steps, Fn&& fn) {
-    std::vector<ForwardStep> batch;
-    std::vector<Piece> pieces;
-    int tokens = 0, rows = 0;
-    auto flush = [&] {
-      if (batch.empty()) return;
-      fn(std::span<const ForwardStep>(batch), static_cast<const std::vector<Piece>&>(pieces));
-      batch.clear();
-      pieces.clear();
-      tokens = rows = 0;
-    };
-    for (size_t i = 0; i < steps.size(); ++i) {
-      ForwardStep st = steps[i];
-      size_t done = 0;
-      while (done < st.tokens.size()) {
-        const int room_t = T_max - tokens, room_r = R_max - rows;
-        const bool rows_each = st.all_rows || st.all_hidden;  // one output row per token
-        int n = int(std::min<size_t>(st.tokens.size() - done, size_t(room_t)));
-        if (rows_each) n = std::min(n, room_r);
-        const bool last_piece = done + size_t(n) == st.tokens.size();
-        // A keep_history step (draft verification) is never split: its state history is per step.
-        const bool split_history = st.keep_history && !last_piece && !batch.empty();
-        if (n <= 0 || (!rows_each && last_piece && room_r < 1) || int(batch.size()) >= opt.max_seqs ||
-            split_history) {
-          flush();
-          continue;
-        }
-        ForwardStep piece = st;
-        piece.tokens = st.tokens.subspan(done, size_t(n));
-        batch.push_back(piece);
-        pieces.push_back(Piece{i, int64_t(done), int64_t(n), last_piece});
-        tokens += n;
-        rows += rows_each ? n : 1;
-        done += size_t(n);
-        if (!last_piece) flush();  // the rest of this sequence goes after this piece
-      }
-    }
-    flush();
+    cuda::for_each_chunk(steps, ChunkLimits{T_max, R_max, opt.max_seqs}, std::forward<Fn>(fn));
   }
 };
 

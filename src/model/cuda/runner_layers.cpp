@@ -14,9 +14,9 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
   const int H = cfg.hidden_size, T = p.T;
   const float eps = float(cfg.rms_norm_eps);
   const bool zc = cfg.norm_zero_centered;
-  float* X = x.as<float>();
-  float* D = delta.as<float>();
-  bf16_t* XN = xn.as<bf16_t>();
+  float* X = act.x.as<float>();
+  float* D = act.delta.as<float>();
+  bf16_t* XN = act.xn.as<bf16_t>();
   {
     Scope sc(this, "norm");
     if (first) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
@@ -29,19 +29,19 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
     // The router's input: fp32 for decode and verify steps, already split for its bf16 product
     // in prefill-sized ones.
     const bool split = l.is_moe && router_split(l, T);
-    add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe && !split ? xn32.as<float>() : nullptr,
-                 split ? router_x3.as<bf16_t>() : nullptr);
+    add_rms_norm(X, D, l.post_norm, XN, T, H, eps, zc, s, l.is_moe && !split ? act.xn32.as<float>() : nullptr,
+                 split ? act.router_x3.as<bf16_t>() : nullptr);
   }
   if (l.is_moe) moe_block(l, p);
-  else mlp_block(l.m_gate, l.m_up, l.m_down, XN, delta.array<float>(), T);
+  else mlp_block(l.m_gate, l.m_up, l.m_down, XN, act.delta.array<float>(), T);
   reduce_partial(D, T);
 }
 
 void CudaRunner::Impl::run_layers(const Plan& p) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, T = p.T;
-  float* X = x.as<float>();
-  float* D = delta.as<float>();
+  float* X = act.x.as<float>();
+  float* D = act.delta.as<float>();
   {
     Scope sc(this, "embedding");
     embedding(dmeta.ids, w.embed, X, T, H, s, last_token.as<int32_t>());
@@ -54,35 +54,35 @@ void CudaRunner::Impl::run_layers(const Plan& p) {
 void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int T = p.T, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
-  const float *qp = q_raw.as<float>(), *kp = k_raw.as<float>(), *vp = v_raw.as<float>();
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
+  const float *qp = act.q_raw.as<float>(), *kp = act.k_raw.as<float>(), *vp = act.v_raw.as<float>();
   int64_t qkv_ld = 0;
   {
     Scope sc(this, "attn.proj");
     if (l.attn_qkv.out > 0) {
-      linear(l.attn_qkv, xn.as<bf16_t>(), q_raw.array<float>(), T, dq, s);
+      linear(l.attn_qkv, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s);
       qkv_ld = l.attn_qkv.out;
       kp = qp + (qkv_ld - 2 * nkv * d);
       vp = kp + nkv * d;
     } else {
-      linear(l.q, xn.as<bf16_t>(), q_raw.array<float>(), T, dq, s);
-      linear(l.k, xn.as<bf16_t>(), k_raw.array<float>(), T, dq, s);
-      linear(l.v, xn.as<bf16_t>(), v_raw.array<float>(), T, dq, s);
+      linear(l.q, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s);
+      linear(l.k, act.xn.as<bf16_t>(), act.k_raw.array<float>(), T, dq, s);
+      linear(l.v, act.xn.as<bf16_t>(), act.v_raw.array<float>(), T, dq, s);
     }
   }
   {
     Scope sc(this, "attn.core");
-    attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, q.as<float>(),
-                      gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), T,
+    attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, act.q.as<float>(),
+                      act.gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), T,
                       nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
                       cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
     attend(l, p);
   }
   {
     Scope sc(this, "attn.proj");
-    linear(l.o, attn_out.as<bf16_t>(), delta.array<float>(), T, dq, s);
+    linear(l.o, act.attn_out.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
   }
-  reduce_partial(delta.as<float>(), T);
+  reduce_partial(act.delta.as<float>(), T);
 }
 
 // Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
@@ -93,7 +93,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
 void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const float* g = cfg.attn_output_gate ? gate.as<float>() : nullptr;
+  const float* g = cfg.attn_output_gate ? act.gate.as<float>() : nullptr;
   const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
   auto run_of = [&](int t0, int n, bool prefill) {
     const int64_t o = int64_t(t0) * nh * d;
@@ -101,11 +101,11 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
     const KernelBackends& kb = kernel_backends();
     if (prefill) {
       if (!kb.attention_prefill_tensor_core ||
-          !paged_attention_prefill(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
-                                   dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + o, n, nh,
+          !paged_attention_prefill(act.q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
+                                   dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + o, n, nh,
                                    nkv, d, s))
-        paged_attention(q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0, dmeta.block_tables,
-                        max_blocks, opt.block_size, attn_out.as<bf16_t>() + o, n, nh, nkv, d, s);
+        paged_attention(act.q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0, dmeta.block_tables,
+                        max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + o, n, nh, nkv, d, s);
       return;
     }
     for (int c = 0; c < n; c += kSplitTokens) {
@@ -113,12 +113,12 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
       const int m = std::min(kSplitTokens, n - c);
       const float* gc = g ? g + oc : nullptr;
       if (!kb.attention_decode_tensor_core ||
-          !paged_attention_decode(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
-                                  dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh,
-                                  nkv, d, s, split))
-        paged_attention(q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
-                        dmeta.block_tables, max_blocks, opt.block_size, attn_out.as<bf16_t>() + oc, m, nh, nkv, d,
-                        s, &split);
+          !paged_attention_decode(act.q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                                  dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + oc, m, nh,
+                                  nkv, d, s, act.split))
+        paged_attention(act.q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
+                        dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + oc, m, nh, nkv, d,
+                        s, &act.split);
     }
   };
   for (const AttentionRun& r : p.attention_runs) run_of(r.t0, r.n, r.prefill);
@@ -129,8 +129,8 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   const int T = p.T;
   const int hk = cfg.linear_num_key_heads, hv = cfg.linear_num_value_heads;
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
-  const int conv_dim = 2 * hk * dk + hv * dv;
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
+  const int conv_dim = cfg.linear_conv_dim();
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   // Projections: one fused GEMM ([qkv | z | b | a] per row) or four.
   const float *mix_p, *z_p, *b_p, *a_p;
   int64_t mix_ld, z_ld, ba_ld;
@@ -138,33 +138,33 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
     Scope sc(this, "gdn.proj");
     if (l.gdn_in.out > 0) {
       const int64_t W = l.gdn_in.out;
-      linear(l.gdn_in, xn.as<bf16_t>(), mixed.array<float>(), T, dq, s);
-      mix_p = mixed.as<float>();
+      linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s);
+      mix_p = act.mixed.as<float>();
       z_p = mix_p + conv_dim;
       b_p = z_p + int64_t(hv) * dv;
       a_p = b_p + hv;
       mix_ld = z_ld = ba_ld = W;
     } else {
-      linear(l.qkv, xn.as<bf16_t>(), mixed.array<float>(), T, dq, s);
-      linear(l.z, xn.as<bf16_t>(), zbuf.array<float>(), T, dq, s);
-      linear(l.b, xn.as<bf16_t>(), bbuf.array<float>(), T, dq, s);
-      linear(l.a, xn.as<bf16_t>(), abuf.array<float>(), T, dq, s);
-      mix_p = mixed.as<float>();
-      z_p = zbuf.as<float>();
-      b_p = bbuf.as<float>();
-      a_p = abuf.as<float>();
+      linear(l.qkv, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s);
+      linear(l.z, act.xn.as<bf16_t>(), act.zbuf.array<float>(), T, dq, s);
+      linear(l.b, act.xn.as<bf16_t>(), act.bbuf.array<float>(), T, dq, s);
+      linear(l.a, act.xn.as<bf16_t>(), act.abuf.array<float>(), T, dq, s);
+      mix_p = act.mixed.as<float>();
+      z_p = act.zbuf.as<float>();
+      b_p = act.bbuf.as<float>();
+      a_p = act.abuf.as<float>();
       mix_ld = conv_dim;
       z_ld = int64_t(hv) * dv;
       ba_ld = hv;
     }
   }
   {
-    float* cs = conv_state.as<float>() + int64_t(l.linear_index) * slots * (kc - 1) * conv_dim;
-    float* rs = rec_state.as<float>() + int64_t(l.linear_index) * slots * hv * dk * dv;
-    const StateHistory h = hist_step ? layer_history(l.linear_index) : StateHistory{};
+    float* cs = states.conv(l.linear_index);
+    float* rs = states.rec(l.linear_index);
+    const StateHistory h = hist_step ? states.layer_history(l.linear_index, dmeta.keep_hist) : StateHistory{};
     {
       Scope sc(this, "gdn.conv");
-      gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, ubuf.as<float>(), p.S, conv_dim, kc,
+      gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, act.ubuf.as<float>(), p.S, conv_dim, kc,
                s, hist_step ? &h : nullptr, p.max_seq_tokens);
     }
     {
@@ -172,56 +172,56 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       // the others (decode, verify) the recurrent one, whose bits do not depend on the step's
       // other sequences.
       const bool prefill = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens;
-      const bool chunked = prefill && kernel_backends().gdn_chunked && gdn_scratch.bytes() > 0;
+      const bool chunked = prefill && kernel_backends().gdn_chunked && act.gdn_scratch.bytes() > 0;
       const int long_from = chunked ? kGdnChunkedMinTokens : 0;
       Scope sc(this, "gdn.recurrent");
-      gdn_recurrent(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
+      gdn_recurrent(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                    act.core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
                     prefill ? kGdnPrefillOp : kGdnDecodeOp);
       if (long_from > 0)
-        gdn_chunked(ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
-                    gdn_scratch.array<uint8_t>(), s);
+        gdn_chunked(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
+                    act.core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
+                    act.gdn_scratch.array<uint8_t>(), s);
     }
     Scope sc(this, "gdn.norm");
-    gated_rms_norm(core.as<float>(), z_p, z_ld, hv, l.gnorm, normed.as<bf16_t>(), T * hv, dv,
+    gated_rms_norm(act.core.as<float>(), z_p, z_ld, hv, l.gnorm, act.normed.as<bf16_t>(), T * hv, dv,
                    float(cfg.rms_norm_eps), s);
   }
   {
     Scope sc(this, "gdn.proj");
-    linear(l.out, normed.as<bf16_t>(), delta.array<float>(), T, dq, s);
+    linear(l.out, act.normed.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
   }
-  reduce_partial(delta.as<float>(), T);
+  reduce_partial(act.delta.as<float>(), T);
 }
 
 void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, const DeviceLinear& dn,
                                  const bf16_t* in, DeviceArray<float> out, int T) {
   const cudaStream_t s = stream;
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
-  linear(g, in, sh_g.array<float>(), T, dq, s);
-  linear(u, in, sh_u.array<float>(), T, dq, s);
-  silu_mul(sh_g.as<float>(), sh_u.as<float>(), sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
-  linear(dn, sh_h.as<bf16_t>(), out, T, dq, s);
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
+  linear(g, in, act.sh_g.array<float>(), T, dq, s);
+  linear(u, in, act.sh_u.array<float>(), T, dq, s);
+  silu_mul(act.sh_g.as<float>(), act.sh_u.as<float>(), act.sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
+  linear(dn, act.sh_h.as<bf16_t>(), out, T, dq, s);
 }
 
 // The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
 // (at [t * gate_ld]), or null without a shared expert.
 const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
   Scope sc(this, "moe.shared");
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   if (l.has_shared && l.s_fused.out > 0) {
     const int S = l.s_down.in;
-    linear(l.s_fused, xn.as<bf16_t>(), sh_g.array<float>(), T, dq, s);
-    silu_mul_rows(sh_g.as<float>(), l.s_fused.out, sh_h.as<bf16_t>(), T, S, s);
-    linear(l.s_down, sh_h.as<bf16_t>(), sh_out.array<float>(), T, dq, s);
+    linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s);
+    silu_mul_rows(act.sh_g.as<float>(), l.s_fused.out, act.sh_h.as<bf16_t>(), T, S, s);
+    linear(l.s_down, act.sh_h.as<bf16_t>(), act.sh_out.array<float>(), T, dq, s);
     *gate_ld = l.s_fused.out;
-    return sh_g.as<float>() + 2 * S;
+    return act.sh_g.as<float>() + 2 * S;
   }
   if (l.has_shared) {
-    mlp_block(l.s_gate, l.s_up, l.s_down, xn.as<bf16_t>(), sh_out.array<float>(), T);
-    linear(l.s_gate_logit, xn.as<bf16_t>(), sh_gate.array<float>(), T, dq, s);
+    mlp_block(l.s_gate, l.s_up, l.s_down, act.xn.as<bf16_t>(), act.sh_out.array<float>(), T);
+    linear(l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_gate.array<float>(), T, dq, s);
     *gate_ld = 1;
-    return sh_gate.as<float>();
+    return act.sh_gate.as<float>();
   }
   return nullptr;
 }
@@ -229,8 +229,8 @@ const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStrea
 void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
-  float* D = delta.as<float>();
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
+  float* D = act.delta.as<float>();
   // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
   const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
   const cudaStream_t shared_stream = overlap ? side_stream : s;
@@ -244,37 +244,37 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   {
     Scope sc(this, "moe.router");
     if (router_split(l, T)) {  // router_x3 from the norm before the block
-      gemm_bf16(router_x3.as<bf16_t>(), l.router3.bf16, router_logits.as<float>(), T, E, 3 * H, s);
+      gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s);
     } else {
-      linear_f32(l.router, xn32.as<float>(), router_logits.as<float>(), T, s);
+      linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
     }
-    moe_topk(router_logits.as<float>(), topk_ids.as<int32_t>(), topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
-    if (tp.expert_parallel) moe_localize_ids(topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
+    moe_topk(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
+    if (tp.expert_parallel) moe_localize_ids(act.topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
   }
-  const int32_t* skip_ids = tp.expert_parallel ? topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
+  const int32_t* skip_ids = tp.expert_parallel ? act.topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
   if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
   Scope sc(this, "moe.experts");
-  const float* shared = l.has_shared ? sh_out.as<float>() : nullptr;
+  const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
-    moe_experts_fp4(l.pexperts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
-                    pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, group, s);
+    moe_experts_fp4(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
+                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s);
     if (overlap) {
       FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
       FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
     }
-    moe_combine_pairs(pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s, skip_ids);
+    moe_combine_pairs(act.pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s, skip_ids);
   } else if (T * K <= pair_limit) {
     // Writes D, shared expert included; grouping pays off once experts repeat.
-    moe_experts_decode(l.experts, xn.as<bf16_t>(), topk_ids.as<int32_t>(), topk_w.as<float>(), pair_h.as<bf16_t>(),
-                       pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s,
-                       T >= 4 || skip_ids ? &group : nullptr);
+    moe_experts_decode(l.experts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
+                       act.pair_out.as<float>(), D, T, K, shared, shared_gate, gate_ld, s,
+                       T >= 4 || skip_ids ? &act.group : nullptr);
   } else {
     FATHOM_CUDA_CHECK(cudaMemsetAsync(D, 0, size_t(T) * H * 4, s));
     // Large batches: group tokens by expert on the host, then one GEMM chain per expert.
     std::vector<int32_t> ids(size_t(T) * K);
     std::vector<float> w(size_t(T) * K);
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), topk_ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost, s));
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(w.data(), topk_w.data(), w.size() * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(ids.data(), act.topk_ids.data(), ids.size() * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(w.data(), act.topk_w.data(), w.size() * 4, cudaMemcpyDeviceToHost, s));
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
     const int E_held = int(l.ex_gate.size());  // this rank's experts (all without expert parallelism)
     std::vector<std::vector<int32_t>> rows(E_held);
@@ -294,18 +294,18 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       all_w.insert(all_w.end(), wts[e].begin(), wts[e].end());
     }
     offset[E_held] = int(all_rows.size());
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_rows.data(), all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, s));
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(eg_w.data(), all_w.data(), all_w.size() * 4, cudaMemcpyHostToDevice, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(act.eg_rows.data(), all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(act.eg_w.data(), all_w.data(), all_w.size() * 4, cudaMemcpyHostToDevice, s));
     for (int e = 0; e < E_held; ++e) {
       const int m = offset[e + 1] - offset[e];
       if (m == 0) continue;
-      const int32_t* r = eg_rows.as<int32_t>() + offset[e];
-      gather_rows_bf16(xn.as<bf16_t>(), r, eg_x.as<bf16_t>(), m, H, s);
-      linear(l.ex_gate[e], eg_x.as<bf16_t>(), eg_g.array<float>(), m, dq, s);
-      linear(l.ex_up[e], eg_x.as<bf16_t>(), eg_u.array<float>(), m, dq, s);
-      silu_mul(eg_g.as<float>(), eg_u.as<float>(), eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
-      linear(l.ex_down[e], eg_h.as<bf16_t>(), eg_o.array<float>(), m, dq, s);
-      scatter_add_rows(D, eg_o.as<float>(), r, eg_w.as<float>() + offset[e], m, H, s);
+      const int32_t* r = act.eg_rows.as<int32_t>() + offset[e];
+      gather_rows_bf16(act.xn.as<bf16_t>(), r, act.eg_x.as<bf16_t>(), m, H, s);
+      linear(l.ex_gate[e], act.eg_x.as<bf16_t>(), act.eg_g.array<float>(), m, dq, s);
+      linear(l.ex_up[e], act.eg_x.as<bf16_t>(), act.eg_u.array<float>(), m, dq, s);
+      silu_mul(act.eg_g.as<float>(), act.eg_u.as<float>(), act.eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
+      linear(l.ex_down[e], act.eg_h.as<bf16_t>(), act.eg_o.array<float>(), m, dq, s);
+      scatter_add_rows(D, act.eg_o.as<float>(), r, act.eg_w.as<float>() + offset[e], m, H, s);
     }
     // The host vectors above must outlive the async copies.
     FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -317,32 +317,32 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   Scope sc(this, "lm_head");
-  gather_rows_f32(x.as<float>(), dmeta.rows, sel.as<float>(), p.R, H, s);
-  rms_norm(sel.as<float>(), norm, hidden_bf.as<bf16_t>(), sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
+  gather_rows_f32(act.x.as<float>(), dmeta.rows, act.sel.as<float>(), p.R, H, s);
+  rms_norm(act.sel.as<float>(), norm, act.hidden_bf.as<bf16_t>(), act.sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
            cfg.norm_zero_centered, s);
-  const bf16_t* head_in = hidden_bf.as<bf16_t>();
+  const bf16_t* head_in = act.hidden_bf.as<bf16_t>();
   if (p.RL < p.R) {  // all_hidden steps: logits for a subset of the rows (xn is free by now)
-    gather_rows_bf16(hidden_bf.as<bf16_t>(), dmeta.logit_rows, xn.as<bf16_t>(), p.RL, H, s);
-    head_in = xn.as<bf16_t>();
+    gather_rows_bf16(act.hidden_bf.as<bf16_t>(), dmeta.logit_rows, act.xn.as<bf16_t>(), p.RL, H, s);
+    head_in = act.xn.as<bf16_t>();
   }
   if (!tp.is_split()) {
-    gemm_bf16(head_in, w.lm_head, logits.as<float>(), p.RL, V, H, s);
+    gemm_bf16(head_in, w.lm_head, act.logits.as<float>(), p.RL, V, H, s);
   } else {
     // This rank's vocabulary slice, gathered from every rank as [rank][row][slice] and laid out
     // as [row][vocab]: every rank then holds the whole logits and samples the same tokens.
     const int Vr = tp.vocab_rows;
-    gemm_bf16(head_in, w.lm_head, logits_part.as<float>(), p.RL, Vr, H, s);
+    gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s);
     {
       Scope sg(this, "allgather");
-      comm->all_gather(std::span<const float>(logits_part.as<float>(), size_t(p.RL) * Vr),
-                       std::span<float>(logits_all.as<float>(), size_t(p.RL) * Vr * tp.size));
+      comm->all_gather(std::span<const float>(act.logits_part.as<float>(), size_t(p.RL) * Vr),
+                       std::span<float>(act.logits_all.as<float>(), size_t(p.RL) * Vr * tp.size));
     }
     for (int r = 0; r < tp.size; ++r)
-      FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(logits.as<float>() + int64_t(r) * Vr, size_t(V) * 4,
-                                          logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
+      FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(act.logits.as<float>() + int64_t(r) * Vr, size_t(V) * 4,
+                                          act.logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
                                           size_t(Vr) * 4, size_t(p.RL), cudaMemcpyDeviceToDevice, s));
   }
-  argmax_rows(logits.as<float>(), argmax.as<int32_t>(), p.RL, V, s);
+  argmax_rows(act.logits.as<float>(), act.argmax.as<int32_t>(), p.RL, V, s);
 }
 
 // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
@@ -351,14 +351,14 @@ void CudaRunner::Impl::run_mtp(const Plan& p) {
   const int H = cfg.hidden_size, T = p.T;
   const float eps = float(cfg.rms_norm_eps);
   const bool zc = cfg.norm_zero_centered;
-  float* X = x.as<float>();
-  float* D = delta.as<float>();
-  const DeviceArray<bf16_t> dq = dequant.array<bf16_t>();
+  float* X = act.x.as<float>();
+  float* D = act.delta.as<float>();
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   embedding(dmeta.ids, w.embed, X, T, H, s);
-  rms_norm(X, w.mtp_norm_e, mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-  rms_norm(mtp_hidden.as<float>(), w.mtp_norm_h, mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-  linear(w.mtp_fc_e, mtp_e.as<bf16_t>(), x.array<float>(), T, dq, s);
-  linear(w.mtp_fc_h, mtp_h.as<bf16_t>(), delta.array<float>(), T, dq, s);
+  rms_norm(X, w.mtp_norm_e, act.mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+  rms_norm(act.mtp_hidden.as<float>(), w.mtp_norm_h, act.mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+  linear(w.mtp_fc_e, act.mtp_e.as<bf16_t>(), act.x.array<float>(), T, dq, s);
+  linear(w.mtp_fc_h, act.mtp_h.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
   add_inplace(X, D, int64_t(T) * H, s);
   decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
   add_inplace(X, D, int64_t(T) * H, s);
@@ -395,7 +395,7 @@ CudaRunner::Impl::Plan CudaRunner::Impl::prepare_mtp(std::span<const MtpStep> st
   p.graphable = p.max_seq_tokens < kPrefillRunTokens;
   upload_meta(p.S);
   if (!inputs_on_device)
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden.data(), mtp_hidden_host, size_t(p.T) * H * 4, cudaMemcpyHostToDevice,
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(act.mtp_hidden.data(), mtp_hidden_host, size_t(p.T) * H * 4, cudaMemcpyHostToDevice,
                                       stream));
   return p;
 }

@@ -39,14 +39,14 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   const cudaStream_t s = m.stream;
   // After the MTP step's metadata upload: its token ids are the verify rows' argmax (kept there,
   // as the MTP head overwrites m.argmax), its hidden rows the verify rows' final hidden states.
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mtp_hidden.data(), m.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
                                     cudaMemcpyDeviceToDevice, s));
   m.run_mtp_step(q);
   out.target.resize(size_t(total));
   out.draft.resize(size_t(total));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.target.data(), m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.draft.data(), m.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.draft.data(), m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
   m.finish_mtp(mtp, q, nullptr);  // waits; the MTP lengths advance
   return out;
 }

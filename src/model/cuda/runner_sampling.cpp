@@ -43,7 +43,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
   FATHOM_CHECK(m.launched.size() < 2, "launch_sampled: two launched steps are not finished yet");
   FATHOM_CHECK(!m.deferred, "launch_sampled: the previous step still waits for its token masks");
   for (const ForwardStep& st : steps) m.check_step(st.seq, m.seq(st.seq).length, st.tokens);
-  Impl::OutputLayout layout = Impl::output_layout(steps);
+  OutputLayout layout = output_layout(steps);
   FATHOM_CHECK(int64_t(rows.size()) == layout.rows, "forward_sampled: ", rows.size(), " sampling rows for ",
                layout.rows, " logits rows");
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size, W = mask_words(V);
@@ -73,12 +73,12 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
 
   if (defer_masks) {  // the sampler of the step's last chunk waits; earlier chunks could not
     int chunks = 0;
-    m.for_each_chunk(steps, [&](std::span<const ForwardStep>, const std::vector<Impl::Piece>&) { ++chunks; });
+    m.for_each_chunk(steps, [&](std::span<const ForwardStep>, const std::vector<Piece>&) { ++chunks; });
     FATHOM_CHECK(chunks == 1, "launch_sampled: a step whose token masks come later must fit one forward (",
                  chunks, " chunks)");
   }
   try {
-    m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Impl::Piece>& pieces) {
+    m.for_each_chunk(steps, [&](std::span<const ForwardStep> batch, const std::vector<Piece>& pieces) {
       // A pending chunk (an earlier one of this launch, or the other launch's) in the output
       // buffers this chunk takes: read it first.
       for (Impl::LaunchedStep& other : m.launched)
@@ -98,7 +98,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       c.source.assign(size_t(p.RL), -1);
       std::vector<int32_t> slot_of_row(size_t(p.RL), -1);
       for (size_t i = 0; i < pieces.size(); ++i) {
-        const Impl::Piece& pc = pieces[i];
+        const Piece& pc = pieces[i];
         const ForwardStep& st = steps[pc.step];
         const int64_t lrow = p.logit_row_begin[i];
         if (st.all_rows) {
@@ -108,7 +108,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
           slot_of_row[size_t(lrow)] = m.seq(st.seq).slot;  // the next step may read this token on the device
         }
       }
-      if (ls.want_hidden) c.hidden_copies = Impl::hidden_copies(steps, pieces, p, ls.out.hidden_row_begin);
+      if (ls.want_hidden) c.hidden_copies = hidden_copies(steps, pieces, p, ls.out.hidden_row_begin);
       size_t n_adjust = 0;
       for (int64_t src : c.source)
         if (src >= 0) n_adjust += size_t(rows[size_t(src)].adjust_end - rows[size_t(src)].adjust_begin);
@@ -188,7 +188,7 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   if (n_masks > 0)
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mask_dev.data(), m.mask_host[c.buf], size_t(n_masks) * size_t(W) * 4,
                                       cudaMemcpyHostToDevice, s));
-  sample_rows(m.logits.as<float>(), c.RL, int(V), m.row_params.as<RowSampling>(),
+  sample_rows(m.act.logits.as<float>(), c.RL, int(V), m.row_params.as<RowSampling>(),
               c.n_adjust > 0 ? m.adjust_dev.as<LogitAdjustment>() : nullptr, m.row_out.as<RowSample>(),
               m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>(),
               n_masks > 0 ? m.mask_dev.as<uint32_t>() : nullptr);
@@ -202,7 +202,7 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   }
   if (ls.want_hidden) {  // pageable: this copy waits for the step (drafting needs no overlap)
     c.hidden.resize(size_t(c.R) * H);
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(c.hidden.data(), m.sel.data(), c.hidden.size() * 4, cudaMemcpyDeviceToHost, s));
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(c.hidden.data(), m.act.sel.data(), c.hidden.size() * 4, cudaMemcpyDeviceToHost, s));
   }
   FATHOM_CUDA_CHECK(cudaEventRecord(m.chunk_done[c.buf], s));
   if (ls.chunk) {  // an earlier chunk of this launch (other buffers): read it now
@@ -248,7 +248,7 @@ GreedyOutput CudaRunner::mtp_forward_greedy(std::span<const MtpStep> steps) {
   GreedyOutput out;
   out.row_begin = p.row_begin;
   out.ids.resize(size_t(p.R));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.ids.data(), m.argmax.data(), out.ids.size() * 4, cudaMemcpyDeviceToHost,
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.ids.data(), m.act.argmax.data(), out.ids.size() * 4, cudaMemcpyDeviceToHost,
                                     m.stream));
   m.finish_mtp(steps, p, &out.hidden);
   return out;

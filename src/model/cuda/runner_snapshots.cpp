@@ -27,31 +27,7 @@ void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::v
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(copy_idx.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, stream));
   const int32_t* d = copy_idx.as<int32_t>();
   copy_kv_blocks(pool_ptrs.as<bf16_t*>(), int(k_pool.size() * 2), d, d + src.size(), int(src.size()),
-                 int64_t(opt.block_size) * cfg.num_key_value_heads * cfg.head_dim, stream);
-}
-
-// Both linear-state buffers (conv windows, recurrent states) between sequence slot `slot` and
-// snapshot slot `snap_slot`, in the direction asked.
-void CudaRunner::Impl::copy_states(bool into_snapshot, int slot, int snap_slot) {
-  if (n_linear == 0) return;
-  const StateSizes z = state_sizes();
-  const struct {
-    float *seq, *snap;
-    int64_t per_slot;
-  } bufs[] = {{conv_state.as<float>(), snap_conv.as<float>(), z.conv},
-              {rec_state.as<float>(), snap_rec.as<float>(), z.rec}};
-  for (const auto& b : bufs) {
-    if (into_snapshot) copy_state(b.seq, slots, slot, b.snap, opt.snapshot_slots, snap_slot, b.per_slot);
-    else copy_state(b.snap, opt.snapshot_slots, snap_slot, b.seq, slots, slot, b.per_slot);
-  }
-}
-
-void CudaRunner::Impl::copy_state(const float* base, int base_slots, int from, float* dst, int dst_slots, int to,
-                                  int64_t per_slot) {
-  // One row a layer: pitch = the layer's slots.
-  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + int64_t(to) * per_slot, size_t(dst_slots) * per_slot * 4,
-                                      base + int64_t(from) * per_slot, size_t(base_slots) * per_slot * 4,
-                                      size_t(per_slot) * 4, size_t(n_linear), cudaMemcpyDeviceToDevice, stream));
+                 int64_t(opt.block_size) * cfg.attention_kv_rows(), stream);
 }
 
 bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->pool_ptrs.data(); }
@@ -67,7 +43,7 @@ int64_t CudaRunner::save_snapshot(SequenceId id) {
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
   m.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks);
-  m.copy_states(/*into_snapshot=*/true, sq.slot, snap.slot);
+  m.states.save_snapshot(sq.slot, snap.slot, m.stream);
   const int64_t sid = m.next_snapshot++;
   m.snapshots.emplace(sid, std::move(snap));
   return sid;
@@ -86,7 +62,7 @@ SequenceId CudaRunner::add_sequence_from(int64_t snapshot) {
   sq.length = snap.length;
   sq.mtp_length = snap.mtp_length;
   m.copy_blocks(snap.blocks, sq.blocks);
-  m.copy_states(/*into_snapshot=*/false, sq.slot, snap.slot);
+  m.states.load_snapshot(snap.slot, sq.slot, m.stream);
   const SequenceId id = m.next_id++;
   m.seqs.emplace(id, std::move(sq));
   return id;
@@ -109,9 +85,8 @@ int64_t CudaRunner::snapshot_bytes(int64_t snapshot) const {
   const Impl& m = *impl_;
   auto it = m.snapshots.find(snapshot);
   if (it == m.snapshots.end()) return 0;
-  const Impl::StateSizes z = m.state_sizes();
   return int64_t(it->second.blocks.size()) * m.opt.block_size * m.kv_bytes_per_token() +
-         (m.n_linear > 0 ? int64_t(m.n_linear) * (z.conv + z.rec) * 4 : 0);
+         int64_t(m.n_linear) * (m.states.conv_values() + m.states.rec_values()) * 4;
 }
 
 }  // namespace fathom::cuda
