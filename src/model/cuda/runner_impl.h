@@ -263,6 +263,12 @@ struct CudaRunner::Impl {
   // ---- one forward over a batch that fits the scratch buffers (step_plan.h, runner_step.cpp)
   using AttentionRun = cuda::AttentionRun;
   using Plan = StepPlan;
+  // The attention kernels of this model, chosen once at start-up from the backend choice
+  // (kernel_backends()) and the kernels' coverage of its head shape.
+  bool prefill_tensor_core = true, decode_tensor_core = true;
+  AttentionRun attention_run(int t0, bool prefill) const {
+    return AttentionRun{t0, 0, prefill, prefill ? prefill_tensor_core : decode_tensor_core};
+  }
 
   // Appends sequence i of a batch to the step metadata: its tokens at positions start.. (blocks
   // grown as needed), the output rows (hidden states of every token with all_rows or all_hidden,

@@ -85,43 +85,41 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   reduce_partial(act.delta.as<float>(), T);
 }
 
-// Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill
-// kernel, decode and verify tokens on the tensor-core split-K decode kernel, kSplitTokens tokens
-// at a time, unless the backend tuner chose the CUDA-core kernels (kernel_backends()), which also
-// take head sizes the tensor-core ones do not cover. Steps holding a prefill chunk are never
-// graph-captured, so deciding on the host is safe.
+// Attention over the paged cache, by the plan's runs and the kernels planned for them: prefill
+// runs on the tensor-core prefill kernel, decode and verify tokens on the tensor-core split-K
+// decode kernel, kSplitTokens tokens at a time, or either on the CUDA-core kernels where the
+// backend tuner chose them or the head shape is not covered (attention_run).
 void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const float* g = cfg.attn_output_gate ? act.gate.as<float>() : nullptr;
   const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
-  auto run_of = [&](int t0, int n, bool prefill) {
+  const int32_t *pos = dmeta.pos, *seq_of = dmeta.seq_of_token;
+  auto attend_tokens = [&](int t0, int n, bool prefill, bool tensor_core) {
     const int64_t o = int64_t(t0) * nh * d;
+    const float* q = act.q.as<float>() + o;
     const float* gt = g ? g + o : nullptr;
-    const KernelBackends& kb = kernel_backends();
-    if (prefill) {
-      if (!kb.attention_prefill_tensor_core ||
-          !paged_attention_prefill(act.q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0,
-                                   dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + o, n, nh,
-                                   nkv, d, s))
-        paged_attention(act.q.as<float>() + o, gt, kc, vc, dmeta.pos + t0, dmeta.seq_of_token + t0, dmeta.block_tables,
-                        max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + o, n, nh, nkv, d, s);
-      return;
-    }
-    for (int c = 0; c < n; c += kSplitTokens) {
-      const int64_t oc = o + int64_t(c) * nh * d;
-      const int m = std::min(kSplitTokens, n - c);
-      const float* gc = g ? g + oc : nullptr;
-      if (!kb.attention_decode_tensor_core ||
-          !paged_attention_decode(act.q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
-                                  dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + oc, m, nh,
-                                  nkv, d, s, act.split))
-        paged_attention(act.q.as<float>() + oc, gc, kc, vc, dmeta.pos + t0 + c, dmeta.seq_of_token + t0 + c,
-                        dmeta.block_tables, max_blocks, opt.block_size, act.attn_out.as<bf16_t>() + oc, m, nh, nkv, d,
-                        s, &act.split);
+    bf16_t* out = act.attn_out.as<bf16_t>() + o;
+    if (prefill && tensor_core) {
+      FATHOM_CHECK(paged_attention_prefill(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
+                                           opt.block_size, out, n, nh, nkv, d, s),
+                   "the tensor-core prefill attention refused a step it was planned for");
+    } else if (tensor_core) {
+      FATHOM_CHECK(paged_attention_decode(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
+                                          opt.block_size, out, n, nh, nkv, d, s, act.split),
+                   "the tensor-core decode attention refused a step it was planned for");
+    } else {
+      paged_attention(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks, opt.block_size, out, n, nh,
+                      nkv, d, s, prefill ? nullptr : &act.split);
     }
   };
-  for (const AttentionRun& r : p.attention_runs) run_of(r.t0, r.n, r.prefill);
+  for (const AttentionRun& r : p.attention_runs) {
+    if (r.prefill) {
+      attend_tokens(r.t0, r.n, true, r.tensor_core);
+      continue;
+    }
+    for (int c = 0; c < r.n; c += kSplitTokens) attend_tokens(r.t0 + c, std::min(kSplitTokens, r.n - c), false, r.tensor_core);
+  }
 }
 
 void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {

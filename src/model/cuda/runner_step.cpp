@@ -47,7 +47,8 @@ void CudaRunner::Impl::add_to_plan(Plan& p, int i, SequenceId id, Sequence& sq, 
     hmeta.logit_rows[p.RL++] = p.R - 1;
   }
   const bool prefill = n >= kPrefillRunTokens;
-  if (p.attention_runs.empty() || p.attention_runs.back().prefill != prefill) p.attention_runs.push_back({p.T, 0, prefill});
+  if (p.attention_runs.empty() || p.attention_runs.back().prefill != prefill)
+    p.attention_runs.push_back(attention_run(p.T, prefill));
   p.attention_runs.back().n += n;
   p.max_seq_tokens = std::max(p.max_seq_tokens, n);
   p.T += n;
@@ -95,7 +96,7 @@ CudaRunner::Impl::Plan CudaRunner::Impl::padding_plan(int B) {
   Plan p;
   hmeta.seq_start[0] = 0;
   hist_step = false;
-  p.attention_runs.push_back({0, 0, false});
+  p.attention_runs.push_back(attention_run(0, /*prefill=*/false));
   p.max_seq_tokens = 1;
   pad_to(p, B);
   upload_meta(p.S);

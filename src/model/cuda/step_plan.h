@@ -14,11 +14,14 @@
 namespace fathom::cuda {
 
 // Attention over runs of consecutive sequences: runs whose sequences have at least
-// kPrefillRunTokens tokens each go to the prefill kernel, the others to the decode kernel.
+// kPrefillRunTokens tokens each go to the prefill kernel, the others to the decode kernel. The
+// kernel of each run is planned with the step (tensor_core: the tensor-core kernel of its kind,
+// else the CUDA-core one), not chosen again in every layer.
 inline constexpr int kPrefillRunTokens = 16;
 struct AttentionRun {
   int t0 = 0, n = 0;  // tokens [t0, t0 + n) of the step
   bool prefill = false;
+  bool tensor_core = true;
 };
 
 struct StepPlan {
