@@ -29,6 +29,7 @@
 #include "model/cuda/device_weights.h"
 #include "model/cuda/linear_state_pool.h"
 #include "model/cuda/runner_activations.h"
+#include "model/cuda/sampling_buffers.h"
 #include "model/cuda/step_plan.h"
 
 namespace fathom::cuda {
@@ -116,23 +117,7 @@ struct CudaRunner::Impl {
   OpProfile prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
 
-  // Device sampling (runner_sampling.cpp): each logits row's parameters and result, mirrored in
-  // pinned host memory; the adjustment list grows on demand.
-  // Pinned inputs and outputs are double-buffered (alternate launches): a launched step's copies
-  // may still be pending, and its results stay readable, while the next step is prepared.
-  DeviceBuffer row_params, row_out, row_top_ids, row_top_lp, adjust_dev;
-  RowSampling* row_params_host[2] = {};
-  RowSample* row_out_host[2] = {};
-  int32_t* row_top_ids_host[2] = {};
-  float* row_top_lp_host[2] = {};
-  LogitAdjustment* adjust_host[2] = {};
-  size_t adjust_cap[2] = {};
-  DeviceBuffer mask_dev;              // the step's token masks (structured output), grown on demand
-  uint32_t* mask_host[2] = {};
-  size_t mask_cap[2] = {};            // words
-  int io_buf = 0;
-  // The token each state slot's last sampled row chose (kPendingToken's value on the device).
-  DeviceBuffer last_token;
+  SamplingBuffers sampling;  // the device sampler's (sampling_buffers.h, runner_sampling.cpp)
   // Recorded after a step's metadata copy: the pinned metadata is rewritten only after it.
   cudaEvent_t meta_uploaded = nullptr;
 
@@ -154,7 +139,6 @@ struct CudaRunner::Impl {
     std::optional<SampledChunk> chunk;
   };
   std::deque<LaunchedStep> launched;  // oldest first; at most two (overlapped scheduling)
-  cudaEvent_t chunk_done[2] = {};     // per output buffer: its chunk's results have arrived
   void scatter(LaunchedStep& ls, const SampledChunk& c);
   // A launched chunk's sampler and output copies (at launch, or when its masks arrive).
   void sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<const uint32_t> masks);
@@ -201,13 +185,7 @@ struct CudaRunner::Impl {
     if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
     for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
     if (meta_host) cudaFreeHost(meta_host);
-    for (int b = 0; b < 2; ++b)
-      for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
-                      (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b]})
-        if (p) cudaFreeHost(p);
     if (meta_uploaded) cudaEventDestroy(meta_uploaded);
-    for (cudaEvent_t e : chunk_done)
-      if (e) cudaEventDestroy(e);
     if (fork_event) cudaEventDestroy(fork_event);
     if (join_event) cudaEventDestroy(join_event);
     if (side_stream) cudaStreamDestroy(side_stream);

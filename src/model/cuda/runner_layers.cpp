@@ -44,7 +44,7 @@ void CudaRunner::Impl::run_layers(const Plan& p) {
   float* D = act.delta.as<float>();
   {
     Scope sc(this, "embedding");
-    embedding(dmeta.ids, w.embed, X, T, H, s, last_token.as<int32_t>());
+    embedding(dmeta.ids, w.embed, X, T, H, s, sampling.last_token.as<int32_t>());
   }
   for (size_t li = 0; li < w.layers.size(); ++li) decoder_layer(w.layers[li], p, /*first=*/li == 0);
   Scope sc(this, "norm");

@@ -37,20 +37,8 @@ void CudaRunner::Impl::allocate_runtime() {
   decode_tensor_core = kernel_backends().attention_decode_tensor_core &&
                        paged_attention_decode_covers(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
   if (w.has_mtp) FATHOM_CUDA_CHECK(cudaMallocHost(&mtp_hidden_host, size_t(T_max) * cfg.hidden_size * 4));
-  row_params = DeviceBuffer(size_t(R_max) * sizeof(RowSampling));
-  row_out = DeviceBuffer(size_t(R_max) * sizeof(RowSample));
-  row_top_ids = DeviceBuffer(size_t(R_max) * kMaxTopLogprobs * 4);
-  row_top_lp = DeviceBuffer(size_t(R_max) * kMaxTopLogprobs * 4);
-  for (int b = 0; b < 2; ++b) {
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_params_host[b], size_t(R_max) * sizeof(RowSampling)));
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(R_max) * sizeof(RowSample)));
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_ids_host[b], size_t(R_max) * kMaxTopLogprobs * 4));
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_lp_host[b], size_t(R_max) * kMaxTopLogprobs * 4));
-  }
-  last_token = DeviceBuffer(size_t(slots) * 4);
-  FATHOM_CUDA_CHECK(cudaMemsetAsync(last_token.data(), 0, last_token.bytes(), stream));
+  sampling.allocate(R_max, slots, stream);
   FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&meta_uploaded, cudaEventDisableTiming));
-  for (cudaEvent_t& e : chunk_done) FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 
   const int Smax = opt.max_seqs;
   meta_ints = size_t(T_max) * 4 + 2 * size_t(R_max) + (Smax + 1) + 2 * Smax + size_t(Smax) * max_blocks;

@@ -13,16 +13,16 @@ bool CudaRunner::samples_on_device() const { return kernel_backends().device_sam
 // step's output.
 void CudaRunner::Impl::scatter(LaunchedStep& ls, const SampledChunk& c) {
   Impl& m = *this;
-  FATHOM_CUDA_CHECK(cudaEventSynchronize(m.chunk_done[c.buf]));
+  FATHOM_CUDA_CHECK(cudaEventSynchronize(m.sampling.chunk_done[c.buf]));
   const int64_t H = m.cfg.hidden_size;
   for (int r = 0; r < c.RL; ++r) {
     const int64_t src = c.source[size_t(r)];
     if (src < 0) continue;
-    ls.out.samples[size_t(src)] = m.row_out_host[c.buf][r];
+    ls.out.samples[size_t(src)] = m.sampling.row_out_host[c.buf][r];
     if (ls.wants_logprobs[size_t(src)]) {
-      std::copy_n(m.row_top_ids_host[c.buf] + int64_t(r) * kMaxTopLogprobs, kMaxTopLogprobs,
+      std::copy_n(m.sampling.row_top_ids_host[c.buf] + int64_t(r) * kMaxTopLogprobs, kMaxTopLogprobs,
                   ls.out.top_ids.begin() + src * kMaxTopLogprobs);
-      std::copy_n(m.row_top_lp_host[c.buf] + int64_t(r) * kMaxTopLogprobs, kMaxTopLogprobs,
+      std::copy_n(m.sampling.row_top_lp_host[c.buf] + int64_t(r) * kMaxTopLogprobs, kMaxTopLogprobs,
                   ls.out.top_logprobs.begin() + src * kMaxTopLogprobs);
     }
   }
@@ -82,7 +82,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       // A pending chunk (an earlier one of this launch, or the other launch's) in the output
       // buffers this chunk takes: read it first.
       for (Impl::LaunchedStep& other : m.launched)
-        if (other.chunk && other.chunk->buf == m.io_buf) {
+        if (other.chunk && other.chunk->buf == m.sampling.io_buf) {
           m.scatter(other, *other.chunk);
           other.chunk.reset();
         }
@@ -91,8 +91,8 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       m.commit(batch);
       Impl::SampledChunk c;
       c.RL = p.RL, c.R = p.R;
-      c.buf = m.io_buf;
-      m.io_buf ^= 1;
+      c.buf = m.sampling.io_buf;
+      m.sampling.io_buf ^= 1;
       // The chunk's logits rows, in order, with their rows of `rows`; a prefill piece that does not
       // end its step has a row nobody reads, as have padding rows.
       c.source.assign(size_t(p.RL), -1);
@@ -112,27 +112,14 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       size_t n_adjust = 0;
       for (int64_t src : c.source)
         if (src >= 0) n_adjust += size_t(rows[size_t(src)].adjust_end - rows[size_t(src)].adjust_begin);
-      LogitAdjustment*& adjust_host = m.adjust_host[c.buf];
-      if (n_adjust > m.adjust_cap[c.buf]) {
-        if (adjust_host) cudaFreeHost(adjust_host);
-        m.adjust_cap[c.buf] = std::max<size_t>(n_adjust, 2 * m.adjust_cap[c.buf]);
-        FATHOM_CUDA_CHECK(cudaMallocHost(&adjust_host, m.adjust_cap[c.buf] * sizeof(LogitAdjustment)));
-      }
-      if (n_adjust * sizeof(LogitAdjustment) > m.adjust_dev.bytes())
-        m.adjust_dev = DeviceBuffer(std::max(m.adjust_cap[0], m.adjust_cap[1]) * sizeof(LogitAdjustment));
+      m.sampling.reserve_adjustments(c.buf, n_adjust);
+      LogitAdjustment* adjust_host = m.sampling.adjust_host[c.buf];
       // The chunk's token masks (structured output).
       size_t n_masks = 0;
       for (int64_t src : c.source)
         if (src >= 0 && rows[size_t(src)].mask_row >= 0) ++n_masks;
-      uint32_t*& mask_host = m.mask_host[c.buf];
-      if (n_masks * size_t(W) > m.mask_cap[c.buf]) {
-        if (mask_host) cudaFreeHost(mask_host);
-        m.mask_cap[c.buf] = std::max<size_t>(n_masks * size_t(W), 2 * m.mask_cap[c.buf]);
-        FATHOM_CUDA_CHECK(cudaMallocHost(&mask_host, m.mask_cap[c.buf] * 4));
-      }
-      if (n_masks * size_t(W) * 4 > m.mask_dev.bytes())
-        m.mask_dev = DeviceBuffer(std::max(m.mask_cap[0], m.mask_cap[1]) * 4);
-      RowSampling* params = m.row_params_host[c.buf];
+      m.sampling.reserve_masks(c.buf, n_masks * size_t(W));
+      RowSampling* params = m.sampling.row_params_host[c.buf];
       int32_t next = 0;
       for (int r = 0; r < p.RL; ++r) {
         RowSampling& dst = params[r];
@@ -155,10 +142,10 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
       }
       c.n_adjust = next;
       const cudaStream_t s = m.stream;
-      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_params.data(), params, size_t(p.RL) * sizeof(RowSampling),
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_params.data(), params, size_t(p.RL) * sizeof(RowSampling),
                                         cudaMemcpyHostToDevice, s));
       if (next > 0)
-        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.adjust_dev.data(), adjust_host, size_t(next) * sizeof(LogitAdjustment),
+        FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.adjust_dev.data(), adjust_host, size_t(next) * sizeof(LogitAdjustment),
                                           cudaMemcpyHostToDevice, s));
       if (defer_masks) {
         m.deferred = std::move(c);
@@ -183,28 +170,28 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   for (int32_t i = 0; i < n_masks; ++i) {
     const int64_t from = c.mask_source[size_t(i)];
     FATHOM_CHECK((from + 1) * W <= int64_t(masks.size()), "forward_sampled: a row's token mask lies outside the mask table");
-    std::copy_n(masks.begin() + from * W, W, m.mask_host[c.buf] + int64_t(i) * W);
+    std::copy_n(masks.begin() + from * W, W, m.sampling.mask_host[c.buf] + int64_t(i) * W);
   }
   if (n_masks > 0)
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.mask_dev.data(), m.mask_host[c.buf], size_t(n_masks) * size_t(W) * 4,
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.mask_dev.data(), m.sampling.mask_host[c.buf], size_t(n_masks) * size_t(W) * 4,
                                       cudaMemcpyHostToDevice, s));
-  sample_rows(m.act.logits.as<float>(), c.RL, int(V), m.row_params.as<RowSampling>(),
-              c.n_adjust > 0 ? m.adjust_dev.as<LogitAdjustment>() : nullptr, m.row_out.as<RowSample>(),
-              m.row_top_ids.as<int32_t>(), m.row_top_lp.as<float>(), s, m.last_token.as<int32_t>(),
-              n_masks > 0 ? m.mask_dev.as<uint32_t>() : nullptr);
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_out_host[c.buf], m.row_out.data(), size_t(c.RL) * sizeof(RowSample),
+  sample_rows(m.act.logits.as<float>(), c.RL, int(V), m.sampling.row_params.as<RowSampling>(),
+              c.n_adjust > 0 ? m.sampling.adjust_dev.as<LogitAdjustment>() : nullptr, m.sampling.row_out.as<RowSample>(),
+              m.sampling.row_top_ids.as<int32_t>(), m.sampling.row_top_lp.as<float>(), s, m.sampling.last_token.as<int32_t>(),
+              n_masks > 0 ? m.sampling.mask_dev.as<uint32_t>() : nullptr);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_out_host[c.buf], m.sampling.row_out.data(), size_t(c.RL) * sizeof(RowSample),
                                     cudaMemcpyDeviceToHost, s));
   if (ls.any_logprobs) {
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_ids_host[c.buf], m.row_top_ids.data(),
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_top_ids_host[c.buf], m.sampling.row_top_ids.data(),
                                       size_t(c.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.row_top_lp_host[c.buf], m.row_top_lp.data(),
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_top_lp_host[c.buf], m.sampling.row_top_lp.data(),
                                       size_t(c.RL) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
   }
   if (ls.want_hidden) {  // pageable: this copy waits for the step (drafting needs no overlap)
     c.hidden.resize(size_t(c.R) * H);
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(c.hidden.data(), m.act.sel.data(), c.hidden.size() * 4, cudaMemcpyDeviceToHost, s));
   }
-  FATHOM_CUDA_CHECK(cudaEventRecord(m.chunk_done[c.buf], s));
+  FATHOM_CUDA_CHECK(cudaEventRecord(m.sampling.chunk_done[c.buf], s));
   if (ls.chunk) {  // an earlier chunk of this launch (other buffers): read it now
     m.scatter(ls, *ls.chunk);
     ls.chunk.reset();

@@ -1,0 +1,53 @@
+#include "model/cuda/sampling_buffers.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace fathom::cuda {
+
+SamplingBuffers::~SamplingBuffers() {
+  for (int b = 0; b < 2; ++b)
+    for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
+                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b]})
+      if (p) cudaFreeHost(p);
+  for (cudaEvent_t e : chunk_done)
+    if (e) cudaEventDestroy(e);
+}
+
+void SamplingBuffers::allocate(int rows, int slots, cudaStream_t s) {
+  row_params = DeviceBuffer(size_t(rows) * sizeof(RowSampling));
+  row_out = DeviceBuffer(size_t(rows) * sizeof(RowSample));
+  row_top_ids = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
+  row_top_lp = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
+  for (int b = 0; b < 2; ++b) {
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_params_host[b], size_t(rows) * sizeof(RowSampling)));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(rows) * sizeof(RowSample)));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_ids_host[b], size_t(rows) * kMaxTopLogprobs * 4));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_lp_host[b], size_t(rows) * kMaxTopLogprobs * 4));
+  }
+  last_token = DeviceBuffer(size_t(slots) * 4);
+  FATHOM_CUDA_CHECK(cudaMemsetAsync(last_token.data(), 0, last_token.bytes(), s));
+  for (cudaEvent_t& e : chunk_done) FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+void SamplingBuffers::reserve_adjustments(int buf, size_t n) {
+  if (n > adjust_cap[buf]) {
+    if (adjust_host[buf]) cudaFreeHost(adjust_host[buf]);
+    adjust_cap[buf] = std::max<size_t>(n, 2 * adjust_cap[buf]);
+    FATHOM_CUDA_CHECK(cudaMallocHost(&adjust_host[buf], adjust_cap[buf] * sizeof(LogitAdjustment)));
+  }
+  if (n * sizeof(LogitAdjustment) > adjust_dev.bytes())
+    adjust_dev = DeviceBuffer(std::max(adjust_cap[0], adjust_cap[1]) * sizeof(LogitAdjustment));
+}
+
+void SamplingBuffers::reserve_masks(int buf, size_t words) {
+  if (words > mask_cap[buf]) {
+    if (mask_host[buf]) cudaFreeHost(mask_host[buf]);
+    mask_cap[buf] = std::max<size_t>(words, 2 * mask_cap[buf]);
+    FATHOM_CUDA_CHECK(cudaMallocHost(&mask_host[buf], mask_cap[buf] * 4));
+  }
+  if (words * 4 > mask_dev.bytes()) mask_dev = DeviceBuffer(std::max(mask_cap[0], mask_cap[1]) * 4);
+}
+
+}  // namespace fathom::cuda

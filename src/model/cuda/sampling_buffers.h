@@ -1,0 +1,44 @@
+// The device sampler's buffers (runner_sampling.cpp): each logits row's parameters and result,
+// its top logprobs, the logit adjustments and token masks of the step, on the device and mirrored
+// in pinned host memory. The pinned side is double-buffered (alternate launches): a launched
+// step's copies may still be pending, and its results stay readable, while the next step is
+// prepared. Adjustments and masks grow on demand.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/sampling.h"
+
+namespace fathom::cuda {
+
+struct SamplingBuffers {
+  DeviceBuffer row_params, row_out, row_top_ids, row_top_lp, adjust_dev, mask_dev;
+  RowSampling* row_params_host[2] = {};
+  RowSample* row_out_host[2] = {};
+  int32_t* row_top_ids_host[2] = {};
+  float* row_top_lp_host[2] = {};
+  LogitAdjustment* adjust_host[2] = {};
+  size_t adjust_cap[2] = {};
+  uint32_t* mask_host[2] = {};
+  size_t mask_cap[2] = {};  // words
+  int io_buf = 0;           // the pinned half the next launch uses
+  cudaEvent_t chunk_done[2] = {};  // per half: its chunk's results have arrived
+  // The token each state slot's last sampled row chose (kPendingToken's value on the device).
+  DeviceBuffer last_token;
+
+  SamplingBuffers() = default;
+  SamplingBuffers(const SamplingBuffers&) = delete;
+  SamplingBuffers& operator=(const SamplingBuffers&) = delete;
+  ~SamplingBuffers();
+
+  // Room for `rows` logits rows a step and `slots` state slots.
+  void allocate(int rows, int slots, cudaStream_t s);
+  // Half `buf` holds at least `n` adjustments / `words` mask words (the device side: both halves' most).
+  void reserve_adjustments(int buf, size_t n);
+  void reserve_masks(int buf, size_t words);
+};
+
+}  // namespace fathom::cuda
