@@ -27,6 +27,7 @@
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/kv_pool.h"
 #include "model/cuda/linear_state_pool.h"
 #include "model/cuda/runner_activations.h"
 #include "model/cuda/sampling_buffers.h"
@@ -66,7 +67,7 @@ struct CudaRunner::Impl {
   Footprint fp;
   int n_attn = 0, n_linear = 0;
 
-  std::vector<DeviceBuffer> k_pool, v_pool;
+  KvPool kv;  // the KV cache's memory (kv_pool.h); the blocks' accounting below
   std::vector<int32_t> free_blocks;
   LinearStatePool states;  // the DeltaNet states of the slots (linear_state_pool.h)
   std::vector<int> free_slots;
@@ -87,9 +88,7 @@ struct CudaRunner::Impl {
   int64_t next_snapshot = 1;
   std::vector<int32_t> snap_free_blocks;
   std::vector<int> snap_free_slots;
-  DeviceBuffer pool_ptrs, copy_idx;
   int64_t snap_tokens = 0;  // KV room of the snapshots (opt.snapshot_tokens, or less where it did not fit)
-  void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
   int max_blocks = 0;
   int64_t kv_tokens = 0;  // the KV pools' capacity

@@ -73,7 +73,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   {
     Scope sc(this, "attn.core");
     attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, act.q.as<float>(),
-                      act.gate.as<float>(), k_pool[l.attn_index].as<bf16_t>(), v_pool[l.attn_index].as<bf16_t>(), T,
+                      act.gate.as<float>(), kv.k(l.attn_index), kv.v(l.attn_index), T,
                       nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
                       cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
     attend(l, p);
@@ -93,7 +93,7 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const float* g = cfg.attn_output_gate ? act.gate.as<float>() : nullptr;
-  const bf16_t *kc = k_pool[l.attn_index].as<bf16_t>(), *vc = v_pool[l.attn_index].as<bf16_t>();
+  const bf16_t *kc = kv.k(l.attn_index), *vc = kv.v(l.attn_index);
   const int32_t *pos = dmeta.pos, *seq_of = dmeta.seq_of_token;
   auto attend_tokens = [&](int t0, int n, bool prefill, bool tensor_core) {
     const int64_t o = int64_t(t0) * nh * d;

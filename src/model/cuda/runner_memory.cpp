@@ -93,24 +93,12 @@ void CudaRunner::Impl::allocate_kv_pools() {
   const int64_t main_blocks = std::max<int64_t>(1, tokens / bs);
   const int64_t num_blocks = main_blocks + snap_blocks + 1;  // + pad_block
   kv_tokens = main_blocks * bs;
-  const int nkv = cfg.num_key_value_heads, d = cfg.head_dim;
-  for (int i = 0; i < n_attn + (w.has_mtp ? 1 : 0); ++i) {
-    k_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
-    v_pool.emplace_back(size_t(num_blocks) * bs * nkv * d * 2);
-    // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
-    fill_random_bf16(k_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 77 + i, stream);
-    fill_random_bf16(v_pool.back().as<bf16_t>(), num_blocks * bs * nkv * d, 0.5f, 99 + i, stream);
-    fp.kv_bytes += int64_t(k_pool.back().bytes() * 2);
-  }
+  kv.allocate(n_attn + (w.has_mtp ? 1 : 0), num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim,
+              snap_blocks > 0 ? std::max<int64_t>(max_blocks, snap_blocks) : 0, stream);
+  fp.kv_bytes = kv.bytes();
   pad_block = int32_t(num_blocks - 1);
   for (int64_t b2 = main_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
   for (int64_t b2 = main_blocks + snap_blocks - 1; b2 >= main_blocks; --b2) snap_free_blocks.push_back(int32_t(b2));
-  if (snap_blocks > 0) {
-    std::vector<bf16_t*> ptrs;
-    for (size_t i = 0; i < k_pool.size(); ++i) ptrs.push_back(k_pool[i].as<bf16_t>()), ptrs.push_back(v_pool[i].as<bf16_t>());
-    pool_ptrs = DeviceBuffer::from_host(ptrs);
-    copy_idx = DeviceBuffer(size_t(2) * std::max<int64_t>(max_blocks, snap_blocks) * 4);
-  }
 }
 
 void CudaRunner::Impl::log_generic_kernels() const {

@@ -19,18 +19,7 @@ std::vector<T> take(std::vector<T>& free, size_t n) {
 }
 }  // namespace
 
-void CudaRunner::Impl::copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
-  if (src.empty()) return;
-  std::vector<int32_t> idx(src);
-  idx.insert(idx.end(), dst.begin(), dst.end());
-  // Pageable memory: the call returns once the indices are staged, so `idx` may go.
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(copy_idx.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, stream));
-  const int32_t* d = copy_idx.as<int32_t>();
-  copy_kv_blocks(pool_ptrs.as<bf16_t*>(), int(k_pool.size() * 2), d, d + src.size(), int(src.size()),
-                 int64_t(opt.block_size) * cfg.attention_kv_rows(), stream);
-}
-
-bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->pool_ptrs.data(); }
+bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->kv.can_copy(); }
 
 int64_t CudaRunner::save_snapshot(SequenceId id) {
   Impl& m = *impl_;
@@ -42,7 +31,7 @@ int64_t CudaRunner::save_snapshot(SequenceId id) {
   snap.blocks = take(m.snap_free_blocks, size_t(need));
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
-  m.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks);
+  m.kv.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks, m.stream);
   m.states.save_snapshot(sq.slot, snap.slot, m.stream);
   const int64_t sid = m.next_snapshot++;
   m.snapshots.emplace(sid, std::move(snap));
@@ -61,7 +50,7 @@ SequenceId CudaRunner::add_sequence_from(int64_t snapshot) {
   sq.blocks = take(m.free_blocks, snap.blocks.size());
   sq.length = snap.length;
   sq.mtp_length = snap.mtp_length;
-  m.copy_blocks(snap.blocks, sq.blocks);
+  m.kv.copy_blocks(snap.blocks, sq.blocks, m.stream);
   m.states.load_snapshot(snap.slot, sq.slot, m.stream);
   const SequenceId id = m.next_id++;
   m.seqs.emplace(id, std::move(sq));

@@ -1,0 +1,34 @@
+// The paged KV cache's memory: one K and one V pool per attention layer (the MTP layer's last),
+// each [blocks][block_size][kv_heads][head_dim] bf16, and block copies between them (prefix
+// snapshots). Which blocks a sequence holds is the runner's accounting, not this.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+
+class KvPool {
+ public:
+  // `layers` pools of `blocks` blocks; `copy_blocks` > 0 makes room for copies of up to that
+  // many blocks at once.
+  void allocate(int layers, int64_t blocks, int block_size, int kv_heads, int head_dim, int64_t copy_blocks,
+                cudaStream_t s);
+  bf16_t* k(int layer) const { return k_[size_t(layer)].as<bf16_t>(); }
+  bf16_t* v(int layer) const { return v_[size_t(layer)].as<bf16_t>(); }
+  int64_t bytes() const;
+  bool can_copy() const { return ptrs_.data() != nullptr; }
+  // Blocks src[i] -> dst[i] of every layer's K and V, queued on `s`.
+  void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst, cudaStream_t s);
+
+ private:
+  std::vector<DeviceBuffer> k_, v_;
+  DeviceBuffer ptrs_, idx_;  // every pool's base (K, V per layer), and the copy's block ids
+  int64_t block_values_ = 0;  // values of one block
+};
+
+}  // namespace fathom::cuda
