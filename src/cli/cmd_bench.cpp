@@ -218,12 +218,14 @@ void run_bench(const BenchArgs& a) {
               dummy ? "dummy weights" : ("weights of " + a.model).c_str());
   // Kernel backends: verified and chosen (or read from the cache) before this process touches the GPU.
   nlohmann::json backends_report;
+  cuda::KernelPlan kernels;  // the fixed rules, unless a policy chooses
   BackendOptions b = a.backends;
   b.speculative = b.speculative || !a.spec_steps.empty() || !a.spec_algorithm.empty();
   if (b.policy != "none") {
     const cuda::TuneResult tr = cuda::tune_and_apply(
         cfg, nvfp4, cuda::tune_options(b),
         [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+    kernels = tr.plan;
     backends_report = {{"policy", b.policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
     for (const BackendChoice& c : tr.choices)
       backends_report["choices"].push_back({{"op", c.op}, {"bucket", c.bucket}, {"candidate", c.candidate}, {"why", c.why}});
@@ -235,6 +237,7 @@ void run_bench(const BenchArgs& a) {
               prop.name, prop.multiProcessorCount, ceil.copy_tbs, ceil.gemm_tflops);
 
   cuda::CudaRunnerOptions opt;
+  opt.kernels = kernels;
   opt.max_seqs = max_batch + 1;
   opt.max_tokens_per_step = std::max(a.input_len, 256);
   opt.max_rows_per_step = std::max(max_batch, 16);

@@ -24,22 +24,21 @@ std::string read_config_text(const std::string& path) {
   return read_text_file(std::filesystem::is_directory(p) ? p / "config.json" : p);
 }
 
-// Verifies, times and chooses the kernel backends (or reads the choice from the cache) and makes
-// the kernels follow it; before anything in this process initialises CUDA (the checks run in
-// child processes). Skipped without a policy or on the CPU.
-void choose_backends(const std::string& path, const std::string& device, const EngineOptions& options) {
+// Verifies, times and chooses the kernel backends (or reads the choice from the cache): the
+// kernel plan the runner is made with; before anything in this process initialises CUDA (the
+// checks run in child processes). The fixed rules without a policy or on the CPU.
+cuda::KernelPlan choose_backends(const std::string& path, const std::string& device, const EngineOptions& options) {
   const BackendOptions& b = options.backends;
-  if (b.policy.empty() || device == "cpu") return;
+  if (b.policy.empty() || device == "cpu") return {};
   const bool dummy = options.load_format == "dummy";
   const std::string text = read_config_text(path);
   const ModelConfig cfg = ModelConfig::parse(text, "", path);
   const bool nvfp4 = cfg.num_experts > 0 &&
                      (dummy || (std::filesystem::is_directory(path) &&
                                 QuantConfig::load(path, text).algo == QuantAlgo::NVFP4));
-  cuda::tune_and_apply(
-      cfg, nvfp4,
-      cuda::tune_options(b),
-      [](const std::string& line) { std::fprintf(stderr, "fathom: %s\n", line.c_str()); });
+  return cuda::tune_and_apply(cfg, nvfp4, cuda::tune_options(b), [](const std::string& line) {
+           std::fprintf(stderr, "fathom: %s\n", line.c_str());
+         }).plan;
 }
 #endif
 
@@ -62,7 +61,7 @@ std::string resolve_device(const std::string& device) {
 std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::string& requested_device, bool with_mtp,
                                         const EngineOptions& options) {
 #ifdef FATHOM_HAVE_CUDA
-  choose_backends(path, requested_device, options);  // first: it needs CUDA untouched here
+  const cuda::KernelPlan kernels = choose_backends(path, requested_device, options);  // first: CUDA untouched here
 #endif
   const std::string device = resolve_device(requested_device);
   FATHOM_CHECK(options.load_format == "auto" || options.load_format == "dummy",
@@ -77,6 +76,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
 #ifdef FATHOM_HAVE_CUDA
     ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(dummy ? options.num_layers : 0);
     cuda::CudaRunnerOptions opt;
+    opt.kernels = kernels;
     opt.load_mtp = with_mtp;
     if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
     // The longest sequence: --max-model-len, else the model's (the KV cache may cap it further).

@@ -128,6 +128,14 @@ struct StepSeq {
   int slot, first, count;  // tokens [first, first+count) of the inputs, in state slot `slot`
 };
 
+// gdn.decode's two implementations (backend_switches.h): the register-tiled kernel and the
+// shared-memory one, each through gdn_recurrent as the engine calls it (the runner passes its
+// KernelPlan's gdn_decode_smem; here the case in scope says which).
+struct DecodeKernel {
+  explicit DecodeKernel(bool smem) { decode_smem = smem; }
+  ~DecodeKernel() { decode_smem = false; }
+  static inline bool decode_smem = false;
+};
 // Device parameters and state pool of one layer, kept across steps; each step is one
 // gdn_recurrent call over some sequences, its inputs gathered from the host token rows.
 class GdnRig {
@@ -162,7 +170,8 @@ class GdnRig {
     cuda::gdn_recurrent(du.as<float>(), dba.as<float>(), dba.as<float>() + sh_.hv, ba_ld, a_log_.as<float>(),
                         dt_bias_.as<float>(), pool_.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(),
                         out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, nullptr, hist,
-                        chunked_from);
+                        chunked_from, cuda::kGdnDecodeOp,
+                        DecodeKernel::decode_smem);
     if (chunked_from > 0) {
       int longest = 0;
       for (const StepSeq& q : seqs) longest = std::max(longest, q.count);
@@ -245,12 +254,6 @@ struct GdnCase {
   std::vector<int> lens;
 };
 
-// gdn.decode's two implementations (backend_switches.h): the register-tiled kernel and the
-// shared-memory one, each through gdn_recurrent as the engine calls it.
-struct DecodeKernel {
-  explicit DecodeKernel(bool smem) { cuda::kernel_backends().gdn_decode_smem = smem; }
-  ~DecodeKernel() { cuda::kernel_backends().gdn_decode_smem = false; }
-};
 constexpr bool kDecodeKernels[] = {false, true};
 
 TEST(CudaGdn, RecurrentMatchesHostReference) {

@@ -67,7 +67,7 @@ TEST(CudaLinear, Nvfp4AtEveryStepSizeMatchesReference) {
     cuda::DeviceBuffer y(size_t(kMaxT) * sh.n * 4), scratch(size_t(sh.n) * sh.k * 2);
     for (int T = 1; T <= kMaxT; ++T) {
       FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));  // NaN: every output must be written
-      cuda::linear(w, x.as<cuda::bf16_t>(), y.array<float>(), T, scratch.array<cuda::bf16_t>(), nullptr);
+      cuda::linear(w, x.as<cuda::bf16_t>(), y.array<float>(), T, scratch.array<cuda::bf16_t>(), nullptr, cuda::KernelPlan{});
       FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<float> got(size_t(T) * sh.n);
       FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), y.data(), got.size() * 4, cudaMemcpyDeviceToHost));
@@ -100,14 +100,14 @@ TEST(CudaLinear, RefusesLaunchesThatDoNotFitTheirBuffers) {
   FATHOM_CUDA_CHECK(cudaMemset(x.data(), 0, x.bytes()));
   // The dequantization scratch one element short of the weights ([64, 96]): refused at 33 tokens.
   cuda::DeviceBuffer small_scratch(size_t(64 * 96 - 1) * 2);
-  EXPECT_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), y.array<float>(), 33, small_scratch.array<cuda::bf16_t>(), nullptr),
+  EXPECT_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), y.array<float>(), 33, small_scratch.array<cuda::bf16_t>(), nullptr, cuda::KernelPlan{}),
                Error);
   // The output one row short.
   cuda::DeviceBuffer scratch(size_t(64) * 96 * 2);
   const cuda::DeviceArray<float> short_y{y.as<float>(), 32 * 64};
-  EXPECT_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), short_y, 33, scratch.array<cuda::bf16_t>(), nullptr), Error);
+  EXPECT_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), short_y, 33, scratch.array<cuda::bf16_t>(), nullptr, cuda::KernelPlan{}), Error);
   // At GEMV sizes (16 tokens) no scratch is needed, and 16 rows fit.
-  EXPECT_NO_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), short_y, 16, cuda::DeviceArray<cuda::bf16_t>{}, nullptr));
+  EXPECT_NO_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), short_y, 16, cuda::DeviceArray<cuda::bf16_t>{}, nullptr, cuda::KernelPlan{}));
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

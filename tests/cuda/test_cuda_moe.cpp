@@ -35,8 +35,7 @@ TEST(CudaMoeFp4, MatchesHostReference) {
     for (const int T : {1, 5, 64, 150}) {  // decode kernels up to kMoeFp4SmallT, prefill kernels above
      const bool small = T <= cuda::kMoeFp4SmallT;
      for (int v = 0; v < (small ? cuda::moe_fp4_small_variants() : cuda::moe_fp4_large_variants()); ++v) {
-      if (small) cuda::set_moe_fp4_small_variant(v);
-      else cuda::set_moe_fp4_large_variant(v);
+      rig.plan = small ? cuda::MoeFp4Plan::decode_variant(v) : cuda::MoeFp4Plan::prefill_variant(v);
       const std::vector<float> y = rig.run(T);
       double worst = 0;
       for (int t = 0; t < T; t += (T > 8 ? 7 : 1)) {
@@ -47,8 +46,7 @@ TEST(CudaMoeFp4, MatchesHostReference) {
       EXPECT_LT(worst, 1e-2) << "H=" << mc.H << " I=" << mc.I << " E=" << mc.E << " T=" << T << " variant " << v;
       if (v == 0) printf("H=%d I=%d E=%d K=%d T=%d: max row error %.2e\n", mc.H, mc.I, mc.E, mc.K, T, worst);
      }
-     cuda::set_moe_fp4_small_variant(-1);
-     cuda::set_moe_fp4_large_variant(0);
+     rig.plan = {};
     }
   }
 }
@@ -202,12 +200,11 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
     const bool small = T <= cuda::kMoeFp4SmallT;
     const int variants = small ? cuda::moe_fp4_small_variants() : cuda::moe_fp4_large_variants();
     for (int v = 0; v < variants; ++v) {
-      if (small) cuda::set_moe_fp4_small_variant(v);
-      else cuda::set_moe_fp4_large_variant(v);
+      const cuda::MoeFp4Plan plan = small ? cuda::MoeFp4Plan::decode_variant(v) : cuda::MoeFp4Plan::prefill_variant(v);
       const double ms = median_ms([&](int r) {
         cuda::moe_experts_fp4(ex, dx.as<cuda::bf16_t>(), dids.as<int32_t>() + size_t(r) * P_max, dw.as<float>(),
                               h.as<cuda::bf16_t>(), po.as<float>(), y.as<float>(), T, K, nullptr, nullptr, 1, gs,
-                              nullptr);
+                              nullptr, plan);
       });
       const double gemm_ms = ms - group_ms - combine_ms;
       printf("T=%4d %-22s all %.4f ms (group %.4f, combine %.4f, GEMMs %.4f): %.1f MB of experts -> %.2f TB/s "
@@ -217,8 +214,6 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
              2.0 * P * 3.0 * H * I / ms / 1e9);
     }
   }
-  cuda::set_moe_fp4_small_variant(-1);
-  cuda::set_moe_fp4_large_variant(0);
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

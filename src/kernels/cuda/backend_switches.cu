@@ -13,11 +13,6 @@
 
 namespace fathom::cuda {
 
-KernelBackends& kernel_backends() {
-  static KernelBackends b;
-  return b;
-}
-
 bool sm120_profile() {
   static const bool on = [] {
     const char* e = std::getenv("FATHOM_SM120_PROFILE");

@@ -1,7 +1,6 @@
-// The kernel choices of the heavy ops that are not the NVFP4 experts' (those: moe_fp4's variant
-// tables), set once per process by the backend tuner (model/cuda/backend_tuning.h) before any
-// step runs; the defaults are the fixed rules. Also the fault-injection hook that every
-// candidate's dispatch calls (core/backend_selection.h, FATHOM_BACKEND_FAULT).
+// The heavy ops as backends and their candidates' names (the choice itself is a KernelPlan,
+// kernel_plan.h), and the fault-injection hook that every candidate's dispatch calls
+// (core/backend_selection.h, FATHOM_BACKEND_FAULT).
 #pragma once
 #include <cstddef>
 #include <cuda_runtime.h>
@@ -30,16 +29,6 @@ inline constexpr const char* kDeviceSampling = "device";
 inline constexpr const char* kHostSampling = "host";
 inline constexpr int kFp4GemvMaxTokens = 16;
 
-struct KernelBackends {
-  int gemv_max_tokens = 5;                   // gemm.bf16: the GEMV kernel up to this many tokens (kGemvMaxTokens)
-  int fp4_gemv_max_tokens = 16;              // gemm.fp4: the NVFP4 GEMV up to this many (kFp4GemvMaxTokens)
-  bool attention_decode_tensor_core = true;  // else the CUDA-core split-K kernel
-  bool attention_prefill_tensor_core = true; // else the CUDA-core kernel
-  bool gdn_chunked = true;                   // gdn.prefill
-  bool gdn_decode_smem = false;              // gdn.decode: the shared-memory kernel instead of the register-tiled one
-  bool device_sampling = true;               // sampling
-};
-KernelBackends& kernel_backends();
 
 // When FATHOM_BACKEND_FAULT names (op, candidate) (read once): `bytes` at `out` become NaN
 // (0xff bytes) or wrong (0x3f bytes: 0.747 as fp32, 0.746 as bf16), or the stream faults on an

@@ -446,12 +446,12 @@ bool gdn_recurrent_covers(int dk) { return dk == 16 || dk == 32 || dk == 64 || d
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist, int long_from,
-                   const char* serves) {
+                   const char* serves, bool decode_smem) {
   const StateHistory hs = hist ? *hist : StateHistory{};
   if (num_seqs == 0) return;
   // The shared-memory kernel when the tuner chose it for decode, and for every key head dim the
   // register-tiled kernel has no instance for (gdn_recurrent_covers).
-  if ((kernel_backends().gdn_decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk))
+  if ((decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk))
     return gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk,
                               dv, s, hist, long_from);
   FATHOM_CHECK(dv >= 1 && dv <= kMaxLinearValueHeadDim, "gdn_recurrent: value head dim ", dv, " must be in 1..",

@@ -91,12 +91,13 @@ GemmContext* gemm_context() {
   return ctx;
 }
 
-// Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel or cuBLASLt.
-void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
+// Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel (up to the
+// plan's gemv_max_tokens) or cuBLASLt.
+void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s, int gemv_max_tokens) {
   if (T == 0) return;
   const bool small = T <= kGemvMaxTokens;
   const size_t bytes = size_t(T) * N * sizeof(float);
-  if (T <= kernel_backends().gemv_max_tokens && gemv_small_batch(x, w, y, T, N, K, s)) {
+  if (T <= gemv_max_tokens && gemv_small_batch(x, w, y, T, N, K, s)) {
     inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
     return;
   }
@@ -112,13 +113,13 @@ void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStre
 }
 
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
-            cudaStream_t s) {
+            cudaStream_t s, const KernelPlan& plan) {
   if (T == 0) return;
   FATHOM_CHECK(T > 0 && int64_t(T) * w.out <= y.size, "linear: ", T, " tokens x ", w.out, " outputs do not fit an output of ",
                y.size, " floats");
   if (!w.is_fp4()) {
-    gemm_bf16(x, w.bf16, y.data, T, w.out, w.in, s);
-  } else if (T <= std::min(kFp4GemvMaxTokens, kernel_backends().fp4_gemv_max_tokens)) {  // op gemm.fp4
+    gemm_bf16(x, w.bf16, y.data, T, w.out, w.in, s, plan.gemv_max_tokens);
+  } else if (T <= std::min(kFp4GemvMaxTokens, plan.fp4_gemv_max_tokens)) {  // op gemm.fp4
     nvfp4_gemv(w, x, y.data, T, s);
     inject_backend_fault(kGemmFp4Op, kGemv, y.data, size_t(T) * w.out * sizeof(float), s);
   } else {

@@ -431,15 +431,12 @@ constexpr SmallVariant kSmallVariants[] = {
     {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<4, 1, 8>, down_kernel<4, 1, 8>},
     {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<8, 2, 1>, down_kernel<8, 1, 1>},
 };
-constexpr int kAutoVariant = -1;
-int g_small_variant = kAutoVariant;
 constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
-std::vector<std::pair<int, int>> g_small_table;  // (largest T, variant), ascending; empty: the rule
-int small_variant_for(int T) {
-  if (g_small_variant != kAutoVariant) return g_small_variant;
-  for (const auto& [max_t, v] : g_small_table)
+int small_variant_for(const MoeFp4Plan& plan, int T) {
+  if (plan.small_variant >= 0) return plan.small_variant;
+  for (const auto& [max_t, v] : plan.small_table)
     if (T <= max_t) return v;
-  if (!g_small_table.empty()) return g_small_table.back().second;
+  if (!plan.small_table.empty()) return plan.small_table.back().second;
   return T <= 2 ? kFewTokensVariant : kManyTokensVariant;
 }
 
@@ -470,13 +467,6 @@ constexpr LargeVariant large_variant() {
 // warp, measured slower: fewer warps fit.
 constexpr LargeVariant kLargeVariants[] = {large_variant<4, 3, 8, 4>(), large_variant<4, 3, 8>(),
                                            large_variant<4, 4, 8>(), large_variant<8, 3, 8>()};
-// FATHOM_MOE_FP4_PREFILL_VARIANT=i picks another one (for benchmarks; `fathom tune` will choose).
-int initial_large_variant() {
-  const char* v = std::getenv("FATHOM_MOE_FP4_PREFILL_VARIANT");
-  const int i = v ? std::atoi(v) : 0;
-  return i >= 0 && i < int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])) ? i : 0;
-}
-int g_large_variant = initial_large_variant();
 
 void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int max_tiles, const bf16_t* h, int inter,
                   cudaStream_t s) {
@@ -497,11 +487,14 @@ void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int
 std::string moe_fp4_small_variant_id(int v) { return "d" + std::to_string(v); }
 std::string moe_fp4_large_variant_id(int v) { return "p" + std::to_string(v); }
 int moe_fp4_fixed_small_variant(int T) { return T <= 2 ? kFewTokensVariant : kManyTokensVariant; }
-void set_moe_fp4_small_table(std::vector<std::pair<int, int>> table) {
-  for (const auto& [t, v] : table)
-    FATHOM_CHECK(v >= 0 && v < int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])), "moe_fp4: no small-kernel variant ", v);
-  std::sort(table.begin(), table.end());
-  g_small_table = std::move(table);
+void check_moe_fp4_plan(const MoeFp4Plan& plan) {
+  for (const auto& [t, v] : plan.small_table)
+    FATHOM_CHECK(v >= 0 && v < moe_fp4_small_variants(), "moe_fp4: no small-kernel variant ", v);
+  FATHOM_CHECK(std::is_sorted(plan.small_table.begin(), plan.small_table.end()),
+               "moe_fp4: the decode variants' table must be in ascending step sizes");
+  FATHOM_CHECK(plan.small_variant < moe_fp4_small_variants(), "moe_fp4: no small-kernel variant ", plan.small_variant);
+  FATHOM_CHECK(plan.large_variant >= 0 && plan.large_variant < moe_fp4_large_variants(),
+               "moe_fp4: no prefill-kernel variant ", plan.large_variant);
 }
 
 int moe_fp4_large_variants() { return int(sizeof(kLargeVariants) / sizeof(kLargeVariants[0])); }
@@ -510,10 +503,6 @@ std::string moe_fp4_large_variant_name(int v) {
   return "prefill " + std::to_string(kLargeVariants[v].warps) + "w/" + std::to_string(kLargeVariants[v].stages) +
          "st/" + std::to_string(kLargeVariants[v].tile_tokens) + "tok/b" + std::to_string(kLargeVariants[v].min_blocks);
 }
-void set_moe_fp4_large_variant(int v) {
-  FATHOM_CHECK(v >= 0 && v < moe_fp4_large_variants(), "moe_fp4: no prefill-kernel variant ", v);
-  g_large_variant = v;
-}
 
 int moe_fp4_small_variants() { return int(sizeof(kSmallVariants) / sizeof(kSmallVariants[0])); }
 std::string moe_fp4_small_variant_name(int v) {
@@ -521,10 +510,6 @@ std::string moe_fp4_small_variant_name(int v) {
     return std::to_string(sh.warps) + "w/u" + std::to_string(sh.unroll) + "/b" + std::to_string(sh.min_blocks);
   };
   return "gate " + name(kSmallVariants[v].gate_shape) + " down " + name(kSmallVariants[v].down_shape);
-}
-void set_moe_fp4_small_variant(int v) {
-  FATHOM_CHECK(v == kAutoVariant || (v >= 0 && v < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", v);
-  g_small_variant = v;
 }
 
 int64_t packed_fp4_code_bytes(int rows, int k) {
@@ -565,7 +550,7 @@ int moe_fp4_small_pairs_per_expert() {
 
 void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
-                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s) {
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan) {
   if (T == 0) return;
   FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_fp4: hidden ", ex.hidden, " and inter ",
                ex.inter, " must be multiples of 8");
@@ -574,12 +559,15 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   // tiles, which read each expert once per 8 of its tokens; the 64-token tiles compute all 64
   // columns however few tokens an expert has.
   const bool small = T <= kMoeFp4SmallT || int64_t(P) <= int64_t(moe_fp4_small_pairs_per_expert()) * ex.num;
-  const int tile = small ? kSmallTile : kLargeVariants[g_large_variant].tile_tokens;
+  FATHOM_CHECK(plan.large_variant >= 0 && plan.large_variant < moe_fp4_large_variants(),
+               "moe_fp4: no prefill-kernel variant ", plan.large_variant);
+  const int tile = small ? kSmallTile : kLargeVariants[plan.large_variant].tile_tokens;
   moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
   const int max_tiles = std::min(ex.num, P) + P / tile;
   const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
   MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};
-  const int variant = small ? small_variant_for(T) : g_large_variant;
+  const int variant = small ? small_variant_for(plan, T) : plan.large_variant;
+  FATHOM_CHECK(!small || (variant >= 0 && variant < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", variant);
   if (small) {
     launch_small(variant, a, dim3(gate_tiles, max_tiles), dim3((down_tiles + 1) / 2, max_tiles), h, ex.inter, s);
   } else {

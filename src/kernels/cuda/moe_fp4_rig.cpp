@@ -114,7 +114,7 @@ MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bo
 void MoeFp4Rig::launch(int T, cudaStream_t s) {
   FATHOM_CHECK(T > 0 && T <= max_T_, "MoeFp4Rig: ", T, " tokens of ", max_T_);
   moe_experts_fp4(ex_, dx_.as<bf16_t>(), dids_.as<int32_t>(), dw_.as<float>(), h_.as<bf16_t>(), pair_out_.as<float>(),
-                  y_.as<float>(), T, shape_.K, nullptr, nullptr, 1, group_, s);
+                  y_.as<float>(), T, shape_.K, nullptr, nullptr, 1, group_, s, plan);
 }
 
 std::vector<float> MoeFp4Rig::output(int T) const {

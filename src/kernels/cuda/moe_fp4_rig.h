@@ -37,6 +37,7 @@ class MoeFp4Rig {
   // Host reference of token t: h rounded to bf16 as the kernels store it (cached).
   const std::vector<double>& reference(int t);
   int H() const { return shape_.H; }
+  MoeFp4Plan plan;  // the kernel variants launch() runs (default: the fixed rule)
 
  private:
   struct HostFp4 {

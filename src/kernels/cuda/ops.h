@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/kernel_plan.h"
 
 namespace fathom::cuda {
 
@@ -75,12 +76,15 @@ GemmContext* gemm_context();
 constexpr int kGemvMaxTokens = 5;
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
-// y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch for small T, else cuBLASLt. NVFP4: a
-// decode kernel for T <= 16, else dequantize into `scratch` (N*K bf16) and use cuBLASLt. Fails
-// (nothing launched) when y has fewer than T*N elements or a needed scratch fewer than N*K.
+// y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch up to plan.gemv_max_tokens, else
+// cuBLASLt. NVFP4: a decode kernel up to plan.fp4_gemv_max_tokens (at most 16), else dequantize
+// into `scratch` (N*K bf16) and use cuBLASLt. Fails (nothing launched) when y has fewer than T*N
+// elements or a needed scratch fewer than N*K.
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
-            cudaStream_t s);
-void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
+            cudaStream_t s, const KernelPlan& plan);
+// bf16 product: the GEMV up to gemv_max_tokens tokens (the plan's), else cuBLASLt.
+void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s,
+               int gemv_max_tokens = kGemvMaxTokens);
 // Full fp32 product (no TF32) for fp32 weights: y[T, N] = x[T, K] * W^T (gemv_small_batch for
 // small T).
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s);
@@ -175,10 +179,11 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 // u: conv output [T, 2*hk*dk + hv*dv] (q | k | v); b, a: [T, hv] with rows ba_ld apart; out: [T, hv*dv].
 // Sequences with at least `long_from` tokens are left alone when it is positive (gdn_chunked's).
 // `serves`: the op it runs as (backend_switches.h: "gdn.decode" or "gdn.prefill"), for faults.
+// `decode_smem`: gdn.decode runs on gdn_recurrent_smem (KernelPlan::gdn_decode_smem).
 void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
-                   int long_from = 0, const char* serves = "gdn.decode");
+                   int long_from = 0, const char* serves = "gdn.decode", bool decode_smem = false);
 // Key head dims the register-tiled kernel of gdn_recurrent has an instance for (16, 32, 64, 128);
 // gdn_recurrent runs gdn_recurrent_smem for the others.
 bool gdn_recurrent_covers(int dk);
@@ -189,7 +194,7 @@ constexpr int kMaxLinearValueHeadDim = 1024;
 bool gdn_recurrent_smem_state_in_global(int dk, int dv);
 // The same rule, one block per (value head, sequence) with the state in shared memory
 // (gdn_recurrent_smem.cu): gdn.decode's second implementation; gdn_recurrent runs it in place of
-// its own kernel for decode steps when kernel_backends().gdn_decode_smem (backend_switches.h).
+// its own kernel for decode steps when the plan says so (KernelPlan::gdn_decode_smem).
 // Any dk; a state larger than a block's shared memory is updated in place in device memory.
 void gdn_recurrent_smem(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                         const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot,
@@ -288,10 +293,11 @@ int moe_fp4_small_pairs_per_expert();  // the above, or FATHOM_MOE_FP4_SMALL_PAI
 // The routed experts of moe_experts_decode on packed NVFP4 weights: pairs grouped by expert on
 // the device, gate/up GEMM with SwiGLU fused (h: bf16 [T*K, inter]), down GEMM times the routing
 // weight (pair_out: [T*K, hidden]), then the combine (left to the caller, moe_combine_pairs,
-// when y is null). `g` needs tiles for T*K pairs.
+// when y is null). `g` needs tiles for T*K pairs. `plan`: the kernel variants (default: the
+// fixed rule).
 void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
-                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s);
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan = {});
 inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pairs / 8 + 1; }
 // The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of
 // moe_group_scratch_ints(pairs, E) elements.
@@ -308,15 +314,13 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   g.tiles = g.num_tiles + 1;
   return g;
 }
-// Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp):
-// chosen at run time so that a benchmark can time them all. The default (-1) picks by T.
+// Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp),
+// chosen per call by a MoeFp4Plan (kernel_plan.h) so that the tuner and a benchmark can run them all.
 int moe_fp4_small_variants();
 std::string moe_fp4_small_variant_name(int variant);
-void set_moe_fp4_small_variant(int variant);
 // The same for the prefill-shaped kernels (warps per block, pipeline stages).
 int moe_fp4_large_variants();
 std::string moe_fp4_large_variant_name(int variant);
-void set_moe_fp4_large_variant(int variant);
 // As backends (core/backend_selection.h): ops "moe.fp4.decode" (the decode-shaped kernels,
 // candidates "d0".."d7") and "moe.fp4.prefill" ("p0".."p3"); FATHOM_BACKEND_FAULT applies to them.
 inline constexpr const char* kMoeFp4DecodeOp = "moe.fp4.decode";
@@ -325,9 +329,8 @@ std::string moe_fp4_small_variant_id(int variant);
 std::string moe_fp4_large_variant_id(int variant);
 size_t moe_fp4_large_variant_smem(int variant);  // dynamic shared memory a block (the decode-shaped: static, small)
 int moe_fp4_fixed_small_variant(int T);  // the fixed rule's decode variant for T tokens
-// Decode-shaped variant by step size: (largest T, variant) pairs; the last covers larger steps.
-// Empty: the fixed rule. set_moe_fp4_small_variant(v >= 0) overrides both.
-void set_moe_fp4_small_table(std::vector<std::pair<int, int>> table);
+// Throws naming the variant when `plan` names one that does not exist.
+void check_moe_fp4_plan(const MoeFp4Plan& plan);
 
 // y[t] += sigmoid(gate_logit[t * gate_ld]) * shared[t]
 void add_sigmoid_gated(float* y, const float* shared, const float* gate_logit, int64_t gate_ld, int T, int hidden,

@@ -230,15 +230,15 @@ std::vector<TunableOp> attention_ops(const ModelConfig& cfg) {
   decode.buckets = kDecodeBuckets;
   decode.consistent = true;
   decode.check = [h](const std::string& c) { return check_decode(c, h); };
-  decode.apply = [](const std::vector<BackendChoice>& choices) {
-    kernel_backends().attention_decode_tensor_core = choices.front().candidate == kTensorCore;
+  decode.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.attention_decode_tensor_core = choices.front().candidate == kTensorCore;
   };
   prefill.op = kAttentionPrefillOp;
   prefill.buckets = kPrefillBuckets;
   prefill.consistent = true;  // one kernel for every chunk size
   prefill.check = [h](const std::string& c) { return check_prefill(c, h); };
-  prefill.apply = [](const std::vector<BackendChoice>& choices) {
-    kernel_backends().attention_prefill_tensor_core = choices.front().candidate == kTensorCore;
+  prefill.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.attention_prefill_tensor_core = choices.front().candidate == kTensorCore;
   };
   for (TunableOp* op : {&decode, &prefill}) {
     op->candidates = {kTensorCore, kCudaCore};

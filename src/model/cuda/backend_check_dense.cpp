@@ -120,7 +120,9 @@ struct DenseRig {
     if (!fp4) head = std::make_unique<Projection>(buffers, "lm_head", s.vocab, s.in_k, false, 23);
     timing_y = buffers.output("timing y", size_t(max_T) * std::max({s.in_n, s.out_n, head ? s.vocab : 0}) * 4).array<float>();
   }
-  void launch(const Projection& p, int T, DeviceArray<float> y) { linear(p.lin, x.data, y, T, p.dequant, nullptr); }
+  // The candidate under check (check_candidate sets it).
+  KernelPlan plan;
+  void launch(const Projection& p, int T, DeviceArray<float> y) { linear(p.lin, x.data, y, T, p.dequant, nullptr, plan); }
   // The product's sampled columns for T tokens, into an output of exactly T rows; its error
   // against the host reference, or (`bounds`, checked first) what it wrote outside its buffers.
   std::vector<float> run(const std::string& op, const std::string& cand, const Projection& p, int T, double& error,
@@ -150,14 +152,14 @@ struct DenseRig {
 
 std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseShape& s, bool fp4,
                                           const std::vector<int>& buckets) {
-  KernelBackends& kb = kernel_backends();
-  const KernelBackends saved = kb;
-  if (fp4) kb.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
-  else kb.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
+  KernelPlan plan;
+  if (fp4) plan.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
+  else plan.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
   const std::string op = fp4 ? kGemmFp4Op : kGemmBf16Op;
   const double bound = fp4 ? kFp4Bound : kBf16Bound;
   static std::unique_ptr<DenseRig> rig;  // shared by the candidates of one child
   if (!rig || rig->fp4 != fp4) rig = std::make_unique<DenseRig>(s, fp4, buckets.back());
+  rig->plan = plan;
   std::vector<BackendCheck> out;
   std::vector<float> first_token;
   for (int T : buckets) {
@@ -187,7 +189,6 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
     }
     out.push_back(c);
   }
-  kb = saved;
   return out;
 }
 
@@ -202,14 +203,14 @@ TunableOp dense_op(const ModelConfig& cfg, bool fp4) {
   op.fixed = [](int) { return std::string(kGemv); };
   op.shapes = shapes_key(s);
   op.check = [s, fp4, buckets = op.buckets](const std::string& c) { return check_candidate(c, s, fp4, buckets); };
-  op.apply = [fp4](const std::vector<BackendChoice>& choices) {
+  op.apply = [fp4](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
     // The GEMV up to the largest bucket that it and every smaller bucket chose.
     int limit = 0;
     for (const BackendChoice& c : choices) {  // buckets ascending
       if (c.candidate != kGemv) break;
       limit = c.bucket;
     }
-    (fp4 ? kernel_backends().fp4_gemv_max_tokens : kernel_backends().gemv_max_tokens) = limit;
+    (fp4 ? plan.fp4_gemv_max_tokens : plan.gemv_max_tokens) = limit;
   };
   return op;
 }

@@ -80,10 +80,10 @@ struct GdnRig {
   // The first `seqs` sequences through `cand`, as the engine runs it (runner_layers.cpp).
   void launch(const std::string& cand, bool decode, int seqs) {
     const int long_from = cand == kChunked ? kGdnChunkedMinTokens : 0;
-    kernel_backends().gdn_decode_smem = cand == kRecurrentSmem;
     gdn_recurrent(u->as<float>(), b->as<float>(), a->as<float>(), h.hv, dalog->as<float>(), ddt->as<float>(),
                   state->as<float>(), dstart->as<int32_t>(), dslot->as<int32_t>(), out->as<float>(), seqs, h.hk, h.hv,
-                  h.dk, h.dv, nullptr, nullptr, long_from, decode ? kGdnDecodeOp : kGdnPrefillOp);
+                  h.dk, h.dv, nullptr, nullptr, long_from, decode ? kGdnDecodeOp : kGdnPrefillOp,
+                  /*decode_smem=*/cand == kRecurrentSmem);
     if (long_from > 0)
       gdn_chunked(u->as<float>(), b->as<float>(), a->as<float>(), h.hv, dalog->as<float>(), ddt->as<float>(),
                   state->as<float>(), dstart->as<int32_t>(), dslot->as<int32_t>(), out->as<float>(), seqs, h.hk, h.hv,
@@ -207,8 +207,8 @@ std::vector<TunableOp> gdn_ops(const ModelConfig& cfg) {
   decode.consistent = true;
   decode.fixed = [h](int) { return std::string(gdn_recurrent_covers(h.dk) ? kRecurrent : kRecurrentSmem); };
   decode.check = [h](const std::string& c) { return check_decode(c, h); };
-  decode.apply = [](const std::vector<BackendChoice>& choices) {
-    kernel_backends().gdn_decode_smem = choices.front().candidate == kRecurrentSmem;
+  decode.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.gdn_decode_smem = choices.front().candidate == kRecurrentSmem;
   };
   prefill.op = kGdnPrefillOp;
   prefill.candidates = {kChunked, kRecurrent};
@@ -216,8 +216,8 @@ std::vector<TunableOp> gdn_ops(const ModelConfig& cfg) {
   prefill.consistent = true;
   prefill.fixed = [](int) { return std::string(kChunked); };
   prefill.check = [h](const std::string& c) { return check_prefill(c, h); };
-  prefill.apply = [](const std::vector<BackendChoice>& choices) {
-    kernel_backends().gdn_chunked = choices.front().candidate == kChunked;
+  prefill.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.gdn_chunked = choices.front().candidate == kChunked;
   };
   decode.shapes = prefill.shapes = shapes;
   return {decode, prefill};

@@ -114,7 +114,7 @@ class MoeBoundsRig {
   }
 
   // "" or the out-of-bounds failure of `cand` (already selected) at T tokens.
-  std::string run(const std::string& op, const std::string& cand, int T) {
+  std::string run(const std::string& op, const std::string& cand, int T, const MoeFp4Plan& plan) {
     FATHOM_CHECK(T > 0 && T <= max_T_, "MoeBoundsRig: ", T, " tokens of ", max_T_);
     const MoeFp4Shape& c = shape_;
     const int P = T * c.K;
@@ -124,7 +124,7 @@ class MoeBoundsRig {
     const GuardedBuffer& pair_out = step.output("pair outputs", size_t(P) * c.H * 4);
     const GuardedBuffer& y = step.output("y", size_t(T) * c.H * 4);
     moe_experts_fp4(ex_, x_, ids_, w_, h.as<bf16_t>(), pair_out.as<float>(), y.as<float>(), T, c.K, nullptr, nullptr,
-                    1, moe_group_scratch(group.as<int32_t>(), P, c.E), nullptr);
+                    1, moe_group_scratch(group.as<int32_t>(), P, c.E), nullptr, plan);
     return bounds_failure(op, cand, count_of(T, "token"), {&fixed_, &step});
   }
 
@@ -164,12 +164,12 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
                          (sm120_profile() ? " (SM120 profile)" : ""),
                      0, kBound, "", nullptr);
   Rigs& r = rigs(s);
-  if (decode) set_moe_fp4_small_variant(v);
-  else set_moe_fp4_large_variant(v);
+  const MoeFp4Plan plan = decode ? MoeFp4Plan::decode_variant(v) : MoeFp4Plan::prefill_variant(v);
+  r.verify->plan = r.timing->plan = plan;
   // Each bucket's step with every buffer guarded, before any value is compared.
   std::map<int, std::string> outside;
   for (int T : decode ? kDecodeBuckets : kPrefillBuckets)
-    outside[T] = bounds_rig(s).run(decode ? kMoeFp4DecodeOp : kMoeFp4PrefillOp, cand, T);
+    outside[T] = bounds_rig(s).run(decode ? kMoeFp4DecodeOp : kMoeFp4PrefillOp, cand, T, plan);
   const int T = decode ? kMoeFp4SmallT : 150;  // 150 tokens over 8 experts: the prefill kernels
   const std::vector<float> full = r.verify->run(T);
   double max_error = 0;
@@ -189,8 +189,6 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
     c.passed = c.failure.empty();
     if (c.passed) c.ms = r.timing->time_ms(timing_tokens(c.bucket, s), decode ? 20 : 5);
   }
-  set_moe_fp4_small_variant(-1);
-  set_moe_fp4_large_variant(0);
   return out;
 }
 
@@ -211,10 +209,11 @@ std::vector<TunableOp> moe_fp4_ops(const ModelConfig& cfg, bool nvfp4_experts) {
   decode.consistent = true;
   decode.per_bucket_without_speculation = true;
   decode.fixed = [](int T) { return moe_fp4_small_variant_id(moe_fp4_fixed_small_variant(T)); };
-  decode.apply = [](const std::vector<BackendChoice>& choices) {
-    std::vector<std::pair<int, int>> table;
-    for (const BackendChoice& c : choices) table.emplace_back(c.bucket, std::atoi(c.candidate.c_str() + 1));
-    set_moe_fp4_small_table(std::move(table));
+  decode.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.moe.small_table.clear();
+    for (const BackendChoice& c : choices) plan.moe.small_table.emplace_back(c.bucket, std::atoi(c.candidate.c_str() + 1));
+    std::sort(plan.moe.small_table.begin(), plan.moe.small_table.end());
+    check_moe_fp4_plan(plan.moe);
   };
   decode.describe = [](const std::string& c) { return moe_fp4_small_variant_name(std::atoi(c.c_str() + 1)); };
   prefill.op = kMoeFp4PrefillOp;
@@ -222,8 +221,9 @@ std::vector<TunableOp> moe_fp4_ops(const ModelConfig& cfg, bool nvfp4_experts) {
   prefill.buckets = kPrefillBuckets;
   prefill.consistent = true;  // one prefill variant serves every size
   prefill.fixed = [](int) { return moe_fp4_large_variant_id(0); };
-  prefill.apply = [](const std::vector<BackendChoice>& choices) {
-    set_moe_fp4_large_variant(std::atoi(choices.front().candidate.c_str() + 1));
+  prefill.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.moe.large_variant = std::atoi(choices.front().candidate.c_str() + 1);
+    check_moe_fp4_plan(plan.moe);
   };
   prefill.describe = [](const std::string& c) { return moe_fp4_large_variant_name(std::atoi(c.c_str() + 1)); };
   for (TunableOp* op : {&decode, &prefill}) {

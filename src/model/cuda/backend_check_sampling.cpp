@@ -142,8 +142,8 @@ std::vector<TunableOp> sampling_ops(const ModelConfig& cfg) {
   op.shapes = "vocab " + std::to_string(cfg.vocab_size);
   const int vocab = cfg.vocab_size;
   op.check = [vocab](const std::string& c) { return check_candidate(c, vocab); };
-  op.apply = [](const std::vector<BackendChoice>& choices) {
-    kernel_backends().device_sampling = choices.front().candidate == kDeviceSampling;
+  op.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    plan.device_sampling = choices.front().candidate == kDeviceSampling;
   };
   op.describe = [](const std::string& c) {
     return std::string(c == kDeviceSampling ? "the device sampling kernel" : "the CPU sampler on copied logits");

@@ -12,6 +12,7 @@
 #include "core/backend_selection.h"
 #include "io/model_config.h"
 #include "kernels/cuda/guarded_buffer.h"
+#include "kernels/cuda/kernel_plan.h"
 
 namespace fathom::cuda {
 
@@ -31,8 +32,8 @@ struct TunableOp {
   // Child side: the candidate's checks at every bucket (BackendCheck::candidate is filled in by
   // the tuner). A check that cannot run here says so in `failure` ("unsupported: ...").
   std::function<std::vector<BackendCheck>(const std::string& candidate)> check;
-  // Parent side: make the kernels follow the choices (every bucket has a candidate).
-  std::function<void(const std::vector<BackendChoice>&)> apply;
+  // Parent side: the choices into the kernel plan (every bucket has a candidate).
+  std::function<void(const std::vector<BackendChoice>&, KernelPlan&)> apply;
   std::function<std::string(const std::string& candidate)> describe;  // a longer name (may be empty)
 };
 

@@ -92,7 +92,8 @@ std::vector<BackendCheck> checks_of(const std::vector<BackendCheck>& all, const 
   return out;
 }
 
-void apply_choices(const std::vector<TunableOp>& ops, const std::vector<BackendChoice>& choices) {
+KernelPlan plan_of(const std::vector<TunableOp>& ops, const std::vector<BackendChoice>& choices) {
+  KernelPlan plan;
   for (const TunableOp& op : ops) {
     std::vector<BackendChoice> mine;
     for (const BackendChoice& c : choices)
@@ -101,8 +102,9 @@ void apply_choices(const std::vector<TunableOp>& ops, const std::vector<BackendC
                      "); this GPU cannot run the model with these kernels");
         mine.push_back(c);
       }
-    if (!mine.empty()) op.apply(mine);
+    if (!mine.empty()) op.apply(mine, plan);
   }
+  return plan;
 }
 
 }  // namespace
@@ -201,7 +203,7 @@ TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions&
                           const std::function<void(const std::string&)>& log) {
   TuneResult r = tune_backends(cfg, nvfp4, opt);
   for (const std::string& line : describe_backends(r)) log(line);
-  if (r.tuned) apply_choices(model_ops(cfg, nvfp4), r.choices);
+  if (r.tuned) r.plan = plan_of(model_ops(cfg, nvfp4), r.choices);
   return r;
 }
 

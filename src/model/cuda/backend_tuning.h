@@ -15,6 +15,7 @@
 
 #include "core/backend_selection.h"
 #include "io/model_config.h"
+#include "kernels/cuda/kernel_plan.h"
 #include "model/model_runner.h"
 
 namespace fathom::cuda {
@@ -42,14 +43,15 @@ struct TuneResult {
   bool from_cache = false;
   std::string cache_file;
   double seconds = 0;
+  KernelPlan plan;  // the choices as the runner takes them (tune_and_apply; the fixed rules otherwise)
 };
 
 // Verifies and times the candidates, or reads a previous run's result from the cache, and
 // chooses. Call it before this process initialises CUDA (the work runs in child processes).
 // `nvfp4`: the model's experts (and dense layers) are NVFP4.
 TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt);
-// tune_backends, its describe_backends lines to `log`, then makes the kernels follow the choices
-// (process-wide); throws naming the op when one of its sizes has no verified candidate.
+// tune_backends, its describe_backends lines to `log`, then the choices as a KernelPlan (in the
+// result) for the runner; throws naming the op when one of its sizes has no verified candidate.
 TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt,
                           const std::function<void(const std::string&)>& log);
 // Log lines: each choice with its reason, then every rejected candidate with its failed check.

@@ -12,6 +12,7 @@
 
 #include "core/communicator.h"
 #include "io/model_config.h"
+#include "kernels/cuda/kernel_plan.h"
 #include "model/model_runner.h"
 #include "model/model_weights.h"
 #include "model/tensor_split.h"
@@ -51,6 +52,9 @@ struct CudaRunnerOptions {
   int device = 0;
   TensorSplit split;                     // size 1: the whole model
   Communicator* communicator = nullptr;
+  // The kernels of the ops with candidates (kernel_plan.h), chosen at start-up by the backend
+  // registry (backend_tuning.h); the fixed rules by default.
+  KernelPlan kernels;
 };
 
 struct OpProfile {

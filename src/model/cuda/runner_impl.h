@@ -240,8 +240,8 @@ struct CudaRunner::Impl {
   // ---- one forward over a batch that fits the scratch buffers (step_plan.h, runner_step.cpp)
   using AttentionRun = cuda::AttentionRun;
   using Plan = StepPlan;
-  // The attention kernels of this model, chosen once at start-up from the backend choice
-  // (kernel_backends()) and the kernels' coverage of its head shape.
+  // The attention kernels of this model, chosen once at start-up from the kernel plan
+  // (opt.kernels) and the kernels' coverage of its head shape.
   bool prefill_tensor_core = true, decode_tensor_core = true;
   AttentionRun attention_run(int t0, bool prefill) const {
     return AttentionRun{t0, 0, prefill, prefill ? prefill_tensor_core : decode_tensor_core};

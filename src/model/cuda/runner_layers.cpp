@@ -60,14 +60,14 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   {
     Scope sc(this, "attn.proj");
     if (l.attn_qkv.out > 0) {
-      linear(l.attn_qkv, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s);
+      linear(l.attn_qkv, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s, opt.kernels);
       qkv_ld = l.attn_qkv.out;
       kp = qp + (qkv_ld - 2 * nkv * d);
       vp = kp + nkv * d;
     } else {
-      linear(l.q, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s);
-      linear(l.k, act.xn.as<bf16_t>(), act.k_raw.array<float>(), T, dq, s);
-      linear(l.v, act.xn.as<bf16_t>(), act.v_raw.array<float>(), T, dq, s);
+      linear(l.q, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s, opt.kernels);
+      linear(l.k, act.xn.as<bf16_t>(), act.k_raw.array<float>(), T, dq, s, opt.kernels);
+      linear(l.v, act.xn.as<bf16_t>(), act.v_raw.array<float>(), T, dq, s, opt.kernels);
     }
   }
   {
@@ -80,7 +80,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   }
   {
     Scope sc(this, "attn.proj");
-    linear(l.o, act.attn_out.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
+    linear(l.o, act.attn_out.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   }
   reduce_partial(act.delta.as<float>(), T);
 }
@@ -136,17 +136,17 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
     Scope sc(this, "gdn.proj");
     if (l.gdn_in.out > 0) {
       const int64_t W = l.gdn_in.out;
-      linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s);
+      linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
       mix_p = act.mixed.as<float>();
       z_p = mix_p + conv_dim;
       b_p = z_p + int64_t(hv) * dv;
       a_p = b_p + hv;
       mix_ld = z_ld = ba_ld = W;
     } else {
-      linear(l.qkv, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s);
-      linear(l.z, act.xn.as<bf16_t>(), act.zbuf.array<float>(), T, dq, s);
-      linear(l.b, act.xn.as<bf16_t>(), act.bbuf.array<float>(), T, dq, s);
-      linear(l.a, act.xn.as<bf16_t>(), act.abuf.array<float>(), T, dq, s);
+      linear(l.qkv, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
+      linear(l.z, act.xn.as<bf16_t>(), act.zbuf.array<float>(), T, dq, s, opt.kernels);
+      linear(l.b, act.xn.as<bf16_t>(), act.bbuf.array<float>(), T, dq, s, opt.kernels);
+      linear(l.a, act.xn.as<bf16_t>(), act.abuf.array<float>(), T, dq, s, opt.kernels);
       mix_p = act.mixed.as<float>();
       z_p = act.zbuf.as<float>();
       b_p = act.bbuf.as<float>();
@@ -170,12 +170,12 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       // the others (decode, verify) the recurrent one, whose bits do not depend on the step's
       // other sequences.
       const bool prefill = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens;
-      const bool chunked = prefill && kernel_backends().gdn_chunked && act.gdn_scratch.bytes() > 0;
+      const bool chunked = prefill && opt.kernels.gdn_chunked && act.gdn_scratch.bytes() > 0;
       const int long_from = chunked ? kGdnChunkedMinTokens : 0;
       Scope sc(this, "gdn.recurrent");
       gdn_recurrent(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     act.core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
-                    prefill ? kGdnPrefillOp : kGdnDecodeOp);
+                    prefill ? kGdnPrefillOp : kGdnDecodeOp, opt.kernels.gdn_decode_smem);
       if (long_from > 0)
         gdn_chunked(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     act.core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
@@ -187,7 +187,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   }
   {
     Scope sc(this, "gdn.proj");
-    linear(l.out, act.normed.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
+    linear(l.out, act.normed.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   }
   reduce_partial(act.delta.as<float>(), T);
 }
@@ -196,10 +196,10 @@ void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, c
                                  const bf16_t* in, DeviceArray<float> out, int T) {
   const cudaStream_t s = stream;
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
-  linear(g, in, act.sh_g.array<float>(), T, dq, s);
-  linear(u, in, act.sh_u.array<float>(), T, dq, s);
+  linear(g, in, act.sh_g.array<float>(), T, dq, s, opt.kernels);
+  linear(u, in, act.sh_u.array<float>(), T, dq, s, opt.kernels);
   silu_mul(act.sh_g.as<float>(), act.sh_u.as<float>(), act.sh_h.as<bf16_t>(), int64_t(T) * g.out, s);
-  linear(dn, act.sh_h.as<bf16_t>(), out, T, dq, s);
+  linear(dn, act.sh_h.as<bf16_t>(), out, T, dq, s, opt.kernels);
 }
 
 // The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
@@ -209,15 +209,15 @@ const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStrea
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   if (l.has_shared && l.s_fused.out > 0) {
     const int S = l.s_down.in;
-    linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s);
+    linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s, opt.kernels);
     silu_mul_rows(act.sh_g.as<float>(), l.s_fused.out, act.sh_h.as<bf16_t>(), T, S, s);
-    linear(l.s_down, act.sh_h.as<bf16_t>(), act.sh_out.array<float>(), T, dq, s);
+    linear(l.s_down, act.sh_h.as<bf16_t>(), act.sh_out.array<float>(), T, dq, s, opt.kernels);
     *gate_ld = l.s_fused.out;
     return act.sh_g.as<float>() + 2 * S;
   }
   if (l.has_shared) {
     mlp_block(l.s_gate, l.s_up, l.s_down, act.xn.as<bf16_t>(), act.sh_out.array<float>(), T);
-    linear(l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_gate.array<float>(), T, dq, s);
+    linear(l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_gate.array<float>(), T, dq, s, opt.kernels);
     *gate_ld = 1;
     return act.sh_gate.as<float>();
   }
@@ -242,7 +242,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   {
     Scope sc(this, "moe.router");
     if (router_split(l, T)) {  // router_x3 from the norm before the block
-      gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s);
+      gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s, opt.kernels.gemv_max_tokens);
     } else {
       linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
     }
@@ -255,7 +255,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
     moe_experts_fp4(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
-                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s);
+                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s, opt.kernels.moe);
     if (overlap) {
       FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
       FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
@@ -299,10 +299,10 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       if (m == 0) continue;
       const int32_t* r = act.eg_rows.as<int32_t>() + offset[e];
       gather_rows_bf16(act.xn.as<bf16_t>(), r, act.eg_x.as<bf16_t>(), m, H, s);
-      linear(l.ex_gate[e], act.eg_x.as<bf16_t>(), act.eg_g.array<float>(), m, dq, s);
-      linear(l.ex_up[e], act.eg_x.as<bf16_t>(), act.eg_u.array<float>(), m, dq, s);
+      linear(l.ex_gate[e], act.eg_x.as<bf16_t>(), act.eg_g.array<float>(), m, dq, s, opt.kernels);
+      linear(l.ex_up[e], act.eg_x.as<bf16_t>(), act.eg_u.array<float>(), m, dq, s, opt.kernels);
       silu_mul(act.eg_g.as<float>(), act.eg_u.as<float>(), act.eg_h.as<bf16_t>(), int64_t(m) * l.ex_gate[e].out, s);
-      linear(l.ex_down[e], act.eg_h.as<bf16_t>(), act.eg_o.array<float>(), m, dq, s);
+      linear(l.ex_down[e], act.eg_h.as<bf16_t>(), act.eg_o.array<float>(), m, dq, s, opt.kernels);
       scatter_add_rows(D, act.eg_o.as<float>(), r, act.eg_w.as<float>() + offset[e], m, H, s);
     }
     // The host vectors above must outlive the async copies.
@@ -324,12 +324,12 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
     head_in = act.xn.as<bf16_t>();
   }
   if (!tp.is_split()) {
-    gemm_bf16(head_in, w.lm_head, act.logits.as<float>(), p.RL, V, H, s);
+    gemm_bf16(head_in, w.lm_head, act.logits.as<float>(), p.RL, V, H, s, opt.kernels.gemv_max_tokens);
   } else {
     // This rank's vocabulary slice, gathered from every rank as [rank][row][slice] and laid out
     // as [row][vocab]: every rank then holds the whole logits and samples the same tokens.
     const int Vr = tp.vocab_rows;
-    gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s);
+    gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s, opt.kernels.gemv_max_tokens);
     {
       Scope sg(this, "allgather");
       comm->all_gather(std::span<const float>(act.logits_part.as<float>(), size_t(p.RL) * Vr),
@@ -355,8 +355,8 @@ void CudaRunner::Impl::run_mtp(const Plan& p) {
   embedding(dmeta.ids, w.embed, X, T, H, s);
   rms_norm(X, w.mtp_norm_e, act.mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
   rms_norm(act.mtp_hidden.as<float>(), w.mtp_norm_h, act.mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-  linear(w.mtp_fc_e, act.mtp_e.as<bf16_t>(), act.x.array<float>(), T, dq, s);
-  linear(w.mtp_fc_h, act.mtp_h.as<bf16_t>(), act.delta.array<float>(), T, dq, s);
+  linear(w.mtp_fc_e, act.mtp_e.as<bf16_t>(), act.x.array<float>(), T, dq, s, opt.kernels);
+  linear(w.mtp_fc_h, act.mtp_h.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   add_inplace(X, D, int64_t(T) * H, s);
   decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
   add_inplace(X, D, int64_t(T) * H, s);

@@ -1,6 +1,5 @@
 // The CUDA engine's memory plan: states, step scratch and metadata, sampling buffers, then the
 // KV pools from what is left of --gpu-memory-utilization.
-#include "kernels/cuda/backend_switches.h"
 #include "model/cuda/kernel_coverage.h"
 #include "model/cuda/runner_impl.h"
 
@@ -33,8 +32,8 @@ void CudaRunner::Impl::allocate_runtime() {
   for (const DevLayer& l : w.layers) any_packed = any_packed || l.packed;
   pair_limit = any_packed ? std::max(1024, T_max * K) : std::max(1024, K);
   act.allocate(cfg, w, tp, StepLimits{T_max, R_max, pair_limit, opt.max_seq_len}, n_linear);
-  prefill_tensor_core = kernel_backends().attention_prefill_tensor_core && paged_attention_prefill_covers(cfg.head_dim);
-  decode_tensor_core = kernel_backends().attention_decode_tensor_core &&
+  prefill_tensor_core = opt.kernels.attention_prefill_tensor_core && paged_attention_prefill_covers(cfg.head_dim);
+  decode_tensor_core = opt.kernels.attention_decode_tensor_core &&
                        paged_attention_decode_covers(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
   if (w.has_mtp) FATHOM_CUDA_CHECK(cudaMallocHost(&mtp_hidden_host, size_t(T_max) * cfg.hidden_size * 4));
   sampling.allocate(R_max, slots, stream);

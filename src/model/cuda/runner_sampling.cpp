@@ -7,7 +7,7 @@ namespace fathom::cuda {
 
 // Unless the backend tuner found the device sampler wrong here (op "sampling": then the CPU
 // sampler chooses from the logits).
-bool CudaRunner::samples_on_device() const { return kernel_backends().device_sampling; }
+bool CudaRunner::samples_on_device() const { return impl_->opt.kernels.device_sampling; }
 
 // Waits for a chunk's results and copies them from the pinned output buffers into the launched
 // step's output.

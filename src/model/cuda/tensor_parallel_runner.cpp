@@ -62,7 +62,7 @@ TensorParallelRunner::~TensorParallelRunner() {
   }
 }
 
-bool TensorParallelRunner::samples_on_device() const { return kernel_backends().device_sampling; }
+bool TensorParallelRunner::samples_on_device() const { return ranks_.front()->samples_on_device(); }
 
 void TensorParallelRunner::worker(int r) {
   cudaSetDevice(devices_[size_t(r)]);
