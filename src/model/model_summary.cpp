@@ -59,6 +59,46 @@ std::string human_bytes(uint64_t n) {
   return os.str();
 }
 
+// Counts one tensor into the summary: its bytes, whether it belongs to the MTP layer or the
+// vision tower, whether it is stored quantized as the config expects, its parameters.
+void count_tensor(ModelSummary& s, const Checkpoint& ck, const QuantConfig& qc, const std::string& name) {
+  const TensorInfo& t = ck.info(name);
+  s.bytes_by_dtype[std::string(dtype_name(t.dtype))] += t.nbytes;
+  s.total_bytes += t.nbytes;
+
+  const bool mtp = is_mtp(name), vision = is_vision(name);
+  if (mtp) ++s.mtp_tensors;
+  if (vision) ++s.vision_tensors;
+
+  // Quantized / unquantized modules.
+  const bool has_scale_tensor = ends_with(name, ".weight") && ck.has(name + "_scale");
+  if (ends_with(name, ".weight_scale")) {
+    ++s.quantized_modules;
+    const std::string module = name.substr(0, name.size() - 13);
+    if (!vision && !qc.expects_quantized(module)) ++s.quantized_but_not_expected;
+  } else if (ends_with(name, ".weight") && t.shape.size() == 2 && !has_scale_tensor &&
+             !ends_with(name, "embed_tokens.weight") && !ends_with(name, "pos_embed.weight")) {  // embeddings
+    ++s.unquantized_linear_modules;
+    const std::string module = name.substr(0, name.size() - 7);
+    if (!vision && qc.expects_quantized(module)) ++s.unquantized_but_expected;
+  } else if (is_fused_experts(name, t.shape.size())) {
+    ++s.unquantized_linear_modules;
+  }
+
+  // Parameters.
+  if (is_scale(name)) return;
+  int64_t p = t.numel();
+  if (t.dtype == DType::U8 && has_scale_tensor) p *= 2;  // two E2M1 values per byte
+  if (mtp) {
+    s.params_mtp += p;
+  } else if (vision) {
+    s.params_vision += p;
+  } else {
+    s.params_total += p;
+    if (is_routed_expert(name) || is_fused_experts(name, t.shape.size())) s.params_routed_experts += p;
+  }
+}
+
 }  // namespace
 
 std::string compress_layer_pattern(const std::string& t) {
@@ -73,38 +113,15 @@ std::string compress_layer_pattern(const std::string& t) {
 }
 
 ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
-  const ModelConfig cfg = ModelConfig::load(dir);
+  ModelSummary s;
+  s.dir = dir.string();
+  s.config = ModelConfig::load(dir);
+  const ModelConfig& cfg = s.config;
   const QuantConfig qc = QuantConfig::load(dir, read_text_file(dir / "config.json"));
   const auto ck = Checkpoint::open(dir);
 
-  ModelSummary s;
-  s.dir = dir.string();
-  s.architecture = cfg.architecture;
-  s.family = family_name(cfg.family);
-  s.model_type = cfg.model_type;
-  s.weight_prefix = cfg.weight_prefix;
-  s.num_layers = cfg.num_hidden_layers;
-  s.full_attention_layers = cfg.num_full_attention_layers();
-  s.linear_attention_layers = cfg.num_linear_attention_layers();
   for (auto lt : cfg.layer_types) s.layer_types += lt == LayerType::FullAttention ? 'F' : 'L';
   s.layer_pattern = compress_layer_pattern(s.layer_types);
-  s.hidden_size = cfg.hidden_size;
-  s.vocab_size = cfg.vocab_size;
-  s.intermediate_size = cfg.intermediate_size;
-  s.num_attention_heads = cfg.num_attention_heads;
-  s.num_key_value_heads = cfg.num_key_value_heads;
-  s.head_dim = cfg.head_dim;
-  s.rotary_dim = cfg.rotary_dim();
-  s.linear_num_key_heads = cfg.linear_num_key_heads;
-  s.linear_num_value_heads = cfg.linear_num_value_heads;
-  s.linear_key_head_dim = cfg.linear_key_head_dim;
-  s.linear_value_head_dim = cfg.linear_value_head_dim;
-  s.linear_conv_kernel_dim = cfg.linear_conv_kernel_dim;
-  s.num_experts = cfg.num_experts;
-  s.num_experts_per_tok = cfg.num_experts_per_tok;
-  s.moe_intermediate_size = cfg.moe_intermediate_size;
-  s.shared_expert_intermediate_size = cfg.shared_expert_intermediate_size;
-  s.tie_word_embeddings = cfg.tie_word_embeddings;
 
   s.quant_algorithm = quant_algo_name(qc.algo);
   s.quant_group_size = qc.algo == QuantAlgo::None ? 0 : qc.group_size;
@@ -113,60 +130,23 @@ ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
 
   const auto names = ck->names();
   s.num_tensors = int64_t(names.size());
-  for (const auto& name : names) {
-    const TensorInfo& t = ck->info(name);
-    s.bytes_by_dtype[std::string(dtype_name(t.dtype))] += t.nbytes;
-    s.total_bytes += t.nbytes;
-
-    const bool mtp = is_mtp(name), vision = is_vision(name);
-    if (mtp) ++s.mtp_tensors;
-    if (vision) ++s.vision_tensors;
-
-    // Quantized / unquantized modules.
-    const bool has_scale_tensor = ends_with(name, ".weight") && ck->has(name + "_scale");
-    if (ends_with(name, ".weight_scale")) {
-      ++s.quantized_modules;
-      const std::string module = name.substr(0, name.size() - 13);
-      if (!vision && !qc.expects_quantized(module)) ++s.quantized_but_not_expected;
-    } else if (ends_with(name, ".weight") && t.shape.size() == 2 && !has_scale_tensor &&
-               !ends_with(name, "embed_tokens.weight") && !ends_with(name, "pos_embed.weight")) {  // embeddings
-      ++s.unquantized_linear_modules;
-      const std::string module = name.substr(0, name.size() - 7);
-      if (!vision && qc.expects_quantized(module)) ++s.unquantized_but_expected;
-    } else if (is_fused_experts(name, t.shape.size())) {
-      ++s.unquantized_linear_modules;
-    }
-
-    // Parameters.
-    if (is_scale(name)) continue;
-    int64_t p = t.numel();
-    if (t.dtype == DType::U8 && has_scale_tensor) p *= 2;  // two E2M1 values per byte
-    if (mtp) {
-      s.params_mtp += p;
-    } else if (vision) {
-      s.params_vision += p;
-    } else {
-      s.params_total += p;
-      if (is_routed_expert(name) || is_fused_experts(name, t.shape.size())) s.params_routed_experts += p;
-    }
-  }
+  for (const auto& name : names) count_tensor(s, *ck, qc, name);
   s.params_active = s.params_total;
   if (cfg.num_experts > 0) {
     const double unused = 1.0 - double(cfg.num_experts_per_tok) / double(cfg.num_experts);
     s.params_active -= int64_t(std::llround(double(s.params_routed_experts) * unused));
   }
 
-  s.mtp_layers = cfg.mtp_num_hidden_layers;
   s.mtp_present = s.mtp_tensors > 0;
   s.vision_present = cfg.has_vision || s.vision_tensors > 0;
 
   const int64_t kv_layer = cfg.kv_bytes_per_token_per_layer();
-  s.kv_cache_bytes_per_token = int64_t(s.full_attention_layers) * kv_layer;
+  s.kv_cache_bytes_per_token = int64_t(cfg.num_full_attention_layers()) * kv_layer;
   s.mtp_kv_cache_bytes_per_token = int64_t(s.mtp_present ? cfg.mtp_num_hidden_layers : 0) * kv_layer;
-  if (s.linear_attention_layers > 0) {
+  if (cfg.num_linear_attention_layers() > 0) {
     // fp32 recurrent state, bf16 convolution window
     const int64_t per_layer = cfg.linear_recurrent_state_values() * 4 + cfg.linear_conv_state_values() * 2;
-    s.linear_state_bytes_per_sequence = per_layer * s.linear_attention_layers;
+    s.linear_state_bytes_per_sequence = per_layer * cfg.num_linear_attention_layers();
   }
   return s;
 }
@@ -177,36 +157,36 @@ nlohmann::json ModelSummary::to_json() const {
   for (const auto& [k, v] : bytes_by_dtype) bytes[k] = v;
   return json{
       {"dir", dir},
-      {"architecture", architecture},
-      {"family", family},
-      {"model_type", model_type},
-      {"weight_prefix", weight_prefix},
+      {"architecture", config.architecture},
+      {"family", family_name(config.family)},
+      {"model_type", config.model_type},
+      {"weight_prefix", config.weight_prefix},
       {"layers",
-       {{"count", num_layers},
-        {"full_attention", full_attention_layers},
-        {"linear_attention", linear_attention_layers},
+       {{"count", config.num_hidden_layers},
+        {"full_attention", config.num_full_attention_layers()},
+        {"linear_attention", config.num_linear_attention_layers()},
         {"pattern", layer_pattern},
         {"types", layer_types}}},
-      {"hidden_size", hidden_size},
-      {"vocab_size", vocab_size},
-      {"intermediate_size", intermediate_size},
-      {"tie_word_embeddings", tie_word_embeddings},
+      {"hidden_size", config.hidden_size},
+      {"vocab_size", config.vocab_size},
+      {"intermediate_size", config.intermediate_size},
+      {"tie_word_embeddings", config.tie_word_embeddings},
       {"attention",
-       {{"num_attention_heads", num_attention_heads},
-        {"num_key_value_heads", num_key_value_heads},
-        {"head_dim", head_dim},
-        {"rotary_dim", rotary_dim}}},
+       {{"num_attention_heads", config.num_attention_heads},
+        {"num_key_value_heads", config.num_key_value_heads},
+        {"head_dim", config.head_dim},
+        {"rotary_dim", config.rotary_dim()}}},
       {"linear_attention",
-       {{"num_key_heads", linear_num_key_heads},
-        {"num_value_heads", linear_num_value_heads},
-        {"key_head_dim", linear_key_head_dim},
-        {"value_head_dim", linear_value_head_dim},
-        {"conv_kernel_dim", linear_conv_kernel_dim}}},
+       {{"num_key_heads", config.linear_num_key_heads},
+        {"num_value_heads", config.linear_num_value_heads},
+        {"key_head_dim", config.linear_key_head_dim},
+        {"value_head_dim", config.linear_value_head_dim},
+        {"conv_kernel_dim", config.linear_conv_kernel_dim}}},
       {"moe",
-       {{"num_experts", num_experts},
-        {"num_experts_per_tok", num_experts_per_tok},
-        {"moe_intermediate_size", moe_intermediate_size},
-        {"shared_expert_intermediate_size", shared_expert_intermediate_size}}},
+       {{"num_experts", config.num_experts},
+        {"num_experts_per_tok", config.num_experts_per_tok},
+        {"moe_intermediate_size", config.moe_intermediate_size},
+        {"shared_expert_intermediate_size", config.shared_expert_intermediate_size}}},
       {"parameters",
        {{"total", params_total},
         {"active", params_active},
@@ -225,7 +205,7 @@ nlohmann::json ModelSummary::to_json() const {
         {"exclude_modules", exclude_modules},
         {"quantized_but_not_expected", quantized_but_not_expected},
         {"unquantized_but_expected", unquantized_but_expected}}},
-      {"mtp", {{"present", mtp_present}, {"layers", mtp_layers}, {"tensors", mtp_tensors}}},
+      {"mtp", {{"present", mtp_present}, {"layers", config.mtp_num_hidden_layers}, {"tensors", mtp_tensors}}},
       {"vision", {{"present", vision_present}, {"tensors", vision_tensors}, {"ignored", vision_ignored}}},
       {"memory",
        {{"kv_cache_bytes_per_token", kv_cache_bytes_per_token},
@@ -235,25 +215,26 @@ nlohmann::json ModelSummary::to_json() const {
 }
 
 void print_summary(std::ostream& os, const ModelSummary& s) {
+  const ModelConfig& c = s.config;
   os << "model:          " << s.dir << "\n";
-  os << "architecture:   " << s.architecture << " (family " << s.family;
-  if (!s.model_type.empty()) os << ", model_type " << s.model_type;
+  os << "architecture:   " << c.architecture << " (family " << family_name(c.family);
+  if (!c.model_type.empty()) os << ", model_type " << c.model_type;
   os << ")\n";
-  os << "layers:         " << s.num_layers << " (" << s.layer_pattern << "; " << s.full_attention_layers
-     << " full attention, " << s.linear_attention_layers << " linear attention)\n";
-  os << "hidden size:    " << s.hidden_size << "\n";
-  os << "attention:      " << s.num_attention_heads << " q heads, " << s.num_key_value_heads << " kv heads, head_dim "
-     << s.head_dim << ", rotary dim " << s.rotary_dim << "\n";
-  if (s.linear_attention_layers > 0)
-    os << "linear attn:    " << s.linear_num_key_heads << " key heads x " << s.linear_key_head_dim << ", "
-       << s.linear_num_value_heads << " value heads x " << s.linear_value_head_dim << ", conv kernel "
-       << s.linear_conv_kernel_dim << "\n";
-  if (s.num_experts > 0)
-    os << "experts:        " << s.num_experts << " routed, top-" << s.num_experts_per_tok << ", expert width "
-       << s.moe_intermediate_size << ", shared expert " << s.shared_expert_intermediate_size << "\n";
+  os << "layers:         " << c.num_hidden_layers << " (" << s.layer_pattern << "; " << c.num_full_attention_layers()
+     << " full attention, " << c.num_linear_attention_layers() << " linear attention)\n";
+  os << "hidden size:    " << c.hidden_size << "\n";
+  os << "attention:      " << c.num_attention_heads << " q heads, " << c.num_key_value_heads << " kv heads, head_dim "
+     << c.head_dim << ", rotary dim " << c.rotary_dim() << "\n";
+  if (c.num_linear_attention_layers() > 0)
+    os << "linear attn:    " << c.linear_num_key_heads << " key heads x " << c.linear_key_head_dim << ", "
+       << c.linear_num_value_heads << " value heads x " << c.linear_value_head_dim << ", conv kernel "
+       << c.linear_conv_kernel_dim << "\n";
+  if (c.num_experts > 0)
+    os << "experts:        " << c.num_experts << " routed, top-" << c.num_experts_per_tok << ", expert width "
+       << c.moe_intermediate_size << ", shared expert " << c.shared_expert_intermediate_size << "\n";
   else
-    os << "mlp:            dense, intermediate " << s.intermediate_size << "\n";
-  os << "vocab:          " << s.vocab_size << (s.tie_word_embeddings ? " (tied embeddings)" : "") << "\n";
+    os << "mlp:            dense, intermediate " << c.intermediate_size << "\n";
+  os << "vocab:          " << c.vocab_size << (c.tie_word_embeddings ? " (tied embeddings)" : "") << "\n";
   os << "parameters:     " << human_count(s.params_total) << " total, " << human_count(s.params_active)
      << " active per token (text model; " << s.params_total << " / " << s.params_active << ")\n";
   os << "                MTP " << human_count(s.params_mtp) << ", vision " << human_count(s.params_vision) << "\n";
@@ -272,14 +253,14 @@ void print_summary(std::ostream& os, const ModelSummary& s) {
   if (s.quantized_but_not_expected || s.unquantized_but_expected)
     os << "                note: " << s.quantized_but_not_expected << " quantized modules the config excludes, "
        << s.unquantized_but_expected << " unquantized modules the config expects quantized\n";
-  os << "mtp:            " << (s.mtp_present ? "present" : "absent") << ", " << s.mtp_layers << " layer(s), "
+  os << "mtp:            " << (s.mtp_present ? "present" : "absent") << ", " << c.mtp_num_hidden_layers << " layer(s), "
      << s.mtp_tensors << " tensors\n";
   os << "vision tower:   " << (s.vision_present ? "present" : "absent") << ", " << s.vision_tensors
      << " tensors" << (s.vision_present ? " (ignored)" : "") << "\n";
   os << "kv cache:       " << s.kv_cache_bytes_per_token << " bytes/token (bf16)";
   if (s.mtp_kv_cache_bytes_per_token) os << " + MTP " << s.mtp_kv_cache_bytes_per_token << " bytes/token";
   os << "\n";
-  if (s.linear_attention_layers > 0)
+  if (c.num_linear_attention_layers() > 0)
     os << "linear state:   " << human_bytes(uint64_t(s.linear_state_bytes_per_sequence)) << " per sequence ("
        << s.linear_state_bytes_per_sequence << " bytes)\n";
 }

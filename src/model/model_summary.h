@@ -8,39 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "io/model_config.h"
+
 namespace fathom {
 
 struct ModelSummary {
   std::string dir;
-  std::string architecture;
-  std::string family;  // family_name()
-  std::string model_type;
-  std::string weight_prefix;
+  ModelConfig config;  // the text model's hyper-parameters, as parsed
 
-  // Layers: 'L' = linear attention (Gated DeltaNet), 'F' = full attention.
-  int num_layers = 0;
-  int full_attention_layers = 0;
-  int linear_attention_layers = 0;
-  std::string layer_types;    // one letter per layer, e.g. "LLLFLLLF"
-  std::string layer_pattern;  // compressed when periodic, e.g. "LLLF x2"
-
-  int hidden_size = 0;
-  int vocab_size = 0;
-  int intermediate_size = 0;
-  int num_attention_heads = 0;
-  int num_key_value_heads = 0;
-  int head_dim = 0;
-  int rotary_dim = 0;
-  int linear_num_key_heads = 0;
-  int linear_num_value_heads = 0;
-  int linear_key_head_dim = 0;
-  int linear_value_head_dim = 0;
-  int linear_conv_kernel_dim = 0;
-  int num_experts = 0;
-  int num_experts_per_tok = 0;
-  int moe_intermediate_size = 0;
-  int shared_expert_intermediate_size = 0;
-  bool tie_word_embeddings = false;
+  // Derived from the config for display: 'L' = linear attention (Gated DeltaNet), 'F' = full
+  // attention, one letter per layer ("LLLFLLLF"), and that compressed when periodic ("LLLF x2").
+  std::string layer_types;
+  std::string layer_pattern;
 
   // Parameters (an NVFP4 byte counts as two; scale tensors are not counted).
   int64_t params_total = 0;           // text model only
@@ -63,9 +42,8 @@ struct ModelSummary {
   int64_t quantized_but_not_expected = 0;  // stored quantized although the config says otherwise
   int64_t unquantized_but_expected = 0;    // stored unquantized although the config expects NVFP4
 
-  // MTP
+  // MTP (the layer count is the config's mtp_num_hidden_layers)
   bool mtp_present = false;
-  int mtp_layers = 0;
   int64_t mtp_tensors = 0;
 
   // Vision tower (never loaded)

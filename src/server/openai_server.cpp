@@ -56,18 +56,27 @@ struct Flight {
 
 class OpenAIServer {
  public:
-  explicit OpenAIServer(const ServerConfig& cfg) : cfg_(cfg) {}
+  explicit OpenAIServer(const ServeOptions& options) : opts_(options) {}
   int run();
 
  private:
   void load();
+  // load()'s parts, in their order: --reasoning-parser and --tool-call-parser; the tokenizer and
+  // chat template; the KV cache's size on stderr; the grammar compiler of structured output.
+  void load_output_parsers();
+  void load_tokenizer();
+  void report_capacity(const ModelRunner& runner, int64_t max_model_len) const;
+  // The tokens that end a sequence: the model's, and the tokenizer's eos token.
+  std::vector<int32_t> end_token_ids(const ModelConfig& mc) const;
+  void load_grammars(const std::vector<int32_t>& end_token_ids, int64_t vocab_size);
+  void announce() const;  // the line on stderr once the server listens
   void setup_routes();
   void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
   void submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f);
   // Moves the flight's pending engine events to the client (on the strand).
   void drain(Flight& f);
 
-  ServerConfig cfg_;
+  ServeOptions opts_;
   std::string name_;
   std::unique_ptr<tok::Tokenizer> tok_;
   std::unique_ptr<chat::ChatTemplate> tmpl_;
@@ -97,7 +106,7 @@ void OpenAIServer::submit(const ParsedRequest& pr, const std::shared_ptr<Flight>
   switch (engine_->submit(std::move(specs))) {
     case Engine::SubmitResult::Ok: return;
     case Engine::SubmitResult::QueueFull:
-      throw ApiError{429, "the request queue is full (--max-queue-len " + std::to_string(cfg_.max_queue_len) + "); retry later", "",
+      throw ApiError{429, "the request queue is full (--max-queue-len " + std::to_string(opts_.engine.max_queue_len) + "); retry later", "",
                      "queue_full"};
     case Engine::SubmitResult::ShuttingDown: throw ApiError{503, "the server is shutting down", "", "service_unavailable"};
   }
@@ -109,7 +118,7 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
   try {
     const ParsedRequest pr = parse_request(req.body, chat, ctx_);
     f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
-                                             cfg_.reasoning_parser == "qwen3", tok_.get(), tool_format_);
+                                             opts_.api.reasoning_parser == "qwen3", tok_.get(), tool_format_);
     f->group = engine_->new_group_id();
     // Events are handled on the connection's strand; the flight is kept by the engine's channel
     // only weakly (the exchange's callbacks hold it until the response is complete).
@@ -174,8 +183,8 @@ void OpenAIServer::drain(Flight& f) {
 
 void OpenAIServer::setup_routes() {
   http_->set_pre_routing([this](const HttpRequest& req) -> std::optional<HttpResponse> {
-    if (cfg_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return std::nullopt;
-    if (req.header("authorization") == "Bearer " + cfg_.api_key) return std::nullopt;
+    if (opts_.api.api_key.empty() || req.path.rfind("/v1", 0) != 0) return std::nullopt;
+    if (req.header("authorization") == "Bearer " + opts_.api.api_key) return std::nullopt;
     return error_response(ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key"});
   });
   // Cheap routes answer on the IO thread, so that they stay fast however busy the workers are.
@@ -191,7 +200,7 @@ void OpenAIServer::setup_routes() {
   }, true);
   http_->route("GET", "/v1/models", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
     json m = {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
-              {"root", cfg_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
+              {"root", opts_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
     ex->respond(HttpResponse{200, "application/json", dump(json{{"object", "list"}, {"data", json::array({m})}}), {}});
   }, true);
   http_->route("POST", "/v1/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
@@ -202,130 +211,113 @@ void OpenAIServer::setup_routes() {
   });
 }
 
-void OpenAIServer::load() {
-  name_ = cfg_.served_model_name.empty() ? cfg_.model : cfg_.served_model_name;
-  if (!cfg_.reasoning_parser.empty() && cfg_.reasoning_parser != "qwen3")
-    fail("--reasoning-parser: only 'qwen3' is supported, got '", cfg_.reasoning_parser, "'");
-  if (!cfg_.tool_call_parser.empty()) {
-    tool_format_ = tool_call_format_from_name(cfg_.tool_call_parser);
-    FATHOM_CHECK(tool_format_, "--tool-call-parser: '", cfg_.tool_call_parser, "' is not one of qwen3_coder, hermes");
+void OpenAIServer::load_output_parsers() {
+  const ApiOptions& api = opts_.api;
+  if (!api.reasoning_parser.empty() && api.reasoning_parser != "qwen3")
+    fail("--reasoning-parser: only 'qwen3' is supported, got '", api.reasoning_parser, "'");
+  if (!api.tool_call_parser.empty()) {
+    tool_format_ = tool_call_format_from_name(api.tool_call_parser);
+    FATHOM_CHECK(tool_format_, "--tool-call-parser: '", api.tool_call_parser, "' is not one of qwen3_coder, hermes");
   }
-  FATHOM_CHECK(!cfg_.enable_auto_tool_choice || tool_format_, "--enable-auto-tool-choice needs --tool-call-parser");
-  ctx_.auto_tool_choice = cfg_.enable_auto_tool_choice;
-  if (!cfg_.skip_tokenizer_init) {
-    tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_dir(cfg_.model));
-    // --chat-template (a file) wins over the model's template; special tokens still come from the model.
-    if (!cfg_.chat_template.empty())
-      tmpl_ = std::make_unique<chat::ChatTemplate>(chat::load_chat_template(cfg_.chat_template).source);
-    try {
-      chat::ChatTemplateSource src = chat::load_chat_template(cfg_.model);
-      ctx_.special_tokens = src.special_tokens;
-      if (!tmpl_) tmpl_ = std::make_unique<chat::ChatTemplate>(src.source);
-    } catch (const std::exception& e) {
-      if (!tmpl_) {
-        ctx_.template_error = e.what();
-        std::fprintf(stderr, "fathom serve: no chat template (%s); /v1/chat/completions disabled\n", e.what());
-      }
+  FATHOM_CHECK(!api.enable_auto_tool_choice || tool_format_, "--enable-auto-tool-choice needs --tool-call-parser");
+  ctx_.auto_tool_choice = api.enable_auto_tool_choice;
+}
+
+void OpenAIServer::load_tokenizer() {
+  tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_dir(opts_.model));
+  // --chat-template (a file) wins over the model's template; special tokens still come from the model.
+  if (!opts_.api.chat_template.empty())
+    tmpl_ = std::make_unique<chat::ChatTemplate>(chat::load_chat_template(opts_.api.chat_template).source);
+  try {
+    chat::ChatTemplateSource src = chat::load_chat_template(opts_.model);
+    ctx_.special_tokens = src.special_tokens;
+    if (!tmpl_) tmpl_ = std::make_unique<chat::ChatTemplate>(src.source);
+  } catch (const std::exception& e) {
+    if (!tmpl_) {
+      ctx_.template_error = e.what();
+      std::fprintf(stderr, "fathom serve: no chat template (%s); /v1/chat/completions disabled\n", e.what());
     }
   }
-  EngineOptions eo;
-  eo.load_format = cfg_.load_format;
-  eo.num_layers = cfg_.num_layers;
-  eo.max_seqs = cfg_.max_num_seqs;
-  eo.max_model_len = cfg_.max_model_len;
-  eo.max_batched_tokens = int(cfg_.max_num_batched_tokens);
-  eo.num_kv_blocks = cfg_.num_kv_blocks;
-  eo.gpu_memory_utilization = cfg_.gpu_memory_utilization;
-  eo.parallel = cfg_.parallel;
-  eo.backends = cfg_.backends;
-  eo.prefix_cache_mb = cfg_.enable_prefix_caching ? cfg_.prefix_cache_mb : 0;
-  eo.backends.speculative = !cfg_.speculative_algorithm.empty();
-  SpecOptions spec;
-  spec.algorithm = parse_spec_algorithm(cfg_.speculative_algorithm);
-  spec.num_steps = cfg_.speculative_num_steps;
-  spec.ngram_min = cfg_.speculative_ngram_min;
-  spec.ngram_max = cfg_.speculative_ngram_max;
-  spec.adaptive = cfg_.speculative_adaptive;
-  spec.disable_by_batch_size = cfg_.speculative_disable_by_batch_size;
-  FATHOM_CHECK(spec.disable_by_batch_size >= 0, "--speculative-disable-by-batch-size must be >= 0");
-  FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 4),
-               "--speculative-num-steps must be 1..4 (got ", spec.num_steps, ")");
-  if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;
-  auto runner = open_model(cfg_.model, cfg_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp, eo);
-  const ModelConfig& mc = runner->config();
-  // One limit for the server and the engine: --max-model-len, else the model's own, capped by
-  // what the engine can hold (the KV cache sized from device memory).
-  int64_t max_len =
-      cfg_.max_model_len > 0 ? cfg_.max_model_len : (mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 4096);
-  if (cfg_.max_model_len <= 0 && runner->max_sequence_length() > 0) max_len = std::min(max_len, runner->max_sequence_length());
-  if (runner->kv_capacity_tokens() > 0) {
-    std::fprintf(stderr, "fathom serve: KV cache %lld tokens (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
-                 (long long)runner->kv_capacity_tokens(), (long long)runner->kv_capacity_tokens() / 16, (long long)max_len,
-                 runner->max_sequences());
-    if (const ModelRunner::SnapshotRoom room = runner->snapshot_room(); runner->supports_snapshots() && room.snapshots > 0)
-      std::fprintf(stderr, "fathom serve: prefix snapshots: %lld at once, %lld tokens of KV over all (--prefix-cache-mb %lld)\n",
-                   (long long)room.snapshots, (long long)room.tokens, (long long)cfg_.prefix_cache_mb);
-  }
-  EngineConfig ec;
-  ec.max_num_seqs = cfg_.max_num_seqs;
-  ec.max_num_batched_tokens = cfg_.max_num_batched_tokens;
-  ec.max_prefill_tokens = cfg_.chunked_prefill_size;
-  ec.device_sampling = cfg_.sampler != "host";
-  ec.overlap_schedule = !cfg_.disable_overlap_schedule;
-  ec.enable_prefix_caching = cfg_.enable_prefix_caching;
-  ec.prefix_cache_interval = cfg_.prefix_cache_interval;
-  FATHOM_CHECK(cfg_.prefix_cache_mb >= 0, "--prefix-cache-mb must not be negative");
-  ec.prefix_cache_bytes = cfg_.prefix_cache_mb << 20;
-  ec.max_model_len = max_len;
-  ec.max_queue_len = cfg_.max_queue_len;
-  ec.num_kv_blocks = cfg_.num_kv_blocks;
-  ec.eos_token_ids.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
-  ec.spec = spec;
-  if (tok_ && ctx_.special_tokens.contains("eos_token") && ctx_.special_tokens["eos_token"].is_string())
-    if (auto id = tok_->token_to_id(ctx_.special_tokens["eos_token"].get<std::string>())) ec.eos_token_ids.push_back(int32_t(*id));
-  FATHOM_CHECK(cfg_.max_num_seqs > 0, "--max-num-seqs must be positive");
-  FATHOM_CHECK(cfg_.max_queue_len >= 0, "--max-queue-len must be >= 0");
-  if (tok_) {
-    // Grammar masks span the logits' width; the model's eos tokens end a complete output.
-    // Stop tokens: the eos ids the tokenizer has as special tokens (a config's eos id can be an
-    // ordinary text token, as in the test fixtures); all of them when none is special.
-    std::vector<uint32_t> stops;
-    for (int32_t id : ec.eos_token_ids)
-      if (id >= 0 && tok_->is_special(uint32_t(id)) &&
-          std::find(stops.begin(), stops.end(), uint32_t(id)) == stops.end())
-        stops.push_back(uint32_t(id));
-    if (stops.empty()) stops.assign(ec.eos_token_ids.begin(), ec.eos_token_ids.end());
-    grammars_ = std::make_unique<grammar::GrammarCompiler>(
-        grammar::Vocabulary::from_tokenizer(*tok_, std::move(stops), size_t(mc.vocab_size)));
-    ctx_.grammars = grammars_.get();
-  }
-  engine_ = std::make_unique<Engine>(std::move(runner), tok_.get(), ec);
+}
+
+void OpenAIServer::report_capacity(const ModelRunner& runner, int64_t max_model_len) const {
+  if (runner.kv_capacity_tokens() <= 0) return;
+  std::fprintf(stderr, "fathom serve: KV cache %lld tokens (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
+               (long long)runner.kv_capacity_tokens(), (long long)runner.kv_capacity_tokens() / 16,
+               (long long)max_model_len, runner.max_sequences());
+  if (const ModelRunner::SnapshotRoom room = runner.snapshot_room(); runner.supports_snapshots() && room.snapshots > 0)
+    std::fprintf(stderr, "fathom serve: prefix snapshots: %lld at once, %lld tokens of KV over all (--prefix-cache-mb %lld)\n",
+                 (long long)room.snapshots, (long long)room.tokens, (long long)opts_.prefix_cache_mb);
+}
+
+std::vector<int32_t> OpenAIServer::end_token_ids(const ModelConfig& mc) const {
+  std::vector<int32_t> ids(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+  if (tok_ && ctx_.special_tokens.contains("eos_token") && ctx_.special_tokens.at("eos_token").is_string())
+    if (auto id = tok_->token_to_id(ctx_.special_tokens.at("eos_token").get<std::string>())) ids.push_back(int32_t(*id));
+  return ids;
+}
+
+void OpenAIServer::load_grammars(const std::vector<int32_t>& end_token_ids, int64_t vocab_size) {
+  // Grammar masks span the logits' width; the model's eos tokens end a complete output.
+  // Stop tokens: the eos ids the tokenizer has as special tokens (a config's eos id can be an
+  // ordinary text token, as in the test fixtures); all of them when none is special.
+  std::vector<uint32_t> stops;
+  for (int32_t id : end_token_ids)
+    if (id >= 0 && tok_->is_special(uint32_t(id)) && std::find(stops.begin(), stops.end(), uint32_t(id)) == stops.end())
+      stops.push_back(uint32_t(id));
+  if (stops.empty()) stops.assign(end_token_ids.begin(), end_token_ids.end());
+  grammars_ = std::make_unique<grammar::GrammarCompiler>(
+      grammar::Vocabulary::from_tokenizer(*tok_, std::move(stops), size_t(vocab_size)));
+  ctx_.grammars = grammars_.get();
+}
+
+void OpenAIServer::load() {
+  name_ = opts_.api.served_model_name.empty() ? opts_.model : opts_.api.served_model_name;
+  load_output_parsers();
+  if (!opts_.api.skip_tokenizer_init) load_tokenizer();
+  const SpecOptions spec = speculative_options(opts_);
+  auto runner = open_model(opts_.model, opts_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp,
+                           runner_options(opts_, spec));
+  // One limit for the server and the engine (serve_options.h).
+  const int64_t max_model_len = served_max_model_len(opts_, *runner);
+  report_capacity(*runner, max_model_len);
+  const int64_t vocab_size = runner->config().vocab_size;
+  EngineConfig ec = engine_config(opts_, spec, max_model_len, end_token_ids(runner->config()));
+  if (tok_) load_grammars(ec.eos_token_ids, vocab_size);
+  engine_ = std::make_unique<Engine>(std::move(runner), tok_.get(), std::move(ec));
 
   ctx_.tokenizer = tok_.get();
   ctx_.chat_template = tmpl_.get();
-  ctx_.model_names = {name_, cfg_.model};
-  ctx_.vocab_size = mc.vocab_size;
-  ctx_.max_model_len = max_len;
-  ctx_.allow_fault_injection = cfg_.enable_fault_injection;
+  ctx_.model_names = {name_, opts_.model};
+  ctx_.vocab_size = vocab_size;
+  ctx_.max_model_len = max_model_len;
+  ctx_.allow_fault_injection = opts_.api.enable_fault_injection;
+}
+
+void OpenAIServer::announce() const {
+  const EngineConfig& ec = opts_.engine;
+  std::fprintf(stderr,
+               "fathom serve: %s on %s, listening on http://%s:%d (max-model-len %lld, max-num-seqs %d, "
+               "max-num-batched-tokens %lld, chunked-prefill-size %lld, sampler %s, overlap schedule %s, "
+               "prefix caching %s, max-connections %d)\n",
+               name_.c_str(), engine_->device_name().c_str(), opts_.http.host.c_str(), http_->port(),
+               (long long)ctx_.max_model_len, ec.max_num_seqs, (long long)ec.max_num_batched_tokens,
+               (long long)(ec.max_prefill_tokens > 0 ? ec.max_prefill_tokens : ec.max_num_batched_tokens),
+               opts_.sampler == "host" || !engine_->samples_on_device() ? "host" : "device",
+               engine_->overlaps_steps() ? "on" : "off",
+               engine_->caches_prefixes()   ? "on"
+               : ec.enable_prefix_caching ? "off (this engine has no prefix snapshots)"
+                                          : "off",
+               http_->max_connections());
+  std::fflush(stderr);
 }
 
 int OpenAIServer::run() {
   load();
-  HttpServerOptions ho;
-  ho.host = cfg_.host;
-  ho.port = cfg_.port;
-  ho.max_connections = cfg_.max_connections;
-  ho.idle_timeout_s = cfg_.http_idle_timeout;
-  ho.request_timeout_s = cfg_.http_request_timeout;
-  ho.worker_threads = cfg_.http_workers;
-  ho.backlog = cfg_.listen_backlog;
-  ho.log_requests = cfg_.log_requests;
-  ho.error_body = [](int status, const std::string& msg) {
+  http_ = std::make_unique<HttpServer>(http_options(opts_, [](int status, const std::string& msg) {
     const char* code = status == 404 ? "not_found" : status == 503 ? "service_unavailable" : "";
     return dump(error_json(ApiError{status, msg, "", code}));
-  };
-  FATHOM_CHECK(cfg_.http_idle_timeout > 0 && cfg_.http_request_timeout > 0, "HTTP timeouts must be positive");
-  http_ = std::make_unique<HttpServer>(ho);
+  }));
   setup_routes();
   http_->bind();
 
@@ -340,20 +332,7 @@ int OpenAIServer::run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     http_->stop();
   });
-  std::fprintf(stderr,
-               "fathom serve: %s on %s, listening on http://%s:%d (max-model-len %lld, max-num-seqs %d, "
-               "max-num-batched-tokens %lld, chunked-prefill-size %lld, sampler %s, overlap schedule %s, "
-               "prefix caching %s, max-connections %d)\n",
-               name_.c_str(), engine_->device_name().c_str(), cfg_.host.c_str(), http_->port(), (long long)ctx_.max_model_len,
-               cfg_.max_num_seqs, (long long)cfg_.max_num_batched_tokens,
-               (long long)(cfg_.chunked_prefill_size > 0 ? cfg_.chunked_prefill_size : cfg_.max_num_batched_tokens),
-               cfg_.sampler == "host" || !engine_->samples_on_device() ? "host" : "device",
-               engine_->overlaps_steps() ? "on" : "off",
-               engine_->caches_prefixes()    ? "on"
-               : cfg_.enable_prefix_caching ? "off (this engine has no prefix snapshots)"
-                                            : "off",
-               http_->max_connections());
-  std::fflush(stderr);
+  announce();
   http_->run();
   stopping_ = true;
   watcher.join();
@@ -363,8 +342,8 @@ int OpenAIServer::run() {
 
 }  // namespace
 
-int run_server(const ServerConfig& cfg) {
-  OpenAIServer s(cfg);
+int run_server(const ServeOptions& options) {
+  OpenAIServer s(options);
   return s.run();
 }
 

@@ -1,0 +1,78 @@
+// Everything `fathom serve` is told, filled once from the flags (cli/cmd_serve.cpp), and the one
+// place each part's options come from: the model runner's (open_model), the engine's, the HTTP
+// server's. Where a part's own option struct takes a flag as it is, with the flag's default, the
+// flag binds straight into it (EngineConfig with its SpecOptions, HttpServerOptions), so the
+// value is never copied by hand; what needs translating is derived by the functions below.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/model_runner.h"
+#include "runtime/engine.h"
+#include "server/http_server.h"
+
+namespace fathom::server {
+
+// What the OpenAI layer does with requests and responses.
+struct ApiOptions {
+  std::string served_model_name;  // default: the model path
+  std::string api_key;
+  std::string reasoning_parser;   // "" or "qwen3"
+  std::string tool_call_parser;   // "", "qwen3_coder" or "hermes" (vLLM's names)
+  bool enable_auto_tool_choice = false;  // tool_choice "auto": the model's tool calls become tool_calls
+  std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's
+  bool skip_tokenizer_init = false;
+  bool enable_fault_injection = false;  // tests: the "fathom_fault" request field
+};
+
+struct ServeOptions {
+  std::string model;            // checkpoint folder
+  std::string device = "auto";  // cuda when a GPU is visible, else cpu
+
+  // The model runner: how it is loaded and how much of the device it takes.
+  std::string load_format = "auto";     // "dummy": random weights at a config's shapes (CUDA)
+  int num_layers = 0;                   // dummy only: cut depth, keeping the layer pattern
+  double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take
+  TensorParallelism parallel;           // ranks the model is split over, and how
+  BackendOptions backends;              // CUDA kernel backends (model/cuda/backend_tuning.h)
+
+  // --max-model-len as given: the one source of the limit on prompt + completion (0: the model's
+  // max_position_embeddings, capped by what the KV cache holds). The runner is sized from it;
+  // served_max_model_len() resolves the limit that the engine and the API share.
+  int64_t max_model_len = 0;
+
+  // The engine. The flags bind into `engine`: max_num_seqs, max_num_batched_tokens,
+  // max_prefill_tokens (--chunked-prefill-size), max_queue_len, num_kv_blocks,
+  // enable_prefix_caching, prefix_cache_interval and spec's steps, n-gram window, adaptive and
+  // disable_by_batch_size. engine_config() fills in the rest from the flags below.
+  EngineConfig engine;
+  std::string sampler = "device";         // device: tokens chosen on the GPU when the engine can; host
+  bool disable_overlap_schedule = false;  // plan each step only after the previous one's tokens are back
+  int64_t prefix_cache_mb = 2048;         // prefix snapshots kept, least recently used dropped first
+  std::string speculative_algorithm;      // SGLang's names: "", "mtp"/"nextn" or "ngram"
+
+  ApiOptions api;
+  HttpServerOptions http;  // the flags bind into it; http_options() adds the error body
+};
+
+// The speculative decoding asked for: engine.spec with --speculative-algorithm parsed; checked.
+SpecOptions speculative_options(const ServeOptions& o);
+
+// How open_model() builds and sizes the runner.
+EngineOptions runner_options(const ServeOptions& o, const SpecOptions& spec);
+
+// The limit on prompt + completion that the engine and the API share: --max-model-len, else the
+// model's own (4096 when it has none) capped by the longest sequence the runner holds.
+int64_t served_max_model_len(const ServeOptions& o, const ModelRunner& runner);
+
+// The engine's configuration: the flags', the served limit and the tokens that end a sequence.
+EngineConfig engine_config(const ServeOptions& o, const SpecOptions& spec, int64_t max_model_len,
+                           std::vector<int32_t> eos_token_ids);
+
+// The HTTP server's options; `error_body` renders the errors it produces itself.
+HttpServerOptions http_options(const ServeOptions& o,
+                               std::function<std::string(int status, const std::string& message)> error_body);
+
+}  // namespace fathom::server
