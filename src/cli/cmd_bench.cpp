@@ -23,7 +23,7 @@
 #include "io/model_config.h"
 #include "io/text_file.h"
 #include "model/cuda/backend_tuning.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 #ifdef FATHOM_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
