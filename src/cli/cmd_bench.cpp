@@ -23,7 +23,7 @@
 #include "io/model_config.h"
 #include "io/text_file.h"
 #include "model/cuda/backend_tuning.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 #ifdef FATHOM_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -196,149 +196,31 @@ bool stores_nvfp4_experts(const std::string& dir, const ModelConfig& cfg) {
   return false;
 }
 
-void run_bench(const BenchArgs& a) {
-  namespace fs = std::filesystem;
-  std::string cfg_path = a.model;
-  if (fs::is_directory(cfg_path)) cfg_path = (fs::path(cfg_path) / "config.json").string();
-  const std::string cfg_text = read_text_file(cfg_path);
-  const bool dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
-  FATHOM_CHECK(dummy || a.num_layers == 0, "--num-layers applies to --load-format dummy only");
-  ModelConfig cfg = ModelConfig::parse(cfg_text, "", cfg_path).truncated_to(a.num_layers);
-  const std::vector<int> spec_ks = a.spec_steps.empty() ? std::vector<int>{} : parse_list(a.spec_steps);
-  const std::vector<int> spec_bs = parse_list(a.spec_batches);
-  if (!spec_ks.empty() && dummy) cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
-  FATHOM_CHECK(spec_ks.empty() || cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
-  const bool nvfp4 = dummy ? !a.bf16_experts && cfg.num_experts > 0 : stores_nvfp4_experts(a.model, cfg);
-  std::vector<int> batches = parse_list(a.batches);
-  const int max_batch = *std::max_element(batches.begin(), batches.end());
-
-  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s\n",
-              cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
-              cfg.num_linear_attention_layers(), nvfp4 ? "NVFP4" : "BF16",
-              dummy ? "dummy weights" : ("weights of " + a.model).c_str());
-  // Kernel backends: verified and chosen (or read from the cache) before this process touches the GPU.
-  nlohmann::json backends_report;
-  cuda::KernelPlan kernels;  // the fixed rules, unless a policy chooses
-  BackendOptions b = a.backends;
-  b.speculative = b.speculative || !a.spec_steps.empty() || !a.spec_algorithm.empty();
-  if (b.policy != "none") {
-    const cuda::TuneResult tr = cuda::tune_and_apply(
-        cfg, nvfp4, cuda::tune_options(b),
-        [](const std::string& line) { std::printf("%s\n", line.c_str()); });
-    kernels = tr.plan;
-    backends_report = {{"policy", b.policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
-    for (const BackendChoice& c : tr.choices)
-      backends_report["choices"].push_back({{"op", c.op}, {"bucket", c.bucket}, {"candidate", c.candidate}, {"why", c.why}});
-  }
-  cudaDeviceProp prop{};
-  FATHOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const Ceilings ceil = measure_ceilings();
-  std::printf("device: %s (%d SMs); ceilings measured now: device copy %.2f TB/s (read+write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
-              prop.name, prop.multiProcessorCount, ceil.copy_tbs, ceil.gemm_tflops);
-
+// One run's model, device and engine, and the report its sections fill.
+struct Bench {
+  explicit Bench(const BenchArgs& args) : a(args) {}
+  const BenchArgs& a;
+  ModelConfig cfg;
+  bool dummy = false, nvfp4 = false;
+  std::vector<int> batches, spec_ks, spec_bs;  // decode batch sizes; speculative K and batch sizes
+  std::string device_name;
+  Ceilings ceil;
+  cuda::KernelPlan kernels;  // the fixed rules, unless a backend policy chooses
   cuda::CudaRunnerOptions opt;
-  opt.kernels = kernels;
-  opt.max_seqs = max_batch + 1;
-  opt.max_tokens_per_step = std::max(a.input_len, 256);
-  opt.max_rows_per_step = std::max(max_batch, 16);
-  opt.max_seq_len = a.input_len + a.output_len + 32;
-  opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
-  opt.cuda_graphs = !a.no_graphs;
-  if (!spec_ks.empty()) {
-    const int kmax = *std::max_element(spec_ks.begin(), spec_ks.end());
-    const int bmax = *std::max_element(spec_bs.begin(), spec_bs.end());
-    opt.load_mtp = true;
-    opt.max_history = kmax + 1;
-    opt.max_seqs = std::max(opt.max_seqs, bmax + 1);
-    opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
-    opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
-  }
-  const int tp = a.parallel.size;
-  const cuda::ParallelGroup group = cuda::parallel_group(a.parallel);
-  const bool nccl = group.collectives != cuda::Collectives::None;
   std::unique_ptr<cuda::TensorParallelRunner> runner;
-  nlohmann::json load_report;
-  if (dummy) {
-    runner = cuda::TensorParallelRunner::dummy(cfg, opt, group, nvfp4, 1234);
-  } else {
-    // The load against its ceiling, measured now on the same files (which this pass also brings
-    // into the page cache, so both read from it).
-    const LoadCeiling ceiling = measure_load_ceiling(a.model), ceiling4 = measure_load_ceiling(a.model, 4);
-    const auto t0 = std::chrono::steady_clock::now();
-    runner = cuda::TensorParallelRunner::from_checkpoint(a.model, opt, group);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double gbs = double(ceiling.bytes) / 1e9 / secs;
-    std::printf("load: %.2f GB in %.2f s = %.2f GB/s, %.0f%% of the ceiling measured now (page cache -> pinned -> device, "
-                "one reader: %.2f GB/s; four readers: %.2f GB/s = %.0f%%); peak host RSS %.2f GB\n",
-                double(ceiling.bytes) / 1e9, secs, gbs, 100 * gbs / ceiling.gbs(), ceiling.gbs(), ceiling4.gbs(),
-                100 * gbs / ceiling4.gbs(), peak_rss_gb());
-    load_report = {{"bytes", ceiling.bytes}, {"seconds", secs}, {"gbs", gbs}, {"ceiling_gbs", ceiling.gbs()},
-                   {"ceiling_4_readers_gbs", ceiling4.gbs()}, {"peak_rss_gb", peak_rss_gb()}};
-    if (a.load_only) return;
-  }
-  const auto fp = runner->footprint();
-  std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB%s\n",
-              fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9,
-              tp > 1 ? " (per GPU)" : "");
-  if (nccl)
-    std::printf("tensor parallel: %d GPU%s (%s); each step all-reduces every layer's attention/DeltaNet and MLP/MoE "
-                "output (fp32) and gathers the lm_head's vocabulary slices; --profile times them (allreduce, "
-                "allgather)\n",
-                tp, tp > 1 ? "s" : "", runner->device_name().c_str());
-  const ModelShape shape = shape_of(cfg, nvfp4);
-  nlohmann::json report = {{"model", cfg.architecture}, {"layers", cfg.num_hidden_layers},
-                           {"device", prop.name}, {"copy_tbs", ceil.copy_tbs}, {"gemm_tflops", ceil.gemm_tflops},
-                           {"nvfp4_experts", nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len},
-                           {"load", load_report}, {"backends", backends_report}};
-  std::mt19937 rng(7);
-  auto random_tokens = [&](int n) {
+  int tp = 1;
+  bool nccl = false;
+  ModelShape shape;
+  nlohmann::json report;
+  std::mt19937 rng{7};
+
+  std::vector<int32_t> random_tokens(int n) {
     std::vector<int32_t> v(n);
     for (auto& t : v) t = int32_t(rng() % uint32_t(cfg.vocab_size));
     return v;
-  };
-
-  // Prefill: one sequence of input_len tokens in one forward.
-  {
-    auto warm = random_tokens(64);
-    SequenceId w = runner->add_sequence();
-    ForwardStep ws{w, warm, false};
-    runner->forward_argmax(std::span<const ForwardStep>(&ws, 1));
-    runner->remove_sequence(w);
-    std::vector<double> times;
-    for (int r = 0; r < a.repeats; ++r) {
-      auto prompt = random_tokens(a.input_len);
-      SequenceId s = runner->add_sequence();
-      ForwardStep st{s, prompt, false};
-      FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
-      auto t0 = std::chrono::steady_clock::now();
-      runner->forward_argmax(std::span<const ForwardStep>(&st, 1));
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      runner->remove_sequence(s);
-    }
-    const double t = median(times);
-    const StepCost c = prefill_cost(cfg, shape, a.input_len);
-    std::printf("prefill  input_len %5d: %8.1f ms  %9.0f tok/s  %7.1f TFLOP/s (%4.1f%% of bf16 ceiling)  median of %d\n",
-                a.input_len, t * 1e3, a.input_len / t, c.flops / t / 1e12, 100 * c.flops / t / 1e12 / ceil.gemm_tflops,
-                a.repeats);
-    report["prefill"] = {{"ms", t * 1e3}, {"tok_s", a.input_len / t}, {"tflops", c.flops / t / 1e12},
-                         {"pct_bf16_ceiling", 100 * c.flops / t / 1e12 / ceil.gemm_tflops}, {"flops", c.flops}};
-    if (a.profile) {
-      runner->set_profiling(true);
-      runner->reset_profile();
-      auto prompt = random_tokens(a.input_len);
-      SequenceId s = runner->add_sequence();
-      ForwardStep st{s, prompt, false};
-      runner->forward_argmax(std::span<const ForwardStep>(&st, 1));
-      runner->remove_sequence(s);
-      print_profile(runner->profile(), "prefill");
-      runner->set_profiling(false);
-    }
   }
-
-  // Decode: `batch` sequences with input_len tokens of context each, output_len steps.
-  report["decode"] = nlohmann::json::array();
   // `batch` sequences holding input_len tokens of context, and a random last token for each.
-  auto open_sequences = [&](int batch, std::vector<SequenceId>& seqs, std::vector<int32_t>& last) {
+  void open_sequences(int batch, std::vector<SequenceId>& seqs, std::vector<int32_t>& last) {
     seqs.clear();
     last.assign(size_t(batch), 0);
     for (int i = 0; i < batch; ++i) {
@@ -346,201 +228,390 @@ void run_bench(const BenchArgs& a) {
       runner->fill_context_for_benchmark(seqs.back(), a.input_len);
       last[i] = int32_t(rng() % uint32_t(cfg.vocab_size));
     }
+  }
+  // A decode step of every sequence in `seqs`, its last token in `last`.
+  static std::vector<ForwardStep> decode_steps(const std::vector<SequenceId>& seqs, const std::vector<int32_t>& last) {
+    std::vector<ForwardStep> steps;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
+    return steps;
+  }
+  // Per-op times of `fn` (CUDA events), printed under `title`.
+  template <class Fn>
+  void profile(const char* title, Fn&& fn) {
+    runner->set_profiling(true);
+    runner->reset_profile();
+    fn();
+    print_profile(runner->profile(), title);
+    runner->set_profiling(false);
+  }
+};
+
+// The model's config and what the run asks of it; prints the headline.
+void read_model(Bench& b) {
+  namespace fs = std::filesystem;
+  const BenchArgs& a = b.a;
+  std::string cfg_path = a.model;
+  if (fs::is_directory(cfg_path)) cfg_path = (fs::path(cfg_path) / "config.json").string();
+  const std::string cfg_text = read_text_file(cfg_path);
+  b.dummy = a.load_format == "dummy" || !fs::is_directory(a.model);
+  FATHOM_CHECK(b.dummy || a.num_layers == 0, "--num-layers applies to --load-format dummy only");
+  b.cfg = ModelConfig::parse(cfg_text, "", cfg_path).truncated_to(a.num_layers);
+  b.spec_ks = a.spec_steps.empty() ? std::vector<int>{} : parse_list(a.spec_steps);
+  b.spec_bs = parse_list(a.spec_batches);
+  if (!b.spec_ks.empty() && b.dummy) b.cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
+  FATHOM_CHECK(b.spec_ks.empty() || b.cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
+  b.nvfp4 = b.dummy ? !a.bf16_experts && b.cfg.num_experts > 0 : stores_nvfp4_experts(a.model, b.cfg);
+  b.batches = parse_list(a.batches);
+  const ModelConfig& cfg = b.cfg;
+  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s\n",
+              cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
+              cfg.num_linear_attention_layers(), b.nvfp4 ? "NVFP4" : "BF16",
+              b.dummy ? "dummy weights" : ("weights of " + a.model).c_str());
+}
+
+// Kernel backends: verified and chosen (or read from the cache) before this process touches the GPU.
+nlohmann::json choose_backends(Bench& b) {
+  nlohmann::json backends_report;
+  BackendOptions o = b.a.backends;
+  o.speculative = o.speculative || !b.a.spec_steps.empty() || !b.a.spec_algorithm.empty();
+  if (o.policy != "none") {
+    const cuda::TuneResult tr = cuda::tune_and_apply(
+        b.cfg, b.nvfp4, cuda::tune_options(o),
+        [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+    b.kernels = tr.plan;
+    backends_report = {{"policy", o.policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
+    for (const BackendChoice& c : tr.choices)
+      backends_report["choices"].push_back({{"op", c.op}, {"bucket", c.bucket}, {"candidate", c.candidate}, {"why", c.why}});
+  }
+  return backends_report;
+}
+
+void measure_device(Bench& b) {
+  cudaDeviceProp prop{};
+  FATHOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  b.device_name = prop.name;
+  b.ceil = measure_ceilings();
+  std::printf("device: %s (%d SMs); ceilings measured now: device copy %.2f TB/s (read+write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+              prop.name, prop.multiProcessorCount, b.ceil.copy_tbs, b.ceil.gemm_tflops);
+}
+
+// Engine sizes for the largest batch, and for the speculative sections' verify steps.
+cuda::CudaRunnerOptions runner_options(const Bench& b) {
+  const BenchArgs& a = b.a;
+  const int max_batch = *std::max_element(b.batches.begin(), b.batches.end());
+  cuda::CudaRunnerOptions opt;
+  opt.kernels = b.kernels;
+  opt.max_seqs = max_batch + 1;
+  opt.max_tokens_per_step = std::max(a.input_len, 256);
+  opt.max_rows_per_step = std::max(max_batch, 16);
+  opt.max_seq_len = a.input_len + a.output_len + 32;
+  opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
+  opt.cuda_graphs = !a.no_graphs;
+  if (!b.spec_ks.empty()) {
+    const int kmax = *std::max_element(b.spec_ks.begin(), b.spec_ks.end());
+    const int bmax = *std::max_element(b.spec_bs.begin(), b.spec_bs.end());
+    opt.load_mtp = true;
+    opt.max_history = kmax + 1;
+    opt.max_seqs = std::max(opt.max_seqs, bmax + 1);
+    opt.max_rows_per_step = std::max(opt.max_rows_per_step, bmax * (kmax + 1));
+    opt.kv_cache_tokens = int64_t(opt.max_seqs) * opt.max_seq_len;
+  }
+  return opt;
+}
+
+// The engine, dummy or loaded; a load is timed against its ceiling (in the returned report).
+nlohmann::json load_runner(Bench& b) {
+  const BenchArgs& a = b.a;
+  b.opt = runner_options(b);
+  b.tp = a.parallel.size;
+  const cuda::ParallelGroup group = cuda::parallel_group(a.parallel);
+  b.nccl = group.collectives != cuda::Collectives::None;
+  if (b.dummy) {
+    b.runner = cuda::TensorParallelRunner::dummy(b.cfg, b.opt, group, b.nvfp4, 1234);
+    return nlohmann::json();
+  }
+  // The load against its ceiling, measured now on the same files (which this pass also brings
+  // into the page cache, so both read from it).
+  const LoadCeiling ceiling = measure_load_ceiling(a.model), ceiling4 = measure_load_ceiling(a.model, 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  b.runner = cuda::TensorParallelRunner::from_checkpoint(a.model, b.opt, group);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gbs = double(ceiling.bytes) / 1e9 / secs;
+  std::printf("load: %.2f GB in %.2f s = %.2f GB/s, %.0f%% of the ceiling measured now (page cache -> pinned -> device, "
+              "one reader: %.2f GB/s; four readers: %.2f GB/s = %.0f%%); peak host RSS %.2f GB\n",
+              double(ceiling.bytes) / 1e9, secs, gbs, 100 * gbs / ceiling.gbs(), ceiling.gbs(), ceiling4.gbs(),
+              100 * gbs / ceiling4.gbs(), peak_rss_gb());
+  return {{"bytes", ceiling.bytes}, {"seconds", secs}, {"gbs", gbs}, {"ceiling_gbs", ceiling.gbs()},
+          {"ceiling_4_readers_gbs", ceiling4.gbs()}, {"peak_rss_gb", peak_rss_gb()}};
+}
+
+void print_footprint(const Bench& b) {
+  const auto fp = b.runner->footprint();
+  std::printf("weights %.1f GB (experts %.1f GB), KV pool %.1f GB, linear-attention states %.1f GB%s\n",
+              fp.weight_bytes / 1e9, fp.expert_bytes / 1e9, fp.kv_bytes / 1e9, fp.state_bytes / 1e9,
+              b.tp > 1 ? " (per GPU)" : "");
+  if (b.nccl)
+    std::printf("tensor parallel: %d GPU%s (%s); each step all-reduces every layer's attention/DeltaNet and MLP/MoE "
+                "output (fp32) and gathers the lm_head's vocabulary slices; --profile times them (allreduce, "
+                "allgather)\n",
+                b.tp, b.tp > 1 ? "s" : "", b.runner->device_name().c_str());
+}
+
+// Prefill: one sequence of input_len tokens in one forward.
+void bench_prefill(Bench& b) {
+  const BenchArgs& a = b.a;
+  auto prefill_once = [&] {
+    auto prompt = b.random_tokens(a.input_len);
+    SequenceId s = b.runner->add_sequence();
+    ForwardStep st{s, prompt, false};
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    auto t0 = std::chrono::steady_clock::now();
+    b.runner->forward_argmax(std::span<const ForwardStep>(&st, 1));
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    b.runner->remove_sequence(s);
+    return t;
   };
-  for (int batch : batches) {
-    std::vector<SequenceId> seqs;
-    std::vector<int32_t> last;
-    open_sequences(batch, seqs, last);
-    std::vector<double> times;
-    const int warmup = 3;
-    for (int step = 0; step < a.output_len + warmup; ++step) {
-      std::vector<ForwardStep> steps;
-      for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
-      auto t0 = std::chrono::steady_clock::now();
-      std::vector<int32_t> next = runner->forward_argmax(steps);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (step >= warmup) times.push_back(dt);
-      last = next;
-    }
-    const double t = median(times);
-    StepCost c = decode_cost(cfg, shape, batch, a.input_len + a.output_len / 2.0);
-    // Split over tp GPUs each reads about 1/tp of it (the embedding rows, norms and routers
-    // that every GPU keeps are small beside the rest).
-    c.bytes /= tp;
-    c.flops /= tp;
-    const double tbs = c.bytes / t / 1e12, tflops = c.flops / t / 1e12;
-    std::printf("decode   batch %4d: step %8.3f ms  %9.1f tok/s  moves %6.2f GB -> %5.2f TB/s (%4.1f%% of copy ceiling)  "
-                "%6.1f TFLOP/s (%4.1f%%)  median of %d steps\n",
-                batch, t * 1e3, batch / t, c.bytes / 1e9, tbs, 100 * tbs / ceil.copy_tbs, tflops,
-                100 * tflops / ceil.gemm_tflops, a.output_len);
-    double collective_sent = 0;
-    if (nccl) {
-      // Ring all-reduce: each GPU sends and receives 2 (N-1)/N of the message; the gather (N-1)/N.
-      const int layers = cfg.num_hidden_layers;
-      const double msg = double(batch) * cfg.hidden_size * 4, logits = double(batch) * cfg.vocab_size * 4;
-      const double sent = 2.0 * layers * msg * 2.0 * (tp - 1) / tp + logits * (tp - 1) / tp;
-      std::printf("           collectives: %d all-reduces of %.1f KB + a gather of %.1f MB; each GPU sends %.2f MB a "
-                  "step\n",
-                  2 * layers, msg / 1e3, logits / 1e6, sent / 1e6);
-      collective_sent = sent;
-    }
-    report["decode"].push_back({{"batch", batch}, {"step_ms", t * 1e3}, {"tok_s", batch / t}, {"bytes", c.bytes},
+  auto warm = b.random_tokens(64);
+  SequenceId w = b.runner->add_sequence();
+  ForwardStep ws{w, warm, false};
+  b.runner->forward_argmax(std::span<const ForwardStep>(&ws, 1));
+  b.runner->remove_sequence(w);
+  std::vector<double> times;
+  for (int r = 0; r < a.repeats; ++r) times.push_back(prefill_once());
+  const double t = median(times);
+  const StepCost c = prefill_cost(b.cfg, b.shape, a.input_len);
+  std::printf("prefill  input_len %5d: %8.1f ms  %9.0f tok/s  %7.1f TFLOP/s (%4.1f%% of bf16 ceiling)  median of %d\n",
+              a.input_len, t * 1e3, a.input_len / t, c.flops / t / 1e12, 100 * c.flops / t / 1e12 / b.ceil.gemm_tflops,
+              a.repeats);
+  b.report["prefill"] = {{"ms", t * 1e3}, {"tok_s", a.input_len / t}, {"tflops", c.flops / t / 1e12},
+                         {"pct_bf16_ceiling", 100 * c.flops / t / 1e12 / b.ceil.gemm_tflops}, {"flops", c.flops}};
+  if (a.profile) b.profile("prefill", [&] { prefill_once(); });
+}
+
+// Tensor parallel: what each GPU sends in one decode step at `batch` (printed).
+double collective_bytes_per_step(const Bench& b, int batch) {
+  // Ring all-reduce: each GPU sends and receives 2 (N-1)/N of the message; the gather (N-1)/N.
+  const int layers = b.cfg.num_hidden_layers, tp = b.tp;
+  const double msg = double(batch) * b.cfg.hidden_size * 4, logits = double(batch) * b.cfg.vocab_size * 4;
+  const double sent = 2.0 * layers * msg * 2.0 * (tp - 1) / tp + logits * (tp - 1) / tp;
+  std::printf("           collectives: %d all-reduces of %.1f KB + a gather of %.1f MB; each GPU sends %.2f MB a "
+              "step\n",
+              2 * layers, msg / 1e3, logits / 1e6, sent / 1e6);
+  return sent;
+}
+
+// Decode: `batch` sequences with input_len tokens of context each, output_len steps.
+void bench_decode(Bench& b, int batch) {
+  const BenchArgs& a = b.a;
+  std::vector<SequenceId> seqs;
+  std::vector<int32_t> last;
+  b.open_sequences(batch, seqs, last);
+  std::vector<double> times;
+  const int warmup = 3;
+  for (int step = 0; step < a.output_len + warmup; ++step) {
+    const std::vector<ForwardStep> steps = Bench::decode_steps(seqs, last);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<int32_t> next = b.runner->forward_argmax(steps);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= warmup) times.push_back(dt);
+    last = next;
+  }
+  const double t = median(times);
+  StepCost c = decode_cost(b.cfg, b.shape, batch, a.input_len + a.output_len / 2.0);
+  // Split over tp GPUs each reads about 1/tp of it (the embedding rows, norms and routers
+  // that every GPU keeps are small beside the rest).
+  c.bytes /= b.tp;
+  c.flops /= b.tp;
+  const double tbs = c.bytes / t / 1e12, tflops = c.flops / t / 1e12;
+  const Ceilings& ceil = b.ceil;
+  std::printf("decode   batch %4d: step %8.3f ms  %9.1f tok/s  moves %6.2f GB -> %5.2f TB/s (%4.1f%% of copy ceiling)  "
+              "%6.1f TFLOP/s (%4.1f%%)  median of %d steps\n",
+              batch, t * 1e3, batch / t, c.bytes / 1e9, tbs, 100 * tbs / ceil.copy_tbs, tflops,
+              100 * tflops / ceil.gemm_tflops, a.output_len);
+  const double collective_sent = b.nccl ? collective_bytes_per_step(b, batch) : 0;
+  b.report["decode"].push_back({{"batch", batch}, {"step_ms", t * 1e3}, {"tok_s", batch / t}, {"bytes", c.bytes},
                                 {"tbs", tbs}, {"pct_copy_ceiling", 100 * tbs / ceil.copy_tbs}, {"tflops", tflops},
                                 {"pct_bf16_ceiling", 100 * tflops / ceil.gemm_tflops}});
-    if (nccl) report["decode"].back()["collective_bytes_sent_per_gpu"] = collective_sent;
-    if (a.profile) {
-      runner->set_profiling(true);
-      runner->reset_profile();
-      std::vector<ForwardStep> steps;
-      for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
-      runner->forward_argmax(steps);
-      char title[64];
-      std::snprintf(title, sizeof title, "one decode step at batch %d", batch);
-      print_profile(runner->profile(), title);
-      runner->set_profiling(false);
-    }
-    for (SequenceId s : seqs) runner->remove_sequence(s);
+  if (b.nccl) b.report["decode"].back()["collective_bytes_sent_per_gpu"] = collective_sent;
+  if (a.profile) {
+    char title[64];
+    std::snprintf(title, sizeof title, "one decode step at batch %d", batch);
+    b.profile(title, [&] { b.runner->forward_argmax(Bench::decode_steps(seqs, last)); });
   }
-  // Speculative decoding costs: one plain decode step, one MTP draft step, and one verify step of
-  // K drafts (K+1 tokens per sequence, all rows, state history kept), at a context of input_len.
-  if (!spec_ks.empty()) {
-    report["speculative"] = nlohmann::json::array();
-    for (int batch : spec_bs) {
-      std::vector<SequenceId> seqs;
-      std::vector<int32_t> last;
-      open_sequences(batch, seqs, last);
-      auto time_it = [](auto&& fn, int reps) {
-        std::vector<double> t;
-        for (int r = 0; r < reps + 2; ++r) {
-          auto t0 = std::chrono::steady_clock::now();
-          fn();
-          if (r >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
-        return median(t);
-      };
-      const double t_plain = time_it([&] {
-        std::vector<ForwardStep> steps;
-        for (int i = 0; i < batch; ++i) steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
-        runner->forward_argmax(steps);  // the context grows by one token per repeat (34 of 4K)
-      }, 32);
-      std::vector<float> hidden(size_t(batch) * cfg.hidden_size, 0.5f);
-      const double t_draft = time_it([&] {
-        std::vector<MtpStep> steps;
-        for (int i = 0; i < batch; ++i)
-          steps.push_back(MtpStep{seqs[i], std::span<const float>(hidden.data() + size_t(i) * cfg.hidden_size, cfg.hidden_size),
-                                  std::span<const int32_t>(&last[i], 1), false});
-        runner->mtp_forward_argmax(steps);
-        for (int i = 0; i < batch; ++i) runner->mtp_rollback(seqs[i], runner->mtp_length(seqs[i]) - 1);
-      }, 32);
-      std::printf("speculative batch %3d: plain decode step %7.3f ms, MTP draft step %7.3f ms\n", batch, t_plain * 1e3,
-                  t_draft * 1e3);
-      for (int k : spec_ks) {
-        std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>(size_t(k) + 1));
-        for (auto& v : tokens)
-          for (auto& t : v) t = int32_t(rng() % uint32_t(cfg.vocab_size));
-        // The verify step alone and the rollback after it (as if nothing was accepted), timed apart.
-        std::vector<double> t_fwd, t_back;
-        auto verify_once = [&] {
-          std::vector<ForwardStep> steps;
-          std::vector<int64_t> base;
-          for (int i = 0; i < batch; ++i) {
-            base.push_back(runner->length(seqs[i]));
-            steps.push_back(ForwardStep{seqs[i], tokens[i], true, true});
-          }
-          const auto t0 = std::chrono::steady_clock::now();
-          runner->forward_argmax(steps);
-          const auto t1 = std::chrono::steady_clock::now();
-          for (int i = 0; i < batch; ++i) runner->rollback(seqs[i], base[i]);
-          runner->synchronize();
-          const auto t2 = std::chrono::steady_clock::now();
-          t_fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-          t_back.push_back(std::chrono::duration<double>(t2 - t1).count());
-        };
-        for (int r = 0; r < 18; ++r) verify_once();
-        t_fwd.erase(t_fwd.begin(), t_fwd.begin() + 2);
-        t_back.erase(t_back.begin(), t_back.begin() + 2);
-        const double t_verify = median(t_fwd) + median(t_back);
-        std::printf("  K=%d: verify forward %7.3f ms + rollback %7.3f ms\n", k, median(t_fwd) * 1e3,
-                    median(t_back) * 1e3);
-        if (a.profile) {
-          runner->set_profiling(true);
-          runner->reset_profile();
-          verify_once();
-          char title[64];
-          std::snprintf(title, sizeof title, "one K=%d verify step at batch %d", k, batch);
-          print_profile(runner->profile(), title);
-          runner->set_profiling(false);
-        }
-        // Expected tokens per round when each draft is accepted with probability alpha (chain):
-        // (1 - alpha^(K+1)) / (1 - alpha); a round costs one verify and K draft steps.
-        auto speedup = [&](double alpha) {
-          const double tokens = (1 - std::pow(alpha, k + 1)) / (1 - alpha);
-          return tokens * t_plain / (t_verify + k * t_draft);
-        };
-        std::printf("  K=%d: verify step %7.3f ms (%.2fx a decode step); implied speedup %.2fx at acceptance 0.6, "
-                    "%.2fx at 0.8\n",
-                    k, t_verify * 1e3, t_verify / t_plain, speedup(0.6), speedup(0.8));
-        report["speculative"].push_back({{"batch", batch}, {"k", k}, {"plain_ms", t_plain * 1e3},
-                                         {"draft_ms", t_draft * 1e3}, {"verify_ms", t_verify * 1e3},
-                                         {"speedup_06", speedup(0.6)}, {"speedup_08", speedup(0.8)}});
-      }
-      for (SequenceId s : seqs) runner->remove_sequence(s);
-    }
+  for (SequenceId s : seqs) b.runner->remove_sequence(s);
+}
+
+// Median seconds of `reps` calls of fn after two warm-up calls.
+template <class Fn>
+double time_median(Fn&& fn, int reps) {
+  std::vector<double> t;
+  for (int r = 0; r < reps + 2; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    if (r >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  // End to end: plain and speculative greedy generation over `batch` random prompts (acceptance
-  // statistics, and the speedup they buy on these weights; dummy weights accept almost nothing).
+  return median(t);
+}
+
+// One verify step of K drafts (K+1 tokens per sequence, all rows, state history kept) and the
+// rollback after it (as if nothing was accepted), timed apart; with the implied speedup.
+void bench_verify(Bench& b, int batch, int k, const std::vector<SequenceId>& seqs, double t_plain, double t_draft) {
+  const BenchArgs& a = b.a;
+  std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>(size_t(k) + 1));
+  for (auto& v : tokens)
+    for (auto& t : v) t = int32_t(b.rng() % uint32_t(b.cfg.vocab_size));
+  std::vector<double> t_fwd, t_back;
+  auto verify_once = [&] {
+    std::vector<ForwardStep> steps;
+    std::vector<int64_t> base;
+    for (int i = 0; i < batch; ++i) {
+      base.push_back(b.runner->length(seqs[i]));
+      steps.push_back(ForwardStep{seqs[i], tokens[i], true, true});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    b.runner->forward_argmax(steps);
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < batch; ++i) b.runner->rollback(seqs[i], base[i]);
+    b.runner->synchronize();
+    const auto t2 = std::chrono::steady_clock::now();
+    t_fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t_back.push_back(std::chrono::duration<double>(t2 - t1).count());
+  };
+  for (int r = 0; r < 18; ++r) verify_once();
+  t_fwd.erase(t_fwd.begin(), t_fwd.begin() + 2);
+  t_back.erase(t_back.begin(), t_back.begin() + 2);
+  const double t_verify = median(t_fwd) + median(t_back);
+  std::printf("  K=%d: verify forward %7.3f ms + rollback %7.3f ms\n", k, median(t_fwd) * 1e3, median(t_back) * 1e3);
+  if (a.profile) {
+    char title[64];
+    std::snprintf(title, sizeof title, "one K=%d verify step at batch %d", k, batch);
+    b.profile(title, verify_once);
+  }
+  // Expected tokens per round when each draft is accepted with probability alpha (chain):
+  // (1 - alpha^(K+1)) / (1 - alpha); a round costs one verify and K draft steps.
+  auto speedup = [&](double alpha) {
+    const double tokens = (1 - std::pow(alpha, k + 1)) / (1 - alpha);
+    return tokens * t_plain / (t_verify + k * t_draft);
+  };
+  std::printf("  K=%d: verify step %7.3f ms (%.2fx a decode step); implied speedup %.2fx at acceptance 0.6, "
+              "%.2fx at 0.8\n",
+              k, t_verify * 1e3, t_verify / t_plain, speedup(0.6), speedup(0.8));
+  b.report["speculative"].push_back({{"batch", batch}, {"k", k}, {"plain_ms", t_plain * 1e3},
+                                     {"draft_ms", t_draft * 1e3}, {"verify_ms", t_verify * 1e3},
+                                     {"speedup_06", speedup(0.6)}, {"speedup_08", speedup(0.8)}});
+}
+
+// Speculative decoding costs at `batch`: one plain decode step, one MTP draft step, and one
+// verify step of each K, at a context of input_len.
+void bench_speculative_costs(Bench& b, int batch) {
+  std::vector<SequenceId> seqs;
+  std::vector<int32_t> last;
+  b.open_sequences(batch, seqs, last);
+  // The context grows by one token per repeat (34 of 4K).
+  const double t_plain = time_median([&] { b.runner->forward_argmax(Bench::decode_steps(seqs, last)); }, 32);
+  const int64_t H = b.cfg.hidden_size;
+  std::vector<float> hidden(size_t(batch) * H, 0.5f);
+  const double t_draft = time_median([&] {
+    std::vector<MtpStep> steps;
+    for (int i = 0; i < batch; ++i)
+      steps.push_back(MtpStep{seqs[i], std::span<const float>(hidden.data() + size_t(i) * H, H),
+                              std::span<const int32_t>(&last[i], 1), false});
+    b.runner->mtp_forward_argmax(steps);
+    for (int i = 0; i < batch; ++i) b.runner->mtp_rollback(seqs[i], b.runner->mtp_length(seqs[i]) - 1);
+  }, 32);
+  std::printf("speculative batch %3d: plain decode step %7.3f ms, MTP draft step %7.3f ms\n", batch, t_plain * 1e3,
+              t_draft * 1e3);
+  for (int k : b.spec_ks) bench_verify(b, batch, k, seqs, t_plain, t_draft);
+  for (SequenceId s : seqs) b.runner->remove_sequence(s);
+}
+
+// Plain greedy generation of `prompts`, twice (the first warms up the graphs of every batch size
+// on the way); whether both gave the same outputs.
+std::vector<GenerateResult> generate_plain(Bench& b, const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerateOptions& go, bool& repeatable) {
+  const auto warm = generate_batch(*b.runner, prompts, go);
+  auto plain = generate_batch(*b.runner, prompts, go);
+  repeatable = true;  // the same greedy outputs twice: else "DIFFER" below says nothing about speculation
+  for (size_t i = 0; i < plain.size(); ++i) repeatable = repeatable && warm[i].token_ids == plain[i].token_ids;
+  return plain;
+}
+
+// End to end: plain and speculative greedy generation over `batch` random prompts (acceptance
+// statistics, and the speedup they buy on these weights; dummy weights accept almost nothing).
+void bench_speculative_e2e(Bench& b, int batch, SpecAlgorithm algorithm) {
+  const BenchArgs& a = b.a;
+  const int prompt_len = std::min(a.input_len, 256);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < batch; ++i) prompts.push_back(b.random_tokens(prompt_len));
+  GenerateOptions go;
+  go.max_new_tokens = a.output_len;
+  go.prefill_chunk = b.opt.max_tokens_per_step;
+  bool repeatable = true;
+  const auto plain = generate_plain(b, prompts, go, repeatable);
+  const double t_plain = plain.front().decode_seconds;
+  int64_t out_tokens = 0;
+  for (const auto& r : plain) out_tokens += int64_t(r.token_ids.size()) - 1;
+  std::printf("speculative e2e batch %3d (prompts of %d, %d new tokens): plain %.1f tok/s, plain outputs %s\n",
+              batch, prompt_len, a.output_len, out_tokens / t_plain,
+              repeatable ? "repeatable" : "NOT REPEATABLE run to run");
+  for (int k : b.spec_ks) {
+    SpecOptions so;
+    so.algorithm = algorithm;
+    so.num_steps = k;
+    so.ngram_min = a.spec_ngram_min;
+    so.ngram_max = a.spec_ngram_max;
+    so.adaptive = a.spec_adaptive;
+    const auto got = generate_batch(*b.runner, prompts, go, so);
+    SpecStats st;
+    bool same = true;
+    for (size_t i = 0; i < got.size(); ++i) {
+      st.merge(got[i].spec);
+      same = same && got[i].token_ids == plain[i].token_ids;
+    }
+    const double t = got.front().decode_seconds;
+    std::printf("  %s K=%d%s: %.1f tok/s (%.2fx plain), acceptance %.3f, accept length %.2f, %lld drafts in %lld "
+                "rounds, outputs %s plain\n", spec_algorithm_name(so.algorithm), k, so.adaptive ? " adaptive" : "",
+                out_tokens / t, t_plain / t, st.acceptance_rate(), st.mean_accepted_length(),
+                (long long)st.draft_tokens, (long long)st.steps, same ? "equal" : "DIFFER FROM");
+    b.report["speculative_e2e"].push_back({{"batch", batch}, {"k", k}, {"algorithm", spec_algorithm_name(so.algorithm)},
+                                           {"adaptive", so.adaptive}, {"plain_tok_s", out_tokens / t_plain},
+                                           {"spec_tok_s", out_tokens / t}, {"speedup", t_plain / t},
+                                           {"acceptance_rate", st.acceptance_rate()},
+                                           {"accept_length", st.mean_accepted_length()},
+                                           {"draft_tokens", st.draft_tokens}, {"rounds", st.steps},
+                                           {"outputs_equal", same}, {"plain_repeatable", repeatable}});
+  }
+}
+
+void run_bench(const BenchArgs& a) {
+  Bench b(a);
+  read_model(b);
+  const nlohmann::json backends_report = choose_backends(b);
+  measure_device(b);
+  const nlohmann::json load_report = load_runner(b);
+  if (!b.dummy && a.load_only) return;
+  print_footprint(b);
+  b.shape = shape_of(b.cfg, b.nvfp4);
+  b.report = {{"model", b.cfg.architecture}, {"layers", b.cfg.num_hidden_layers},
+              {"device", b.device_name}, {"copy_tbs", b.ceil.copy_tbs}, {"gemm_tflops", b.ceil.gemm_tflops},
+              {"nvfp4_experts", b.nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len},
+              {"load", load_report}, {"backends", backends_report}};
+  bench_prefill(b);
+  b.report["decode"] = nlohmann::json::array();
+  for (int batch : b.batches) bench_decode(b, batch);
+  if (!b.spec_ks.empty()) {
+    b.report["speculative"] = nlohmann::json::array();
+    for (int batch : b.spec_bs) bench_speculative_costs(b, batch);
+  }
   const SpecAlgorithm e2e_algorithm = parse_spec_algorithm(a.spec_algorithm);
-  if (!spec_ks.empty() && e2e_algorithm != SpecAlgorithm::None) {
-    report["speculative_e2e"] = nlohmann::json::array();
-    const int prompt_len = std::min(a.input_len, 256);
-    for (int batch : spec_bs) {
-      std::vector<std::vector<int32_t>> prompts;
-      for (int i = 0; i < batch; ++i) prompts.push_back(random_tokens(prompt_len));
-      GenerateOptions go;
-      go.max_new_tokens = a.output_len;
-      go.prefill_chunk = opt.max_tokens_per_step;
-      const auto warm = generate_batch(*runner, prompts, go);  // warm-up: graphs for every batch size on the way
-      const auto plain = generate_batch(*runner, prompts, go);
-      bool repeatable = true;  // the same greedy outputs twice: else "DIFFER" below says nothing about speculation
-      for (size_t i = 0; i < plain.size(); ++i) repeatable = repeatable && warm[i].token_ids == plain[i].token_ids;
-      const double t_plain = plain.front().decode_seconds;
-      int64_t out_tokens = 0;
-      for (const auto& r : plain) out_tokens += int64_t(r.token_ids.size()) - 1;
-      std::printf("speculative e2e batch %3d (prompts of %d, %d new tokens): plain %.1f tok/s, plain outputs %s\n",
-                  batch, prompt_len, a.output_len, out_tokens / t_plain,
-                  repeatable ? "repeatable" : "NOT REPEATABLE run to run");
-      for (int k : spec_ks) {
-        SpecOptions so;
-        so.algorithm = e2e_algorithm;
-        so.num_steps = k;
-        so.ngram_min = a.spec_ngram_min;
-        so.ngram_max = a.spec_ngram_max;
-        so.adaptive = a.spec_adaptive;
-        const auto got = generate_batch(*runner, prompts, go, so);
-        SpecStats st;
-        bool same = true;
-        for (size_t i = 0; i < got.size(); ++i) {
-          st.merge(got[i].spec);
-          same = same && got[i].token_ids == plain[i].token_ids;
-        }
-        const double t = got.front().decode_seconds;
-        std::printf("  %s K=%d%s: %.1f tok/s (%.2fx plain), acceptance %.3f, accept length %.2f, %lld drafts in %lld "
-                    "rounds, outputs %s plain\n", spec_algorithm_name(so.algorithm), k, so.adaptive ? " adaptive" : "",
-                    out_tokens / t, t_plain / t, st.acceptance_rate(), st.mean_accepted_length(),
-                    (long long)st.draft_tokens, (long long)st.steps, same ? "equal" : "DIFFER FROM");
-        report["speculative_e2e"].push_back({{"batch", batch}, {"k", k}, {"algorithm", spec_algorithm_name(so.algorithm)},
-                                             {"adaptive", so.adaptive}, {"plain_tok_s", out_tokens / t_plain},
-                                             {"spec_tok_s", out_tokens / t}, {"speedup", t_plain / t},
-                                             {"acceptance_rate", st.acceptance_rate()},
-                                             {"accept_length", st.mean_accepted_length()},
-                                             {"draft_tokens", st.draft_tokens}, {"rounds", st.steps},
-                                             {"outputs_equal", same}, {"plain_repeatable", repeatable}});
-      }
-    }
+  if (!b.spec_ks.empty() && e2e_algorithm != SpecAlgorithm::None) {
+    b.report["speculative_e2e"] = nlohmann::json::array();
+    for (int batch : b.spec_bs) bench_speculative_e2e(b, batch, e2e_algorithm);
   }
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
-    f << report.dump(2) << "\n";
+    f << b.report.dump(2) << "\n";
   }
 }
 #else

@@ -13,7 +13,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "model/model_runner.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::cli {

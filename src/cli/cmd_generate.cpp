@@ -8,8 +8,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "model/model_runner.h"
-#include "runtime/generate.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 
 namespace fathom::cli {
 namespace {

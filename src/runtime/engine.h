@@ -38,6 +38,9 @@ struct EngineConfig {
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_prefill_tokens = 0;  // prefill tokens joining one step (0: max_num_batched_tokens)
+  // Prompt tokens of one sequence in one step (0: no cap beyond the budgets); also bounds the MTP
+  // layer's catch-up forwards. Offline generation's --prefill-chunk.
+  int64_t max_chunk_tokens = 0;
   int64_t max_model_len = 4096;
   int max_queue_len = 1024;    // waiting requests (sequences) beyond this are refused
   int block_size = 16;
@@ -92,9 +95,15 @@ class Engine {
  public:
   // `tokenizer` may be null (skip-tokenizer-init): then no text and no stop strings.
   Engine(std::unique_ptr<ModelRunner> runner, const tok::Tokenizer* tokenizer, EngineConfig cfg);
+  // Borrows `runner` (offline generation: the caller keeps it, and gets it back with no sequences).
+  Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfig cfg);
   ~Engine();
 
   void start();
+  // Offline use, instead of start(): runs steps on the calling thread until every submitted
+  // request has finished (any that cannot be scheduled end with "abort"); `after_step` runs after
+  // each step (to read the output channels).
+  void run_until_done(const std::function<void()>& after_step = {});
   // Stops the loop; pending requests finish with reason "abort".
   void shutdown();
   bool accepting() const { return !stopping_.load(); }
@@ -126,6 +135,7 @@ class Engine {
   bool step();  // one scheduled forward; false when idle
   void drain_inbox();
   void propose_drafts();
+  // Output processing (engine_output.cpp).
   // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
   // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
   Acceptance choose(Request& r, const float* row, int64_t vocab, const int32_t* draft);
@@ -153,8 +163,10 @@ class Engine {
                     Clock::time_point now);
   // Ends `r` alone with finish reason "error" (counted by `stage` in /metrics).
   void fail_request(Request& r, const std::string& stage, const std::string& what);
+  void flush(Request& r, bool finished, const std::string& reason);  // streams r.pending
+  void finish(Request& r, const std::string& reason);
 
-  // Overlapped scheduling (engine.cpp): a launched step whose results are not read yet.
+  // Overlapped scheduling (engine_overlap.cpp): a launched step whose results are not read yet.
   struct InflightChunk {
     Request* req;
     SequenceId seq;    // to tell a request that ended meanwhile (and a new one at its address)
@@ -175,7 +187,7 @@ class Engine {
   // The token at out_pos ends the request whatever it is (max_tokens, max_model_len).
   bool decodes_certainly_end(const Request& r, int64_t out_pos) const;
   bool penalties_running() const;  // output-dependent penalties need each step's tokens first
-  void observe_queue(Request& r);
+  void observe_queue(Request& r);  // engine_metrics.cpp
   // Prefix caching (engine_prefix.cpp): the admission hook that starts a request from its longest
   // cached prefix, the next position to snapshot, the snapshots after a forward, and the
   // conversation's snapshot going into the cache when the request ends.
@@ -193,11 +205,11 @@ class Engine {
   void forget_turn_snapshot(Request& r);   // its snapshot went elsewhere (the cache)
   void retire_turn_snapshot(Request& r);
   void drop_snapshots(const std::vector<int64_t>& ids);
-  void flush(Request& r, bool finished, const std::string& reason);
-  void finish(Request& r, const std::string& reason);
   void drop(Request* r);
+  void abort_all();  // after the last step: every request left ends with "abort"
 
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ModelRunner> owned_runner_;  // null when borrowed
+  ModelRunner* runner_;
   const tok::Tokenizer* tok_;
   EngineConfig cfg_;
   BlockManager blocks_;

@@ -149,6 +149,7 @@ void Engine::finish_overlapped(InflightStep& in) {
     Request& r = *c.req;
     if (c.out_pos < 0 || !live_.count(c.req) || r.seq != c.seq) continue;  // ended meanwhile, or mid-prompt
     try {
+      if (c.out_pos > r.num_prompt) ++r.decode_steps;  // not the prompt's first token
       TokenLogprob lp;
       const Acceptance acc = pick(r, res, so.row_begin[i], nullptr, lp);
       const std::string reason =

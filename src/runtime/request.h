@@ -20,6 +20,7 @@
 #include "model/model_runner.h"
 #include "runtime/fault_injection.h"
 #include "runtime/sampler.h"
+#include "runtime/spec_stats.h"
 #include "tokenizer/decode_stream.h"
 
 namespace fathom::grammar {
@@ -66,6 +67,10 @@ struct RequestOutput {
   std::string error;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // On the final event: the decode forwards the sequence took part in (its prefill not counted)
+  // and, with speculative decoding, its drafts' acceptance.
+  int64_t decode_steps = 0;
+  SpecStats spec;
 };
 
 // Thread-safe queue of events for one client request (shared by its n sequences). A consumer
@@ -146,6 +151,8 @@ struct Request {
   std::vector<uint64_t> block_hashes;  // of the tokens before the last (PrefixCache::block_hashes)
   int64_t turn_snapshot = 0, turn_snapshot_len = 0;
   int prefix_lookups = 0;  // admissions that looked the prompt up (one each, preemptions included)
+  int64_t decode_steps = 0;  // RequestOutput::decode_steps
+  SpecStats spec_stats;      // RequestOutput::spec
 
   Sampler sampler;
   std::shared_ptr<grammar::Matcher> matcher;  // with spec.params.grammar: the output so far

@@ -71,6 +71,7 @@ SchedulerOutput Scheduler::schedule(bool allow_preemption) {
   // 2. The rest of chunked prompts, then 3. new admissions, within the prefill cap.
   auto prefill_tokens = [&](const Request* r) {  // a chunk ends where prefix caching takes a snapshot
     int64_t n = std::min({r->num_wanted(), budget, prefill_budget});
+    if (cfg_.max_chunk_tokens > 0) n = std::min(n, cfg_.max_chunk_tokens);
     if (r->next_snapshot > r->num_computed) n = std::min(n, r->next_snapshot - r->num_computed);
     if (cfg_.align_chunks && n < r->num_wanted()) {
       const int64_t B = blocks_.block_size(), aligned = (r->num_computed + n) / B * B - r->num_computed;

@@ -32,6 +32,7 @@ struct SchedulerConfig {
   // A prefill chunk cut by the budget ends on a block boundary (prefix caching snapshots the state
   // there at no extra step).
   bool align_chunks = false;
+  int64_t max_chunk_tokens = 0;  // prompt tokens of one sequence in one step (0: no cap beyond the budgets)
 };
 
 struct ScheduledChunk {

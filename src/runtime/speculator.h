@@ -1,5 +1,5 @@
-// The drafting side of speculative decoding for a set of sequences, shared by offline generation
-// (spec_decode.h) and the serving engine (engine.h): the drafter (MTP layer or n-grams), the
+// The drafting side of speculative decoding for the serving engine's sequences (engine.h; offline
+// generation runs through it too): the drafter (MTP layer or n-grams), the
 // adaptive draft length of each sequence (spec_policy.h) and the MTP's backlog of target rows.
 // Callers keep the acceptance statistics (spec_stats.h).
 //

@@ -240,7 +240,7 @@ TEST(CudaMidsize, LongPromptMatchesCpu) {
 }  // namespace fathom
 
 #include "runtime/engine_test_util.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 
 namespace fathom {
 namespace {

@@ -29,7 +29,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda/peer_communicator.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/tensor_parallel_runner.h"
 

@@ -19,7 +19,7 @@
 
 #include "model/cpu_runner.h"
 #include "model/tensor_split.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 
 namespace fathom {
 namespace {

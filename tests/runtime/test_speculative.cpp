@@ -25,7 +25,7 @@
 #include "model/cpu_runner.h"
 #include "model/hybrid_model.h"
 #include "runtime/generate.h"
-#include "runtime/spec_decode.h"
+#include "runtime/offline_generate.h"
 #include "runtime/spec_drafter.h"
 #include "runtime/spec_policy.h"
 #include "runtime/spec_sampling.h"
