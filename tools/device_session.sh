@@ -183,8 +183,8 @@ for what in "${@:-all}"; do
       # Before and after a change that must not move the numbers (issue 30): the base build
       # (.devcarry/bin/fathom-base) and this one, alternated, on the 397B shape cut to 28 layers:
       # `fathom bench` three times each (decode at batch 1, 8, 64 and a 4K prefill), then
-      # `fathom bench serve` at concurrency 64 twice each.
-      for rep in 1 2 3; do
+      # `fathom bench serve` at concurrency 64 twice each (AB_BENCH_REPS, AB_SERVE_REPS).
+      for rep in $(seq "${AB_BENCH_REPS:-3}"); do
         for v in base new; do
           B=$BIN/fathom; [ $v = base ] && B=$BIN/fathom-base
           timeout 300 "$B" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 --batch 1,8,64 \
@@ -192,7 +192,7 @@ for what in "${@:-all}"; do
             | grep -E "^(prefill|decode)" | sed "s/^/$v $rep: /" | tee -a "$OUT/ab_bench.log"
         done
       done
-      for rep in 1 2; do
+      for rep in $(seq "${AB_SERVE_REPS:-2}"); do
         for v in base new; do
           B=$BIN/fathom; [ $v = base ] && B=$BIN/fathom-base
           "$B" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
