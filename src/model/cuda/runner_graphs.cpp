@@ -42,46 +42,21 @@ void CudaRunner::Impl::run(const Plan& p) {
   replay(graphs, p, [&] {
     run_layers(p);
     head(p);
-  }, nullptr);
+  });
 }
 
 void CudaRunner::Impl::run_mtp_step(const Plan& p) {
-  replay(mtp_graphs, p, [&] { run_mtp(p); }, &mtp_seen);
+  replay(mtp_graphs, p, [&] { run_mtp(p); });
 }
 
 template <class Body>
-void CudaRunner::Impl::replay(std::map<GraphKey, cudaGraphExec_t>& cache, const Plan& p, Body&& body,
-                              std::set<GraphKey>* seen) {
+void CudaRunner::Impl::replay(GraphCache& cache, const Plan& p, Body&& body) {
   // Programmatic dependent launch pays at decode sizes (launch gaps between small kernels) and
   // costs at prefill sizes (waiting blocks hold SM resources): on for up to kSplitTokens tokens.
   set_programmatic_launch(p.T <= kSplitTokens);
-  const GraphKey key{p.T, p.S, p.R, hist_step};
-  bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
-                   p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
-  if (graphable && seen && !cache.count(key)) graphable = !seen->insert(key).second;  // eager the first time
-  if (!graphable) {
-    body();
-    collect_profile();
-    return;
-  }
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    cudaGraph_t g;
-    FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    try {
-      body();
-    } catch (...) {  // leave the stream usable: end (and drop) the broken capture
-      if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
-      cudaGetLastError();
-      throw;
-    }
-    FATHOM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-    cudaGraphExec_t exec;
-    FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    cudaGraphDestroy(g);
-    it = cache.emplace(key, exec).first;
-  }
-  FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+  const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
+                         p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+  if (cache.run(stream, GraphCache::Key{p.T, p.S, p.R, hist_step}, graphable, body)) collect_profile();
 }
 
 }  // namespace fathom::cuda

@@ -27,6 +27,7 @@
 #include "kernels/cuda/sampling.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/graph_cache.h"
 #include "model/cuda/kv_pool.h"
 #include "model/cuda/linear_state_pool.h"
 #include "model/cuda/runner_activations.h"
@@ -104,14 +105,9 @@ struct CudaRunner::Impl {
   // MTP draft layer (optional, in w): its own full-attention layer and KV pool (index n_attn).
   bool hist_step = false;  // the current forward records history
 
-  // Kernel shapes depend on tokens, sequences and output rows; verify steps also pass the state
-  // history to the DeltaNet kernels.
-  using GraphKey = std::tuple<int, int, int, bool>;
-  std::map<GraphKey, cudaGraphExec_t> graphs;
-  // MTP draft steps, captured the second time a shape is seen (the first, eager, makes the lazy
-  // resources that cannot be made while capturing).
-  std::map<GraphKey, cudaGraphExec_t> mtp_graphs;
-  std::set<GraphKey> mtp_seen;
+  // Decode and verify steps replay CUDA graphs (graph_cache.h); MTP draft steps capture a shape
+  // the second time it is seen.
+  GraphCache graphs{false}, mtp_graphs{/*capture_on_second_sight=*/true};
   float* mtp_hidden_host = nullptr;  // pinned: an MTP step's hidden rows go up without a wait
   OpProfile prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
@@ -179,8 +175,6 @@ struct CudaRunner::Impl {
   }
 
   ~Impl() {
-    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
-    for (auto& [k, g] : mtp_graphs) cudaGraphExecDestroy(g);
     if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
     for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
     if (meta_host) cudaFreeHost(meta_host);
@@ -331,10 +325,10 @@ struct CudaRunner::Impl {
   void head(const Plan& p, const float* norm);
 
   void run(const Plan& p);
-  // Replays body's kernels from `cache` under the plan's key, capturing them the first time
-  // (decode and verify steps) or, given `seen`, the second time the key comes (MTP steps).
+  // The step's launches through `cache`: replayed from a graph when the plan allows (decode and
+  // verify shapes, graphs on, no profiling), else eagerly.
   template <class Body>
-  void replay(std::map<GraphKey, cudaGraphExec_t>& cache, const Plan& p, Body&& body, std::set<GraphKey>* seen);
+  void replay(GraphCache& cache, const Plan& p, Body&& body);
   void run_mtp_step(const Plan& p);
 
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the

@@ -1,0 +1,68 @@
+// CUDA graphs of the runner's steps, keyed by the shapes their kernels depend on (tokens,
+// sequences, output rows, whether the step records state history): a step of a known key
+// replays its graph, a new key is captured (the first time it is seen, or the second when
+// `capture_on_second_sight`: the first, eager, run makes the lazy resources, such as GEMM
+// workspaces, that cannot be made while a stream is capturing).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace fathom::cuda {
+
+class GraphCache {
+ public:
+  using Key = std::tuple<int, int, int, bool>;
+
+  explicit GraphCache(bool capture_on_second_sight = false) : second_sight_(capture_on_second_sight) {}
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+  ~GraphCache() {
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  }
+
+  // Runs `body` (the step's launches on `stream`) eagerly when `graphable` is false, else
+  // replays the graph of `key`, capturing it from `body` first when there is none. Returns
+  // whether `body` ran eagerly.
+  template <class Body>
+  bool run(cudaStream_t stream, const Key& key, bool graphable, Body&& body) {
+    if (graphable && second_sight_ && !graphs_.count(key)) graphable = !seen_.insert(key).second;
+    if (!graphable) {
+      body();
+      return true;
+    }
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) it = graphs_.emplace(key, capture(stream, body)).first;
+    FATHOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+    return false;
+  }
+
+ private:
+  template <class Body>
+  static cudaGraphExec_t capture(cudaStream_t stream, Body& body) {
+    cudaGraph_t g;
+    FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      body();
+    } catch (...) {  // leave the stream usable: end (and drop) the broken capture
+      if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    FATHOM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec;
+    FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    return exec;
+  }
+
+  bool second_sight_;
+  std::map<Key, cudaGraphExec_t> graphs_;
+  std::set<Key> seen_;
+};
+
+}  // namespace fathom::cuda
