@@ -30,6 +30,7 @@
 #include "model/cuda/graph_cache.h"
 #include "model/cuda/kv_pool.h"
 #include "model/cuda/linear_state_pool.h"
+#include "model/cuda/op_profiler.h"
 #include "model/cuda/runner_activations.h"
 #include "model/cuda/sampling_buffers.h"
 #include "model/cuda/step_plan.h"
@@ -109,8 +110,7 @@ struct CudaRunner::Impl {
   // the second time it is seen.
   GraphCache graphs{false}, mtp_graphs{/*capture_on_second_sight=*/true};
   float* mtp_hidden_host = nullptr;  // pinned: an MTP step's hidden rows go up without a wait
-  OpProfile prof;
-  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_events;
+  OpProfiler profiler;  // --profile: per-op-group CUDA-event timings
 
   SamplingBuffers sampling;  // the device sampler's (sampling_buffers.h, runner_sampling.cpp)
   // Recorded after a step's metadata copy: the pinned metadata is rewritten only after it.
@@ -161,6 +161,7 @@ struct CudaRunner::Impl {
     FATHOM_CHECK(opt.device >= 0 && opt.device < count, "GPU ", opt.device, " is not visible (", count, " are)");
     FATHOM_CUDA_CHECK(cudaSetDevice(opt.device));
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    profiler.start(opt.profile, stream);
     FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming));
@@ -170,13 +171,12 @@ struct CudaRunner::Impl {
   // Tensor parallel: the sum over ranks of a layer's partial output [T, hidden] (fp32, in place).
   void reduce_partial(float* data, int T) {
     if (!comm) return;
-    Scope sc(this, "allreduce");
+    Scope sc(profiler, "allreduce");
     comm->all_reduce_sum(std::span<float>(data, size_t(T) * cfg.hidden_size));
   }
 
   ~Impl() {
     if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
-    for (auto& p : pending_events) cudaEventDestroy(p.second.first), cudaEventDestroy(p.second.second);
     if (meta_host) cudaFreeHost(meta_host);
     if (meta_uploaded) cudaEventDestroy(meta_uploaded);
     if (fork_event) cudaEventDestroy(fork_event);
@@ -200,36 +200,9 @@ struct CudaRunner::Impl {
   // workspaces (made later) and, when drafts will be verified, the state history.
   void allocate_kv_pools();
 
-  // ---- profiling
-  struct Scope {
-    Impl* impl;
-    std::string name;
-    cudaEvent_t a = nullptr, b = nullptr;
-    Scope(Impl* i, const char* n) : impl(i), name(n) {
-      if (!impl->opt.profile) return;
-      cudaEventCreate(&a);
-      cudaEventCreate(&b);
-      cudaEventRecord(a, impl->stream);
-    }
-    ~Scope() {
-      if (!impl->opt.profile) return;
-      cudaEventRecord(b, impl->stream);
-      impl->pending_events.push_back({name, {a, b}});
-    }
-  };
-  void collect_profile() {
-    if (pending_events.empty()) return;
-    cudaStreamSynchronize(stream);
-    for (auto& [name, ev] : pending_events) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, ev.first, ev.second);
-      prof.ms[name] += ms;
-      prof.calls[name] += 1;
-      cudaEventDestroy(ev.first);
-      cudaEventDestroy(ev.second);
-    }
-    pending_events.clear();
-  }
+  // ---- profiling (op_profiler.h)
+  using Scope = OpProfiler::Scope;
+  void collect_profile() { profiler.collect(); }
 
   // ---- one forward over a batch that fits the scratch buffers (step_plan.h, runner_step.cpp)
   using AttentionRun = cuda::AttentionRun;

@@ -18,14 +18,14 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
   float* D = act.delta.as<float>();
   bf16_t* XN = act.xn.as<bf16_t>();
   {
-    Scope sc(this, "norm");
+    Scope sc(profiler, "norm");
     if (first) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
     else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
   }
   if (l.type == LayerType::FullAttention) attention_block(l, p);
   else gdn_block(l, p);
   {
-    Scope sc(this, "norm");
+    Scope sc(profiler, "norm");
     // The router's input: fp32 for decode and verify steps, already split for its bf16 product
     // in prefill-sized ones.
     const bool split = l.is_moe && router_split(l, T);
@@ -43,11 +43,11 @@ void CudaRunner::Impl::run_layers(const Plan& p) {
   float* X = act.x.as<float>();
   float* D = act.delta.as<float>();
   {
-    Scope sc(this, "embedding");
+    Scope sc(profiler, "embedding");
     embedding(dmeta.ids, w.embed, X, T, H, s, sampling.last_token.as<int32_t>());
   }
   for (size_t li = 0; li < w.layers.size(); ++li) decoder_layer(w.layers[li], p, /*first=*/li == 0);
-  Scope sc(this, "norm");
+  Scope sc(profiler, "norm");
   add_inplace(X, D, int64_t(T) * H, s);
 }
 
@@ -58,7 +58,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   const float *qp = act.q_raw.as<float>(), *kp = act.k_raw.as<float>(), *vp = act.v_raw.as<float>();
   int64_t qkv_ld = 0;
   {
-    Scope sc(this, "attn.proj");
+    Scope sc(profiler, "attn.proj");
     if (l.attn_qkv.out > 0) {
       linear(l.attn_qkv, act.xn.as<bf16_t>(), act.q_raw.array<float>(), T, dq, s, opt.kernels);
       qkv_ld = l.attn_qkv.out;
@@ -71,7 +71,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
     }
   }
   {
-    Scope sc(this, "attn.core");
+    Scope sc(profiler, "attn.core");
     attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, act.q.as<float>(),
                       act.gate.as<float>(), kv.k(l.attn_index), kv.v(l.attn_index), T,
                       nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
@@ -79,7 +79,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
     attend(l, p);
   }
   {
-    Scope sc(this, "attn.proj");
+    Scope sc(profiler, "attn.proj");
     linear(l.o, act.attn_out.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   }
   reduce_partial(act.delta.as<float>(), T);
@@ -133,7 +133,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   const float *mix_p, *z_p, *b_p, *a_p;
   int64_t mix_ld, z_ld, ba_ld;
   {
-    Scope sc(this, "gdn.proj");
+    Scope sc(profiler, "gdn.proj");
     if (l.gdn_in.out > 0) {
       const int64_t W = l.gdn_in.out;
       linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
@@ -161,7 +161,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
     float* rs = states.rec(l.linear_index);
     const StateHistory h = hist_step ? states.layer_history(l.linear_index, dmeta.keep_hist) : StateHistory{};
     {
-      Scope sc(this, "gdn.conv");
+      Scope sc(profiler, "gdn.conv");
       gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, act.ubuf.as<float>(), p.S, conv_dim, kc,
                s, hist_step ? &h : nullptr, p.max_seq_tokens);
     }
@@ -172,7 +172,7 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       const bool prefill = !hist_step && p.max_seq_tokens >= kGdnChunkedMinTokens;
       const bool chunked = prefill && opt.kernels.gdn_chunked && act.gdn_scratch.bytes() > 0;
       const int long_from = chunked ? kGdnChunkedMinTokens : 0;
-      Scope sc(this, "gdn.recurrent");
+      Scope sc(profiler, "gdn.recurrent");
       gdn_recurrent(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     act.core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
                     prefill ? kGdnPrefillOp : kGdnDecodeOp, opt.kernels.gdn_decode_smem);
@@ -181,12 +181,12 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
                     act.core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
                     act.gdn_scratch.array<uint8_t>(), s);
     }
-    Scope sc(this, "gdn.norm");
+    Scope sc(profiler, "gdn.norm");
     gated_rms_norm(act.core.as<float>(), z_p, z_ld, hv, l.gnorm, act.normed.as<bf16_t>(), T * hv, dv,
                    float(cfg.rms_norm_eps), s);
   }
   {
-    Scope sc(this, "gdn.proj");
+    Scope sc(profiler, "gdn.proj");
     linear(l.out, act.normed.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   }
   reduce_partial(act.delta.as<float>(), T);
@@ -205,7 +205,7 @@ void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, c
 // The shared expert of a MoE layer: output in sh_out; returns where token t's gate logit is
 // (at [t * gate_ld]), or null without a shared expert.
 const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
-  Scope sc(this, "moe.shared");
+  Scope sc(profiler, "moe.shared");
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   if (l.has_shared && l.s_fused.out > 0) {
     const int S = l.s_down.in;
@@ -240,7 +240,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   int64_t gate_ld = 1;
   if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
   {
-    Scope sc(this, "moe.router");
+    Scope sc(profiler, "moe.router");
     if (router_split(l, T)) {  // router_x3 from the norm before the block
       gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s, opt.kernels.gemv_max_tokens);
     } else {
@@ -251,7 +251,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   }
   const int32_t* skip_ids = tp.expert_parallel ? act.topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
   if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
-  Scope sc(this, "moe.experts");
+  Scope sc(profiler, "moe.experts");
   const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
     moe_experts_fp4(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
@@ -314,7 +314,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
 void CudaRunner::Impl::head(const Plan& p, const float* norm) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, V = cfg.vocab_size;
-  Scope sc(this, "lm_head");
+  Scope sc(profiler, "lm_head");
   gather_rows_f32(act.x.as<float>(), dmeta.rows, act.sel.as<float>(), p.R, H, s);
   rms_norm(act.sel.as<float>(), norm, act.hidden_bf.as<bf16_t>(), act.sel.as<float>(), p.R, H, float(cfg.rms_norm_eps),
            cfg.norm_zero_centered, s);
@@ -331,7 +331,7 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
     const int Vr = tp.vocab_rows;
     gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s, opt.kernels.gemv_max_tokens);
     {
-      Scope sg(this, "allgather");
+      Scope sg(profiler, "allgather");
       comm->all_gather(std::span<const float>(act.logits_part.as<float>(), size_t(p.RL) * Vr),
                        std::span<float>(act.logits_all.as<float>(), size_t(p.RL) * Vr * tp.size));
     }
