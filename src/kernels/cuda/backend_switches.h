@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "core/backend_selection.h"
+#include "kernels/cuda/kernel_plan.h"
 
 namespace fathom::cuda {
 
@@ -27,7 +28,6 @@ inline constexpr const char* kRecurrentSmem = "recurrent-smem";  // gdn.decode's
 inline constexpr const char* kSamplingOp = "sampling";       // token choice: "device" kernel or "host" (CPU sampler)
 inline constexpr const char* kDeviceSampling = "device";
 inline constexpr const char* kHostSampling = "host";
-inline constexpr int kFp4GemvMaxTokens = 16;
 
 
 // When FATHOM_BACKEND_FAULT names (op, candidate) (read once): `bytes` at `out` become NaN

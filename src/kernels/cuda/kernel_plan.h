@@ -8,6 +8,11 @@
 
 namespace fathom::cuda {
 
+// The batch-invariant GEMV's largest step (gemv.cu; at 8 tokens cuBLASLt's tensor cores are
+// faster, docs/perf.md v7) and the NVFP4 GEMV's (nvfp4.cu): the fixed rules' limits.
+inline constexpr int kGemvMaxTokens = 5;
+inline constexpr int kFp4GemvMaxTokens = 16;
+
 // The NVFP4 experts' kernel variants (moe_fp4.cu).
 struct MoeFp4Plan {
   // moe.fp4.decode by step size: (largest T, variant) pairs, ascending, the last also serving
@@ -20,8 +25,8 @@ struct MoeFp4Plan {
 };
 
 struct KernelPlan {
-  int gemv_max_tokens = 5;      // gemm.bf16: the GEMV kernel up to this many tokens (kGemvMaxTokens), then cuBLASLt
-  int fp4_gemv_max_tokens = 16;  // gemm.fp4: the NVFP4 GEMV up to this many (kFp4GemvMaxTokens), then dequant + cuBLASLt
+  int gemv_max_tokens = kGemvMaxTokens;          // gemm.bf16: the GEMV kernel up to this many tokens, then cuBLASLt
+  int fp4_gemv_max_tokens = kFp4GemvMaxTokens;  // gemm.fp4: the NVFP4 GEMV up to this many, then dequant + cuBLASLt
   bool attention_decode_tensor_core = true;   // attention.decode: else the CUDA-core split-K kernel
   bool attention_prefill_tensor_core = true;  // attention.prefill: else the CUDA-core kernel
   bool gdn_chunked = true;                    // gdn.prefill: the chunked form for long sequences

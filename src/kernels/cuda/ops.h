@@ -71,9 +71,7 @@ GemmContext* gemm_context();
 // y[T, N] = x[T, K] * W^T for T <= kGemvMaxTokens, bf16 or fp32 weights, batch-invariant (each
 // token's row is bit-identical whatever T is). False (nothing launched) when T, K or the
 // alignment of x and W (16 bytes) does not fit; the caller then uses cuBLASLt. The limit covers
-// decode at batch 1 and its verify steps (K <= 4); at 8 tokens cuBLASLt's tensor cores are faster
-// (docs/perf.md, v7).
-constexpr int kGemvMaxTokens = 5;
+// decode at batch 1 and its verify steps (K <= 4); kGemvMaxTokens is in kernel_plan.h.
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
 // y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch up to plan.gemv_max_tokens, else
