@@ -12,6 +12,7 @@ namespace fathom::cuda {
 // faster, docs/perf.md v7) and the NVFP4 GEMV's (nvfp4.cu): the fixed rules' limits.
 inline constexpr int kGemvMaxTokens = 5;
 inline constexpr int kFp4GemvMaxTokens = 16;
+inline constexpr int kFp8GemvMaxTokens = 16;  // the FP8 GEMV's (fp8_linear.cu)
 
 // The NVFP4 experts' kernel variants (moe_fp4.cu).
 struct MoeFp4Plan {
@@ -27,6 +28,7 @@ struct MoeFp4Plan {
 struct KernelPlan {
   int gemv_max_tokens = kGemvMaxTokens;          // gemm.bf16: the GEMV kernel up to this many tokens, then cuBLASLt
   int fp4_gemv_max_tokens = kFp4GemvMaxTokens;  // gemm.fp4: the NVFP4 GEMV up to this many, then dequant + cuBLASLt
+  int fp8_gemv_max_tokens = kFp8GemvMaxTokens;  // gemm.fp8: the FP8 GEMV up to this many, then cuBLASLt (FP8 or dequant)
   bool attention_decode_tensor_core = true;   // attention.decode: else the CUDA-core split-K kernel
   bool attention_prefill_tensor_core = true;  // attention.prefill: else the CUDA-core kernel
   bool gdn_chunked = true;                    // gdn.prefill: the chunked form for long sequences

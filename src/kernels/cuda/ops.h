@@ -18,6 +18,10 @@ namespace fathom::cuda {
 
 using bf16_t = uint16_t;  // storage of __nv_bfloat16 (kept opaque so host code needs no CUDA types)
 
+// How an FP8 weight's scales are laid out (io/quant_config.h's formats).
+enum class Fp8Scaling : uint8_t { PerTensor, PerChannel, Block };
+inline constexpr int kFp8BlockSize = 128;  // block FP8: one scale per 128 x 128 weights
+
 struct DeviceLinear {
   int out = 0, in = 0;
   const bf16_t* bf16 = nullptr;        // [out, in]
@@ -25,7 +29,20 @@ struct DeviceLinear {
   const uint8_t* fp4 = nullptr;        // [out, in/2], element 2i in the low nibble
   const uint8_t* fp4_scale = nullptr;  // [out, in/16] E4M3
   float fp4_global = 1.f;
+  // FP8 E4M3 weights [out, in] (ModelOpt FP8 / Qwen's block FP8 releases): dequantized weight =
+  // e4m3 value x its scale, per tensor (fp8_scale), per output row or per 128x128 block
+  // (fp8_scales, device fp32).
+  const uint8_t* fp8 = nullptr;
+  Fp8Scaling fp8_scaling = Fp8Scaling::PerTensor;
+  float fp8_scale = 1.f;                // PerTensor
+  const float* fp8_scales = nullptr;    // PerChannel: [out]; Block: [ceil(out/128), ceil(in/128)]
+  // > 0: W8A8 with a static input scale: activations are quantized to E4M3 as
+  // e4m3(x / fp8_input_scale) (round to nearest even, saturated at +-448) before the product, as
+  // the checkpoint was calibrated; 0: weight-only (W8A16).
+  float fp8_input_scale = 0.f;
   bool is_fp4() const { return fp4 != nullptr; }
+  bool is_fp8() const { return fp8 != nullptr; }
+  bool is_w8a8() const { return fp8 != nullptr && fp8_input_scale > 0.f; }
 };
 
 // ---- elementwise / norms (elementwise.cu)
@@ -90,6 +107,21 @@ void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
 // T <= 16 tokens, in_features a multiple of 16 (16-byte weight loads where it is a multiple of 32,
 // 8-byte ones otherwise).
 void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
+
+// FP8 weights (fp8_linear.cu). T <= kFp8GemvMaxTokens tokens, in_features a multiple of 16: one
+// pass over the E4M3 weights (W8A8 linears quantize each activation as they read it, the same
+// rounding as fp8_quantize).
+void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
+// out [out, in] bf16 = the dequantized weight (the W8A16 path of larger steps).
+void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
+// q[i] = e4m3(x[i] / scale) (nearest even, saturated at +-448): a W8A8 linear's activations.
+void fp8_quantize(const bf16_t* x, float scale, uint8_t* q, int64_t n, cudaStream_t s);
+// y[T, N] = (xq[T, K] . wq[N, K]^T) * alpha on FP8 tensor cores (cuBLASLt), E4M3 inputs, fp32 out.
+void gemm_fp8(const uint8_t* xq, const uint8_t* wq, float* y, int T, int N, int K, float alpha, cudaStream_t s);
+// The bf16 scratch elements linear() may need for `w` at up to max_tokens tokens, whatever the
+// plan (0 when none): the dequantized weight (NVFP4, weight-only FP8) or the quantized
+// activations (W8A8, max_tokens x in bytes). What the memory plan sizes its scratch from.
+int64_t linear_scratch_elems(const DeviceLinear& w, int64_t max_tokens);
 
 // ---- attention (attention.cu)
 // The CUDA-core kernels hold a head in shared memory and registers: head dims up to this.
