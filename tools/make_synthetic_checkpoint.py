@@ -4,7 +4,8 @@ release, from one of Fathom's configs (configs/*.json). For load, memory and thr
 machines without downloading a real checkpoint. The values are random (no golden outputs).
 
 usage:
-    make_synthetic_checkpoint.py [CONFIG] OUT_DIR [--config CONFIG] [--format nvfp4|bf16]
+    make_synthetic_checkpoint.py [CONFIG] OUT_DIR [--config CONFIG]
+                                 [--format nvfp4|bf16|nvfp4-v2|nvfp4-mixed|fp8-block]
                                  [--num-layers N] [--mtp-layers N] [--seed S] [--shard-size-gb 5]
                                  [--jobs J] [--dry-run [--list-tensors]] [--force] [--fsync]
 
@@ -13,12 +14,20 @@ usage:
     make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /data/q35-nvfp4 --format nvfp4
     make_synthetic_checkpoint.py qwen3.5-35b-a3b /tmp/q35-l4 --format bf16 --num-layers 4
     make_synthetic_checkpoint.py qwen3.5-397b-a17b /tmp/x --dry-run        # sizes only
+    make_synthetic_checkpoint.py qwen3.5-397b-a17b /data/v2 --format nvfp4-v2 --num-layers 12
 
 Full-size totals (tensor bytes; GB = 1e9): 35B-A3B nvfp4 24.5, bf16 71.0; 122B-A10B nvfp4 81.9,
 bf16 249.3; 397B-A17B nvfp4 249.1, bf16 805.9; Qwen3-Next-80B nvfp4 51.3, bf16 162.6 (all with the
-MTP layer; --mtp-layers 0 saves 1.7 / 5.1 / 13.2 / 3.3 GB). The total is printed first; the run is
-refused when the target file system lacks the space (or, on tmpfs, the RAM). Measured: 35B nvfp4
-(24.5 GB) in 5.6 s to the page cache + 6 s sync, 11.5 s with --fsync (2.1 GB/s) on the H200 host.
+MTP layer; --mtp-layers 0 saves 1.7 / 5.1 / 13.2 / 3.3 GB). The newer layouts: 397B-A17B nvfp4-v2
+242.6, nvfp4-mixed 241.1, fp8-block 405.3; 35B-A3B nvfp4-v2 23.3, nvfp4-mixed 22.6, fp8-block 36.6;
+122B-A10B nvfp4-v2 78.0, fp8-block 126.3; Qwen3-Next-80B nvfp4-v2 49.8, fp8-block 82.0 (with the MTP
+layer: BF16 in the ModelOpt formats, 13.2 GB of it at 397B; FP8 in fp8-block, 6.6 GB at 397B).
+397B nvfp4-v2 cut to --num-layers 12: 62.3 GB = 58.1 GiB, and the run asks for 63.2 GB free, so it
+fits a 64 GiB disk with at most ~5 GB used by other things (11 layers 58.6 GB; 12 layers with
+--mtp-layers 0 49.1 GB; 13 layers 66.1 GB need a nearly empty 64 GiB disk). The total is printed
+first; the run is refused when the target file system lacks the space (or, on tmpfs, the RAM).
+Measured: 35B nvfp4 (24.5 GB) in 5.6 s to the page cache + 6 s sync, 11.5 s with --fsync (2.1 GB/s)
+on the H200 host.
 
 Needs numpy and the standard library only (the safetensors files are written by hand: 8-byte
 little-endian header length, JSON header with dtype/shape/data_offsets and
@@ -62,17 +71,62 @@ Layout (what the real releases hold, as far as shared/reference/ and the loader 
              listed, like the real 397B export (vllm#35156, vllm#38832: "hf_quant_config.json only
              excludes mtp.layers.0*"); same list as tests/fixtures/qwen35_moe_nvfp4.
              Qwen3-Next additionally lists <prefix>layers.*.mlp.gate (its export does, vllm#35156).
+  --format nvfp4-v2  ModelOpt MIXED_PRECISION (nvidia/Qwen3.5-397B-A17B-NVFP4-V2, Model-Optimizer PR 1868):
+             routed experts NVFP4 per expert exactly as --format nvfp4 writes them; attention q/k/v/o,
+             Gated DeltaNet in_proj_qkv, in_proj_z, out_proj (Qwen3-Next: in_proj_qkvz, out_proj) and the
+             shared expert's gate/up/down FP8 per tensor (W8A8, static): `.weight` F8_E4M3 [out, in]
+             (codes ~N(0, 80) rounded to E4M3 and clipped to +-448, never 0x7F/0xFF NaN), `.weight_scale`
+             F32 [] (dequantized std ~0.02, i.e. ~amax/448) and `.input_scale` F32 [] (amax/448), the
+             two shared by the modules that read one input (q/k/v, in_proj_qkv/z, shared gate/up: the
+             export unifies their amax, as gate/up share weight_scale_2 in NVFP4); full-attention layers
+             also `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale` F32 [] (amax/448 clamped to
+             >= 1.0, so mostly 1.0). A dense MLP (Qwen3 / Qwen3.5 dense configs) is NVFP4 like the
+             experts. BF16: embeddings, norms, router, shared_expert_gate, in_proj_a/b (in_proj_ba),
+             conv1d, dt_bias, lm_head and the whole MTP block (per-expert, as nvfp4); A_log F32.
+             hf_quant_config.json {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization":
+             {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8", "quantized_layers":
+             {<module>: {"quant_algo": "FP8"} | {"quant_algo": "NVFP4", "group_size": 16}},
+             "exclude_modules": [...]}}: module names with the release prefix
+             (model.language_model.layers.N.linear_attn.in_proj_qkv, ...), the routed experts ONE entry
+             per layer `<prefix>layers.N.mlp.experts` (the tensors are `.experts.{e}.*_proj.*`);
+             exclude_modules = lm_head, <prefix>layers.*.mlp.gate, ...mlp.shared_expert_gate,
+             ...linear_attn.in_proj_a/b (in_proj_ba), ...linear_attn.conv1d, model.visual* (multimodal),
+             mtp.fc, mtp.layers.N*. config.json quantization_config mirrors it: {"quant_method":
+             "modelopt", "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
+             "kv_cache_scheme": {8-bit float}, "quantized_layers": ..., "ignore": <exclude_modules>,
+             "producer": ..., "config_groups": {FP8 group, NVFP4 group, with the module names as targets}}.
+  --format nvfp4-mixed  as nvfp4-v2 (nvidia/Qwen3.6-35B-A3B-NVFP4 style) but the lm_head is W4A16 NVFP4
+             (weight only): `lm_head.weight` U8 [V, H/2], `.weight_scale` F8_E4M3 [V, H/16],
+             `.weight_scale_2` F32 [], NO input_scale; quantized_layers "lm_head": {"quant_algo":
+             "W4A16_NVFP4", "group_size": 16} (a weights-only third config group), lm_head not excluded.
+             As in that release (sglang#27906) the FP8 KV-cache setting is in hf_quant_config.json only:
+             config.json's quantization_config has no kv_cache_quant_algo / kv_cache_scheme.
+  --format fp8-block  Qwen's own -FP8 releases (Qwen3.6-35B-A3B-FP8, Qwen3-Next FP8): 128x128 block
+             FP8, no hf_quant_config.json. FP8: attention q/k/v/o, GDN in_proj_qkv/in_proj_z/out_proj
+             (in_proj_qkvz), shared expert gate/up/down, routed experts PER EXPERT
+             `mlp.experts.{e}.{gate,up,down}_proj`, and all of these in the MTP layer too (its experts per
+             expert): `.weight` F8_E4M3 [out, in] (codes as above) + `.weight_scale_inv` F32
+             [ceil(out/128), ceil(in/128)] (dequant = code x its block's value; values ~ std 0.02 / code
+             rms, log-normal jitter). BF16 the rest: embeddings, lm_head, norms, router, shared_expert_gate,
+             in_proj_a/b (in_proj_ba), conv1d, dt_bias, mtp.fc; A_log F32. config.json quantization_config
+             {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size":
+             [128, 128], "modules_to_not_convert": [every BF16 module with a matrix weight, by full name:
+             <prefix>embed_tokens, <prefix>layers.N.linear_attn.{in_proj_b,in_proj_a,conv1d},
+             <prefix>layers.N.mlp.{gate,shared_expert_gate}, lm_head, mtp.fc, mtp.layers.0.mlp.gate, ...]}
+             (names no FP8 module contains as a substring, for transformers' substring match).
 
 Values: BF16 matrices N(0, 0.02); zero-centred RMSNorm weights (Qwen3.5/Qwen3-Next apply 1 + w) are
 N(0, 0.02) around 0, i.e. gains ~1.0; the Gated DeltaNet norm (plain w) and Qwen3 dense norms ~1.0;
 A_log = log(U(1, 16)); dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 0.1] (transformers' init);
-conv1d U(-0.5, 0.5); NVFP4 as above. Output is deterministic for a given --seed and --jobs-independent.
+conv1d U(-0.5, 0.5); NVFP4 and FP8 as above (the FP8 pools are drawn after the others and only for
+the formats that use them, so nvfp4 / bf16 output is unchanged by their addition). Output is
+deterministic for a given --seed and --jobs-independent.
 
 MTP: written when the config declares it (mtp_num_hidden_layers / num_nextn_predict_layers); for
 Qwen3-Next, whose release ships mtp.* without declaring it, one layer is written and the config is
 left as it is (so Fathom ignores it). --mtp-layers N overrides and then declares N in config.json.
 config.json is the input config with num_hidden_layers / layer_types cut by --num-layers, a
-"_comment" naming the source, and quantization_config for nvfp4. generation_config.json has the
+"_comment" naming the source, and quantization_config for the quantized formats. generation_config.json has the
 Qwen3.5 (or Qwen3) special ids; the tokenizer is Qwen3's (tests/fixtures/tokenizers/qwen3, else
 /work/shared/fixtures/tokenizers/qwen3): 151k tokens, fine for token-id prompts, not Qwen3.5's vocabulary.
 """
@@ -98,7 +152,13 @@ NORM_STD = 0.02
 POOL_BF16_BYTES = 64 << 20
 POOL_U8_BYTES = 64 << 20
 POOL_E4M3_BYTES = 8 << 20
+POOL_FP8W_BYTES = 16 << 20   # FP8 weight codes (nvfp4-v2 / nvfp4-mixed / fp8-block only)
+POOL_F32S_BYTES = 4 << 20    # FP8 block scales, F32 (fp8-block only)
 E4M3_CODES = np.arange(0x68, 0x7F, dtype=np.uint8)  # 64 .. 448; 0x7F (NaN) excluded
+FP8_CODE_STD = 80.0          # FP8 weight codes ~ N(0, 80) rounded to E4M3, clipped to +-448 (amax ~ 5 sigma)
+FP8_BLOCK = 128
+FORMATS = ("nvfp4", "bf16", "nvfp4-v2", "nvfp4-mixed", "fp8-block")
+MODELOPT_MIXED = ("nvfp4-v2", "nvfp4-mixed")
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 GROUP = 16
 
@@ -215,6 +275,15 @@ class Planner:
         self.mtp_group = mtp_group
         self.out = []
         self.group = "model"
+        # nvfp4-v2 / nvfp4-mixed / fp8-block: what the quantization configs list (module -> algo, in plan
+        # order) and the BF16 modules that own a `.weight` (fp8-block modules_to_not_convert).
+        self.quantized_layers = {}
+        self.bf16_modules = []
+        self.kv_scales = fmt in MODELOPT_MIXED
+        if fmt in MODELOPT_MIXED + ("fp8-block",):
+            # Per-tensor FP8 weight_scale giving a dequantized std of WEIGHT_STD (the block scales of
+            # fp8-block, pool_f32s, are centred on the same value).
+            self.fp8_scale_base = WEIGHT_STD / fp8_code_rms()
         # NVFP4 global scale giving a dequantized std of WEIGHT_STD for uniform random E2M1 codes and
         # block scales drawn uniformly from E4M3_CODES.
         sv = e4m3_to_f32(E4M3_CODES)
@@ -230,6 +299,8 @@ class Planner:
         t = T(name, "BF16", shape, "pool_bf16", None, self.group)
         t.arg = self._off("pool_bf16", t.nbytes, 2)
         self.out.append(t)
+        if name.endswith(".weight"):
+            self.bf16_modules.append(name[:-len(".weight")])
 
     def small(self, name, dtype, shape, rule):
         self.out.append(T(name, dtype, shape, "small", rule, self.group))
@@ -249,7 +320,52 @@ class Planner:
         s.arg = self._off("pool_e4m3", s.nbytes, 1)
         self.out += [w, s]
         self.scalar(module + ".weight_scale_2", scale_2)
+        if input_scale is not None:
+            self.scalar(module + ".input_scale", input_scale)
+
+    def fp8_tensor(self, module, out, inp, weight_scale, input_scale):
+        """ModelOpt FP8 (W8A8, per tensor): weight E4M3 [out, in], weight_scale / input_scale F32 []."""
+        w = T(module + ".weight", "F8_E4M3", (out, inp), "pool_fp8w", None, self.group)
+        w.arg = self._off("pool_fp8w", w.nbytes, 1)
+        self.out.append(w)
+        self.scalar(module + ".weight_scale", weight_scale)
         self.scalar(module + ".input_scale", input_scale)
+        self.quantized_layers[module] = {"quant_algo": "FP8"}
+
+    def fp8_block(self, module, out, inp):
+        """Block FP8 (Qwen -FP8): weight E4M3 [out, in], weight_scale_inv F32 [ceil(out/128), ceil(in/128)]."""
+        w = T(module + ".weight", "F8_E4M3", (out, inp), "pool_fp8w", None, self.group)
+        w.arg = self._off("pool_fp8w", w.nbytes, 1)
+        s = T(module + ".weight_scale_inv", "F32", (-(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)), "pool_f32s", None,
+              self.group)
+        s.arg = self._off("pool_f32s", s.nbytes, 4)
+        self.out += [w, s]
+
+    def fp8_jitter(self):
+        return self.fp8_scale_base * float(np.exp(self.rng.normal(0.0, 0.15)))
+
+    def fp8_input_scale(self):
+        return float(self.rng.uniform(2.0, 20.0)) / 448.0  # calibrated amax / 448
+
+    def proj_group(self, modules, mtp):
+        """Linears of one sublayer that read the same input (q/k/v; GDN qkv/z; gate/up), each (name, out, in).
+        Format by --format; ModelOpt FP8 members share weight_scale and input_scale (its export unifies the
+        amax of modules fused by engines), like gate/up sharing weight_scale_2 in NVFP4."""
+        if self.fmt == "fp8-block":
+            for name, out, inp in modules:
+                self.fp8_block(name, out, inp)
+        elif self.fmt in MODELOPT_MIXED and not mtp:
+            ws, ins = self.fp8_jitter(), self.fp8_input_scale()
+            for name, out, inp in modules:
+                self.fp8_tensor(name, out, inp, ws, ins)
+        else:
+            for name, out, inp in modules:
+                self.bf16(name + ".weight", (out, inp))
+
+    def kv_scale(self):
+        # amax/448 of post-RoPE keys / values, clamped to >= 1.0 for an FP8 KV cache (ModelOpt
+        # postprocess_state_dict): mostly 1.0, some above.
+        return max(1.0, float(self.rng.uniform(100.0, 900.0)) / 448.0)
 
     def jitter(self):
         return self.scale2_base * float(np.exp(self.rng.normal(0.0, 0.15)))
@@ -263,8 +379,19 @@ class Planner:
         else:
             self.bf16(module + ".weight", (out, inp))
 
-    def mlp(self, p, inter, quant):
+    def mlp(self, p, inter, quant, mtp=False, shared=False):
         H = self.m.H
+        if self.fmt in MODELOPT_MIXED + ("fp8-block",):
+            if self.fmt in MODELOPT_MIXED and not mtp and not shared:  # dense MLP: NVFP4 like the experts
+                s2, ins = self.jitter(), self.input_scale()
+                for proj, o, i, a, b in (("gate_proj", inter, H, s2, ins), ("up_proj", inter, H, s2, ins),
+                                         ("down_proj", H, inter, self.jitter(), self.input_scale())):
+                    self.nvfp4(f"{p}.{proj}", o, i, a, b)
+                    self.quantized_layers[f"{p}.{proj}"] = {"quant_algo": "NVFP4", "group_size": GROUP}
+                return
+            self.proj_group([(p + ".gate_proj", inter, H), (p + ".up_proj", inter, H)], mtp)
+            self.proj_group([(p + ".down_proj", H, inter)], mtp)
+            return
         if quant:
             s2, ins = self.jitter(), self.input_scale()
             self.nvfp4(p + ".gate_proj", inter, H, s2, ins)
@@ -276,12 +403,20 @@ class Planner:
             self.bf16(p + ".down_proj.weight", (H, inter))
 
     # -- blocks
-    def attention(self, p):
+    def attention(self, p, mtp=False):
         m = self.m
-        self.bf16(p + ".q_proj.weight", (m.nh * m.d * (2 if m.gated_attn else 1), m.H))
-        self.bf16(p + ".k_proj.weight", (m.nkv * m.d, m.H))
-        self.bf16(p + ".v_proj.weight", (m.nkv * m.d, m.H))
-        self.bf16(p + ".o_proj.weight", (m.H, m.nh * m.d))
+        if self.fmt in MODELOPT_MIXED + ("fp8-block",):
+            self.proj_group([(p + ".q_proj", m.nh * m.d * (2 if m.gated_attn else 1), m.H),
+                             (p + ".k_proj", m.nkv * m.d, m.H), (p + ".v_proj", m.nkv * m.d, m.H)], mtp)
+            self.proj_group([(p + ".o_proj", m.H, m.nh * m.d)], mtp)
+            if self.kv_scales and not mtp:
+                self.scalar(p + ".k_proj.k_scale", self.kv_scale())
+                self.scalar(p + ".v_proj.v_scale", self.kv_scale())
+        else:
+            self.bf16(p + ".q_proj.weight", (m.nh * m.d * (2 if m.gated_attn else 1), m.H))
+            self.bf16(p + ".k_proj.weight", (m.nkv * m.d, m.H))
+            self.bf16(p + ".v_proj.weight", (m.nkv * m.d, m.H))
+            self.bf16(p + ".o_proj.weight", (m.H, m.nh * m.d))
         self.norm(p + ".q_norm.weight", m.d)
         self.norm(p + ".k_norm.weight", m.d)
 
@@ -290,18 +425,18 @@ class Planner:
         kd, vd = m.hk * m.dk, m.hv * m.dv
         conv = 2 * kd + vd
         if m.next:
-            self.bf16(p + ".in_proj_qkvz.weight", (2 * kd + 2 * vd, m.H))
+            self.proj_group([(p + ".in_proj_qkvz", 2 * kd + 2 * vd, m.H)], False)
             self.bf16(p + ".in_proj_ba.weight", (2 * m.hv, m.H))
         else:
-            self.bf16(p + ".in_proj_qkv.weight", (conv, m.H))
-            self.bf16(p + ".in_proj_z.weight", (vd, m.H))
+            self.proj_group([(p + ".in_proj_qkv", conv, m.H), (p + ".in_proj_z", vd, m.H)], False)
             self.bf16(p + ".in_proj_b.weight", (m.hv, m.H))
             self.bf16(p + ".in_proj_a.weight", (m.hv, m.H))
         self.small(p + ".conv1d.weight", "BF16", (conv, 1, m.kc), "conv")
+        self.bf16_modules.append(p + ".conv1d")
         self.small(p + ".dt_bias", "BF16", (m.hv,), "dt_bias")
         self.small(p + ".A_log", "F32", (m.hv,), "a_log")
         self.norm(p + ".norm.weight", m.dv, plain=True)
-        self.bf16(p + ".out_proj.weight", (m.H, vd))
+        self.proj_group([(p + ".out_proj", m.H, vd)], False)
 
     def routed_experts(self, p, layout, quant):
         m = self.m
@@ -310,6 +445,13 @@ class Planner:
             assert not quant
             self.bf16(p + ".gate_up_proj", (E, 2 * I, H))
             self.bf16(p + ".down_proj", (E, H, I))
+            return
+        if quant == "fp8-block":
+            for e in range(E):
+                q = f"{p}.{e}"
+                self.fp8_block(q + ".gate_proj", I, H)
+                self.fp8_block(q + ".up_proj", I, H)
+                self.fp8_block(q + ".down_proj", H, I)
             return
         if quant:
             # ModelOpt fused-expert export: one input amax per projection for all experts of the
@@ -321,6 +463,8 @@ class Planner:
                 self.nvfp4(q + ".gate_proj", I, H, s2, in_gu)
                 self.nvfp4(q + ".up_proj", I, H, s2, in_gu)
                 self.nvfp4(q + ".down_proj", H, I, self.jitter(), in_d)
+            if self.fmt in MODELOPT_MIXED:
+                self.quantized_layers[p] = {"quant_algo": "NVFP4", "group_size": GROUP}
         else:
             for e in range(E):
                 q = f"{p}.{e}"
@@ -330,11 +474,16 @@ class Planner:
 
     def layer(self, p, full_attention, is_moe, mtp):
         m = self.m
-        quant = self.fmt == "nvfp4" and not mtp
+        if self.fmt == "fp8-block":
+            quant = "fp8-block"  # the MTP layer too
+        elif self.fmt in MODELOPT_MIXED:
+            quant = not mtp      # routed experts NVFP4; the projections FP8 (proj_group); MTP all BF16
+        else:
+            quant = self.fmt == "nvfp4" and not mtp
         self.norm(p + ".input_layernorm.weight", m.H)
         self.norm(p + ".post_attention_layernorm.weight", m.H)
         if full_attention:
-            self.attention(p + ".self_attn")
+            self.attention(p + ".self_attn", mtp)
         else:
             self.gated_delta_net(p + ".linear_attn")
         if is_moe:
@@ -342,10 +491,13 @@ class Planner:
             layout = self.mtp_experts_layout if mtp else ("per-expert" if quant else self.experts_layout)
             self.routed_experts(p + ".mlp.experts", layout, quant)
             if m.S > 0:
-                self.mlp(p + ".mlp.shared_expert", m.S, quant and self.shared_nvfp4)
+                if self.fmt in MODELOPT_MIXED + ("fp8-block",):
+                    self.mlp(p + ".mlp.shared_expert", m.S, False, mtp, shared=True)
+                else:
+                    self.mlp(p + ".mlp.shared_expert", m.S, quant and self.shared_nvfp4)
                 self.bf16(p + ".mlp.shared_expert_gate.weight", (1, m.H))
         else:
-            self.mlp(p + ".mlp", m.inter, quant)
+            self.mlp(p + ".mlp", m.inter, quant, mtp)
 
     def build(self, num_layers, mtp_layers):
         m = self.m
@@ -355,7 +507,12 @@ class Planner:
             self.layer(f"{P}layers.{i}", m.layer_types[i] == "full_attention", m.is_moe_layer(i), mtp=False)
         self.norm(P + "norm.weight", m.H)
         if not m.tied:
-            self.bf16("lm_head.weight", (m.V, m.H))
+            if self.fmt == "nvfp4-mixed":
+                # W4A16 NVFP4 (weight only): no input_scale.
+                self.nvfp4("lm_head", m.V, m.H, self.jitter(), None)
+                self.quantized_layers["lm_head"] = {"quant_algo": "W4A16_NVFP4", "group_size": GROUP}
+            else:
+                self.bf16("lm_head.weight", (m.V, m.H))
         if mtp_layers:
             self.group = self.mtp_group
             self.bf16("mtp.fc.weight", (m.H, 2 * m.H))
@@ -385,12 +542,47 @@ def e4m3_to_f32(codes):
     return np.where(c & 0x80, -v, v)
 
 
+def fp8_positive_table():
+    """Finite non-negative E4M3 codes 0x00..0x7E (value increases with the code) and their values."""
+    codes = np.arange(0x00, 0x7F, dtype=np.uint8)
+    return codes, e4m3_to_f32(codes)
+
+
+def fp8_code_rms():
+    """RMS of the decoded FP8 weight codes of pool_fp8w: N(0, FP8_CODE_STD) rounded to the nearest
+    E4M3 value, clipped to +-448 (exact, from the normal CDF, so that the plan needs no pool)."""
+    _, vals = fp8_positive_table()
+    mids = (vals[1:] + vals[:-1]) / 2
+    cdf = lambda x: 0.5 * math.erfc(-x / (FP8_CODE_STD * math.sqrt(2)))  # noqa: E731
+    edges = [0.0] + [float(x) for x in mids] + [math.inf]
+    # P(|x| in [edges[i], edges[i+1])) = 2 (cdf(hi) - cdf(lo))
+    ms = sum(2 * (cdf(hi) - cdf(lo)) * float(v) ** 2 for lo, hi, v in zip(edges[:-1], edges[1:], vals))
+    return math.sqrt(ms)
+
+
+def fp8_weight_codes(rng, n):
+    """n FP8 E4M3 weight codes ~ N(0, FP8_CODE_STD) rounded to nearest, clipped to +-448: never NaN."""
+    codes, vals = fp8_positive_table()
+    mids = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)
+    x = rng.standard_normal(n, dtype=np.float32) * np.float32(FP8_CODE_STD)
+    out = codes[np.searchsorted(mids, np.abs(x))]
+    out |= (x < 0).astype(np.uint8) << np.uint8(7)
+    return out
+
+
 def make_pools(rng, sizes):
     pools = {}
     n = sizes["pool_bf16"] // 2
     pools["pool_bf16"] = f32_to_bf16_bits(rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD))
     pools["pool_u8"] = np.frombuffer(rng.bytes(sizes["pool_u8"]), dtype=np.uint8)
     pools["pool_e4m3"] = rng.choice(E4M3_CODES, size=sizes["pool_e4m3"])
+    # The FP8 formats' pools come after (and only when asked for): the others' output is unchanged.
+    if "pool_fp8w" in sizes:
+        pools["pool_fp8w"] = fp8_weight_codes(rng, sizes["pool_fp8w"])
+    if "pool_f32s" in sizes:
+        base = WEIGHT_STD / fp8_code_rms()
+        v = base * np.exp(rng.normal(0.0, 0.15, sizes["pool_f32s"] // 4))
+        pools["pool_f32s"] = v.astype("<f4")
     return {k: memoryview(v).cast("B") for k, v in pools.items()}
 
 
@@ -564,6 +756,66 @@ def quant_files(m, mtp_layers, shared_nvfp4):
     return hf, qc
 
 
+MODELOPT_MIXED_VERSION = "0.37.0"
+
+
+def mixed_exclude_modules(m, mtp_layers, fmt):
+    """BF16 modules of the ModelOpt MIXED_PRECISION formats, as patterns (exclude_modules / ignore)."""
+    P = m.prefix
+    ex = [] if fmt == "nvfp4-mixed" else ["lm_head"]
+    if m.moe:
+        ex.append(f"{P}layers.*.mlp.gate")
+        if m.S > 0:
+            ex.append(f"{P}layers.*.mlp.shared_expert_gate")
+    if m.hybrid:
+        ex += ([f"{P}layers.*.linear_attn.in_proj_ba"] if m.next
+               else [f"{P}layers.*.linear_attn.in_proj_a", f"{P}layers.*.linear_attn.in_proj_b"])
+        ex.append(f"{P}layers.*.linear_attn.conv1d")
+    if m.multimodal:
+        ex.append("model.visual*")
+    if mtp_layers:
+        ex.append("mtp.fc")
+    ex += [f"mtp.layers.{j}*" for j in range(mtp_layers)]
+    return ex
+
+
+def mixed_quant_files(m, mtp_layers, fmt, quantized_layers):
+    """hf_quant_config.json and config.json quantization_config of nvfp4-v2 / nvfp4-mixed."""
+    producer = {"name": "modelopt", "version": MODELOPT_MIXED_VERSION}
+    ex = mixed_exclude_modules(m, mtp_layers, fmt)
+    hf = {"producer": producer,
+          "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
+                           "quantized_layers": quantized_layers, "exclude_modules": ex}}
+    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": GROUP}
+    by_algo = {}
+    for mod, q in quantized_layers.items():
+        by_algo.setdefault(q["quant_algo"], []).append(mod)
+    groups = {}
+    if "FP8" in by_algo:
+        groups[f"group_{len(groups)}"] = {"input_activations": dict(fp8), "weights": dict(fp8),
+                                          "targets": by_algo["FP8"]}
+    if "NVFP4" in by_algo:
+        groups[f"group_{len(groups)}"] = {"input_activations": dict(fp4), "weights": dict(fp4),
+                                          "targets": by_algo["NVFP4"]}
+    if "W4A16_NVFP4" in by_algo:
+        groups[f"group_{len(groups)}"] = {"weights": dict(fp4), "targets": by_algo["W4A16_NVFP4"]}
+    qc = {"config_groups": groups, "ignore": ex, "quant_algo": "MIXED_PRECISION", "producer": producer,
+          "quant_method": "modelopt", "quantized_layers": quantized_layers}
+    if fmt == "nvfp4-v2":
+        qc["kv_cache_quant_algo"] = "FP8"
+        qc["kv_cache_scheme"] = dict(fp8)
+    # nvfp4-mixed (Qwen3.6-35B-A3B-NVFP4): the FP8 KV-cache setting is only in hf_quant_config.json
+    # (sglang#27906), so a reader has to read both files.
+    return hf, qc
+
+
+def fp8_block_quant_config(bf16_modules):
+    """config.json quantization_config of Qwen's -FP8 releases (no hf_quant_config.json)."""
+    return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK], "modules_to_not_convert": list(bf16_modules)}
+
+
 def generation_config(m):
     qwen35_vocab = m.V > 248046
     end, im_end = (248044, 248046) if qwen35_vocab else (151643, 151645)
@@ -668,8 +920,11 @@ def main():
     ap.add_argument("paths", nargs="+", metavar="PATH",
                     help="[CONFIG] OUT_DIR: the config (path or configs/ name), then the output folder")
     ap.add_argument("--config", help="config path or configs/ name (instead of the first positional)")
-    ap.add_argument("--format", choices=("nvfp4", "bf16"), default="nvfp4",
-                    help="nvfp4: ModelOpt NVFP4 export layout (default); bf16: the original BF16 release layout")
+    ap.add_argument("--format", choices=FORMATS, default="nvfp4",
+                    help="nvfp4: ModelOpt NVFP4 export layout (default); bf16: the original BF16 release layout; "
+                         "nvfp4-v2: ModelOpt MIXED_PRECISION (NVFP4 experts, FP8 attention/GDN/shared expert, "
+                         "nvidia/Qwen3.5-397B-A17B-NVFP4-V2); nvfp4-mixed: the same with a W4A16 NVFP4 lm_head "
+                         "(nvidia/Qwen3.6-35B-A3B-NVFP4); fp8-block: Qwen's -FP8 releases (128x128 block FP8)")
     ap.add_argument("--num-layers", type=int, help="keep the first N layers (layer pattern kept), default all")
     ap.add_argument("--mtp-layers", type=int, help="MTP layers to write (default: the config's mtp_num_hidden_layers; "
                     "1 for Qwen3-Next, whose release ships one); 0 = none")
@@ -680,7 +935,7 @@ def main():
                          "nvfp4 experts are always per expert")
     ap.add_argument("--mtp-experts", choices=("fused", "per-expert"),
                     help="MTP routed-expert layout, always BF16 (default: bf16 -> as --experts, nvfp4 -> per-expert)")
-    ap.add_argument("--shared-expert", choices=("nvfp4", "bf16"), default="nvfp4",
+    ap.add_argument("--shared-expert", choices=("nvfp4", "bf16"),
                     help="nvfp4 format: shared expert NVFP4 (default, as the ModelOpt export) or BF16 (then excluded)")
     ap.add_argument("--separate-mtp-file", action="store_true", help="write mtp.* into mtp.safetensors")
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
@@ -722,13 +977,21 @@ def main():
 
     fmt = args.format
     experts_layout = args.experts or ("per-expert" if m.next else "fused")
-    if fmt == "nvfp4" and args.experts == "fused":
-        die("nvfp4 routed experts are per expert (ModelOpt export); --experts applies to --format bf16")
-    mtp_experts_layout = args.mtp_experts or ("per-expert" if fmt == "nvfp4" else experts_layout)
-    shared_nvfp4 = fmt == "nvfp4" and args.shared_expert == "nvfp4"
+    if fmt != "bf16" and args.experts == "fused":
+        die(f"{fmt} routed experts are per expert (as the release); --experts applies to --format bf16")
+    mtp_experts_layout = args.mtp_experts or ("per-expert" if fmt != "bf16" else experts_layout)
+    if fmt == "fp8-block" and mtp_experts_layout == "fused":
+        die("fp8-block MTP routed experts are FP8 per expert (as the release); --mtp-experts fused is BF16 only")
+    if args.shared_expert and fmt != "nvfp4":
+        die("--shared-expert applies to --format nvfp4 (nvfp4-v2 / nvfp4-mixed / fp8-block: FP8 shared expert)")
+    shared_nvfp4 = fmt == "nvfp4" and (args.shared_expert or "nvfp4") == "nvfp4"
 
     rng = np.random.default_rng(args.seed)
     pool_sizes = {"pool_bf16": POOL_BF16_BYTES, "pool_u8": POOL_U8_BYTES, "pool_e4m3": POOL_E4M3_BYTES}
+    if fmt in MODELOPT_MIXED + ("fp8-block",):
+        pool_sizes["pool_fp8w"] = POOL_FP8W_BYTES
+    if fmt == "fp8-block":
+        pool_sizes["pool_f32s"] = POOL_F32S_BYTES
     planner = Planner(m, fmt, rng, pool_sizes, experts_layout, mtp_experts_layout, shared_nvfp4, "mtp")
     tensors = planner.build(num_layers, mtp_layers)
     names = [t.name for t in tensors]
@@ -746,9 +1009,11 @@ def main():
     need = total + side
 
     cut = f", cut to {num_layers}/{m.L} layers" if num_layers != m.L else ""
+    experts_desc = {"nvfp4": "per-expert NVFP4", "nvfp4-v2": "per-expert NVFP4", "nvfp4-mixed": "per-expert NVFP4",
+                    "fp8-block": "per-expert FP8"}.get(fmt, experts_layout)
     print(f"{os.path.relpath(cfg_path)}: {m.arch}, {fmt}{cut}, {mtp_layers} MTP layer(s), "
-          f"experts {'per-expert NVFP4' if fmt == 'nvfp4' else experts_layout} "
-          f"(MTP {mtp_experts_layout} BF16)", file=sys.stderr)
+          f"experts {experts_desc} "
+          f"(MTP {mtp_experts_layout} {'FP8' if fmt == 'fp8-block' else 'BF16'})", file=sys.stderr)
     print(f"total {gb(total)} ({total} bytes) in {len(tensors)} tensors, {len(shards)} shard(s) of <= "
           f"{args.shard_size_gb:g} GB; by dtype: " + ", ".join(f"{k} {gb(v)}" for k, v in sorted(by_dtype.items()))
           + f"; MTP {gb(mtp_bytes)}", file=sys.stderr)
@@ -818,9 +1083,14 @@ def main():
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
         f.write("\n")
-    quant_cfg = None
+    quant_cfg, hf = None, None
     if fmt == "nvfp4":
         hf, quant_cfg = quant_files(m, mtp_layers, shared_nvfp4)
+    elif fmt in MODELOPT_MIXED:
+        hf, quant_cfg = mixed_quant_files(m, mtp_layers, fmt, planner.quantized_layers)
+    elif fmt == "fp8-block":
+        quant_cfg = fp8_block_quant_config(planner.bf16_modules)
+    if hf is not None:
         with open(os.path.join(out_dir, "hf_quant_config.json"), "w") as f:
             json.dump(hf, f, indent=2)
             f.write("\n")
