@@ -3,6 +3,10 @@
 
 Usage:
     python tools/make_fixtures.py --out tests/fixtures [--device cuda|cpu]
+    python tools/make_fixtures.py --out tests/fixtures --device cpu \
+        --only qwen35_moe_fp8_mixed,qwen35_moe_fp8_mixed_w4a16_head,qwen35_moe_fp8_block
+        (only the FP8 fixtures, derived from the already written OUT/qwen35_moe folder, or --base DIR;
+         no other folder is touched)
 
 Requires (pinned, no network needed): torch 2.11, transformers 5.17.0, safetensors 0.8, numpy.
 
@@ -17,6 +21,13 @@ Fixtures written (one folder each under --out):
                      save_pretrained writes), config.json without layer_types
                      (full_attention_interval: 4 instead).
   qwen3_dense/       Qwen3ForCausalLM, bf16, tied embeddings, single model.safetensors.
+  qwen35_moe_fp8_mixed/  qwen35_moe's weights (read back from its folder) as ModelOpt MIXED_PRECISION
+                     (nvidia/Qwen3.5-397B-A17B-NVFP4-V2 recipe): routed experts NVFP4 per expert, attention
+                     q/k/v/o, GDN in_proj_qkv/in_proj_z/out_proj and the shared expert FP8 per tensor (W8A8,
+                     static input_scale), k_scale/v_scale on the full-attention layer; MTP etc. BF16.
+  qwen35_moe_fp8_mixed_w4a16_head/  the same plus a W4A16_NVFP4 lm_head (Qwen3.6-35B-A3B-NVFP4 variant).
+  qwen35_moe_fp8_block/  qwen35_moe's weights as Qwen's block FP8 release (quant_method fp8, 128x128 blocks,
+                     weight_scale_inv), routed experts and the MTP layer's linears per expert FP8 too.
 
 Each folder has goldens.safetensors (F32/I32 only) and fathom_fixture.json.  All weights are
 drawn on the CPU from fixed seeds, rounded to bf16, saved, and the reference model is re-loaded
@@ -34,6 +45,10 @@ on-disk bf16 values.  Goldens:
   mtp_logits_{i}    F32 [T-1, V]   (Qwen3.5 fixtures) MTP logits, row t uses the main model's
                                    post-norm hidden state at position t and token prompt[t+1],
                                    all rows one causal sequence at positions 0..T-2.
+  w8a8_logits_{i}   F32 [T, V]     (qwen35_moe_fp8_mixed*) teacher-forced logits with the FP8 linears'
+                                   inputs quantized by their static input_scale (W8A8); see the fixture's
+                                   fathom_fixture.json (goldens_semantics)
+The quantized fixtures' goldens use the dequantized weights (weight-only semantics) unless said otherwise.
 The eos row of lm_head (embedding row for the tied model) is scaled down so eos never wins a
 greedy step: engines that stop on eos produce the same 16 tokens.
 """
@@ -735,6 +750,528 @@ def fixture_qwen35_nvfp4(out, dev, prompts, base_dir, base_model, mtp_sd):
     return d, meta
 
 
+# --------------------------------------------------------------------------------------------
+# FP8 fixtures (ModelOpt MIXED_PRECISION FP8 + NVFP4; Qwen block FP8). Derived from the saved
+# qwen35_moe folder (weights and mtp.safetensors read back from disk), so they can be made with
+# --only without regenerating (or changing) any existing fixture.
+# --------------------------------------------------------------------------------------------
+
+FP8_MAX = 448.0
+FP8_BLOCK = 128
+WRAP = "model.language_model.layers."
+FP8_COUNTING_RULE = ("quantized_modules = number of *.weight_scale tensors plus number of *.weight_scale_inv "
+                     "tensors (block FP8); unquantized_linear_modules = tensors named *.weight, dtype BF16, ndim "
+                     "2, excluding embed_tokens and visual.pos_embed, plus BF16 3-D fused expert tensors; "
+                     "k_scale / v_scale / input_scale are not modules.")
+
+
+def fp8_cast(x):
+    """fp32 -> float8_e4m3fn: clamp to +-448, then torch's cast (round to nearest even)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_tensor_quantize(w):
+    """Per-tensor FP8 (ModelOpt FP8): scale = amax/448 (fp32), q = e4m3(w / scale) (fp32 division)."""
+    w = w.float().cpu()
+    amax = w.abs().amax()
+    scale = amax / FP8_MAX if float(amax) > 0 else torch.tensor(1.0)
+    scale = scale.float().reshape(())
+    return fp8_cast(w / scale).contiguous(), scale.clone()
+
+
+def fp8_tensor_dequantize(q, scale):
+    return q.float() * scale.float()
+
+
+def _block_expand(s, n, k, b=FP8_BLOCK):
+    return s.float().repeat_interleave(b, 0).repeat_interleave(b, 1)[:n, :k]
+
+
+def fp8_block_quantize(w, b=FP8_BLOCK):
+    """Block FP8 (Qwen -FP8 / DeepSeek style): per [128, 128] block (partial at the edges)
+    weight_scale_inv = block amax / 448 (1.0 for an all-zero block), q = e4m3(w / block scale)."""
+    w = w.float().cpu()
+    n, k = w.shape
+    nb, kb = -(-n // b), -(-k // b)
+    pad = torch.zeros(nb * b, kb * b)
+    pad[:n, :k] = w
+    amax = pad.reshape(nb, b, kb, b).abs().amax(dim=(1, 3))
+    s = amax / FP8_MAX
+    s[amax == 0] = 1.0
+    return fp8_cast(w / _block_expand(s, n, k, b)).contiguous(), s.float().contiguous()
+
+
+def fp8_block_dequantize(q, s, b=FP8_BLOCK):
+    n, k = q.shape
+    return q.float() * _block_expand(s, n, k, b)
+
+
+def q35_fp8_modules(tc, prefix=WRAP):
+    """The linears the V2 recipe makes FP8 (per tensor): attention q/k/v/o, GDN in_proj_qkv,
+    in_proj_z, out_proj, and the shared expert's gate/up/down."""
+    mods = []
+    for L, t in enumerate(tc.layer_types):
+        if t == "full_attention":
+            mods += [f"{prefix}{L}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        else:
+            mods += [f"{prefix}{L}.linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "out_proj")]
+        mods += [f"{prefix}{L}.mlp.shared_expert.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+    return mods
+
+
+def load_qwen35_base(base_dir, dev):
+    """The bf16 qwen35_moe fixture as written: fp32 reference model + its mtp.* tensors (fused experts)."""
+    from transformers import Qwen3_5MoeForConditionalGeneration
+    model = load_ref(Qwen3_5MoeForConditionalGeneration, base_dir, dev)
+    t, _ = read_dir_tensors(base_dir)
+    mtp_sd = OrderedDict((k, v) for k, v in t.items() if k.startswith("mtp."))
+    assert mtp_sd and all(v.dtype == torch.bfloat16 for v in mtp_sd.values())
+    return model, mtp_sd
+
+
+@torch.no_grad()
+def calibrate_qwen35(base_model, prompts, dev, fp8_modules):
+    """ModelOpt-style max calibration on the unquantized (bf16-valued, fp32) model:
+    - moe_in / inter: amax of the MoE block input and of the routed experts' intermediate
+      (silu(gate) * up), every expert on every token (as fixture_qwen35_nvfp4 does);
+    - inputs[m]: amax of the INPUT activation of each FP8 linear m (forward pre-hooks);
+    - k[L]: amax of the post-RoPE, post-k_norm keys of full-attention layer L (wrapping
+      apply_rotary_pos_emb), v[L]: amax of v_proj's output (values get neither norm nor RoPE)."""
+    import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as mq
+    I = base_model.config.text_config.moe_intermediate_size
+    amax = {"moe_in": {}, "inter": {}, "inputs": {}, "k": {}, "v": {}}
+
+    def upd(tab, key, x):
+        tab[key] = max(tab.get(key, 0.0), float(x.detach().float().abs().max()))
+
+    hooks, named = [], dict(base_model.named_modules())
+    for L, layer in enumerate(base_model.model.language_model.layers):
+        def moe_hook(mod, args, L=L):
+            x = args[0].reshape(-1, args[0].shape[-1]).float()
+            upd(amax["moe_in"], L, x)
+            gu = torch.einsum("th,eoh->eto", x, mod.experts.gate_up_proj.float())
+            upd(amax["inter"], L, torch.nn.functional.silu(gu[..., :I]) * gu[..., I:])
+        hooks.append(layer.mlp.register_forward_pre_hook(moe_hook))
+        if hasattr(layer, "self_attn"):
+            hooks.append(layer.self_attn.register_forward_pre_hook(lambda m, a, L=L: amax.__setitem__("cur", L)))
+            hooks.append(layer.self_attn.v_proj.register_forward_hook(lambda m, a, o, L=L: upd(amax["v"], L, o)))
+    for name in fp8_modules:
+        hooks.append(named[name].register_forward_pre_hook(lambda m, a, name=name: upd(amax["inputs"], name, a[0])))
+    orig_rope = mq.apply_rotary_pos_emb
+
+    def rope_hook(q, k, cos, sin, *a, **kw):
+        qo, ko = orig_rope(q, k, cos, sin, *a, **kw)
+        upd(amax["k"], amax["cur"], ko)
+        return qo, ko
+    mq.apply_rotary_pos_emb = rope_hook
+    try:
+        for p in prompts:
+            base_model(input_ids=p[None].to(dev))
+    finally:
+        mq.apply_rotary_pos_emb = orig_rope
+        for h in hooks:
+            h.remove()
+    amax.pop("cur", None)
+    assert set(amax["inputs"]) == set(fp8_modules)
+    assert set(amax["k"]) == set(amax["v"]) == {L for L, t in enumerate(base_model.config.text_config.layer_types)
+                                                  if t == "full_attention"}
+    return amax
+
+
+def mtp_per_expert(mtp_sd, E, I, fn=None):
+    """mtp.* with the fused experts split per expert (e -> gate_proj/up_proj/down_proj).
+    fn(name, 2-D tensor) -> OrderedDict of tensors replacing `name` (default: keep)."""
+    out = OrderedDict()
+    fn = fn or (lambda n, v: OrderedDict([(n, v)]))
+    for k, v in mtp_sd.items():
+        if k.endswith("experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            for e in range(E):
+                out.update(fn(f"{base}{e}.gate_proj.weight", v[e, :I].contiguous()))
+                out.update(fn(f"{base}{e}.up_proj.weight", v[e, I:].contiguous()))
+                out.update(fn(f"{base}{e}.down_proj.weight", mtp_sd[base + "down_proj"][e].contiguous()))
+        elif k.endswith("experts.down_proj"):
+            continue
+        else:
+            out.update(fn(k, v))
+    return out
+
+
+def dequantize_dir(d, E, fuse=True):
+    """Every tensor of a written checkpoint dequantized to fp32 from the files alone (the format of
+    each module decided by the tensors present), the main model's per-expert tensors fused back
+    into HF's experts.gate_up_proj / experts.down_proj. Returns (main, mtp) dicts; scale tensors,
+    k_scale / v_scale and input_scale are dropped."""
+    t, _ = read_dir_tensors(d)
+    deq = OrderedDict()
+    for k, v in t.items():
+        if k.endswith((".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale",
+                       ".v_scale")):
+            continue
+        if k.endswith(".weight") and k + "_scale_inv" in t:
+            assert v.dtype == torch.float8_e4m3fn
+            deq[k] = fp8_block_dequantize(v, t[k + "_scale_inv"])
+        elif k.endswith(".weight") and k + "_scale_2" in t:
+            assert v.dtype == torch.uint8
+            deq[k] = nvfp4_dequantize(v, t[k + "_scale"], t[k + "_scale_2"])
+        elif k.endswith(".weight") and k + "_scale" in t:
+            assert v.dtype == torch.float8_e4m3fn and t[k + "_scale"].shape == ()
+            deq[k] = fp8_tensor_dequantize(v, t[k + "_scale"])
+        else:
+            assert v.dtype == torch.bfloat16, k
+            deq[k] = v.float()
+    main = OrderedDict((k, v) for k, v in deq.items() if not k.startswith("mtp."))
+    mtp = OrderedDict((k, v) for k, v in deq.items() if k.startswith("mtp."))
+    if not fuse:
+        return main, mtp
+    for k in [k for k in main if k.endswith(".experts.0.gate_proj.weight")]:
+        base = k[: -len("0.gate_proj.weight")]
+        main[base + "gate_up_proj"] = torch.stack([torch.cat([main.pop(f"{base}{e}.gate_proj.weight"),
+                                                              main.pop(f"{base}{e}.up_proj.weight")], 0)
+                                                   for e in range(E)])
+        main[base + "down_proj"] = torch.stack([main.pop(f"{base}{e}.down_proj.weight") for e in range(E)])
+    return main, mtp
+
+
+def check_goldens_weights(d, ref, mtp_used, E):
+    """The weights the goldens were computed with (ref's parameters, the MTP tensors handed to
+    mtp_reference) must equal, bit for bit, what dequantizing the written files gives."""
+    main, mtp = dequantize_dir(d, E)
+    sd = {k: v.float().cpu() for k, v in ref.state_dict().items()}
+    assert set(main) == set(sd), (set(main) ^ set(sd))
+    bad = [k for k in sd if not torch.equal(sd[k], main[k])]
+    assert not bad, f"{d}: goldens weights differ from the written files: {bad[:5]}"
+    used = {k: v.float() for k, v in mtp_per_expert(mtp_used, E, ref.config.text_config.moe_intermediate_size).items()} \
+        if any(k.endswith("gate_up_proj") for k in mtp_used) else {k: v.float() for k, v in mtp_used.items()}
+    assert set(used) == set(mtp), (set(used) ^ set(mtp))
+    bad = [k for k in used if not torch.equal(used[k], mtp[k])]
+    assert not bad, f"{d}: MTP goldens weights differ from the written files: {bad[:5]}"
+    return len(sd) + len(used)
+
+
+@torch.no_grad()
+def load_weights_(model, weights):
+    """Copy fp32 weights (HF state-dict names, fused experts) into model."""
+    sd = model.state_dict()
+    for k, v in weights.items():
+        sd[k].copy_(v.to(sd[k].device))
+
+
+def rel_err(w, orig):
+    return float((w - orig).norm() / orig.norm())
+
+
+@torch.no_grad()
+def w8a8_teacher_forced(model, fp8_scales, prompts, dev, reciprocal=False):
+    """Teacher-forced logits with every FP8 linear's input quantized by its static input_scale:
+    x_q = fp32(e4m3(clamp(x / s, -448, 448))) * s (fp32 x, fp32 true division, RNE cast), then
+    F.linear(x_q, W_dequant). Everything else (NVFP4 experts, KV cache) as in the goldens.
+    reciprocal=True: x * fp32(1 / s) instead of x / s (what engines holding input_scale_inv do),
+    only to measure how much such an implementation detail moves the logits."""
+    named = dict(model.named_modules())
+    for name, s in fp8_scales.items():
+        mod = named[name]
+        s = s.float().to(dev)
+
+        def fwd(x, mod=mod, s=s):
+            xs = x.float() * (1.0 / s) if reciprocal else x.float() / s
+            xq = fp8_cast(xs).float() * s
+            return torch.nn.functional.linear(xq, mod.weight, mod.bias)
+        mod.forward = fwd
+    try:
+        return [model(input_ids=p[None].long().to(dev)).logits[0].float().cpu() for p in prompts]
+    finally:
+        for name in fp8_scales:
+            del named[name].forward
+
+
+@torch.no_grad()
+def logit_gap(a_list, b_list):
+    """max over prompts of max|a - b| / spread(b)."""
+    return max(float((a - b).abs().max() / (b.max() - b.min())) for a, b in zip(a_list, b_list))
+
+
+def fixture_qwen35_fp8_mixed(out, dev, prompts, base_dir, name="qwen35_moe_fp8_mixed", w4a16_head=False):
+    """ModelOpt MIXED_PRECISION (nvidia/Qwen3.5-397B-A17B-NVFP4-V2 recipe): routed experts NVFP4 per
+    expert, attention / GDN qkv,z,out / shared expert FP8 per tensor (W8A8, static input scale),
+    FP8 KV cache scales on the full-attention layers; with w4a16_head the lm_head is W4A16 NVFP4
+    (the Qwen3.6-35B-A3B-NVFP4 variant)."""
+    d = os.path.join(out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    base_model, mtp_sd = load_qwen35_base(base_dir, dev)
+    tc = base_model.config.text_config
+    E, I = tc.num_experts, tc.moe_intermediate_size
+    src, _ = read_dir_tensors(base_dir)
+    fp8_mods = q35_fp8_modules(tc)
+    cal = calibrate_qwen35(base_model, prompts, dev, fp8_mods)
+    # bf16 reference logits on the golden prompts are computed later with this same model
+    dst, deq, qlayers, orig = OrderedDict(), OrderedDict(), OrderedDict(), {}
+
+    def put_nvfp4(prefix, w, scale_2, input_amax):
+        packed, s, s2 = nvfp4_quantize(w, scale_2)
+        dst[prefix + ".weight"], dst[prefix + ".weight_scale"], dst[prefix + ".weight_scale_2"] = packed, s, s2
+        if input_amax is not None:
+            dst[prefix + ".input_scale"] = torch.tensor(input_amax / (6.0 * 448.0), dtype=torch.float32)
+        deq[prefix] = nvfp4_dequantize(packed, s, s2)
+        orig[prefix] = w.float()
+
+    for k, v in src.items():
+        if k.startswith("mtp."):
+            continue
+        m = k[: -len(".weight")] if k.endswith(".weight") else None
+        if k.endswith("experts.gate_up_proj"):
+            lp = k[: -len(".experts.gate_up_proj")]
+            L = int(lp[len(WRAP):].split(".")[0])
+            for e in range(E):
+                g, u = v[e, :I].float(), v[e, I:].float()
+                s2 = torch.maximum(g.abs().amax(), u.abs().amax()) / (6.0 * 448.0)  # gate/up share scale_2
+                put_nvfp4(f"{lp}.experts.{e}.gate_proj", g, s2, cal["moe_in"][L])
+                put_nvfp4(f"{lp}.experts.{e}.up_proj", u, s2, cal["moe_in"][L])
+                put_nvfp4(f"{lp}.experts.{e}.down_proj", src[f"{lp}.experts.down_proj"][e].float(), None,
+                          cal["inter"][L])
+            qlayers[f"{lp}.experts"] = {"quant_algo": "NVFP4", "group_size": 16}
+        elif k.endswith("experts.down_proj"):
+            pass  # with gate_up_proj
+        elif m in fp8_mods:
+            q, s = fp8_tensor_quantize(v)
+            dst[k], dst[m + ".weight_scale"] = q, s
+            dst[m + ".input_scale"] = torch.tensor(cal["inputs"][m] / FP8_MAX, dtype=torch.float32)
+            deq[m], orig[m] = fp8_tensor_dequantize(q, s), v.float()
+            qlayers[m] = {"quant_algo": "FP8"}
+            if m.endswith("self_attn.k_proj") or m.endswith("self_attn.v_proj"):
+                L = int(m[len(WRAP):].split(".")[0])
+                kv = "k" if m.endswith("k_proj") else "v"
+                dst[f"{m}.{kv}_scale"] = torch.tensor(cal[kv][L] / FP8_MAX, dtype=torch.float32)
+        elif w4a16_head and k == "lm_head.weight":
+            put_nvfp4("lm_head", v.float(), None, None)  # weight-only: no input_scale
+            qlayers["lm_head"] = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
+        else:
+            dst[k] = v
+    mtp_dst = mtp_per_expert(mtp_sd, E, I)  # MTP: BF16, experts per expert (as the nvfp4 fixture)
+    shards = pack_shards(dst, 200 * 1000)
+    shards.append(("mtp.safetensors", mtp_dst))
+    write_sharded(d, shards)
+
+    # ---- configs
+    for f in ("config.json", "generation_config.json"):
+        shutil.copy(os.path.join(base_dir, f), os.path.join(d, f))
+    qlayers = OrderedDict(sorted(qlayers.items()))
+    gdn = [L for L, t in enumerate(tc.layer_types) if t != "full_attention"]
+    exclude = ((["lm_head"] if not w4a16_head else []) + ["model.visual*", "mtp*"] +
+               [f"{WRAP}{L}.linear_attn.{p}" for L in gdn for p in ("in_proj_a", "in_proj_b")])
+    producer = {"name": "modelopt", "version": "0.x"}
+    hfq = {"producer": producer, "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
+                                                  "quantized_layers": qlayers, "exclude_modules": exclude}}
+    with open(os.path.join(d, "hf_quant_config.json"), "w") as f:
+        json.dump(hfq, f, indent=2)
+        f.write("\n")
+    fp8_grp = {"dynamic": False, "num_bits": 8, "type": "float"}
+    fp4_grp = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+    groups = {"group_0": {"input_activations": dict(fp8_grp), "weights": dict(fp8_grp),
+                          "targets": [m for m, c in qlayers.items() if c["quant_algo"] == "FP8"]},
+              "group_1": {"input_activations": dict(fp4_grp), "weights": dict(fp4_grp),
+                          "targets": [m for m, c in qlayers.items() if c["quant_algo"] == "NVFP4"]}}
+    if w4a16_head:
+        groups["group_2"] = {"weights": dict(fp4_grp),
+                             "targets": [m for m, c in qlayers.items() if c["quant_algo"] == "W4A16_NVFP4"]}
+
+    def add_qc(cfg):
+        cfg["quantization_config"] = {
+            "config_groups": groups, "ignore": exclude, "quant_algo": "MIXED_PRECISION",
+            "kv_cache_quant_algo": "FP8", "kv_cache_scheme": dict(fp8_grp), "quantized_layers": qlayers,
+            "producer": producer, "quant_method": "modelopt"}
+    edit_json(os.path.join(d, "config.json"), add_qc)
+
+    # ---- goldens: the bf16 architecture in fp32 with the dequantized weights
+    flat, _ = dequantize_dir(d, E, fuse=False)
+    assert all(torch.equal(flat[m + ".weight"], w) for m, w in deq.items())
+    main, _ = dequantize_dir(d, E)
+    load_weights_(base_model, main)
+    ref = base_model
+    nchk = check_goldens_weights(d, ref, mtp_sd, E)
+    goldens, info = compute_goldens(ref, dev, base_model=ref.model, mtp=make_mtp_fn(ref, mtp_sd, dev))
+    gp = [goldens[f"prompt_{i}"] for i in range(len(PROMPT_LENGTHS))]
+    scales = OrderedDict((m, dst[m + ".input_scale"]) for m in fp8_mods)
+    w8 = w8a8_teacher_forced(ref, scales, gp, dev)
+    lg = [goldens[f"logits_{i}"] for i in range(len(gp))]
+    for i, x in enumerate(w8):
+        goldens[f"w8a8_logits_{i}"] = x
+    # the unquantized base on the same prompts (how far quantization moves the logits)
+    bf16_model, _ = load_qwen35_base(base_dir, dev)
+    with torch.no_grad():
+        bl = [bf16_model(input_ids=p[None].long().to(dev)).logits[0].float().cpu() for p in gp]
+    del bf16_model
+    fp8_rel = [rel_err(deq[m], orig[m]) for m in deq if m in qlayers and qlayers[m]["quant_algo"] == "FP8"]
+    fp4_rel = [rel_err(deq[m], orig[m]) for m in deq if m not in qlayers or qlayers[m]["quant_algo"] != "FP8"]
+    w8_gap = [float((a - b).abs().max() / (b.max() - b.min())) for a, b in zip(w8, lg)]
+    w8_med = [float(((a - b).abs().amax(-1) / (b.max() - b.min())).median()) for a, b in zip(w8, lg)]
+    w8r = w8a8_teacher_forced(ref, scales, gp, dev, reciprocal=True)
+    stats, _ = tensor_stats(d)
+    meta = finish_fixture(d, "Qwen3_5MoeForConditionalGeneration", "per_expert", goldens, info, OrderedDict([
+        ("quantized_modules", stats["quantized_modules"]),
+        ("counting_rule", FP8_COUNTING_RULE),
+        ("base_fixture", "qwen35_moe"),
+        ("quant_layout", "modelopt MIXED_PRECISION (nvidia/Qwen3.5-397B-A17B-NVFP4-V2 recipe)"
+                         + (" + W4A16_NVFP4 lm_head (Qwen3.6-35B-A3B-NVFP4 variant)" if w4a16_head else "")),
+        ("fp8_modules", len(fp8_rel)),
+        ("nvfp4_modules", len(fp4_rel)),
+        ("fp8_format", "per tensor W8A8: weight F8_E4M3, weight_scale F32 [] = amax(W)/448 (own amax per module, "
+                       "NOT unified across q/k/v or gate/up as ModelOpt's fused-linear export would), "
+                       "q = e4m3(clamp(W / weight_scale, +-448)) with an fp32 division; "
+                       "input_scale F32 [] = amax(module input over calibration)/448"),
+        ("fp8_dequant_formula", "w = fp32(e4m3 weight) * weight_scale (fp32 multiply)"),
+        ("nvfp4_dequant_formula", "w = e2m1(code) * (fp32(weight_scale) * weight_scale_2), fp32 (as qwen35_moe_nvfp4; "
+                                  "gate/up share weight_scale_2; all experts of a layer share input_scale)"),
+        ("lm_head", "W4A16_NVFP4: weight U8 [V, H/2], weight_scale F8_E4M3 [V, H/16], weight_scale_2 F32 [], "
+                    "no input_scale" if w4a16_head else "BF16"),
+        ("kv_scales", "self_attn.k_proj.k_scale = amax(post-k_norm, post-RoPE keys)/448, self_attn.v_proj.v_scale "
+                      "= amax(v_proj output)/448, F32 [], full-attention layers only, NOT clamped to >= 1 (ModelOpt's "
+                      "FP8 export clamps them to >= 1.0, so a real checkpoint usually carries 1.0); the MTP layer "
+                      "has none; goldens do NOT quantize the KV cache"),
+        ("kv_scale_values", {f"layer_{L}": {"k_scale": float(dst[f'{WRAP}{L}.self_attn.k_proj.k_scale']),
+                                            "v_scale": float(dst[f'{WRAP}{L}.self_attn.v_proj.v_scale'])}
+                             for L in sorted(cal["k"])}),
+        ("calibration", f"max calibration on the bf16 qwen35_moe model (fp32 compute), prompts make_prompts({SEED}) "
+                        f"(lengths {PROMPT_LENGTHS}), forward hooks; expert input_scale = amax/(6*448) as in "
+                        "qwen35_moe_nvfp4"),
+        ("mtp_experts_layout", "per_expert_bf16"),
+        ("exclude_modules_note", "routers (*.mlp.gate), *.shared_expert_gate and mtp.fc are BF16; routers and "
+                                 "shared_expert_gate are NOT listed in exclude_modules / ignore (quantized_layers is "
+                                 "the authority); in_proj_a/in_proj_b, conv1d, norms, embeddings, vision BF16"),
+        ("goldens_semantics", "logits/greedy/mtp_logits: weight-only (dequantized weights, fp32 activations, "
+                              "unquantized KV); w8a8_logits_i: teacher-forced logits with every FP8 linear's input "
+                              "x_q = fp32(e4m3(clamp(fp32(x) / input_scale, +-448))) * input_scale, then "
+                              "F.linear(x_q, W_dequant); NVFP4 experts stay weight-only, KV unquantized"),
+        ("w8a8_vs_logits_max_rel", max(w8_gap)),
+        ("w8a8_vs_logits_max_rel_per_prompt", w8_gap),
+        ("w8a8_vs_logits_median_row_rel_per_prompt", w8_med),
+        ("w8a8_reciprocal_variant_vs_w8a8_max_rel", logit_gap(w8r, w8)),
+        ("w8a8_reciprocal_variant_note", "the same W8A8 run quantizing x * fp32(1/input_scale) instead of "
+                                         "x / input_scale: how far a legitimate engine variant lands from w8a8_logits"),
+        ("w8a8_argmax_mismatch_rows", int(sum(int((a.argmax(-1) != b.argmax(-1)).sum()) for a, b in zip(w8, lg)))),
+        ("weight_rel_error_note", "per module ||W_dequant - W_bf16||_F / ||W_bf16||_F"),
+        ("fp8_relative_weight_error_max", max(fp8_rel)),
+        ("fp8_relative_weight_error_mean", float(np.mean(fp8_rel))),
+        ("nvfp4_relative_weight_error_max", max(fp4_rel)),
+        ("nvfp4_relative_weight_error_mean", float(np.mean(fp4_rel))),
+        ("lm_head_relative_weight_error", rel_err(deq["lm_head"], orig["lm_head"]) if w4a16_head else 0.0),
+        ("logits_vs_bf16_base_max_rel", logit_gap(lg, bl)),
+        ("goldens_weights_checked", f"{nchk} tensors: dequantized from the written files == weights used, bit exact"),
+    ]))
+    return d, meta
+
+
+def fixture_qwen35_fp8_block(out, dev, prompts, base_dir, name="qwen35_moe_fp8_block"):
+    """Qwen's own FP8 releases (quant_method fp8, 128x128 blocks, weight_scale_inv)."""
+    d = os.path.join(out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    model, mtp_sd = load_qwen35_base(base_dir, dev)
+    tc = model.config.text_config
+    E, I = tc.num_experts, tc.moe_intermediate_size
+    src, _ = read_dir_tensors(base_dir)
+    dense_fp8 = set(q35_fp8_modules(tc)) | {f"mtp.layers.0.{m}" for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj")}
+    rel, used_deq = [], {}
+
+    def conv(k, v):
+        """name, 2-D tensor -> tensors to write (FP8 block + weight_scale_inv, or as is)."""
+        m = k[: -len(".weight")] if k.endswith(".weight") else None
+        if m in dense_fp8 or (m and ".mlp.experts." in m):
+            q, s = fp8_block_quantize(v)
+            used_deq[k] = fp8_block_dequantize(q, s)
+            rel.append(rel_err(used_deq[k], v.float()))
+            return OrderedDict([(k, q), (k + "_scale_inv", s)])
+        return OrderedDict([(k, v)])
+
+    dst = OrderedDict()
+    for k, v in src.items():
+        if k.startswith("mtp."):
+            continue
+        if k.endswith("experts.gate_up_proj"):
+            lp = k[: -len("gate_up_proj")]
+            for e in range(E):
+                dst.update(conv(f"{lp}{e}.gate_proj.weight", v[e, :I].contiguous()))
+                dst.update(conv(f"{lp}{e}.up_proj.weight", v[e, I:].contiguous()))
+                dst.update(conv(f"{lp}{e}.down_proj.weight", src[lp + "down_proj"][e].contiguous()))
+        elif k.endswith("experts.down_proj"):
+            pass
+        else:
+            dst.update(conv(k, v))
+    mtp_dst = mtp_per_expert(mtp_sd, E, I, conv)
+    n_fp8 = sum(1 for k in list(dst) + list(mtp_dst) if k.endswith("_scale_inv"))
+    shards = pack_shards(dst, 200 * 1000)
+    shards.append(("mtp.safetensors", mtp_dst))
+    write_sharded(d, shards)
+
+    for f in ("config.json", "generation_config.json"):
+        shutil.copy(os.path.join(base_dir, f), os.path.join(d, f))
+    gdn = [L for L, t in enumerate(tc.layer_types) if t != "full_attention"]
+    not_convert = (["lm_head", "model.language_model.embed_tokens", "model.visual"] +
+                   [f"{WRAP}{L}.linear_attn.{p}" for L in gdn for p in ("in_proj_a", "in_proj_b", "conv1d")] +
+                   [f"{WRAP}{L}.mlp.{p}" for L in range(tc.num_hidden_layers) for p in ("gate", "shared_expert_gate")] +
+                   ["mtp.fc", "mtp.layers.0.mlp.gate", "mtp.layers.0.mlp.shared_expert_gate"])
+
+    def add_qc(cfg):
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+                                      "modules_to_not_convert": not_convert}
+    edit_json(os.path.join(d, "config.json"), add_qc)
+
+    # ---- goldens
+    flat, flat_mtp = dequantize_dir(d, E, fuse=False)
+    flat.update(flat_mtp)
+    assert all(torch.equal(flat[k], w) for k, w in used_deq.items())
+    main, mtp_deq = dequantize_dir(d, E)
+    load_weights_(model, main)
+    nchk = check_goldens_weights(d, model, mtp_deq, E)
+    goldens, info = compute_goldens(model, dev, base_model=model.model, mtp=make_mtp_fn(model, mtp_deq, dev))
+    gp = [goldens[f"prompt_{i}"] for i in range(len(PROMPT_LENGTHS))]
+    lg = [goldens[f"logits_{i}"] for i in range(len(gp))]
+    bf16_model, _ = load_qwen35_base(base_dir, dev)
+    with torch.no_grad():
+        bl = [bf16_model(input_ids=p[None].long().to(dev)).logits[0].float().cpu() for p in gp]
+    del bf16_model
+    stats, _ = tensor_stats(d)
+    meta = finish_fixture(d, "Qwen3_5MoeForConditionalGeneration", "per_expert", goldens, info, OrderedDict([
+        ("quantized_modules", n_fp8),
+        ("counting_rule", FP8_COUNTING_RULE),
+        ("base_fixture", "qwen35_moe"),
+        ("quant_layout", "Qwen block FP8 (quant_method fp8, e4m3, weight_block_size [128, 128], dynamic activations)"),
+        ("fp8_block_modules", n_fp8),
+        ("fp8_block_modules_mtp", sum(1 for k in mtp_dst if k.endswith("_scale_inv"))),
+        ("fp8_block_format", "weight F8_E4M3 [out, in]; weight_scale_inv F32 [ceil(out/128), ceil(in/128)] = "
+                             "block amax/448 (1.0 for an all-zero block); q = e4m3(clamp(W / block scale, +-448)) "
+                             "with an fp32 division; every in dim here is <= 128 (one block column, most blocks "
+                             "partial: out 256 -> 2 block rows, 128/64/32 -> 1)"),
+        ("fp8_dequant_formula", "w[i, j] = fp32(e4m3 weight[i, j]) * weight_scale_inv[i // 128, j // 128] (fp32 multiply)"),
+        ("fp8_block_converted", "attention q/k/v/o, GDN in_proj_qkv/in_proj_z/out_proj, shared expert gate/up/down, "
+                                "routed experts per expert (experts.{e}.{gate,up,down}_proj), MTP layer's attention, "
+                                "shared expert and experts"),
+        ("bf16_modules", "embeddings, lm_head, norms, routers (mlp.gate), shared_expert_gate, in_proj_a/in_proj_b, "
+                         "A_log, dt_bias, conv1d, vision tower, mtp.fc (and the MTP norms/router)"),
+        ("mtp_experts_layout", "per_expert_fp8_block"),
+        ("goldens_semantics", "weight-only (W8A16): dequantized weights, fp32 activations; MTP goldens use the "
+                              "dequantized MTP weights"),
+        ("weight_rel_error_note", "per module ||W_dequant - W_bf16||_F / ||W_bf16||_F"),
+        ("fp8_relative_weight_error_max", max(rel)),
+        ("fp8_relative_weight_error_mean", float(np.mean(rel))),
+        ("logits_vs_bf16_base_max_rel", logit_gap(lg, bl)),
+        ("goldens_weights_checked", f"{nchk} tensors: dequantized from the written files == weights used, bit exact"),
+    ]))
+    return d, meta
+
+
+NEW_FIXTURES = OrderedDict([
+    ("qwen35_moe_fp8_mixed", lambda out, dev, prompts, base: fixture_qwen35_fp8_mixed(out, dev, prompts, base)),
+    ("qwen35_moe_fp8_mixed_w4a16_head", lambda out, dev, prompts, base: fixture_qwen35_fp8_mixed(
+        out, dev, prompts, base, name="qwen35_moe_fp8_mixed_w4a16_head", w4a16_head=True)),
+    ("qwen35_moe_fp8_block", lambda out, dev, prompts, base: fixture_qwen35_fp8_block(out, dev, prompts, base)),
+])
+
+
 def fixture_qwen3_next(out, dev, prompts):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
     d = os.path.join(out, "qwen3_next")
@@ -853,6 +1390,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--list-tensors", action="store_true", help="print tensor names/shapes of layers 0 and 3")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated subset of the fixtures derived from an already written qwen35_moe folder ("
+                         + ", ".join(NEW_FIXTURES) + "); nothing else is (re)written")
+    ap.add_argument("--base", default=None, help="with --only: the qwen35_moe folder to derive from "
+                                                 "(default: OUT/qwen35_moe)")
     args = ap.parse_args()
     t0 = time.time()
     dev = torch.device(args.device)
@@ -868,17 +1410,32 @@ def main():
 
     from transformers import Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, Qwen3ForCausalLM
     results = []
-    print("[1/4] qwen35_moe")
+    if args.only:
+        names = [n for n in args.only.split(",") if n]
+        unknown = [n for n in names if n not in NEW_FIXTURES]
+        if unknown:
+            ap.error(f"--only: unknown {unknown} (choices: {', '.join(NEW_FIXTURES)})")
+        base = args.base or os.path.join(args.out, "qwen35_moe")
+        for i, n in enumerate(names):
+            print(f"[{i + 1}/{len(names)}] {n} (from {base})")
+            results.append(NEW_FIXTURES[n](args.out, dev, prompts, base))
+        print_summary(results, args, t0)
+        return
+    print("[1/7] qwen35_moe")
     d1, m1, ref1, mtp_sd, _ = fixture_qwen35(args.out, dev, prompts)
     results.append((d1, m1))
-    print("[2/4] qwen35_moe_nvfp4")
+    print("[2/7] qwen35_moe_nvfp4")
     d2, m2 = fixture_qwen35_nvfp4(args.out, dev, prompts, d1, ref1, mtp_sd)
     results.append((d2, m2))
     del ref1
-    print("[3/4] qwen3_next")
+    print("[3/7] qwen3_next")
     results.append(fixture_qwen3_next(args.out, dev, prompts))
-    print("[4/4] qwen3_dense")
+    print("[4/7] qwen3_dense")
     results.append(fixture_qwen3_dense(args.out, dev, prompts))
+    # derived from the qwen35_moe folder as written (the same path as --only)
+    for i, n in enumerate(NEW_FIXTURES):
+        print(f"[{5 + i}/7] {n}")
+        results.append(NEW_FIXTURES[n](args.out, dev, prompts, d1))
 
     print("re-verifying bf16 fixtures from disk ...")
     for d, cls in ((d1, Qwen3_5MoeForConditionalGeneration), (results[2][0], Qwen3NextForCausalLM),
@@ -886,12 +1443,16 @@ def main():
         w = reverify(d, cls, dev, prompts)
         print(f"  {os.path.basename(d)}: max |logits - golden| = {w:.3g}")
 
+    print_summary(results, args, t0)
+
+
+def print_summary(results, args, t0):
     if args.list_tensors:
         for d, _ in results:
             print(f"\n== {os.path.basename(d)}\n" + describe(d))
 
     print()
-    hdr = f"{'fixture':18s} {'files':>5s} {'bytes':>9s} {'min_margin':>10s} {'med_margin':>10s} {'max|logit|':>10s} {'spread0':>8s}"
+    hdr = f"{'fixture':32s} {'files':>5s} {'bytes':>9s} {'min_margin':>10s} {'med_margin':>10s} {'max|logit|':>10s} {'spread0':>8s}"
     print(hdr)
     print("-" * len(hdr))
     total = 0
@@ -899,9 +1460,9 @@ def main():
         files = sorted(os.listdir(d))
         b = sum(os.path.getsize(os.path.join(d, f)) for f in files)
         total += b
-        print(f"{os.path.basename(d):18s} {len(files):5d} {b:9d} {m['min_greedy_margin']:10.4f} "
+        print(f"{os.path.basename(d):32s} {len(files):5d} {b:9d} {m['min_greedy_margin']:10.4f} "
               f"{m['median_greedy_margin']:10.4f} {m['max_abs_logit']:10.3f} {m['logits_spread']:8.3f}")
-    print(f"{'TOTAL':18s} {'':5s} {total:9d}")
+    print(f"{'TOTAL':32s} {'':5s} {total:9d}")
     print(f"done in {time.time() - t0:.1f} s")
 
 
