@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -206,6 +206,44 @@ for what in "${@:-all}"; do
           kill $SRV; wait $SRV 2>/dev/null
         done
       done ;;
+    fp8)
+      # Issue 31, FP8 linears: the kernels against host references (and under memcheck), the engine
+      # on the FP8 fixtures against the CPU engine, then `fathom bench` at the 397B shape cut to 28
+      # layers, the NVFP4 release's layout (BF16 dense projections) and NVFP4-V2's (FP8 W8A8 dense)
+      # alternated, FP8_BENCH_REPS times each.
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
+        --gtest_filter='*Fp8*:*fp8*:Fixtures/CudaFixture.*:*KvFp8*:*Fp8Kv*' > "$OUT/fp8_tests.log" 2>&1
+      echo "fp8 tests rc=$?"; grep -E "vs bf16|vs fp32|agrees|OK \]|FAILED|Failure" "$OUT/fp8_tests.log" | tail -60
+      timeout 240 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='*Fp8Linear*:*Fp8Gemm*:*KvFp8*:*Fp8Kv*' > "$OUT/fp8_memcheck.log" 2>&1
+      echo "fp8 memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/fp8_memcheck.log") ok"
+      for rep in $(seq "${FP8_BENCH_REPS:-2}"); do
+        for dense in bf16 fp8; do
+          timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+            --dummy-dense $dense --batch 1,8,64 --input-len 4096 --output-len 64 --json-out "$OUT/fp8_bench_${dense}_$rep.json" \
+            2>&1 | grep -E "^(prefill|decode|weights)" | sed "s/^/$dense $rep: /" | tee -a "$OUT/fp8_bench.log"
+        done
+      done ;;
+    fp8serve)
+      # Issue 31: full-size synthetic checkpoints in the official quantized layouts, served from
+      # disk with `fathom serve` defaults (load rate against the page-cache ceiling, peak host RSS,
+      # then the serving checks): Qwen3.6-35B-A3B-NVFP4's (NVFP4 experts, FP8 W8A8 dense, W4A16
+      # NVFP4 lm_head) and Qwen3.5-397B-A17B-NVFP4-V2's cut to 12 layers without its MTP block
+      # (49 GB: the 64 GB disk holds one at a time).
+      for spec in "qwen3.5-35b-a3b nvfp4-mixed" "qwen3.5-397b-a17b nvfp4-v2 --num-layers 12 --mtp-layers 0"; do
+        read -r name format_args <<< "$spec"
+        rm -rf /tmp/synth; python3 tools/make_synthetic_checkpoint.py "configs/$name.json" /tmp/synth --format $format_args \
+          --jobs 8 2>&1 | tail -1
+        "$BIN/fathom" inspect /tmp/synth 2>&1 | grep -E "quantization|^  |kv cache" | tee "$OUT/fp8serve_inspect_$name.log"
+        timeout 200 "$BIN/fathom" bench /tmp/synth --load-only 2>&1 | grep -E "^load" | tee "$OUT/fp8serve_load_$name.log"
+        "$BIN/fathom" serve /tmp/synth --port 18620 > "$OUT/fp8serve_$name.log" 2>&1 &
+        SRV=$!
+        wait_healthy 18620 $SRV || { tail -5 "$OUT/fp8serve_$name.log"; continue; }
+        timeout 240 python3 tools/serve_check.py --url http://127.0.0.1:18620 --long-prompt 8192 --long-output 128 \
+          2>&1 | tail -8 | tee "$OUT/fp8serve_check_$name.log"
+        kill $SRV; wait $SRV; grep -E "KV cache|loaded|RSS|error" "$OUT/fp8serve_$name.log" | tail -6
+      done
+      rm -rf /tmp/synth ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

@@ -39,6 +39,7 @@ struct BenchArgs {
   std::string model, load_format = "auto", batches = "1,8,64", json_out;
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false, load_only = false;
+  std::string dummy_dense = "bf16";
   BackendOptions backends;
   std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
   std::string spec_algorithm;                     // also generate end to end with this drafter
@@ -264,9 +265,10 @@ void read_model(Bench& b) {
   b.nvfp4 = b.dummy ? !a.bf16_experts && b.cfg.num_experts > 0 : stores_nvfp4_experts(a.model, b.cfg);
   b.batches = parse_list(a.batches);
   const ModelConfig& cfg = b.cfg;
-  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s\n",
+  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s dense, %s\n",
               cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
               cfg.num_linear_attention_layers(), b.nvfp4 ? "NVFP4" : "BF16",
+              b.dummy ? (a.dummy_dense == "fp8" ? "FP8 W8A8" : "BF16") : "stored",
               b.dummy ? "dummy weights" : ("weights of " + a.model).c_str());
 }
 
@@ -308,6 +310,7 @@ cuda::CudaRunnerOptions runner_options(const Bench& b) {
   opt.max_seq_len = a.input_len + a.output_len + 32;
   opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
   opt.cuda_graphs = !a.no_graphs;
+  opt.dummy_fp8_dense = b.dummy && a.dummy_dense == "fp8";
   if (!b.spec_ks.empty()) {
     const int kmax = *std::max_element(b.spec_ks.begin(), b.spec_ks.end());
     const int bmax = *std::max_element(b.spec_bs.begin(), b.spec_bs.end());
@@ -636,6 +639,10 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   add_backend_options(sub, args->backends, /*allow_none=*/true);
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
+  sub->add_option("--dummy-dense", args->dummy_dense,
+                  "Dummy attention, DeltaNet and shared-expert projections: bf16 (the NVFP4 release) or fp8 "
+                  "(FP8 W8A8 per tensor, the NVFP4-V2 release)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
   add_parallel_options(sub, args->parallel);
   sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");

@@ -74,19 +74,57 @@ std::optional<int> get_int(const json& obj, const char* key, const std::string& 
 }
 
 [[noreturn]] void unsupported(const std::string& algo, const std::string& label, const char* file) {
-  fail(pre(label), "unsupported quantization algorithm '", algo, "' in ", file, " (supported: NVFP4)");
+  fail(pre(label), "unsupported quantization algorithm '", algo, "' in ", file,
+       " (supported: NVFP4, FP8, MIXED_PRECISION; quant_method fp8)");
 }
 
 void check_group_size(int g, const std::string& label, const char* file) {
   if (g != 16) fail(pre(label), "NVFP4 group_size ", g, " in ", file, " is not supported (expected 16)");
 }
 
-bool is_nvfp4_name(std::string s) {
+std::string upper(std::string s) {
   for (auto& ch : s) ch = char(std::toupper(static_cast<unsigned char>(ch)));
-  return s == "NVFP4";
+  return s;
 }
 
-// hf_quant_config.json: {"quantization": {"quant_algo", "group_size", "exclude_modules", "kv_cache_quant_algo"}}
+// A checkpoint-wide ModelOpt algorithm name.
+QuantAlgo modelopt_algo(const std::string& name, const std::string& label, const char* file) {
+  const std::string u = upper(name);
+  if (u == "NVFP4") return QuantAlgo::NVFP4;
+  if (u == "FP8") return QuantAlgo::FP8;
+  if (u == "MIXED_PRECISION") return QuantAlgo::MixedPrecision;
+  unsupported(name, label, file);
+}
+
+// MIXED_PRECISION's `quantized_layers`: {module: {"quant_algo": ..., "group_size": ...}}.
+void parse_quantized_layers(const json& obj, QuantConfig& c, const std::string& label, const char* file,
+                            const char* where) {
+  const json* layers = find(obj, "quantized_layers");
+  if (!layers) return;
+  if (!layers->is_object())
+    fail(pre(label), "field '", where, "quantized_layers' in ", file, " is a JSON ", layers->type_name(),
+         ", expected an object");
+  for (const auto& [module, entry] : layers->items()) {
+    if (!entry.is_object())
+      fail(pre(label), "quantized_layers entry '", module, "' in ", file, " is a JSON ", entry.type_name(),
+           ", expected an object");
+    std::string algo = upper(get_string(entry, "quant_algo", label, file, "quantized_layers.*."));
+    if (algo != "NVFP4" && algo != "W4A16_NVFP4" && algo != "FP8")
+      fail(pre(label), "unsupported quantization algorithm '", get_string(entry, "quant_algo", label, file, ""),
+           "' for module '", module, "' in ", file, " (supported per module: NVFP4, W4A16_NVFP4, FP8)");
+    if (algo != "FP8") check_group_size(get_int(entry, "group_size", label, file, "quantized_layers.*.").value_or(16), label, file);
+    c.quantized_layers[module] = algo;
+  }
+}
+
+void finish_modelopt(QuantConfig& c, const std::string& label, const char* file) {
+  if (c.algo == QuantAlgo::NVFP4) check_group_size(c.group_size, label, file);
+  if (c.algo == QuantAlgo::MixedPrecision && c.quantized_layers.empty())
+    fail(pre(label), "quant_algo MIXED_PRECISION in ", file, " lists no quantized_layers");
+}
+
+// hf_quant_config.json: {"quantization": {"quant_algo", "group_size", "exclude_modules",
+// "kv_cache_quant_algo", "quantized_layers"}}
 QuantConfig parse_hf(const std::string& text, const std::string& label) {
   const char* file = "hf_quant_config.json";
   json j = parse_object(text, label, file);
@@ -98,57 +136,94 @@ QuantConfig parse_hf(const std::string& text, const std::string& label) {
   c.source = file;
   std::string algo = get_string(*q, "quant_algo", label, file, "quantization.");
   if (algo.empty()) fail(pre(label), "missing field 'quantization.quant_algo' in ", file);
-  if (!is_nvfp4_name(algo)) unsupported(algo, label, file);
-  c.algo = QuantAlgo::NVFP4;
+  c.algo = modelopt_algo(algo, label, file);
   c.group_size = get_int(*q, "group_size", label, file, "quantization.").value_or(16);
-  check_group_size(c.group_size, label, file);
   c.exclude_modules = get_string_list(*q, "exclude_modules", label, file, "quantization.");
   c.kv_cache_quant_algo = get_string(*q, "kv_cache_quant_algo", label, file, "quantization.");
+  parse_quantized_layers(*q, c, label, file, "quantization.");
+  finish_modelopt(c, label, file);
   return c;
 }
 
-// config.json's quantization_config (ModelOpt or its compressed-tensors-like rewrite).
+// quant_method "fp8" (Qwen's FP8 releases, transformers' FineGrainedFP8).
+QuantConfig parse_fp8_method(const json& qc, const std::string& label) {
+  const char* file = "config.json";
+  const char* where = "quantization_config.";
+  QuantConfig c;
+  c.source = file;
+  const std::string fmt = get_string(qc, "fmt", label, file, where);
+  if (!fmt.empty() && fmt != "e4m3") unsupported("fp8 (fmt " + fmt + ")", label, file);
+  const std::string scheme = get_string(qc, "activation_scheme", label, file, where);
+  if (!scheme.empty() && scheme != "dynamic" && scheme != "static")
+    fail(pre(label), "field 'quantization_config.activation_scheme' in ", file, " is '", scheme,
+         "', expected 'dynamic' or 'static'");
+  c.dynamic_activations = scheme != "static";
+  c.algo = QuantAlgo::FP8;
+  if (const json* b = find(qc, "weight_block_size")) {
+    if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() || !(*b)[1].is_number_integer() ||
+        (*b)[0].get<int64_t>() <= 0 || (*b)[1].get<int64_t>() <= 0 || (*b)[0].get<int64_t>() > 65536 ||
+        (*b)[1].get<int64_t>() > 65536)
+      fail(pre(label), "field 'quantization_config.weight_block_size' in ", file,
+           " must be two positive integers, e.g. [128, 128]");
+    c.weight_block_size = {int((*b)[0].get<int64_t>()), int((*b)[1].get<int64_t>())};
+    c.algo = QuantAlgo::BlockFP8;
+  }
+  c.not_converted = get_string_list(qc, "modules_to_not_convert", label, file, where);
+  for (auto& m : get_string_list(qc, "ignored_layers", label, file, where)) c.not_converted.push_back(m);
+  return c;
+}
+
+// The checkpoint-wide algorithm from compressed-tensors-like `config_groups`: 4-bit float
+// weights in groups of 16 are NVFP4, 8-bit float weights FP8, both MIXED_PRECISION.
+std::string algo_from_groups(const json& groups, const std::string& method, std::optional<int>& group,
+                             const std::string& label, const char* file) {
+  if (!groups.is_object())
+    fail(pre(label), "field 'quantization_config.config_groups' in ", file, " is a JSON ", groups.type_name(),
+         ", expected an object");
+  bool fp4 = false, fp8 = false;
+  const char* where = "quantization_config.config_groups.*.weights.";
+  for (const auto& [gname, g] : groups.items()) {
+    if (!g.is_object()) continue;
+    const json* w = find(g, "weights");
+    if (!w || !w->is_object()) continue;
+    auto bits = get_int(*w, "num_bits", label, file, where);
+    std::string type = get_string(*w, "type", label, file, where);
+    auto gs = get_int(*w, "group_size", label, file, where);
+    std::string desc = std::string(type.empty() ? "?" : type) + std::to_string(bits.value_or(0));
+    if (bits == 4 && type == "float") {
+      fp4 = true;
+      if (gs) group = gs;
+    } else if (bits == 8 && type == "float") {
+      fp8 = true;
+    } else {
+      unsupported(desc + " weights (" + (method.empty() ? "?" : method) + ")", label, file);
+    }
+  }
+  return fp4 && fp8 ? "MIXED_PRECISION" : fp4 ? "NVFP4" : fp8 ? "FP8" : "";
+}
+
+// config.json's quantization_config (ModelOpt or its compressed-tensors-like rewrite, or fp8).
 QuantConfig parse_config_json(const json& qc, const std::string& label) {
   const char* file = "config.json";
   if (!qc.is_object())
     fail(pre(label), "field 'quantization_config' in ", file, " is a JSON ", qc.type_name(), ", expected an object");
-  QuantConfig c;
-  c.source = file;
   const char* where = "quantization_config.";
   std::string method = get_string(qc, "quant_method", label, file, where);
+  if (method == "fp8") return parse_fp8_method(qc, label);
+  QuantConfig c;
+  c.source = file;
   std::string algo = get_string(qc, "quant_algo", label, file, where);
   std::optional<int> group = get_int(qc, "group_size", label, file, where);
-
-  if (algo.empty()) {
-    // Derive from config_groups: 4-bit float weights in groups of 16 is NVFP4.
-    if (const json* groups = find(qc, "config_groups")) {
-      if (!groups->is_object())
-        fail(pre(label), "field 'quantization_config.config_groups' in ", file, " is a JSON ", groups->type_name(),
-             ", expected an object");
-      for (const auto& [gname, g] : groups->items()) {
-        if (!g.is_object()) continue;
-        const json* w = find(g, "weights");
-        if (!w || !w->is_object()) continue;
-        auto bits = get_int(*w, "num_bits", label, file, "quantization_config.config_groups.*.weights.");
-        std::string type = get_string(*w, "type", label, file, "quantization_config.config_groups.*.weights.");
-        auto gs = get_int(*w, "group_size", label, file, "quantization_config.config_groups.*.weights.");
-        std::string desc = std::string(type.empty() ? "?" : type) + std::to_string(bits.value_or(0));
-        if (bits != 4 || type != "float") unsupported(desc + " weights (" + (method.empty() ? "?" : method) + ")", label, file);
-        algo = "NVFP4";
-        if (gs) group = gs;
-      }
-    }
-  }
+  if (algo.empty())
+    if (const json* groups = find(qc, "config_groups")) algo = algo_from_groups(*groups, method, group, label, file);
   if (algo.empty()) {
     if (method.empty()) fail(pre(label), "field 'quantization_config' in ", file, " names no quant_method or quant_algo");
     unsupported(method, label, file);
   }
-  if (!is_nvfp4_name(algo)) unsupported(algo, label, file);
+  c.algo = modelopt_algo(algo, label, file);
   if (!method.empty() && method != "modelopt" && method != "modelopt_fp4" && method != "compressed-tensors")
     unsupported(method, label, file);
-  c.algo = QuantAlgo::NVFP4;
   c.group_size = group.value_or(16);
-  check_group_size(c.group_size, label, file);
   c.exclude_modules = get_string_list(qc, "ignore", label, file, where);
   for (auto& m : get_string_list(qc, "exclude_modules", label, file, where)) c.exclude_modules.push_back(m);
   c.kv_cache_quant_algo = get_string(qc, "kv_cache_quant_algo", label, file, where);
@@ -160,9 +235,10 @@ QuantConfig parse_config_json(const json& qc, const std::string& label) {
       else if (bits) c.kv_cache_quant_algo = type + std::to_string(*bits);
     }
   }
+  parse_quantized_layers(qc, c, label, file, where);
+  finish_modelopt(c, label, file);
   return c;
 }
-
 
 }  // namespace
 
@@ -189,6 +265,7 @@ QuantConfig QuantConfig::parse(const std::string& config_json, const std::string
       if (std::find(c.exclude_modules.begin(), c.exclude_modules.end(), m) == c.exclude_modules.end())
         c.exclude_modules.push_back(m);
     if (c.kv_cache_quant_algo.empty()) c.kv_cache_quant_algo = from_cfg->kv_cache_quant_algo;
+    for (auto& [module, algo] : from_cfg->quantized_layers) c.quantized_layers.emplace(module, algo);
     c.source = "hf_quant_config.json+config.json";
     return c;
   }
@@ -221,22 +298,51 @@ bool wildcard_match(std::string_view p, std::string_view t) {
 bool QuantConfig::is_excluded(std::string_view module) const {
   for (const auto& pat : exclude_modules)
     if (wildcard_match(pat, module)) return true;
+  for (const auto& part : not_converted)
+    if (!part.empty() && module.find(part) != std::string_view::npos) return true;
   return false;
 }
 
-bool QuantConfig::expects_quantized(std::string_view module) const {
-  if (algo != QuantAlgo::NVFP4) return false;
-  if (is_excluded(module)) return false;
-  if (module.ends_with(".mlp.gate") || module == "mlp.gate") return false;
-  if (module.ends_with(".shared_expert_gate") || module == "shared_expert_gate") return false;
-  if (module == "mtp.fc" || module.ends_with(".mtp.fc")) return false;
-  return true;
+namespace {
+// A MIXED_PRECISION entry for the module, or for the routed experts it belongs to.
+const std::string* listed_algo(const QuantConfig& q, std::string_view module) {
+  if (auto it = q.quantized_layers.find(module); it != q.quantized_layers.end()) return &it->second;
+  const size_t at = module.rfind(".experts.");
+  if (at == std::string_view::npos) return nullptr;
+  auto it = q.quantized_layers.find(module.substr(0, at + 8));
+  return it == q.quantized_layers.end() ? nullptr : &it->second;
+}
+}  // namespace
+
+bool QuantConfig::lists_module(std::string_view module) const {
+  return algo == QuantAlgo::MixedPrecision && listed_algo(*this, module) != nullptr;
+}
+
+std::string QuantConfig::module_algo(std::string_view module) const {
+  if (algo == QuantAlgo::None || is_excluded(module)) return {};
+  if (module.ends_with(".mlp.gate") || module == "mlp.gate") return {};
+  if (module.ends_with(".shared_expert_gate") || module == "shared_expert_gate") return {};
+  if (module == "mtp.fc" || module.ends_with(".mtp.fc")) return {};
+  switch (algo) {
+    case QuantAlgo::None: return {};
+    case QuantAlgo::NVFP4: return "NVFP4";
+    case QuantAlgo::FP8:
+    case QuantAlgo::BlockFP8: return "FP8";
+    case QuantAlgo::MixedPrecision: {
+      const std::string* a = listed_algo(*this, module);
+      return a ? *a : std::string();
+    }
+  }
+  return {};
 }
 
 const char* quant_algo_name(QuantAlgo a) {
   switch (a) {
     case QuantAlgo::None: return "none";
     case QuantAlgo::NVFP4: return "NVFP4";
+    case QuantAlgo::FP8: return "FP8";
+    case QuantAlgo::MixedPrecision: return "MIXED_PRECISION";
+    case QuantAlgo::BlockFP8: return "FP8 (block)";
   }
   return "?";
 }

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "io/fp8.h"
 #include "io/quant_config.h"
 #include "io/text_file.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -19,8 +20,16 @@ void HybridModel::round_activations(float* p, size_t n) const {
 }
 
 void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed) const {
-  if (bf16_activations_ && w.quantized && !routed && n > 16) {
-    // The CUDA engine dequantizes NVFP4 to bf16 for batches above its GEMV size.
+  std::vector<float> xq;
+  const bool w8a8 = w.input_scale > 0.f && fp8_activations_;
+  if (w8a8) {
+    // W8A8: the activations the FP8 product sees.
+    xq.assign(x, x + n * w.in);
+    for (float& v : xq) v = fp8_fake_quantize(v, w.input_scale);
+    x = xq.data();
+  }
+  if (bf16_activations_ && w.quantized && !w8a8 && !routed && n > 16) {
+    // The CUDA engine dequantizes weight-only NVFP4 / FP8 to bf16 for batches above its GEMVs.
     std::vector<float> rounded(w.w);
     round_activations(rounded.data(), rounded.size());
     cpu::matmul_nt(x, rounded.data(), y, n, w.in, w.out);

@@ -41,6 +41,9 @@ class HybridModel {
   // dequantized for cuBLAS). With it the CPU engine reproduces the CUDA engine's arithmetic up to
   // summation order, which lets tests/cuda compare the two tightly.
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
+  // W8A8 FP8 layers quantize their inputs as the checkpoint says (the default, what the CUDA
+  // engine computes); off, they run weight-only, as transformers does with dequantized weights.
+  void set_fp8_activation_quantization(bool on) { fp8_activations_ = on; }
   bool has_mtp() const { return w_.mtp.has_value(); }
   SequenceState new_sequence() const;
 
@@ -98,6 +101,7 @@ class HybridModel {
   TensorSplit split_;
   Communicator* comm_ = nullptr;
   bool bf16_activations_ = false;
+  bool fp8_activations_ = true;
   std::vector<int> attn_slot_, linear_slot_;  // layer index -> index into SequenceState vectors
 };
 

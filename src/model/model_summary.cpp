@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/model_config.h"
+#include "io/module_format.h"
 #include "io/quant_config.h"
+#include "model/model_tensors.h"
 
 namespace fathom {
 
@@ -25,7 +27,7 @@ bool is_vision(std::string_view n) {
          starts_with(n, "vision_tower.");
 }
 bool is_scale(std::string_view n) {
-  for (const char* s : {".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale"})
+  for (const char* s : {".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale", ".v_scale"})
     if (ends_with(n, s)) return true;
   return false;
 }
@@ -71,10 +73,10 @@ void count_tensor(ModelSummary& s, const Checkpoint& ck, const QuantConfig& qc, 
   if (vision) ++s.vision_tensors;
 
   // Quantized / unquantized modules.
-  const bool has_scale_tensor = ends_with(name, ".weight") && ck.has(name + "_scale");
-  if (ends_with(name, ".weight_scale")) {
+  const bool has_scale_tensor = ends_with(name, ".weight") && (ck.has(name + "_scale") || ck.has(name + "_scale_inv"));
+  if (ends_with(name, ".weight_scale") || ends_with(name, ".weight_scale_inv")) {
     ++s.quantized_modules;
-    const std::string module = name.substr(0, name.size() - 13);
+    const std::string module = name.substr(0, name.rfind(".weight_scale"));
     if (!vision && !qc.expects_quantized(module)) ++s.quantized_but_not_expected;
   } else if (ends_with(name, ".weight") && t.shape.size() == 2 && !has_scale_tensor &&
              !ends_with(name, "embed_tokens.weight") && !ends_with(name, "pos_embed.weight")) {  // embeddings
@@ -96,6 +98,18 @@ void count_tensor(ModelSummary& s, const Checkpoint& ck, const QuantConfig& qc, 
   } else {
     s.params_total += p;
     if (is_routed_expert(name) || is_fused_experts(name, t.shape.size())) s.params_routed_experts += p;
+  }
+}
+
+// Every linear module's resolved format, counted by module kind, and the bytes of each format.
+void count_formats(ModelSummary& s, const Checkpoint& ck, const QuantConfig& qc) {
+  check_quantized_layers(ck, qc);
+  for (const LinearSpec& l : stored_linear_modules(model_tensors(s.config))) {
+    if (!ck.has(l.weight())) continue;  // tied lm_head, fused experts, no MTP layer
+    const std::string label = resolve_module_format(ck, qc, l.module, l.out, l.in).label(ck, l.module);
+    ++s.formats_by_kind[module_kind_name(l.kind)][label];
+    for (const char* part : {".weight", ".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale"})
+      if (ck.has(l.module + part)) s.bytes_by_format[label] += ck.info(l.module + part).nbytes;
   }
 }
 
@@ -124,13 +138,14 @@ ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
   s.layer_pattern = compress_layer_pattern(s.layer_types);
 
   s.quant_algorithm = quant_algo_name(qc.algo);
-  s.quant_group_size = qc.algo == QuantAlgo::None ? 0 : qc.group_size;
+  s.quant_group_size = qc.algo == QuantAlgo::NVFP4 || qc.algo == QuantAlgo::MixedPrecision ? qc.group_size : 0;
   s.kv_cache_quant_algo = qc.kv_cache_quant_algo;
   s.exclude_modules = int64_t(qc.exclude_modules.size());
 
   const auto names = ck->names();
   s.num_tensors = int64_t(names.size());
   for (const auto& name : names) count_tensor(s, *ck, qc, name);
+  count_formats(s, *ck, qc);
   s.params_active = s.params_total;
   if (cfg.num_experts > 0) {
     const double unused = 1.0 - double(cfg.num_experts_per_tok) / double(cfg.num_experts);
@@ -204,7 +219,10 @@ nlohmann::json ModelSummary::to_json() const {
         {"unquantized_linear_modules", unquantized_linear_modules},
         {"exclude_modules", exclude_modules},
         {"quantized_but_not_expected", quantized_but_not_expected},
-        {"unquantized_but_expected", unquantized_but_expected}}},
+        {"unquantized_but_expected", unquantized_but_expected},
+        {"formats_by_module_kind", formats_by_kind},
+        {"bytes_by_format", bytes_by_format},
+        {"kv_cache_dtype", kv_cache_dtype}}},
       {"mtp", {{"present", mtp_present}, {"layers", config.mtp_num_hidden_layers}, {"tensors", mtp_tensors}}},
       {"vision", {{"present", vision_present}, {"tensors", vision_tensors}, {"ignored", vision_ignored}}},
       {"memory",
@@ -246,18 +264,36 @@ void print_summary(std::ostream& os, const ModelSummary& s) {
   }
   os << ")\n";
   os << "quantization:   " << s.quant_algorithm;
-  if (s.quant_algorithm != "none") os << ", group size " << s.quant_group_size;
+  if (s.quant_group_size > 0) os << ", NVFP4 group size " << s.quant_group_size;
   if (!s.kv_cache_quant_algo.empty()) os << ", kv cache " << s.kv_cache_quant_algo;
   os << "; " << s.quantized_modules << " modules quantized, " << s.unquantized_linear_modules
      << " linear modules unquantized, " << s.exclude_modules << " exclude entries\n";
   if (s.quantized_but_not_expected || s.unquantized_but_expected)
     os << "                note: " << s.quantized_but_not_expected << " quantized modules the config excludes, "
        << s.unquantized_but_expected << " unquantized modules the config expects quantized\n";
+  for (const auto& [kind, formats] : s.formats_by_kind) {
+    os << "  " << std::left << std::setw(20) << kind + ":" << std::right;
+    bool first_format = true;
+    for (const auto& [label, n] : formats) {
+      os << (first_format ? "" : ", ") << n << " " << label;
+      first_format = false;
+    }
+    os << "\n";
+  }
+  if (!s.bytes_by_format.empty()) {
+    os << "  bytes by format:   ";
+    bool first_format = true;
+    for (const auto& [label, b] : s.bytes_by_format) {
+      os << (first_format ? "" : ", ") << label << " " << human_bytes(b);
+      first_format = false;
+    }
+    os << "\n";
+  }
   os << "mtp:            " << (s.mtp_present ? "present" : "absent") << ", " << c.mtp_num_hidden_layers << " layer(s), "
      << s.mtp_tensors << " tensors\n";
   os << "vision tower:   " << (s.vision_present ? "present" : "absent") << ", " << s.vision_tensors
      << " tensors" << (s.vision_present ? " (ignored)" : "") << "\n";
-  os << "kv cache:       " << s.kv_cache_bytes_per_token << " bytes/token (bf16)";
+  os << "kv cache:       " << s.kv_cache_bytes_per_token << " bytes/token (" << s.kv_cache_dtype << ")";
   if (s.mtp_kv_cache_bytes_per_token) os << " + MTP " << s.mtp_kv_cache_bytes_per_token << " bytes/token";
   os << "\n";
   if (c.num_linear_attention_layers() > 0)

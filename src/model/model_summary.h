@@ -41,6 +41,11 @@ struct ModelSummary {
   int64_t exclude_modules = 0;             // length of the exclude list
   int64_t quantized_but_not_expected = 0;  // stored quantized although the config says otherwise
   int64_t unquantized_but_expected = 0;    // stored unquantized although the config expects NVFP4
+  // Resolved per linear module (io/module_format.h): module kind -> format label -> modules, and
+  // format label -> bytes (weights and their scales).
+  std::map<std::string, std::map<std::string, int64_t>> formats_by_kind;
+  std::map<std::string, uint64_t> bytes_by_format;
+  std::string kv_cache_dtype = "bf16";  // what the engines store the KV cache as
 
   // MTP (the layer count is the config's mtp_num_hidden_layers)
   bool mtp_present = false;

@@ -63,7 +63,56 @@ MoeTensors moe(const ModelConfig& c, const std::string& p) {
   return m;
 }
 
+void add_mlp(std::vector<LinearSpec>& out, const MlpTensors& m) {
+  for (const LinearSpec* l : {&m.gate, &m.up, &m.down}) out.push_back(*l);
+}
+
+void add_layer(std::vector<LinearSpec>& out, const LayerTensors& l, int num_experts) {
+  if (l.type == LayerType::FullAttention) {
+    for (const LinearSpec* p : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o}) out.push_back(*p);
+  } else if (l.gdn.fused_per_key_head) {
+    for (const LinearSpec* p : {&l.gdn.qkvz, &l.gdn.ba, &l.gdn.out}) out.push_back(*p);
+  } else {
+    for (const LinearSpec* p : {&l.gdn.qkv, &l.gdn.z, &l.gdn.b, &l.gdn.a, &l.gdn.out}) out.push_back(*p);
+  }
+  if (!l.is_moe) {
+    add_mlp(out, l.mlp);
+    return;
+  }
+  out.push_back(l.moe.router);
+  for (int e = 0; e < num_experts; ++e) add_mlp(out, l.moe.expert(e));
+  if (l.moe.has_shared) {
+    add_mlp(out, l.moe.shared);
+    out.push_back(l.moe.shared_gate);
+  }
+}
+
 }  // namespace
+
+const char* module_kind_name(ModuleKind k) {
+  switch (k) {
+    case ModuleKind::LmHead: return "lm_head";
+    case ModuleKind::Attention: return "attention";
+    case ModuleKind::LinearAttention: return "linear attention";
+    case ModuleKind::Router: return "router";
+    case ModuleKind::RoutedExpert: return "routed expert";
+    case ModuleKind::SharedExpert: return "shared expert";
+    case ModuleKind::SharedExpertGate: return "shared expert gate";
+    case ModuleKind::DenseMlp: return "mlp";
+    case ModuleKind::MtpInput: return "mtp.fc";
+  }
+  return "?";
+}
+
+std::vector<LinearSpec> stored_linear_modules(const ModelTensors& t) {
+  std::vector<LinearSpec> out{t.lm_head};
+  for (const LayerTensors& l : t.layers) add_layer(out, l, l.is_moe ? int(l.moe.fused_gate_up.shape[0]) : 0);
+  if (t.mtp) {
+    out.push_back(t.mtp->fc);
+    add_layer(out, t.mtp->layer, t.mtp->layer.is_moe ? int(t.mtp->layer.moe.fused_gate_up.shape[0]) : 0);
+  }
+  return out;
+}
 
 MlpTensors MoeTensors::expert(int e) const {
   return mlp(experts + "." + std::to_string(e), moe_intermediate, hidden, ModuleKind::RoutedExpert);

@@ -30,6 +30,8 @@ enum class ModuleKind {
   MtpInput,  // mtp.fc
 };
 
+const char* module_kind_name(ModuleKind k);  // "attention", "routed expert", ...
+
 // A tensor as a checkpoint stores it.
 struct TensorSpec {
   std::string name;
@@ -103,6 +105,10 @@ struct ModelTensors {
 };
 
 ModelTensors model_tensors(const ModelConfig& cfg);
+// Every linear module of the model as the checkpoint stores it (Qwen3-Next's fused DeltaNet
+// projections rather than their Qwen3.5 split, routed experts per expert; fused 3-D expert tensors
+// are not modules), the lm_head and the MTP layer's included.
+std::vector<LinearSpec> stored_linear_modules(const ModelTensors& t);
 // One decoder layer's tensors under `prefix`.
 LayerTensors layer_tensors(const ModelConfig& cfg, const std::string& prefix, LayerType type, bool is_moe);
 

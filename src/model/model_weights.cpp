@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "io/module_format.h"
 #include "io/nvfp4.h"
 #include "model/model_tensors.h"
 #include "model/weight_shard.h"
@@ -21,12 +22,13 @@ LinearWeight make_linear(int out, int in, std::vector<float> w, bool quantized =
 
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ckpt, const ModelConfig& cfg, bool keep_nvfp4)
-      : ckpt_(ckpt), cfg_(cfg), keep_nvfp4_(keep_nvfp4) {}
+  WeightLoader(const Checkpoint& ckpt, const ModelConfig& cfg, const QuantConfig& quant, bool keep_nvfp4)
+      : ckpt_(ckpt), cfg_(cfg), quant_(quant), keep_nvfp4_(keep_nvfp4) {}
 
   std::vector<float> vec(const std::string& name, int64_t n) const { return ckpt_.read_f32(name, {n}); }
 
-  // A Linear stored as BF16/F16/F32 `.weight`, or as NVFP4 (`.weight` U8 + scales).
+  // A Linear stored as BF16/F16/F32 `.weight`, NVFP4 (`.weight` U8 + scales) or FP8 (E4M3 +
+  // scales): io/module_format.h decides which.
   LinearWeight linear(const std::string& module, int out, int in) const { return linear(module, out, in, keep_nvfp4_); }
 
   LinearWeight linear(const std::string& module, int out, int in, bool keep_nvfp4) const {
@@ -34,26 +36,32 @@ class WeightLoader {
     lw.out = out;
     lw.in = in;
     const std::string wname = module + ".weight";
-    const TensorInfo& info = ckpt_.info(wname);
-    if (info.dtype == DType::U8) {
-      FATHOM_CHECK(ckpt_.has(module + ".weight_scale"), "tensor '", wname, "' in ", ckpt_.file_of(wname),
-                   " is U8 (packed FP4) but '", module, ".weight_scale' is missing");
-      lw.quantized = true;
-      if (keep_nvfp4) {
-        read_nvfp4_linear(ckpt_, module, out, in);  // validates names, dtypes and shapes
-        auto raw = [&](const std::string& name) {
-          auto b = ckpt_.bytes(name);
-          return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()),
-                                      reinterpret_cast<const uint8_t*>(b.data()) + b.size());
-        };
-        lw.fp4 = raw(wname);
-        lw.fp4_scale = raw(module + ".weight_scale");
-        lw.fp4_global = ckpt_.read_f32(module + ".weight_scale_2", ckpt_.info(module + ".weight_scale_2").shape)[0];
-      } else {
-        lw.w = read_nvfp4_linear(ckpt_, module, out, in);
-      }
-    } else {
-      lw.w = ckpt_.read_f32(wname, {out, in});
+    const ModuleFormat f = resolve_module_format(ckpt_, quant_, module, out, in);
+    switch (f.weight) {
+      case WeightFormat::NVFP4:
+        lw.quantized = true;
+        if (keep_nvfp4) {
+          read_nvfp4_linear(ckpt_, module, out, in);  // validates names, dtypes and shapes
+          auto raw = [&](const std::string& name) {
+            auto b = ckpt_.bytes(name);
+            return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()),
+                                        reinterpret_cast<const uint8_t*>(b.data()) + b.size());
+          };
+          lw.fp4 = raw(wname);
+          lw.fp4_scale = raw(module + ".weight_scale");
+          lw.fp4_global = ckpt_.read_f32(module + ".weight_scale_2", ckpt_.info(module + ".weight_scale_2").shape)[0];
+        } else {
+          lw.w = read_nvfp4_linear(ckpt_, module, out, in);
+        }
+        break;
+      case WeightFormat::FP8:
+        lw.quantized = true;
+        lw.w = read_fp8_linear(ckpt_, module, out, in, f.fp8);
+        lw.input_scale = f.fp8.input_scale;
+        break;
+      case WeightFormat::Float:
+        lw.w = ckpt_.read_f32(wname, {out, in});
+        break;
     }
     return lw;
   }
@@ -68,6 +76,10 @@ class WeightLoader {
     const int E = cfg_.num_experts, I = cfg_.moe_intermediate_size, H = cfg_.hidden_size;
     std::vector<MlpWeights> out(E);
     if (ckpt_.has(t.fused_gate_up.name)) {
+      for (const TensorSpec* f : {&t.fused_gate_up, &t.fused_down})
+        FATHOM_CHECK(ckpt_.info(f->name).dtype != DType::F8_E4M3 && ckpt_.info(f->name).dtype != DType::U8,
+                     "tensor '", f->name, "' in ", ckpt_.file_of(f->name), " is ", dtype_name(ckpt_.info(f->name).dtype),
+                     ": fused routed experts are read as BF16/F16/F32 only (quantized experts are stored per expert)");
       std::vector<float> gate_up = ckpt_.read_f32(t.fused_gate_up.name, t.fused_gate_up.shape);
       std::vector<float> down = ckpt_.read_f32(t.fused_down.name, t.fused_down.shape);
       const size_t gu = size_t(I) * H;
@@ -116,6 +128,8 @@ class WeightLoader {
       auto copy_row = [h](const LinearWeight& src, int src_row, LinearWeight& dst, int dst_row) {
         std::copy_n(src.w.data() + size_t(src_row) * h, h, dst.w.data() + size_t(dst_row) * h);
       };
+      g.qkv.input_scale = g.z.input_scale = qkvz.input_scale;
+      g.b.input_scale = g.a.input_scale = ba.input_scale;
       const int group_rows = 2 * dk + 2 * r * dv;
       for (int kh = 0; kh < hk; ++kh) {
         const int base = kh * group_rows;
@@ -164,6 +178,7 @@ class WeightLoader {
  private:
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
+  const QuantConfig& quant_;
   bool keep_nvfp4_;
 };
 
@@ -173,8 +188,8 @@ ModelWeights load_model_weights(const Checkpoint& ckpt, const ModelConfig& cfg, 
                                 bool load_mtp, bool keep_nvfp4, const TensorSplit* split) {
   const TensorSplit whole = TensorSplit::whole(cfg);
   const TensorSplit& s = split ? *split : whole;
-  (void)quant;  // storage decides the format per tensor; QuantConfig is reported by `inspect`
-  WeightLoader load(ckpt, cfg, keep_nvfp4);
+  check_quantized_layers(ckpt, quant);
+  WeightLoader load(ckpt, cfg, quant, keep_nvfp4);
   const ModelTensors t = model_tensors(cfg);
   ModelWeights w;
   w.embed = ckpt.read_f32(t.embed.name, t.embed.shape);

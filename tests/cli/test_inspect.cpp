@@ -168,10 +168,11 @@ TEST(Inspect, ErrorsAreOneLine) {
 
   TempDir d;
   write_tiny_checkpoint(d);
-  write_text(d / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8"}})");
+  write_text(d / "hf_quant_config.json", R"({"quantization": {"quant_algo": "MXFP4"}})");
   r = run("inspect " + quote(d.path().string()) + " --json 2>&1");
   EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.out, HasSubstr("unsupported quantization algorithm 'FP8' in hf_quant_config.json (supported: NVFP4)"));
+  EXPECT_THAT(r.out, HasSubstr("unsupported quantization algorithm 'MXFP4' in hf_quant_config.json (supported: NVFP4, "
+                               "FP8, MIXED_PRECISION; quant_method fp8)"));
 }
 
 TEST(Inspect, Fixtures) {

@@ -199,7 +199,9 @@ TEST_P(CudaFixture, RaggedBatchAndGraphsMatchSingleRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
-                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),
+                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense",
+                                           "qwen35_moe_fp8_mixed", "qwen35_moe_fp8_mixed_w4a16_head",
+                                           "qwen35_moe_fp8_block"),
                          [](const auto& info) { return info.param; });
 
 // A 4,096-token prompt on a mid-size random checkpoint (made by tools/make_random_checkpoint.py,

@@ -112,19 +112,83 @@ TEST(QuantConfig, LoadFromDir) {
 }
 
 TEST(QuantConfig, UnsupportedAlgorithm) {
-  for (const char* algo : {"FP8", "MXFP4", "NVFP4_AWQ", "W4A16_NVFP4", "MIXED_PRECISION"}) {
+  for (const char* algo : {"MXFP4", "NVFP4_AWQ", "W4A16_NVFP4", "INT4_AWQ"}) {
     EXPECT_THAT(quant_error("{}", std::string(R"({"quantization": {"quant_algo": ")") + algo + R"("}})"),
                 HasSubstr(std::string("ckpt: unsupported quantization algorithm '") + algo +
-                          "' in hf_quant_config.json (supported: NVFP4)"));
+                          "' in hf_quant_config.json (supported: NVFP4, FP8, MIXED_PRECISION; quant_method fp8)"));
   }
-  EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})", ""),
-              HasSubstr("unsupported quantization algorithm 'fp8' in config.json (supported: NVFP4)"));
   EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "awq", "bits": 4}})", ""),
               HasSubstr("unsupported quantization algorithm 'awq' in config.json"));
-  EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}})", ""),
-              HasSubstr("unsupported quantization algorithm 'FP8' in config.json"));
   EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "mxfp4"}})", ""),
               HasSubstr("unsupported quantization algorithm 'mxfp4' in config.json"));
+  EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}})", ""),
+              HasSubstr("unsupported quantization algorithm 'fp8 (fmt e5m2)' in config.json"));
+  // A per-module algorithm we do not run names the module.
+  EXPECT_THAT(quant_error("{}", R"({"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+      "model.layers.0.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+      "model.layers.0.self_attn.q_proj": {"quant_algo": "INT8_SQ"}}}})"),
+              HasSubstr("unsupported quantization algorithm 'INT8_SQ' for module 'model.layers.0.self_attn.q_proj' in "
+                        "hf_quant_config.json (supported per module: NVFP4, W4A16_NVFP4, FP8)"));
+  EXPECT_THAT(quant_error("{}", R"({"quantization": {"quant_algo": "MIXED_PRECISION"}})"),
+              HasSubstr("quant_algo MIXED_PRECISION in hf_quant_config.json lists no quantized_layers"));
+  EXPECT_THAT(quant_error(R"({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})", ""),
+              HasSubstr("'quantization_config.weight_block_size' in config.json must be two positive integers"));
+}
+
+// nvidia/Qwen3.5-397B-A17B-NVFP4-V2's layout: NVFP4 routed experts, FP8 attention, DeltaNet and
+// shared expert, FP8 KV cache; the same list mirrored in config.json.
+TEST(QuantConfig, MixedPrecision) {
+  const char* hf = R"({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION",
+      "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head", "mtp*"], "quantized_layers": {
+      "model.language_model.layers.0.linear_attn.in_proj_qkv": {"quant_algo": "FP8"},
+      "model.language_model.layers.0.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+      "model.language_model.layers.0.mlp.shared_expert.down_proj": {"quant_algo": "FP8"}}}})";
+  const char* cfg = R"({"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+      "quantized_layers": {"lm_head": {"quant_algo": "W4A16_NVFP4", "group_size": 16}}}})";
+  auto q = QuantConfig::parse("", hf, "ckpt");
+  EXPECT_EQ(q.algo, QuantAlgo::MixedPrecision);
+  EXPECT_STREQ(quant_algo_name(q.algo), "MIXED_PRECISION");
+  EXPECT_EQ(q.kv_cache_quant_algo, "FP8");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.0.linear_attn.in_proj_qkv"), "FP8");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.0.mlp.experts.511.down_proj"), "NVFP4");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.0.mlp.shared_expert.down_proj"), "FP8");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.0.mlp.shared_expert.up_proj"), "");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.1.mlp.experts.0.up_proj"), "");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.0.mlp.gate"), "");
+  EXPECT_TRUE(q.lists_module("model.language_model.layers.0.mlp.experts.7.gate_proj"));
+  EXPECT_FALSE(q.lists_module("lm_head"));
+  // Both files: the lists are merged; the exclude list still wins over an entry.
+  auto both = QuantConfig::parse(cfg, hf, "ckpt");
+  EXPECT_EQ(both.quantized_layers.size(), 4u);
+  EXPECT_EQ(both.module_algo("lm_head"), "");
+  auto cfg_only = QuantConfig::parse(cfg, "", "ckpt");
+  EXPECT_EQ(cfg_only.module_algo("lm_head"), "W4A16_NVFP4");
+}
+
+// Qwen's own FP8 releases (transformers' fine-grained FP8).
+TEST(QuantConfig, BlockFp8) {
+  auto q = QuantConfig::parse(R"({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+      "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+      "modules_to_not_convert": ["lm_head", "mlp.gate", "linear_attn.in_proj_a", "visual"]}})", "", "ckpt");
+  EXPECT_EQ(q.algo, QuantAlgo::BlockFP8);
+  EXPECT_EQ(q.weight_block_size, (std::array<int, 2>{128, 128}));
+  EXPECT_TRUE(q.dynamic_activations);
+  EXPECT_EQ(q.module_algo("model.language_model.layers.3.self_attn.q_proj"), "FP8");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.3.mlp.experts.5.up_proj"), "FP8");
+  EXPECT_EQ(q.module_algo("model.language_model.layers.3.linear_attn.in_proj_a"), "");  // substring match
+  EXPECT_EQ(q.module_algo("lm_head"), "");
+  auto per_tensor = QuantConfig::parse(R"({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}})", "", "ckpt");
+  EXPECT_EQ(per_tensor.algo, QuantAlgo::FP8);
+  EXPECT_FALSE(per_tensor.dynamic_activations);
+  auto modelopt_fp8 = QuantConfig::parse("", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})", "ckpt");
+  EXPECT_EQ(modelopt_fp8.algo, QuantAlgo::FP8);
+  EXPECT_EQ(modelopt_fp8.module_algo("model.layers.0.mlp.down_proj"), "FP8");
+  // config_groups with 4- and 8-bit float weights: MIXED_PRECISION.
+  auto groups = QuantConfig::parse(R"({"quantization_config": {"quant_method": "modelopt", "config_groups": {
+      "g0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}},
+      "g1": {"weights": {"num_bits": 8, "type": "float"}}},
+      "quantized_layers": {"model.layers.0.mlp.experts": {"quant_algo": "NVFP4"}}}})", "", "ckpt");
+  EXPECT_EQ(groups.algo, QuantAlgo::MixedPrecision);
 }
 
 TEST(QuantConfig, BadGroupSize) {

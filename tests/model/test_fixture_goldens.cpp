@@ -172,7 +172,7 @@ TEST_P(FixtureTest, RaggedBatchMatchesSingleSequences) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
                          ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense",
-                                           "fathom_tiny_moe"),
+                                           "fathom_tiny_moe", "qwen35_moe_fp8_block"),
                          [](const auto& info) { return info.param; });
 
 // The fixtures whose checkpoints carry `mtp.*` tensors.
@@ -195,7 +195,8 @@ TEST_P(MtpFixtureTest, MtpLogitsMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixtureTest, ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "fathom_tiny_moe"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixtureTest,
+                         ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "fathom_tiny_moe", "qwen35_moe_fp8_block"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -11,16 +11,13 @@
 #include <vector>
 #include <cuda_runtime.h>
 
+#include "core/weight_format.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/kernel_plan.h"
 
 namespace fathom::cuda {
 
 using bf16_t = uint16_t;  // storage of __nv_bfloat16 (kept opaque so host code needs no CUDA types)
-
-// How an FP8 weight's scales are laid out (io/quant_config.h's formats).
-enum class Fp8Scaling : uint8_t { PerTensor, PerChannel, Block };
-inline constexpr int kFp8BlockSize = 128;  // block FP8: one scale per 128 x 128 weights
 
 struct DeviceLinear {
   int out = 0, in = 0;

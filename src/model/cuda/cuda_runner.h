@@ -32,6 +32,9 @@ struct CudaRunnerOptions {
   bool cuda_graphs = true;         // capture/replay decode steps
   bool profile = false;            // per-op CUDA-event timings (disables graphs)
   bool load_mtp = false;           // load the checkpoint's MTP layer (speculative decoding)
+  // Dummy weights only: attention, DeltaNet and shared-expert projections in FP8 W8A8 per tensor,
+  // as the NVFP4-V2 release stores them (else bf16).
+  bool dummy_fp8_dense = false;
   int max_history = 8;             // tokens of a keep_history step (draft verification)
   // Load through host weights (load_model_weights) instead of streaming the shards to the device:
   // the older path, which needs the whole model in host memory; kept to check the streamed one.

@@ -16,6 +16,7 @@
 
 #include "io/checkpoint.h"
 #include "io/model_config.h"
+#include "io/module_format.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/model_tensors.h"
@@ -97,7 +98,8 @@ class WeightBuilder {
   // Every tensor the model needs (and the MTP layer's when `load_mtp`), streamed to the device.
   void from_checkpoint(const Checkpoint& ckpt, bool load_mtp);
   void from_host(const ModelWeights& host);
-  void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed);
+  // fp8_dense: the NVFP4-V2 layout's FP8 W8A8 attention, DeltaNet and shared-expert projections.
+  void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed, bool fp8_dense = false);
 
   // A tensor-parallel rank's slice (model/tensor_split.h; whole by default). from_checkpoint
   // streams only it (cfg is then the whole model's); dummy() takes its lm_head rows and experts
@@ -147,7 +149,21 @@ class WeightBuilder {
   DevLayer upload_layer(const LayerWeights& lw);
 
   // from_checkpoint
+  QuantConfig quant;  // the checkpoint's, read by from_checkpoint
+  void load_quant_config(const Checkpoint& ck);
+  ModuleFormat format_of(const std::string& module, int64_t rows, int64_t cols) const;
   bool stored_fp4(const std::string& module) const;
+  bool stored_float(const std::string& module) const;  // neither NVFP4 nor FP8
+  // FP8 linears as stored (device_weights_fp8.cpp): rows `rows` of a [stored_out, in] matrix, or
+  // its input columns `cols`.
+  DeviceLinear fp8_rows(const std::string& module, const ModuleFormat& f, const std::vector<IndexRange>& rows,
+                        int stored_out, int in, bool expert);
+  DeviceLinear fp8_columns(const std::string& module, const ModuleFormat& f, int out, int stored_in, IndexRange cols,
+                           bool expert);
+  // A quantized module's whole matrix dequantized to bf16 on the device (cached for the next call).
+  const bf16_t* dequantized(const std::string& module, int64_t rows, int in);
+  DeviceBuffer dequant_cache;
+  std::string dequant_cache_name;
   void rows_bf16(const std::string& tensor, int rows, int in, bf16_t* dst, int64_t row0 = 0);
   DeviceLinear fused_bf16(const std::vector<std::pair<std::string, int>>& parts, int in, int total_rows, bool expert);
   // Row blocks of stored matrices (module, first row, rows; `stored_rows` checks the shape) in
@@ -182,9 +198,11 @@ class WeightBuilder {
   // dummy
   float fill_dummy_fp4(uint8_t* codes, uint8_t* scales, int out, int in);
   DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert);
+  DeviceLinear dummy_fp8_linear(int out, int in);  // per-tensor W8A8
   const float* dummy_f32(int64_t n, float v);
   PackedFp4 dummy_packed(int out, int in);
   DevLayer dummy_layer(const LayerTensors& t, bool nvfp4_experts);
+  bool dummy_fp8 = false;
 
   ModelConfig cfg;
   cudaStream_t stream;

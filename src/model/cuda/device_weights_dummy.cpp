@@ -34,6 +34,19 @@ DeviceLinear WeightBuilder::dummy_linear(int out, int in, bool fp4, bool expert)
   return d;
 }
 
+DeviceLinear WeightBuilder::dummy_fp8_linear(int out, int in) {
+  DeviceLinear d;
+  d.out = out;
+  d.in = in;
+  uint8_t* p = alloc_weight<uint8_t>(int64_t(out) * in, false);
+  // Sign and exponent up to 7 (|v| < 2, never the NaN code), so the scale sets the size.
+  fill_random_bytes(p, int64_t(out) * in, seed++, 0xbf, 0, stream);
+  d.fp8 = p;
+  d.fp8_scale = 0.8f / std::sqrt(float(in));
+  d.fp8_input_scale = 8.f / 448.f;  // activations of up to 8 in magnitude
+  return d;
+}
+
 const float* WeightBuilder::dummy_f32(int64_t n, float v) {
   float* p = alloc_weight<float>(n, false);
   fill_f32(p, n, v, stream);
@@ -48,8 +61,9 @@ PackedFp4 WeightBuilder::dummy_packed(int out, int in) {
   return pack_staged(st, st_scales, global, out, in);  // stream-ordered reuse of the stage
 }
 
-void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed) {
+void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed, bool fp8_dense) {
   seed = first_seed;
+  dummy_fp8 = fp8_dense;
   const ModelTensors t = model_tensors(cfg);
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
@@ -85,14 +99,29 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   l.post_norm = dummy_f32(H, norm_w);
   if (l.type == LayerType::FullAttention) {
     const AttentionTensors& a = t.attn;
-    l.attn_qkv = dummy_linear(a.q.out + a.k.out + a.v.out, H, false, false);
-    l.o = dummy_linear(a.o.out, a.o.in, false, false);
+    if (dummy_fp8) {
+      l.q = dummy_fp8_linear(a.q.out, H);
+      l.k = dummy_fp8_linear(a.k.out, H);
+      l.v = dummy_fp8_linear(a.v.out, H);
+      l.o = dummy_fp8_linear(a.o.out, a.o.in);
+    } else {
+      l.attn_qkv = dummy_linear(a.q.out + a.k.out + a.v.out, H, false, false);
+      l.o = dummy_linear(a.o.out, a.o.in, false, false);
+    }
     l.q_norm = dummy_f32(a.q_norm.shape[0], norm_w);
     l.k_norm = dummy_f32(a.k_norm.shape[0], norm_w);
   } else {
     const GatedDeltaNetTensors& g = t.gdn;
-    l.gdn_in = dummy_linear(g.qkv.out + g.z.out + g.b.out + g.a.out, H, false, false);
-    l.out = dummy_linear(g.out.out, g.out.in, false, false);
+    if (dummy_fp8) {  // in_proj_b / in_proj_a stay bf16 in the V2 release
+      l.qkv = dummy_fp8_linear(g.qkv.out, H);
+      l.z = dummy_fp8_linear(g.z.out, H);
+      l.b = dummy_linear(g.b.out, H, false, false);
+      l.a = dummy_linear(g.a.out, H, false, false);
+      l.out = dummy_fp8_linear(g.out.out, g.out.in);
+    } else {
+      l.gdn_in = dummy_linear(g.qkv.out + g.z.out + g.b.out + g.a.out, H, false, false);
+      l.out = dummy_linear(g.out.out, g.out.in, false, false);
+    }
     l.conv_w = dummy_f32(g.conv.shape[0] * g.conv.shape[2], 0.25f);
     l.dt_bias = dummy_f32(g.dt_bias.shape[0], 0.f);
     l.a_log = dummy_f32(g.a_log.shape[0], -2.f);
@@ -132,8 +161,15 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   }
   if (m.has_shared) {
     l.has_shared = true;
-    l.s_fused = dummy_linear(padded_rows(m.shared.gate.out + m.shared.up.out + m.shared_gate.out), H, false, false);
-    l.s_down = dummy_linear(m.shared.down.out, m.shared.down.in, false, false);
+    if (dummy_fp8) {
+      l.s_gate = dummy_fp8_linear(m.shared.gate.out, H);
+      l.s_up = dummy_fp8_linear(m.shared.up.out, H);
+      l.s_gate_logit = dummy_linear(1, H, false, false);
+      l.s_down = dummy_fp8_linear(m.shared.down.out, m.shared.down.in);
+    } else {
+      l.s_fused = dummy_linear(padded_rows(m.shared.gate.out + m.shared.up.out + m.shared_gate.out), H, false, false);
+      l.s_down = dummy_linear(m.shared.down.out, m.shared.down.in, false, false);
+    }
   }
   return l;
 }

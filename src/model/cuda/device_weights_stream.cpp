@@ -37,7 +37,8 @@ std::vector<float> WeightBuilder::small_f32(const std::string& tensor, const std
 std::vector<float> WeightBuilder::small_f32(const TensorSpec& t) { return small_f32(t.name, t.shape); }
 
 // Rows [row0, row0 + rows) of a [*, in] matrix stored as `tensor` to `dst` as bf16. A linear
-// stored as NVFP4 is dequantized on the host (only Qwen3-Next's reordered projections need it).
+// stored as NVFP4 or FP8 is dequantized on the device (Qwen3-Next's reordered projections, an
+// NVFP4 lm_head, FP8 routed experts).
 void WeightBuilder::rows_bf16(const std::string& tensor, int rows, int in, bf16_t* dst, int64_t row0) {
   const Checkpoint& ck = st->checkpoint();
   const TensorInfo& t = ck.info(tensor);
@@ -51,13 +52,13 @@ void WeightBuilder::rows_bf16(const std::string& tensor, int rows, int in, bf16_
     st->copy(tensor, dst, uint64_t(row0) * in * 2, uint64_t(rows) * in * 2);
     return;
   }
-  std::vector<float> all;
-  if (fp4) {
+  if (t.dtype == DType::U8 || t.dtype == DType::F8_E4M3) {  // a quantized linear, dequantized on the device
     const std::string module = tensor.substr(0, tensor.size() - std::string(".weight").size());
-    all = read_nvfp4_linear(ck, module, total_rows, in);
-  } else {
-    all = ck.read_f32(tensor, t.shape);
+    const bf16_t* all = dequantized(module, total_rows, in);
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(dst, all + row0 * in, size_t(rows) * in * 2, cudaMemcpyDeviceToDevice, stream));
+    return;
   }
+  const std::vector<float> all = ck.read_f32(tensor, t.shape);
   const std::vector<float> part(all.begin() + row0 * in, all.begin() + (row0 + rows) * in);
   const std::vector<bf16_t> h = to_bf16(part);
   FATHOM_CUDA_CHECK(cudaMemcpy(dst, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
@@ -79,6 +80,7 @@ DeviceLinear WeightBuilder::bf16_row_parts(const std::vector<RowPart>& parts, in
   bf16_t* p = alloc_weight<bf16_t>(int64_t(total_rows) * in, expert);
   int row = 0;
   for (const RowPart& part : parts) {
+    format_of(part.module, part.stored_rows, in);  // checks the tensors against the quantization config
     const std::string name = part.module + ".weight";
     const TensorInfo& t = st->checkpoint().info(name);
     FATHOM_CHECK(t.shape == (std::vector<int64_t>{part.stored_rows, in}), "tensor '", name, "' in ",
@@ -93,7 +95,7 @@ DeviceLinear WeightBuilder::bf16_row_parts(const std::vector<RowPart>& parts, in
   return d;
 }
 
-// A linear as stored: NVFP4 (codes, block scales, global scale) or bf16.
+// A linear as stored: NVFP4 (codes, block scales, global scale), FP8 (codes and scales) or bf16.
 DeviceLinear WeightBuilder::stored_linear(const std::string& module, int out, int in, bool expert) {
   return stored_rows(module, {{0, out}}, out, in, expert);
 }
@@ -102,7 +104,10 @@ DeviceLinear WeightBuilder::stored_rows(const std::string& module, const std::ve
                                         int in, bool expert) {
   int out = 0;
   for (const IndexRange& r : rows) out += r.size();
-  if (!stored_fp4(module)) {
+  const ModuleFormat f = format_of(module, stored_out, in);
+  // FP8 routed experts run on the bf16 expert kernels: dequantized at load.
+  if (f.weight == WeightFormat::FP8 && !expert) return fp8_rows(module, f, rows, stored_out, in, expert);
+  if (f.weight != WeightFormat::NVFP4) {
     std::vector<RowPart> parts;
     for (const IndexRange& r : rows) parts.push_back(RowPart{module, r.begin, r.size(), stored_out});
     return bf16_row_parts(parts, in, out, expert);
@@ -144,7 +149,9 @@ DeviceLinear WeightBuilder::bf16_columns(const std::string& tensor, int64_t row0
 DeviceLinear WeightBuilder::stored_columns(const std::string& module, int out, int stored_in, IndexRange cols,
                                            bool expert) {
   if (cols.begin == 0 && cols.end == stored_in) return stored_linear(module, out, stored_in, expert);
-  if (!stored_fp4(module)) {
+  const ModuleFormat f = format_of(module, out, stored_in);
+  if (f.weight == WeightFormat::FP8 && !expert) return fp8_columns(module, f, out, stored_in, cols, expert);
+  if (f.weight != WeightFormat::NVFP4) {
     const TensorInfo& t = st->checkpoint().info(module + ".weight");
     FATHOM_CHECK(t.shape == (std::vector<int64_t>{out, stored_in}), "tensor '", module, ".weight': expected shape ",
                  shape_str({out, stored_in}), ", found ", shape_str(t.shape));
@@ -178,7 +185,8 @@ DeviceLinear WeightBuilder::stored_columns(const std::string& module, int out, i
 
 // Routers stay fp32 (see split_router).
 DeviceLinear WeightBuilder::stored_router(const LinearSpec& r) {
-  FATHOM_CHECK(!stored_fp4(r.module), "router '", r.module, "' stored as NVFP4 is not supported");
+  FATHOM_CHECK(stored_float(r.module), "router '", r.module, "' stored as ",
+               dtype_name(st->checkpoint().info(r.weight()).dtype), " is not supported (routers are BF16/F32)");
   DeviceLinear d;
   d.out = r.out;
   d.in = r.in;
@@ -262,7 +270,7 @@ void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l) {
 void WeightBuilder::stream_attention(DevLayer& l, const AttentionTensors& t) {
   const int H = cfg.hidden_size;
   const IndexRange q = split.q_rows(cfg), kv = split.kv_rows(cfg);  // this rank's heads
-  if (!stored_fp4(t.q.module) && !stored_fp4(t.k.module) && !stored_fp4(t.v.module)) {
+  if (stored_float(t.q.module) && stored_float(t.k.module) && stored_float(t.v.module)) {
     l.attn_qkv = bf16_row_parts({{t.q.module, q.begin, q.size(), t.q.out},
                                  {t.k.module, kv.begin, kv.size(), t.k.out},
                                  {t.v.module, kv.begin, kv.size(), t.v.out}},
@@ -319,8 +327,8 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const GatedDeltaNetTenso
     }
     d.bf16 = m;
     l.gdn_in = d;
-  } else if (!stored_fp4(t.qkv.module) && !stored_fp4(t.z.module) && !stored_fp4(t.b.module) &&
-             !stored_fp4(t.a.module)) {
+  } else if (stored_float(t.qkv.module) && stored_float(t.z.module) && stored_float(t.b.module) &&
+             stored_float(t.a.module)) {
     const std::string& qkv = t.qkv.module;
     l.gdn_in = bf16_row_parts({{qkv, qkv_rows[0].begin, qkv_rows[0].size(), conv_all},
                                {qkv, qkv_rows[1].begin, qkv_rows[1].size(), conv_all},
@@ -393,7 +401,7 @@ void WeightBuilder::stream_moe(DevLayer& l, const MoeTensors& t) {
     const int S = t.shared.gate.out;
     const IndexRange sc = split.shared_columns;  // the gate logit stays whole
     l.has_shared = true;
-    if (!stored_fp4(t.shared.gate.module) && !stored_fp4(t.shared.up.module) && !stored_fp4(t.shared_gate.module)) {
+    if (stored_float(t.shared.gate.module) && stored_float(t.shared.up.module) && stored_float(t.shared_gate.module)) {
       l.s_fused = bf16_row_parts({{t.shared.gate.module, sc.begin, sc.size(), S},
                                   {t.shared.up.module, sc.begin, sc.size(), S},
                                   {t.shared_gate.module, 0, 1, 1}},
@@ -433,6 +441,7 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
     if (load_mtp || name.rfind("mtp.", 0) != 0) total += ck.info(name).nbytes;
   CheckpointStreamer streamer(ck, stream, total);
   st = &streamer;
+  load_quant_config(ck);
   const ModelTensors t = model_tensors(cfg);
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   {
@@ -451,8 +460,10 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
   if (tied) {
     w.lm_head = w.embed + int64_t(vocab.begin) * H;
   } else {
-    FATHOM_CHECK(!stored_fp4(t.lm_head.module), "lm_head stored as NVFP4 is not supported by the CUDA engine yet");
-    w.lm_head = stored_rows(t.lm_head.module, {vocab}, V, H, false).bf16;
+    // The sampling kernels read a bf16 lm_head: a quantized one (Qwen3.6's W4A16 NVFP4) is
+    // dequantized at load.
+    format_of(t.lm_head.module, V, H);
+    w.lm_head = bf16_row_parts({{t.lm_head.module, vocab.begin, vocab.size(), V}}, H, vocab.size(), false).bf16;
   }
   w.final_norm = upload_f32(small_f32(t.final_norm));
   for (const LayerTensors& layer : t.layers) w.layers.push_back(stream_layer(layer));
@@ -460,7 +471,8 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
     const MtpTensors& m = *t.mtp;
     FATHOM_CHECK(ck.has(m.fc.weight()), "config declares mtp_num_hidden_layers = ", cfg.mtp_num_hidden_layers,
                  " but tensor '", m.fc.weight(), "' is missing in ", ck.dir().string());
-    FATHOM_CHECK(!stored_fp4(m.fc.module), "mtp.fc stored as NVFP4 is not supported");
+    FATHOM_CHECK(stored_float(m.fc.module), "mtp.fc stored as ", dtype_name(ck.info(m.fc.weight()).dtype),
+                 " is not supported (BF16 in every release)");
     w.has_mtp = true;
     w.mtp_layer = stream_layer(m.layer);
     // fc = [W_e | W_h] over the concatenated input: the two column halves become two matrices.
@@ -484,6 +496,8 @@ void WeightBuilder::from_checkpoint(const Checkpoint& ck, bool load_mtp) {
     w.mtp_norm = upload_f32(small_f32(m.norm));
   }
   streamer.finish();
+  dequant_cache = DeviceBuffer();
+  dequant_cache_name.clear();
   st = nullptr;
 }
 

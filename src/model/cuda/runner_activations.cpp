@@ -81,13 +81,11 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   eg_o = f32(T * H);
   eg_rows = DeviceBuffer(size_t(T) * K * 4);
   eg_w = f32(T * K);
-  // Room for the largest NVFP4 projection of any kind (attention, DeltaNet and shared experts
-  // may be NVFP4 too).
-  int64_t max_fp4 = 0;
-  w.for_each_linear([&](const DeviceLinear& dl) {
-    if (dl.is_fp4()) max_fp4 = std::max<int64_t>(max_fp4, int64_t(dl.out) * dl.in);
-  });
-  dequant = b16(max_fp4);
+  // The scratch of the most demanding quantized projection of any kind at a full step: a
+  // dequantized NVFP4 / weight-only FP8 matrix, or a W8A8 projection's quantized activations.
+  int64_t scratch = 0;
+  w.for_each_linear([&](const DeviceLinear& dl) { scratch = std::max(scratch, linear_scratch_elems(dl, T)); });
+  dequant = b16(scratch);
   sel = f32(R * H);
   if (w.has_mtp) {
     mtp_hidden = f32(T * H);

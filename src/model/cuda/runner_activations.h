@@ -41,7 +41,8 @@ struct Activations {
   DeviceBuffer sh_g, sh_u, sh_h, sh_out, sh_gate;
   // bf16 experts grouped on the host (steps past the device path's pairs).
   DeviceBuffer eg_x, eg_g, eg_u, eg_h, eg_o, eg_rows, eg_w;
-  // NVFP4 weights dequantized for steps past the GEMV sizes.
+  // linear()'s scratch: NVFP4 / weight-only FP8 weights dequantized for steps past the GEMV
+  // sizes, or a W8A8 projection's E4M3 activations.
   DeviceBuffer dequant;
   // Output rows: selected hidden states, their normed bf16 form, logits (a split lm_head's own
   // slice and every rank's), argmax.
