@@ -95,6 +95,22 @@ __device__ __forceinline__ void load_weights(uint4 (&dst)[U][R], const uint8_t* 
     }
 }
 
+// One 16-weight chunk into a row's sum: BLOCK sums the chunk, then scales it into the row's sum
+// (a chunk never straddles two blocks); otherwise straight into the row's sum (its scale is
+// applied to the finished sum). The same operations in the same order whatever the loop nest.
+template <bool BLOCK>
+__device__ __forceinline__ void chunk_fma(const float* w, const float* x, float block_scale, float& acc) {
+  if constexpr (BLOCK) {
+    float p = 0.f;
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) p = fmaf(w[e], x[e], p);
+    acc = fmaf(p, block_scale, acc);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) acc = fmaf(w[e], x[e], acc);
+  }
+}
+
 // MAX_T tokens at most, R rows per warp group, U loads per row in flight (twice that with the
 // next step's), W8A8: quantized activations, BLOCK: a scale per 128 x 128 block (else per row,
 // applied once to the finished sum).
@@ -127,32 +143,42 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
       for (int u = 0; u < U; ++u) {
         const int kk = k + u * kWarpStep;
         if (kk < ke) {
-          float wf[R][kChunk];
-#pragma unroll
-          for (int r = 0; r < R; ++r) decode16(cur[u][r], wf[r]);
-          float bs[R];  // BLOCK: this chunk's scale per row (a chunk never straddles two blocks)
+          float bs[R] = {};  // BLOCK: this chunk's scale per row
           if constexpr (BLOCK) {
 #pragma unroll
             for (int r = 0; r < R; ++r)
               bs[r] = n0 + r < N ? __ldg(a.scales + int64_t((n0 + r) / kFp8BlockSize) * kblocks + kk / kFp8BlockSize)
                                  : 0.f;
           }
+          if constexpr (W8A8 && MAX_T <= 4) {
+            // W8A8, few tokens: their activation chunks (quantized once) in registers, then the
+            // rows one at a time: ptxas gives this order fewer registers than R decoded rows
+            // (100 against 150 at one token), so more warps fit an SM. Weight-only kernels come
+            // out leaner in the other order.
+            float xf[MAX_T][kChunk];
 #pragma unroll
-          for (int t = 0; t < MAX_T; ++t) {
-            if (t < T) {
-              float xf[kChunk];
-              load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_scale, xf);
+            for (int t = 0; t < MAX_T; ++t)
+              if (t < T) load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_scale, xf[t]);
 #pragma unroll
-              for (int r = 0; r < R; ++r) {
-                if constexpr (BLOCK) {
-                  float p = 0.f;
+            for (int r = 0; r < R; ++r) {
+              float wf[kChunk];
+              decode16(cur[u][r], wf);
 #pragma unroll
-                  for (int e = 0; e < kChunk; ++e) p = fmaf(wf[r][e], xf[e], p);
-                  acc[r][t] = fmaf(p, bs[r], acc[r][t]);
-                } else {
+              for (int t = 0; t < MAX_T; ++t)
+                if (t < T) chunk_fma<BLOCK>(wf, xf[t], bs[r], acc[r][t]);
+            }
+          } else {
+            // The R rows decoded once, each token's chunk loaded as it is used.
+            float wf[R][kChunk];
 #pragma unroll
-                  for (int e = 0; e < kChunk; ++e) acc[r][t] = fmaf(wf[r][e], xf[e], acc[r][t]);
-                }
+            for (int r = 0; r < R; ++r) decode16(cur[u][r], wf[r]);
+#pragma unroll
+            for (int t = 0; t < MAX_T; ++t) {
+              if (t < T) {
+                float xf[kChunk];
+                load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_scale, xf);
+#pragma unroll
+                for (int r = 0; r < R; ++r) chunk_fma<BLOCK>(wf[r], xf, bs[r], acc[r][t]);
               }
             }
           }
