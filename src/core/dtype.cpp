@@ -80,24 +80,20 @@ float fp8_e4m3_to_f32(uint8_t b) {
 }
 
 uint8_t f32_to_fp8_e4m3(float v) {
+  if (std::isnan(v)) return 0x7f;
   const uint8_t sign = std::signbit(v) ? 0x80 : 0;
   const float a = std::fabs(v);
-  if (std::isnan(v)) return uint8_t(sign | 0x7f);
-  if (a >= 448.f) return uint8_t(sign | 0x7e);
-  // Codes 0..0x7e are the non-negative values in increasing order: the largest not above `a`,
-  // then whichever of it and the next is nearer.
-  int lo = 0, hi = 0x7e;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (fp8_e4m3_to_f32(uint8_t(mid)) <= a) lo = mid;
-    else hi = mid - 1;
-  }
-  int code = lo;
-  if (lo < 0x7e) {
-    const float below = a - fp8_e4m3_to_f32(uint8_t(lo)), above = fp8_e4m3_to_f32(uint8_t(lo + 1)) - a;
-    if (above < below || (above == below && (lo & 1))) code = lo + 1;
-  }
-  return uint8_t(sign | code);
+  if (a >= 448.f) return sign | 0x7e;  // saturated (no code above 448 but NaN)
+  // Subnormals (below 2^-6) are multiples of 2^-9, whose code is the multiple itself; rounding up
+  // to 8 lands on the smallest normal, code 0x08. Scaling by powers of two is exact, so
+  // nearbyint (ties to even in the default rounding mode) rounds the real value.
+  if (a < std::ldexp(1.f, -6)) return sign | uint8_t(std::nearbyint(std::ldexp(a, 9)));
+  int e2 = 0;
+  std::frexp(a, &e2);  // a in [2^(e2-1), 2^e2)
+  int exp = e2 - 1;
+  int man = int(std::nearbyint(std::ldexp(a, 3 - exp)));  // 8..16: (1 + m/8) in eighths
+  if (man == 16) man = 8, ++exp;                         // rounded up to the next power of two
+  return sign | uint8_t(((exp + 7) << 3) | (man - 8));  // a < 448 keeps this at or below 0x7e
 }
 
 float fp4_e2m1_to_f32(uint8_t code) {

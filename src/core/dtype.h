@@ -34,9 +34,9 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t v);
 // OCP FP8 E4M3 (torch.float8_e4m3fn): bias 7, no infinities, 0x7f/0xff are NaN.
 float fp8_e4m3_to_f32(uint8_t v);
-// The nearest E4M3 value's code (ties to the even code), saturated to +-448 beyond the range,
-// NaN to NaN: what CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) and torch's
-// clamp-then-cast give.
+// The E4M3 code nearest to v (ties to the even mantissa), magnitudes past 448 (Inf included)
+// saturated to +-448, NaN to 0x7f: what the GPU's cvt with __NV_SATFINITE gives (the W8A8
+// activations' rounding, fp8_quantize), for host references.
 uint8_t f32_to_fp8_e4m3(float v);
 // FP4 E2M1 code (low 4 bits) to its value: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
 float fp4_e2m1_to_f32(uint8_t code);

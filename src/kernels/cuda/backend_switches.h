@@ -16,6 +16,9 @@ inline constexpr const char* kGemv = "gemv";                   //   the batch-in
 inline constexpr const char* kCublasLt = "cublaslt";           //   or cuBLASLt
 inline constexpr const char* kGemmFp4Op = "gemm.fp4";          // NVFP4 dense products of <= kFp4GemvMaxTokens tokens:
 inline constexpr const char* kDequantCublasLt = "dequant-cublaslt";  //   "gemv", or dequantize, then cuBLASLt
+inline constexpr const char* kGemmFp8Op = "gemm.fp8";          // FP8 (E4M3) dense products of <= kFp8GemvMaxTokens tokens:
+inline constexpr const char* kCublasLtFp8 = "fp8-cublaslt";    //   "gemv", or cuBLASLt (FP8 tensor cores for W8A8, else
+                                                               //   dequantize to bf16 first)
 inline constexpr const char* kAttentionDecodeOp = "attention.decode";    // decode / verify tokens
 inline constexpr const char* kAttentionPrefillOp = "attention.prefill";  // prefill chunks
 inline constexpr const char* kTensorCore = "tensor-core";

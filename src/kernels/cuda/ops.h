@@ -90,8 +90,10 @@ bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, 
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
 // y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch up to plan.gemv_max_tokens, else
 // cuBLASLt. NVFP4: a decode kernel up to plan.fp4_gemv_max_tokens (at most 16), else dequantize
-// into `scratch` (N*K bf16) and use cuBLASLt. Fails (nothing launched) when y has fewer than T*N
-// elements or a needed scratch fewer than N*K.
+// into `scratch` (N*K bf16) and use cuBLASLt. FP8: fp8_gemv up to plan.fp8_gemv_max_tokens (at
+// most kFp8GemvMaxTokens), else W8A8 quantizes x into `scratch` (T*in bytes) for gemm_fp8 and
+// weight-only dequantizes into it (N*K bf16) for the bf16 product. Fails (nothing launched) when
+// y has fewer than T*N elements or a needed scratch is smaller (linear_scratch_elems).
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
             cudaStream_t s, const KernelPlan& plan);
 // bf16 product: the GEMV up to gemv_max_tokens tokens (the plan's), else cuBLASLt.
@@ -113,7 +115,9 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
 void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
 // q[i] = e4m3(x[i] / scale) (nearest even, saturated at +-448): a W8A8 linear's activations.
 void fp8_quantize(const bf16_t* x, float scale, uint8_t* q, int64_t n, cudaStream_t s);
-// y[T, N] = (xq[T, K] . wq[N, K]^T) * alpha on FP8 tensor cores (cuBLASLt), E4M3 inputs, fp32 out.
+// y[T, N] = (xq[T, K] . wq[N, K]^T) * alpha on FP8 tensor cores (cuBLASLt, in gemm.cu), E4M3
+// inputs, fp32 out; K % 16 == 0 and 16-byte aligned pointers. Throws where cuBLASLt has no
+// algorithm for the shape.
 void gemm_fp8(const uint8_t* xq, const uint8_t* wq, float* y, int T, int N, int K, float alpha, cudaStream_t s);
 // The bf16 scratch elements linear() may need for `w` at up to max_tokens tokens, whatever the
 // plan (0 when none): the dequantized weight (NVFP4, weight-only FP8) or the quantized

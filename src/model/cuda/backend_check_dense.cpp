@@ -1,6 +1,8 @@
 // Dense products at decode sizes as backends: op "gemm.bf16" (bf16 weights, steps of up to
-// kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt) and "gemm.fp4" (NVFP4 weights, up to
-// kFp4GemvMaxTokens: the NVFP4 GEMV or dequantize-then-cuBLASLt). Checked at the model's widest
+// kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt), "gemm.fp4" (NVFP4 weights, up to
+// kFp4GemvMaxTokens: the NVFP4 GEMV or dequantize-then-cuBLASLt) and "gemm.fp8" (FP8 weights, up
+// to kFp8GemvMaxTokens: the FP8 GEMV or cuBLASLt's FP8 product; checked as W8A8 per-tensor
+// projections, the case whose cuBLASLt candidate runs on FP8 tensor cores). Checked at the model's widest
 // projection against a double-precision host reference on sampled columns (fp32 accumulation of
 // exact products: bound 1e-3 of a row's largest value), timed over its in and out projections
 // (and, for bf16, lm_head: the largest product of a decode step).
@@ -23,8 +25,12 @@ namespace fathom::cuda {
 namespace {
 
 // bf16 weights: fp32 sums of exact products. NVFP4: the dequantize-then-cuBLASLt candidate rounds
-// each weight (code x scale x global) to bf16, 2^-9 of it.
-constexpr double kBf16Bound = 1e-3, kFp4Bound = 1e-2;
+// each weight (code x scale x global) to bf16, 2^-9 of it. FP8 (W8A8): products of E4M3 values
+// are exact; Hopper's FP8 tensor cores accumulate them in less than fp32 between promotions.
+constexpr double kBf16Bound = 1e-3, kFp4Bound = 1e-2, kFp8Bound = 1e-3;
+// The FP8 projections' scales: weights of magnitude up to 1.875 (E4M3 codes without exponent bit
+// 3) x 0.01; activations ~N(0, 1) quantized at 0.01 (|x| up to 4.48 before saturating).
+constexpr float kFp8WeightScale = 0.01f, kFp8InputScale = 0.01f;
 constexpr int kSampledColumns = 256;
 
 struct DenseShape {
@@ -53,20 +59,39 @@ std::string shapes_key(const DenseShape& s) {
          std::to_string(s.out_k) + ",lm_head " + std::to_string(s.vocab);
 }
 
-// Random weights of one projection on the device (bf16, or NVFP4 codes and scales; guarded, as
-// a kernel must not write them) and their exact values on the host for the sampled columns.
+enum class Weights { Bf16, Fp4, Fp8 };
+
+// Random weights of one projection on the device (bf16, NVFP4 codes and scales, or E4M3 codes;
+// guarded, as a kernel must not write them) and their exact values on the host for the sampled
+// columns (FP8: times the input scale, to multiply the quantized activations).
 struct Projection {
   std::string name;
   int n = 0, k = 0;
   DeviceLinear lin;
-  DeviceArray<bf16_t> dequant;     // NVFP4: the dequantization scratch, exactly [n, k]
+  DeviceArray<bf16_t> dequant;     // the scratch linear() may need, exactly linear_scratch_elems
   std::vector<int> columns;        // sampled output columns
   std::vector<double> exact;       // [columns, k]
-  Projection(GuardedBuffers& buffers, const std::string& name_, int n_, int k_, bool fp4, uint32_t seed)
+  Projection(GuardedBuffers& buffers, const std::string& name_, int n_, int k_, Weights kind, uint32_t seed,
+             int max_tokens)
       : name(name_), n(n_), k(k_) {
     for (int i = 0; i < kSampledColumns; ++i) columns.push_back(int(int64_t(i) * n / kSampledColumns));
     lin.out = n, lin.in = k;
-    if (!fp4) {
+    if (kind == Weights::Fp8) {
+      const GuardedBuffer& codes = buffers.weights(name + ".fp8", size_t(n) * k);
+      // Mask 0xbf: both signs, exponent fields 0..7 (subnormals included), never a NaN code.
+      fill_random_bytes(codes.as<uint8_t>(), int64_t(n) * k, seed, 0xbf, 0, nullptr);
+      lin.fp8 = codes.as<uint8_t>();
+      lin.fp8_scaling = Fp8Scaling::PerTensor;
+      lin.fp8_scale = kFp8WeightScale;
+      lin.fp8_input_scale = kFp8InputScale;
+      const double scale = double(lin.fp8_input_scale * lin.fp8_scale);  // fp32, as the kernels form it
+      dequant = buffers.scratch(name + ".xq", size_t(linear_scratch_elems(lin, max_tokens)) * 2).array<bf16_t>();
+      std::vector<uint8_t> row(static_cast<size_t>(k));
+      for (int c : columns) {
+        FATHOM_CUDA_CHECK(cudaMemcpy(row.data(), lin.fp8 + int64_t(c) * k, row.size(), cudaMemcpyDeviceToHost));
+        for (uint8_t b : row) exact.push_back(double(fp8_e4m3_to_f32(b)) * scale);
+      }
+    } else if (kind == Weights::Bf16) {
       const GuardedBuffer& w = buffers.weights(name, size_t(n) * k * 2);
       fill_random_bf16(w.as<bf16_t>(), int64_t(n) * k, 0.02f, seed, nullptr);
       lin.bf16 = w.as<bf16_t>();
@@ -99,25 +124,29 @@ struct Projection {
 struct DenseRig {
   GuardedBuffers buffers;  // weights, input, scratch and the timing output, for the whole child
   DenseShape shape;
-  bool fp4;
+  Weights kind;
   Projection in, out;
   std::unique_ptr<Projection> head;  // bf16 only
   int max_T, max_k;
   DeviceArray<bf16_t> x;
   DeviceArray<float> timing_y;       // timed runs write here (checked runs: an output of their exact size)
   std::vector<double> x_host;        // [max tokens, max k]
-  DenseRig(const DenseShape& s, bool fp4_, int max_tokens)
-      : shape(s), fp4(fp4_), in(buffers, "in_proj", s.in_n, s.in_k, fp4_, 21),
-        out(buffers, "out_proj", s.out_n, s.out_k, fp4_, 22), max_T(max_tokens), max_k(std::max(s.in_k, s.out_k)) {
+  std::vector<double> xq_host;       // FP8: e4m3(x / input scale), the W8A8 activations' values
+  DenseRig(const DenseShape& s, Weights kind_, int max_tokens)
+      : shape(s), kind(kind_), in(buffers, "in_proj", s.in_n, s.in_k, kind_, 21, max_tokens),
+        out(buffers, "out_proj", s.out_n, s.out_k, kind_, 22, max_tokens), max_T(max_tokens),
+        max_k(std::max(s.in_k, s.out_k)) {
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.f, 1.f);
     std::vector<bf16_t> xb(size_t(max_T) * max_k);
     for (auto& v : xb) {
       v = fathom::f32_to_bf16(normal(rng));
       x_host.push_back(bf16_to_f32(v));
+      xq_host.push_back(fp8_e4m3_to_f32(f32_to_fp8_e4m3(bf16_to_f32(v) / kFp8InputScale)));
     }
     x = buffers.input("x", xb).array<bf16_t>();
-    if (!fp4) head = std::make_unique<Projection>(buffers, "lm_head", s.vocab, s.in_k, false, 23);
+    if (kind == Weights::Bf16)
+      head = std::make_unique<Projection>(buffers, "lm_head", s.vocab, s.in_k, Weights::Bf16, 23, max_tokens);
     timing_y = buffers.output("timing y", size_t(max_T) * std::max({s.in_n, s.out_n, head ? s.vocab : 0}) * 4).array<float>();
   }
   // The candidate under check (check_candidate sets it).
@@ -136,11 +165,12 @@ struct DenseRig {
     FATHOM_CUDA_CHECK(cudaMemcpy(all.data(), y.data(), all.size() * 4, cudaMemcpyDeviceToHost));
     std::vector<float> got;
     std::vector<double> ref;
+    const std::vector<double>& xs = kind == Weights::Fp8 ? xq_host : x_host;
     for (int t = 0; t < T; ++t)
       for (size_t j = 0; j < p.columns.size(); ++j) {
         got.push_back(all[size_t(t) * p.n + p.columns[j]]);
         double acc = 0;
-        for (int i = 0; i < p.k; ++i) acc += x_host[size_t(t) * p.k + i] * p.exact[j * p.k + i];
+        for (int i = 0; i < p.k; ++i) acc += xs[size_t(t) * p.k + i] * p.exact[j * p.k + i];
         ref.push_back(acc);
       }
     error = relative_error(got.data(), ref.data(), got.size());
@@ -150,15 +180,20 @@ struct DenseRig {
   }
 };
 
-std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseShape& s, bool fp4,
+const char* op_of(Weights kind) {
+  return kind == Weights::Fp8 ? kGemmFp8Op : kind == Weights::Fp4 ? kGemmFp4Op : kGemmBf16Op;
+}
+
+std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseShape& s, Weights kind,
                                           const std::vector<int>& buckets) {
   KernelPlan plan;
-  if (fp4) plan.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
+  if (kind == Weights::Fp8) plan.fp8_gemv_max_tokens = cand == kGemv ? kFp8GemvMaxTokens : 0;
+  else if (kind == Weights::Fp4) plan.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
   else plan.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
-  const std::string op = fp4 ? kGemmFp4Op : kGemmBf16Op;
-  const double bound = fp4 ? kFp4Bound : kBf16Bound;
+  const std::string op = op_of(kind);
+  const double bound = kind == Weights::Fp8 ? kFp8Bound : kind == Weights::Fp4 ? kFp4Bound : kBf16Bound;
   static std::unique_ptr<DenseRig> rig;  // shared by the candidates of one child
-  if (!rig || rig->fp4 != fp4) rig = std::make_unique<DenseRig>(s, fp4, buckets.back());
+  if (!rig || rig->kind != kind) rig = std::make_unique<DenseRig>(s, kind, buckets.back());
   rig->plan = plan;
   std::vector<BackendCheck> out;
   std::vector<float> first_token;
@@ -192,34 +227,39 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
   return out;
 }
 
-TunableOp dense_op(const ModelConfig& cfg, bool fp4) {
+TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
   const DenseShape s = shapes_of(cfg);
   TunableOp op;
-  op.op = fp4 ? kGemmFp4Op : kGemmBf16Op;
-  op.candidates = {kGemv, fp4 ? kDequantCublasLt : kCublasLt};
-  op.buckets = fp4 ? std::vector<int>{1, 4, kFp4GemvMaxTokens} : std::vector<int>{1, 2, kGemvMaxTokens};
+  op.op = op_of(kind);
+  op.candidates = {kGemv, kind == Weights::Fp8 ? kCublasLtFp8 : kind == Weights::Fp4 ? kDequantCublasLt : kCublasLt};
+  op.buckets = kind == Weights::Fp8   ? std::vector<int>{1, 4, kFp8GemvMaxTokens}
+               : kind == Weights::Fp4 ? std::vector<int>{1, 4, kFp4GemvMaxTokens}
+                                      : std::vector<int>{1, 2, kGemvMaxTokens};
   op.consistent = true;
   op.per_bucket_without_speculation = true;
   op.fixed = [](int) { return std::string(kGemv); };
   op.shapes = shapes_key(s);
-  op.check = [s, fp4, buckets = op.buckets](const std::string& c) { return check_candidate(c, s, fp4, buckets); };
-  op.apply = [fp4](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+  op.check = [s, kind, buckets = op.buckets](const std::string& c) { return check_candidate(c, s, kind, buckets); };
+  op.apply = [kind](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
     // The GEMV up to the largest bucket that it and every smaller bucket chose.
     int limit = 0;
     for (const BackendChoice& c : choices) {  // buckets ascending
       if (c.candidate != kGemv) break;
       limit = c.bucket;
     }
-    (fp4 ? plan.fp4_gemv_max_tokens : plan.gemv_max_tokens) = limit;
+    (kind == Weights::Fp8   ? plan.fp8_gemv_max_tokens
+     : kind == Weights::Fp4 ? plan.fp4_gemv_max_tokens
+                            : plan.gemv_max_tokens) = limit;
   };
   return op;
 }
 
 }  // namespace
 
-std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4) {
-  std::vector<TunableOp> ops = {dense_op(cfg, false)};
-  if (nvfp4) ops.push_back(dense_op(cfg, true));
+std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4, bool fp8) {
+  std::vector<TunableOp> ops = {dense_op(cfg, Weights::Bf16)};
+  if (nvfp4) ops.push_back(dense_op(cfg, Weights::Fp4));
+  if (fp8) ops.push_back(dense_op(cfg, Weights::Fp8));
   return ops;
 }
 

@@ -39,7 +39,8 @@ struct TunableOp {
 
 // The families (each empty when the model has no such op).
 std::vector<TunableOp> moe_fp4_ops(const ModelConfig& cfg, bool nvfp4_experts);
-std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4);
+// `fp8`: the model has FP8 (E4M3) dense linears (adds gemm.fp8).
+std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4, bool fp8 = false);
 std::vector<TunableOp> attention_ops(const ModelConfig& cfg);
 std::vector<TunableOp> gdn_ops(const ModelConfig& cfg);
 std::vector<TunableOp> sampling_ops(const ModelConfig& cfg);
