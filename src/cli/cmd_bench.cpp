@@ -202,7 +202,7 @@ struct Bench {
   explicit Bench(const BenchArgs& args) : a(args) {}
   const BenchArgs& a;
   ModelConfig cfg;
-  bool dummy = false, nvfp4 = false;
+  bool dummy = false, nvfp4 = false, fp8 = false;  // the model's NVFP4 experts, FP8 dense linears
   std::vector<int> batches, spec_ks, spec_bs;  // decode batch sizes; speculative K and batch sizes
   std::string device_name;
   Ceilings ceil;
@@ -263,6 +263,7 @@ void read_model(Bench& b) {
   if (!b.spec_ks.empty() && b.dummy) b.cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
   FATHOM_CHECK(b.spec_ks.empty() || b.cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
   b.nvfp4 = b.dummy ? !a.bf16_experts && b.cfg.num_experts > 0 : stores_nvfp4_experts(a.model, b.cfg);
+  b.fp8 = b.dummy ? a.dummy_dense == "fp8" : QuantConfig::load(a.model, cfg_text).declares_fp8();
   b.batches = parse_list(a.batches);
   const ModelConfig& cfg = b.cfg;
   std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s dense, %s\n",
@@ -279,8 +280,8 @@ nlohmann::json choose_backends(Bench& b) {
   o.speculative = o.speculative || !b.a.spec_steps.empty() || !b.a.spec_algorithm.empty();
   if (o.policy != "none") {
     const cuda::TuneResult tr = cuda::tune_and_apply(
-        b.cfg, b.nvfp4, cuda::tune_options(o),
-        [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+        b.cfg, b.nvfp4, cuda::tune_options(o), [](const std::string& line) { std::printf("%s\n", line.c_str()); },
+        b.fp8);
     b.kernels = tr.plan;
     backends_report = {{"policy", o.policy}, {"seconds", tr.seconds}, {"from_cache", tr.from_cache}};
     for (const BackendChoice& c : tr.choices)
@@ -310,7 +311,7 @@ cuda::CudaRunnerOptions runner_options(const Bench& b) {
   opt.max_seq_len = a.input_len + a.output_len + 32;
   opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
   opt.cuda_graphs = !a.no_graphs;
-  opt.dummy_fp8_dense = b.dummy && a.dummy_dense == "fp8";
+  opt.dummy_fp8_dense = b.dummy && b.fp8;
   if (!b.spec_ks.empty()) {
     const int kmax = *std::max_element(b.spec_ks.begin(), b.spec_ks.end());
     const int bmax = *std::max_element(b.spec_bs.begin(), b.spec_bs.end());

@@ -42,7 +42,7 @@ void print_parallel_plan(const InspectOptions& o) {
   po.weight_format = o.weight_format;
   if (po.weight_format == "auto") {  // a checkpoint's quantization config, else BF16
     const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
-    po.weight_format = fathom::QuantConfig::load(dir, text).algo == fathom::QuantAlgo::NVFP4 ? "nvfp4" : "bf16";
+    po.weight_format = fathom::QuantConfig::load(dir, text).declares_nvfp4() ? "nvfp4" : "bf16";
   }
   po.gpu_memory_bytes = o.gpu_memory_gb * 1e9;
   po.gpu_memory_utilization = o.gpu_memory_utilization;

@@ -31,10 +31,10 @@ void run_tune(const TuneArgs& a) {
   const std::string text = read_text_file(config_path);
   const ModelConfig cfg = ModelConfig::parse(text, "", config_path.string());
   // A bare config.json stands for the NVFP4 release (as `bench` builds its dummy weights).
-  const bool nvfp4 = cfg.num_experts > 0 && !a.bf16_experts &&
-                     (!fs::is_directory(a.model) || QuantConfig::load(a.model, text).algo == QuantAlgo::NVFP4);
+  const QuantConfig quant = fs::is_directory(a.model) ? QuantConfig::load(a.model, text) : QuantConfig{};
+  const bool nvfp4 = cfg.num_experts > 0 && !a.bf16_experts && (!fs::is_directory(a.model) || quant.declares_nvfp4());
   const BackendOptions& b = a.backends;
-  const cuda::TuneResult r = cuda::tune_backends(cfg, nvfp4, cuda::tune_options(b));
+  const cuda::TuneResult r = cuda::tune_backends(cfg, nvfp4, cuda::tune_options(b), quant.declares_fp8());
   for (const std::string& line : cuda::describe_backends(r)) std::printf("%s\n", line.c_str());
   nlohmann::json j = {{"gpu", r.gpu}, {"tuned", r.tuned}, {"note", r.note}, {"from_cache", r.from_cache},
                       {"seconds", r.seconds}, {"cache_file", r.cache_file}};

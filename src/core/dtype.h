@@ -38,6 +38,10 @@ float fp8_e4m3_to_f32(uint8_t v);
 // saturated to +-448, NaN to 0x7f: what the GPU's cvt with __NV_SATFINITE gives (the W8A8
 // activations' rounding, fp8_quantize), for host references.
 uint8_t f32_to_fp8_e4m3(float v);
+// A W8A8 activation's E4M3 code: x times the reciprocal of the static input scale (formed once,
+// in fp32), rounded by f32_to_fp8_e4m3: what the GPU kernels compute (fp8_linear.cu) and the CPU
+// engine emulates.
+inline uint8_t fp8_quantize_activation(float x, float input_scale) { return f32_to_fp8_e4m3(x * (1.f / input_scale)); }
 // FP4 E2M1 code (low 4 bits) to its value: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
 float fp4_e2m1_to_f32(uint8_t code);
 

@@ -87,6 +87,8 @@ std::vector<float> read_fp8_linear(const Checkpoint& ckpt, const std::string& mo
   return out;
 }
 
-float fp8_fake_quantize(float x, float input_scale) { return fp8_e4m3_to_f32(f32_to_fp8_e4m3(x / input_scale)) * input_scale; }
+float fp8_fake_quantize(float x, float input_scale) {
+  return fp8_e4m3_to_f32(fp8_quantize_activation(x, input_scale)) * input_scale;
+}
 
 }  // namespace fathom

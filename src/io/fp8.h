@@ -2,7 +2,7 @@
 // cols]; dequantized w[r, c] = e4m3(q[r, c]) x its scale: `.weight_scale` (ModelOpt; an FP32
 // scalar, or one per row) or `.weight_scale_inv` (Qwen; FP32 [ceil(rows/b0), ceil(cols/b1)], one
 // per block). W8A8 checkpoints also give a static `.input_scale` (FP32 scalar): activations are
-// quantized as e4m3(x / input_scale) before the product.
+// quantized as e4m3(x * (1 / input_scale)) before the product.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -46,7 +46,8 @@ Fp8Scales read_fp8_scales(const Checkpoint& ckpt, const std::string& module, int
 std::vector<float> read_fp8_linear(const Checkpoint& ckpt, const std::string& module, int64_t rows, int64_t cols,
                                    const Fp8Scales& scales);
 
-// What a W8A8 linear does to an activation before the product: e4m3(x / s) * s.
+// What a W8A8 linear does to an activation before the product: e4m3(x * (1 / s)) * s
+// (core/dtype.h fp8_quantize_activation).
 float fp8_fake_quantize(float x, float input_scale);
 
 }  // namespace fathom

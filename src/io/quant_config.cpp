@@ -336,6 +336,20 @@ std::string QuantConfig::module_algo(std::string_view module) const {
   return {};
 }
 
+bool QuantConfig::declares_nvfp4() const {
+  if (algo == QuantAlgo::NVFP4) return true;
+  for (const auto& [module, a] : quantized_layers)
+    if (a != "FP8") return true;
+  return false;
+}
+
+bool QuantConfig::declares_fp8() const {
+  if (algo == QuantAlgo::FP8 || algo == QuantAlgo::BlockFP8) return true;
+  for (const auto& [module, a] : quantized_layers)
+    if (a == "FP8") return true;
+  return false;
+}
+
 const char* quant_algo_name(QuantAlgo a) {
   switch (a) {
     case QuantAlgo::None: return "none";

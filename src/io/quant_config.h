@@ -48,6 +48,10 @@ struct QuantConfig {
   // Whether the config names this module explicitly (a MIXED_PRECISION entry): then its stored
   // format must match.
   bool lists_module(std::string_view module) const;
+  // Whether any module is declared NVFP4 (W4A16_NVFP4 included) / FP8: which kernel families a
+  // model loaded from this checkpoint runs (the backend checks).
+  bool declares_nvfp4() const;
+  bool declares_fp8() const;
 };
 
 // fnmatch-style match where '*' matches any run of characters (including '.').

@@ -28,8 +28,9 @@ void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_
     for (float& v : xq) v = fp8_fake_quantize(v, w.input_scale);
     x = xq.data();
   }
-  if (bf16_activations_ && w.quantized && !w8a8 && !routed && n > 16) {
-    // The CUDA engine dequantizes weight-only NVFP4 / FP8 to bf16 for batches above its GEMVs.
+  // The CUDA engine dequantizes weight-only NVFP4 / FP8 to bf16 for batches above its GEMVs, and
+  // FP8 routed experts at load.
+  if (bf16_activations_ && w.quantized && !w8a8 && (routed ? w.fp8 : n > 16)) {
     std::vector<float> rounded(w.w);
     round_activations(rounded.data(), rounded.size());
     cpu::matmul_nt(x, rounded.data(), y, n, w.in, w.out);
@@ -187,14 +188,21 @@ HybridModel::Output HybridModel::finish(const std::vector<float>& x, const std::
   out.logits.resize(size_t(out.rows) * V);
   std::vector<float> head_in(out.hidden);
   round_activations(head_in.data(), head_in.size());
+  const float* head = w_.lm_head_data();
+  std::vector<float> rounded_head;
+  if (bf16_activations_ && w_.lm_head.quantized) {  // the CUDA engine keeps a quantized lm_head in bf16
+    rounded_head = w_.lm_head.w;
+    round_activations(rounded_head.data(), rounded_head.size());
+    head = rounded_head.data();
+  }
   if (!comm_) {
-    cpu::matmul_nt(head_in.data(), w_.lm_head_data(), out.logits.data(), out.rows, H, V);
+    cpu::matmul_nt(head_in.data(), head, out.logits.data(), out.rows, H, V);
     return out;
   }
   // Each rank's vocabulary slice, gathered as [rank][row][slice] and laid out as [row][vocab].
   const int64_t Vr = split_.vocab_rows;
   std::vector<float> mine(size_t(out.rows) * Vr), all(mine.size() * split_.size);
-  cpu::matmul_nt(head_in.data(), w_.lm_head_data(), mine.data(), out.rows, H, Vr);
+  cpu::matmul_nt(head_in.data(), head, mine.data(), out.rows, H, Vr);
   comm_->all_gather(mine, all);
   for (int r = 0; r < split_.size; ++r) {
     const int64_t v0 = r * Vr, n = std::min<int64_t>(Vr, V - v0);

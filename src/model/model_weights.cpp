@@ -55,7 +55,7 @@ class WeightLoader {
         }
         break;
       case WeightFormat::FP8:
-        lw.quantized = true;
+        lw.quantized = lw.fp8 = true;
         lw.w = read_fp8_linear(ckpt_, module, out, in, f.fp8);
         lw.input_scale = f.fp8.input_scale;
         break;

@@ -14,12 +14,13 @@ namespace fathom {
 
 // A Linear layer: w is [out, in] row-major, y = x * w^T (dequantized exactly when stored NVFP4 or
 // FP8; `quantized` records that). A W8A8 FP8 layer (input_scale > 0) quantizes its input first,
-// x -> e4m3(x / input_scale) * input_scale, as the GPU's FP8 tensor cores see it.
+// x -> e4m3(x * (1 / input_scale)) * input_scale, as the GPU's FP8 tensor cores see it.
 // When loaded with keep_nvfp4, an NVFP4 layer keeps its raw codes and scales instead of `w`.
 struct LinearWeight {
   int out = 0, in = 0;
   std::vector<float> w;
   bool quantized = false;
+  bool fp8 = false;  // stored FP8 (the CUDA engine keeps routed experts of this kind in bf16)
   float input_scale = 0.f;
   std::vector<uint8_t> fp4;        // [out, in/2] packed E2M1 (keep_nvfp4 only)
   std::vector<uint8_t> fp4_scale;  // [out, in/16] E4M3

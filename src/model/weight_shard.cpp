@@ -29,6 +29,7 @@ LinearWeight take_rows(const LinearWeight& w, const std::vector<IndexRange>& ran
   LinearWeight out;
   out.in = w.in;
   out.quantized = w.quantized;
+  out.fp8 = w.fp8;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   for (const IndexRange& r : ranges) {
@@ -56,6 +57,7 @@ LinearWeight take_columns(const LinearWeight& w, IndexRange cols) {
   out.out = w.out;
   out.in = cols.size();
   out.quantized = w.quantized;
+  out.fp8 = w.fp8;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   if (!w.w.empty()) {

@@ -33,12 +33,13 @@ cuda::KernelPlan choose_backends(const std::string& path, const std::string& dev
   const bool dummy = options.load_format == "dummy";
   const std::string text = read_config_text(path);
   const ModelConfig cfg = ModelConfig::parse(text, "", path);
-  const bool nvfp4 = cfg.num_experts > 0 &&
-                     (dummy || (std::filesystem::is_directory(path) &&
-                                QuantConfig::load(path, text).algo == QuantAlgo::NVFP4));
-  return cuda::tune_and_apply(cfg, nvfp4, cuda::tune_options(b), [](const std::string& line) {
-           std::fprintf(stderr, "fathom: %s\n", line.c_str());
-         }).plan;
+  const bool folder = !dummy && std::filesystem::is_directory(path);
+  const QuantConfig quant = folder ? QuantConfig::load(path, text) : QuantConfig{};
+  const bool nvfp4 = cfg.num_experts > 0 && (dummy || quant.declares_nvfp4());
+  return cuda::tune_and_apply(
+             cfg, nvfp4, cuda::tune_options(b),
+             [](const std::string& line) { std::fprintf(stderr, "fathom: %s\n", line.c_str()); }, quant.declares_fp8())
+      .plan;
 }
 #endif
 

@@ -33,7 +33,7 @@ const char* name_of(Mode m) {
 }
 constexpr Mode kModes[] = {Mode::PerTensor, Mode::PerTensorW8A8, Mode::PerChannel, Mode::Block, Mode::BlockW8A8};
 
-int blocks(int n) { return (n + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize; }
+int blocks(int n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
 // An FP8 weight on the host and the device, with the DeviceLinear that describes it.
 struct Fp8Matrix {
@@ -51,7 +51,7 @@ struct Fp8Matrix {
       case Mode::PerChannel: return scales[size_t(r)];
       case Mode::Block:
       case Mode::BlockW8A8:
-        return scales[size_t(r / cuda::kFp8BlockSize) * blocks(k) + c / cuda::kFp8BlockSize];
+        return scales[size_t(r / kFp8BlockSize) * blocks(k) + c / kFp8BlockSize];
       default: return scale;
     }
   }
@@ -78,9 +78,9 @@ Fp8Matrix random_fp8(int n, int k, Mode mode, uint32_t seed) {
   if (!m.scales.empty()) m.d_scales = cuda::DeviceBuffer::from_host(m.scales);
   m.lin.out = n, m.lin.in = k;
   m.lin.fp8 = m.d_codes.as<uint8_t>();
-  m.lin.fp8_scaling = mode == Mode::PerChannel ? cuda::Fp8Scaling::PerChannel
-                      : (mode == Mode::Block || mode == Mode::BlockW8A8) ? cuda::Fp8Scaling::Block
-                                                                           : cuda::Fp8Scaling::PerTensor;
+  m.lin.fp8_scaling = mode == Mode::PerChannel ? Fp8Scaling::PerChannel
+                      : (mode == Mode::Block || mode == Mode::BlockW8A8) ? Fp8Scaling::Block
+                                                                           : Fp8Scaling::PerTensor;
   m.lin.fp8_scale = m.scale;
   m.lin.fp8_scales = m.scales.empty() ? nullptr : m.d_scales.as<float>();
   m.lin.fp8_input_scale = m.input_scale;
@@ -108,9 +108,9 @@ Reference reference(const Fp8Matrix& m, const std::vector<uint16_t>& xb, int T) 
   for (int t = 0; t < T; ++t) {
     for (int c = 0; c < m.k; ++c) {
       const float x = from_bf16(xb[size_t(t) * m.k + c]);
-      // W8A8: e4m3(x / input_scale), the division in fp32 (as the kernels); the input scale
+      // W8A8: e4m3(x * (1 / input_scale)), in fp32 as the kernels; the input scale
       // multiplies the sum below.
-      xv[size_t(c)] = m.w8a8() ? double(fp8_e4m3_to_f32(f32_to_fp8_e4m3(x / m.input_scale))) : double(x);
+      xv[size_t(c)] = m.w8a8() ? double(fp8_e4m3_to_f32(fp8_quantize_activation(x, m.input_scale))) : double(x);
     }
     for (int r = 0; r < m.n; ++r) {
       double acc = 0, mag = 0;
@@ -258,7 +258,7 @@ TEST(CudaFp8Linear, QuantizeMatchesHostRounding) {
     FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), q.data(), got.size(), cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int i = 0; i < n; ++i) {
-      const uint8_t want = f32_to_fp8_e4m3(from_bf16(xb[size_t(i + offset)]) / qscale);
+      const uint8_t want = fp8_quantize_activation(from_bf16(xb[size_t(i + offset)]), qscale);
       const uint8_t g = got[size_t(i + offset)];
       const bool same = (want & 0x7f) == 0x7f ? (g & 0x7f) == 0x7f : g == want;  // any NaN code for NaN
       if (!same && bad++ < 5) ADD_FAILURE() << "offset " << offset << " element " << i << ": got " << int(g) << ", want " << int(want);

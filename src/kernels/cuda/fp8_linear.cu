@@ -10,10 +10,11 @@
 // in K order, then the butterfly shuffle, then the G partials in order) whatever T, R or the
 // loads in flight are, so a token's row has the same bits in a step of 1 or of 16 tokens.
 //
-// W8A8 activations are quantized as the GEMV reads them (once per R rows):
-// e4m3(x / input_scale) with x / input_scale a correctly rounded fp32 division (__fdiv_rn, not
-// a multiplication by the reciprocal), rounded to nearest even and saturated at +-448 by the
-// cvt's satfinite mode; the host reference (core/dtype.h f32_to_fp8_e4m3) does the same.
+// W8A8 activations are quantized as the GEMV reads them (once per R rows): e4m3(x * (1 /
+// input_scale)), the reciprocal formed once in fp32 and the product correctly rounded (__fmul_rn;
+// a division per activation would make the GEMV arithmetic-bound), rounded to nearest even and
+// saturated at +-448 by the cvt's satfinite mode; the host reference (core/dtype.h
+// fp8_quantize_activation) does the same.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -37,6 +38,7 @@ struct Fp8GemvArgs {
   const float* scales;   // PerChannel [N] or Block [ceil(N/128), ceil(K/128)]; else null
   float scale;           // PerTensor
   float input_scale;     // W8A8
+  float input_inv;       // 1 / input_scale in fp32 (what the activations are multiplied by)
   const bf16_t* x;       // [T, K]
   float* y;              // [T, N]
   int T, N, K, G;
@@ -57,15 +59,15 @@ __device__ __forceinline__ void decode16(const uint4& v, float* f) {
   }
 }
 
-// The E4M3 value of x / scale (the W8A8 activation rounding; see the file comment).
-__device__ __forceinline__ float2 quantize2(float a, float b, float scale) {
-  const float2 v = make_float2(__fdiv_rn(a, scale), __fdiv_rn(b, scale));
+// The E4M3 value of x * inv (the W8A8 activation rounding; see the file comment).
+__device__ __forceinline__ float2 quantize2(float a, float b, float inv) {
+  const float2 v = make_float2(__fmul_rn(a, inv), __fmul_rn(b, inv));
   return e4m3x2_to_float2(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 // 16 activations (32 bytes of bf16) as floats, quantized for W8A8.
 template <bool W8A8>
-__device__ __forceinline__ void load_x16(const bf16_t* p, float input_scale, float* f) {
+__device__ __forceinline__ void load_x16(const bf16_t* p, float input_inv, float* f) {
   const uint4 a = __ldg(reinterpret_cast<const uint4*>(p)), b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
   const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -76,7 +78,7 @@ __device__ __forceinline__ void load_x16(const bf16_t* p, float input_scale, flo
   if constexpr (W8A8) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float2 q = quantize2(f[2 * i], f[2 * i + 1], input_scale);
+      const float2 q = quantize2(f[2 * i], f[2 * i + 1], input_inv);
       f[2 * i] = q.x, f[2 * i + 1] = q.y;
     }
   }
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
             float xf[MAX_T][kChunk];
 #pragma unroll
             for (int t = 0; t < MAX_T; ++t)
-              if (t < T) load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_scale, xf[t]);
+              if (t < T) load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_inv, xf[t]);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
               float wf[kChunk];
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
             for (int t = 0; t < MAX_T; ++t) {
               if (t < T) {
                 float xf[kChunk];
-                load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_scale, xf);
+                load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_inv, xf);
 #pragma unroll
                 for (int r = 0; r < R; ++r) chunk_fma<BLOCK>(wf[r], xf, bs[r], acc[r][t]);
               }
@@ -245,8 +247,10 @@ template <bool W8A8>
 void launch_gemv(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
   static_assert(kFp8GemvMaxTokens <= 16);
   if constexpr (W8A8) {
-    if (a.T <= 1) launch_rows<1, 4, 1, true>(a, block, s);
-    else if (a.T <= 2) launch_rows<2, 4, 1, true>(a, block, s);
+    // One or two tokens: few rows per warp, as weight-only (four rows' registers limit the
+    // blocks an SM holds, and the bandwidth with them).
+    if (a.T <= 1) launch_rows<1, 1, 2, true>(a, block, s);
+    else if (a.T <= 2) launch_rows<2, 2, 1, true>(a, block, s);
     else if (a.T <= 4) launch_rows<4, 4, 1, true>(a, block, s);
     else if (a.T <= 8) launch_rows<8, 4, 1, true>(a, block, s);
     else launch_rows<16, 4, 1, true>(a, block, s);
@@ -295,13 +299,13 @@ __global__ void fp8_dequantize_kernel(const uint8_t* __restrict__ w, Fp8Scaling 
   }
 }
 
-__device__ __forceinline__ uint8_t quantize1(bf16_t x, float scale) {
-  return __nv_cvt_float_to_fp8(__fdiv_rn(bf(x), scale), __NV_SATFINITE, __NV_E4M3);
+__device__ __forceinline__ uint8_t quantize1(bf16_t x, float inv) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(bf(x), inv), __NV_SATFINITE, __NV_E4M3);
 }
 
 // VEC: 8 activations (16 bytes in, 8 out) per step over the first n / 8 * 8; the rest one by one.
 template <bool VEC>
-__global__ void fp8_quantize_kernel(const bf16_t* __restrict__ x, float scale, uint8_t* __restrict__ q, int64_t n) {
+__global__ void fp8_quantize_kernel(const bf16_t* __restrict__ x, float inv, uint8_t* __restrict__ q, int64_t n) {
   pdl_prologue();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   int64_t done = 0;
@@ -313,17 +317,31 @@ __global__ void fp8_quantize_kernel(const bf16_t* __restrict__ x, float scale, u
       uint32_t out[2] = {0, 0};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 f = make_float2(__fdiv_rn(__uint_as_float(words[j] << 16), scale),
-                                     __fdiv_rn(__uint_as_float(words[j] & 0xffff0000u), scale));
+        const float2 f = make_float2(__fmul_rn(__uint_as_float(words[j] << 16), inv),
+                                     __fmul_rn(__uint_as_float(words[j] & 0xffff0000u), inv));
         out[j / 2] |= uint32_t(__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3)) << (16 * (j % 2));
       }
       reinterpret_cast<uint2*>(q)[i] = make_uint2(out[0], out[1]);
     }
   }
-  for (int64_t i = done + first; i < n; i += stride) q[i] = quantize1(x[i], scale);
+  for (int64_t i = done + first; i < n; i += stride) q[i] = quantize1(x[i], inv);
+}
+
+__global__ void fp8_scale_columns_kernel(float* __restrict__ y, const float* __restrict__ scales, int64_t n, int N) {
+  pdl_prologue();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] *= __ldg(scales + i % N);
 }
 
 }  // namespace
+
+void fp8_scale_columns(float* y, const float* scales, int T, int N, cudaStream_t s) {
+  const int64_t n = int64_t(T) * N;
+  if (n <= 0) return;
+  const int grid = int(std::min<int64_t>((n + 255) / 256, 65535));
+  launch(fp8_scale_columns_kernel, grid, 256, 0, s, y, scales, n, N);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
 
 void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s) {
   FATHOM_CHECK(w.is_fp8(), "fp8_gemv needs FP8 weights");
@@ -338,6 +356,7 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
   a.scales = w.fp8_scaling == Fp8Scaling::PerTensor ? nullptr : w.fp8_scales;
   a.scale = w.fp8_scale;
   a.input_scale = w.fp8_input_scale;
+  a.input_inv = w.fp8_input_scale > 0.f ? 1.f / w.fp8_input_scale : 0.f;
   a.x = x, a.y = y, a.T = T, a.N = w.out, a.K = w.in;
   // Warps per row group, from N and K only (so a row's sum never depends on T): enough warps to
   // cover the GPU, while each lane keeps two or more 16-byte loads of its range.
@@ -369,8 +388,9 @@ void fp8_quantize(const bf16_t* x, float scale, uint8_t* q, int64_t n, cudaStrea
   if (n <= 0) return;
   const bool vec = is_aligned(x, 16) && is_aligned(q, 8);
   const int grid = int(std::min<int64_t>(((vec ? n / 8 : n) + 255) / 256 + 1, 65535));
-  if (vec) launch(fp8_quantize_kernel<true>, grid, 256, 0, s, x, scale, q, n);
-  else launch(fp8_quantize_kernel<false>, grid, 256, 0, s, x, scale, q, n);
+  const float inv = 1.f / scale;  // fp32, as the host's fp8_quantize_activation forms it
+  if (vec) launch(fp8_quantize_kernel<true>, grid, 256, 0, s, x, inv, q, n);
+  else launch(fp8_quantize_kernel<false>, grid, 256, 0, s, x, inv, q, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

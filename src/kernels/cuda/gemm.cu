@@ -151,10 +151,10 @@ namespace {
 // FP8 weights (op gemm.fp8 up to kFp8GemvMaxTokens tokens): the FP8 GEMV up to the plan's
 // fp8_gemv_max_tokens, else "fp8-cublaslt": W8A8 quantizes the activations into the scratch (as
 // bytes) for cuBLASLt's FP8 product; weight-only dequantizes into the scratch for the bf16 one.
-// W8A8 products cuBLASLt cannot take (per-channel or block scales, which the loader never builds
-// with an input scale and cuBLASLt's per-tensor alpha cannot express; unaligned buffers; shapes
-// without an algorithm) run the GEMV over slices of kFp8GemvMaxTokens tokens: the same values,
-// at GEMV speed.
+// W8A8 with per-row scales (the loader's fused projections) scales the product's columns after.
+// W8A8 products cuBLASLt cannot take (block scales, which the loader never builds with an input
+// scale; unaligned buffers; shapes without an algorithm) run the GEMV over slices of
+// kFp8GemvMaxTokens tokens: the same values, at GEMV speed.
 void linear_fp8(const DeviceLinear& w, const bf16_t* x, float* y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s,
                 const KernelPlan& plan) {
   const size_t bytes = size_t(T) * w.out * sizeof(float);
@@ -169,10 +169,13 @@ void linear_fp8(const DeviceLinear& w, const bf16_t* x, float* y, int T, DeviceA
                  "] at ", T, " tokens need ", need, " bf16 of scratch for the quantized activations (", T, " x ", w.in,
                  " bytes), have ", scratch.size);
     uint8_t* xq = reinterpret_cast<uint8_t*>(scratch.data);
-    if (w.fp8_scaling == Fp8Scaling::PerTensor && w.in % 16 == 0 && is_aligned(xq, 16) && is_aligned(w.fp8, 16) &&
+    if (w.fp8_scaling != Fp8Scaling::Block && w.in % 16 == 0 && is_aligned(xq, 16) && is_aligned(w.fp8, 16) &&
         is_aligned(y, 16) && gemm_context()->fp8_supported(T, w.out, w.in)) {
+      // Per-row scales (fused projections) multiply the product's columns afterwards.
+      const bool per_row = w.fp8_scaling == Fp8Scaling::PerChannel;
       fp8_quantize(x, w.fp8_input_scale, xq, int64_t(T) * w.in, s);
-      gemm_fp8(xq, w.fp8, y, T, w.out, w.in, w.fp8_input_scale * w.fp8_scale, s);
+      gemm_fp8(xq, w.fp8, y, T, w.out, w.in, w.fp8_input_scale * (per_row ? 1.f : w.fp8_scale), s);
+      if (per_row) fp8_scale_columns(y, w.fp8_scales, T, w.out, s);
     } else {
       for (int t0 = 0; t0 < T; t0 += kFp8GemvMaxTokens)
         fp8_gemv(w, x + int64_t(t0) * w.in, y + int64_t(t0) * w.out, std::min(kFp8GemvMaxTokens, T - t0), s);

@@ -34,7 +34,7 @@ struct DeviceLinear {
   float fp8_scale = 1.f;                // PerTensor
   const float* fp8_scales = nullptr;    // PerChannel: [out]; Block: [ceil(out/128), ceil(in/128)]
   // > 0: W8A8 with a static input scale: activations are quantized to E4M3 as
-  // e4m3(x / fp8_input_scale) (round to nearest even, saturated at +-448) before the product, as
+  // e4m3(x * (1 / fp8_input_scale)) (round to nearest even, saturated at +-448) before the product, as
   // the checkpoint was calibrated; 0: weight-only (W8A16).
   float fp8_input_scale = 0.f;
   bool is_fp4() const { return fp4 != nullptr; }
@@ -113,7 +113,9 @@ void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStr
 void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
 // out [out, in] bf16 = the dequantized weight (the W8A16 path of larger steps).
 void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
-// q[i] = e4m3(x[i] / scale) (nearest even, saturated at +-448): a W8A8 linear's activations.
+// y[t, n] *= scales[n] (a per-row FP8 weight's scales, after a product with alpha = input scale).
+void fp8_scale_columns(float* y, const float* scales, int T, int N, cudaStream_t s);
+// q[i] = e4m3(x[i] * (1 / scale)) (nearest even, saturated at +-448): a W8A8 linear's activations.
 void fp8_quantize(const bf16_t* x, float scale, uint8_t* q, int64_t n, cudaStream_t s);
 // y[T, N] = (xq[T, K] . wq[N, K]^T) * alpha on FP8 tensor cores (cuBLASLt, in gemm.cu), E4M3
 // inputs, fp32 out; K % 16 == 0 and 16-byte aligned pointers. Throws where cuBLASLt has no

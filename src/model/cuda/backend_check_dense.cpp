@@ -131,7 +131,7 @@ struct DenseRig {
   DeviceArray<bf16_t> x;
   DeviceArray<float> timing_y;       // timed runs write here (checked runs: an output of their exact size)
   std::vector<double> x_host;        // [max tokens, max k]
-  std::vector<double> xq_host;       // FP8: e4m3(x / input scale), the W8A8 activations' values
+  std::vector<double> xq_host;       // FP8: e4m3(x * (1 / input scale)), the W8A8 activations' values
   DenseRig(const DenseShape& s, Weights kind_, int max_tokens)
       : shape(s), kind(kind_), in(buffers, "in_proj", s.in_n, s.in_k, kind_, 21, max_tokens),
         out(buffers, "out_proj", s.out_n, s.out_k, kind_, 22, max_tokens), max_T(max_tokens),
@@ -142,7 +142,7 @@ struct DenseRig {
     for (auto& v : xb) {
       v = fathom::f32_to_bf16(normal(rng));
       x_host.push_back(bf16_to_f32(v));
-      xq_host.push_back(fp8_e4m3_to_f32(f32_to_fp8_e4m3(bf16_to_f32(v) / kFp8InputScale)));
+      xq_host.push_back(fp8_e4m3_to_f32(fp8_quantize_activation(bf16_to_f32(v), kFp8InputScale)));
     }
     x = buffers.input("x", xb).array<bf16_t>();
     if (kind == Weights::Bf16)

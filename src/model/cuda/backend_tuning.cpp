@@ -21,11 +21,9 @@ namespace {
 // (3: every check guards its buffers against out-of-bounds writes).
 constexpr const char* kTuneVersion = "3";
 
-// TODO(issue 31): gemm.fp8 is checked only when asked for: pass dense_gemm_ops(cfg, nvfp4, fp8)
-// whether the loaded model has FP8 dense linears, once tune_backends' callers know it.
-std::vector<TunableOp> model_ops(const ModelConfig& cfg, bool nvfp4) {
+std::vector<TunableOp> model_ops(const ModelConfig& cfg, bool nvfp4, bool fp8) {
   std::vector<TunableOp> ops;
-  for (auto&& family : {dense_gemm_ops(cfg, nvfp4), moe_fp4_ops(cfg, nvfp4), attention_ops(cfg), gdn_ops(cfg),
+  for (auto&& family : {dense_gemm_ops(cfg, nvfp4, fp8), moe_fp4_ops(cfg, nvfp4), attention_ops(cfg), gdn_ops(cfg),
                         sampling_ops(cfg)})
     for (const TunableOp& op : family) ops.push_back(op);
   return ops;
@@ -136,7 +134,7 @@ TuneOptions tune_options(const BackendOptions& flags) {
   return o;
 }
 
-TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt) {
+TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt, bool fp8) {
   const auto t0 = std::chrono::steady_clock::now();
   TuneResult res;
   const std::vector<std::string> gpu = gpu_facts();
@@ -145,7 +143,7 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& 
     return res;
   }
   res.gpu = gpu[0] + " (sm " + gpu[1] + ", driver " + gpu[2] + ", CUDA runtime " + gpu[3] + ")";
-  const std::vector<TunableOp> ops = model_ops(cfg, nvfp4);
+  const std::vector<TunableOp> ops = model_ops(cfg, nvfp4, fp8);
   for (const auto& [op, cand] : opt.pinned)
     FATHOM_CHECK(std::any_of(ops.begin(), ops.end(), [&](const TunableOp& o) { return o.op == op; }), "a backend is pinned for ",
                  op, " but this model has no such op");
@@ -202,10 +200,10 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& 
 }
 
 TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt,
-                          const std::function<void(const std::string&)>& log) {
-  TuneResult r = tune_backends(cfg, nvfp4, opt);
+                          const std::function<void(const std::string&)>& log, bool fp8) {
+  TuneResult r = tune_backends(cfg, nvfp4, opt, fp8);
   for (const std::string& line : describe_backends(r)) log(line);
-  if (r.tuned) r.plan = plan_of(model_ops(cfg, nvfp4), r.choices);
+  if (r.tuned) r.plan = plan_of(model_ops(cfg, nvfp4, fp8), r.choices);
   return r;
 }
 

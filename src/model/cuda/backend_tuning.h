@@ -48,12 +48,12 @@ struct TuneResult {
 
 // Verifies and times the candidates, or reads a previous run's result from the cache, and
 // chooses. Call it before this process initialises CUDA (the work runs in child processes).
-// `nvfp4`: the model's experts (and dense layers) are NVFP4.
-TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt);
+// `nvfp4`: the model's experts (and dense layers) are NVFP4; `fp8`: it has FP8 dense linears.
+TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt, bool fp8 = false);
 // tune_backends, its describe_backends lines to `log`, then the choices as a KernelPlan (in the
 // result) for the runner; throws naming the op when one of its sizes has no verified candidate.
 TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions& opt,
-                          const std::function<void(const std::string&)>& log);
+                          const std::function<void(const std::string&)>& log, bool fp8 = false);
 // Log lines: each choice with its reason, then every rejected candidate with its failed check.
 std::vector<std::string> describe_backends(const TuneResult& r);
 

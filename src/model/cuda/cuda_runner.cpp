@@ -45,6 +45,7 @@ std::unique_ptr<CudaRunner> CudaRunner::from_checkpoint(const std::string& dir, 
                                        &split));
   } else {
     build.split = impl->tp;
+    build.fp8_weight_only = !opt.fp8_activation_quantization;
     build.from_checkpoint(*ckpt, opt.load_mtp);
   }
   const auto t2 = clock::now();

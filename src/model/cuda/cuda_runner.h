@@ -35,6 +35,9 @@ struct CudaRunnerOptions {
   // Dummy weights only: attention, DeltaNet and shared-expert projections in FP8 W8A8 per tensor,
   // as the NVFP4-V2 release stores them (else bf16).
   bool dummy_fp8_dense = false;
+  // W8A8 FP8 linears quantize their activations as the checkpoint says (the default); off, they
+  // run weight-only (tests compare with the CPU engine's weight-only run).
+  bool fp8_activation_quantization = true;
   int max_history = 8;             // tokens of a keep_history step (draft verification)
   // Load through host weights (load_model_weights) instead of streaming the shards to the device:
   // the older path, which needs the whole model in host memory; kept to check the streamed one.

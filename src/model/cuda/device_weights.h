@@ -150,6 +150,9 @@ class WeightBuilder {
 
   // from_checkpoint
   QuantConfig quant;  // the checkpoint's, read by from_checkpoint
+ public:
+  bool fp8_weight_only = false;  // W8A8 FP8 linears built weight-only (CudaRunnerOptions)
+ private:
   void load_quant_config(const Checkpoint& ck);
   ModuleFormat format_of(const std::string& module, int64_t rows, int64_t cols) const;
   bool stored_fp4(const std::string& module) const;
@@ -174,6 +177,10 @@ class WeightBuilder {
     int rows, stored_rows;
   };
   DeviceLinear bf16_row_parts(const std::vector<RowPart>& parts, int in, int total_rows, bool expert);
+  // Row blocks of FP8 linears with the same input in one FP8 matrix with a scale per row (their
+  // per-tensor or per-row scales), zero rows up to total_rows: when every part is FP8 per tensor
+  // or per row, all W8A8 with one input scale or all weight-only. Empty (out == 0) otherwise.
+  DeviceLinear fp8_row_parts(const std::vector<RowPart>& parts, int in, int total_rows);
   DeviceLinear stored_linear(const std::string& module, int out, int in, bool expert);
   // Rows `rows` (in order) of a stored [stored_out, in] linear, bf16 or NVFP4.
   DeviceLinear stored_rows(const std::string& module, const std::vector<IndexRange>& rows, int stored_out, int in,

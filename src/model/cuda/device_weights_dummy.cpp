@@ -99,10 +99,8 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   l.post_norm = dummy_f32(H, norm_w);
   if (l.type == LayerType::FullAttention) {
     const AttentionTensors& a = t.attn;
-    if (dummy_fp8) {
-      l.q = dummy_fp8_linear(a.q.out, H);
-      l.k = dummy_fp8_linear(a.k.out, H);
-      l.v = dummy_fp8_linear(a.v.out, H);
+    if (dummy_fp8) {  // fused as the loader fuses them (fp8_row_parts)
+      l.attn_qkv = dummy_fp8_linear(a.q.out + a.k.out + a.v.out, H);
       l.o = dummy_fp8_linear(a.o.out, a.o.in);
     } else {
       l.attn_qkv = dummy_linear(a.q.out + a.k.out + a.v.out, H, false, false);
@@ -112,11 +110,9 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
     l.k_norm = dummy_f32(a.k_norm.shape[0], norm_w);
   } else {
     const GatedDeltaNetTensors& g = t.gdn;
-    if (dummy_fp8) {  // in_proj_b / in_proj_a stay bf16 in the V2 release
-      l.qkv = dummy_fp8_linear(g.qkv.out, H);
-      l.z = dummy_fp8_linear(g.z.out, H);
-      l.b = dummy_linear(g.b.out, H, false, false);
-      l.a = dummy_linear(g.a.out, H, false, false);
+    if (dummy_fp8) {  // FP8 [qkv | z]; in_proj_b / in_proj_a stay bf16 in the V2 release: [b | a]
+      l.qkv = dummy_fp8_linear(g.qkv.out + g.z.out, H);
+      l.b = dummy_linear(g.b.out + g.a.out, H, false, false);
       l.out = dummy_fp8_linear(g.out.out, g.out.in);
     } else {
       l.gdn_in = dummy_linear(g.qkv.out + g.z.out + g.b.out + g.a.out, H, false, false);
@@ -162,8 +158,7 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   if (m.has_shared) {
     l.has_shared = true;
     if (dummy_fp8) {
-      l.s_gate = dummy_fp8_linear(m.shared.gate.out, H);
-      l.s_up = dummy_fp8_linear(m.shared.up.out, H);
+      l.s_fused = dummy_fp8_linear(padded_rows(m.shared.gate.out + m.shared.up.out), H);
       l.s_gate_logit = dummy_linear(1, H, false, false);
       l.s_down = dummy_fp8_linear(m.shared.down.out, m.shared.down.in);
     } else {

@@ -38,9 +38,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// Adjacent row ranges as one (a whole matrix is then one range, whatever its blocks).
+std::vector<IndexRange> coalesced(const std::vector<IndexRange>& rows) {
+  std::vector<IndexRange> out;
+  for (const IndexRange& r : rows) {
+    if (!out.empty() && out.back().end == r.begin) out.back().end = r.end;
+    else out.push_back(r);
+  }
+  return out;
+}
+
 DeviceLinear WeightBuilder::fp8_rows(const std::string& module, const ModuleFormat& f,
-                                     const std::vector<IndexRange>& rows, int stored_out, int in, bool expert) {
+                                     const std::vector<IndexRange>& split_rows, int stored_out, int in, bool expert) {
   check_fp8_shape(module, f, in);
+  const std::vector<IndexRange> rows = coalesced(split_rows);
   DeviceLinear d;
   d.in = in;
   for (const IndexRange& r : rows) d.out += r.size();
@@ -61,7 +72,7 @@ DeviceLinear WeightBuilder::fp8_rows(const std::string& module, const ModuleForm
   d.fp8 = codes;
   d.fp8_scaling = f.fp8.scaling;
   d.fp8_scale = f.fp8.tensor_scale;
-  d.fp8_input_scale = f.fp8.input_scale;
+  d.fp8_input_scale = fp8_weight_only ? 0.f : f.fp8.input_scale;
   if (f.fp8.scaling == Fp8Scaling::PerChannel) d.fp8_scales = upload_f32(rows_of(f.fp8.scales, 1, rows));
   if (f.fp8.scaling == Fp8Scaling::Block)
     d.fp8_scales = upload_f32(rows_of(f.fp8.scales, ceil_div(in, kFp8BlockSize), block_rows));
@@ -88,7 +99,7 @@ DeviceLinear WeightBuilder::fp8_columns(const std::string& module, const ModuleF
   d.fp8 = codes;
   d.fp8_scaling = f.fp8.scaling;
   d.fp8_scale = f.fp8.tensor_scale;
-  d.fp8_input_scale = f.fp8.input_scale;
+  d.fp8_input_scale = fp8_weight_only ? 0.f : f.fp8.input_scale;
   if (f.fp8.scaling == Fp8Scaling::PerChannel) d.fp8_scales = upload_f32(f.fp8.scales);
   if (f.fp8.scaling == Fp8Scaling::Block) {
     const int64_t bc = ceil_div(stored_in, kFp8BlockSize), c0 = cols.begin / kFp8BlockSize,
@@ -98,6 +109,39 @@ DeviceLinear WeightBuilder::fp8_columns(const std::string& module, const ModuleF
       s.insert(s.end(), f.fp8.scales.begin() + br * bc + c0, f.fp8.scales.begin() + br * bc + c1);
     d.fp8_scales = upload_f32(s);
   }
+  return d;
+}
+
+DeviceLinear WeightBuilder::fp8_row_parts(const std::vector<RowPart>& parts, int in, int total_rows) {
+  std::vector<ModuleFormat> formats;
+  for (const RowPart& part : parts) {
+    formats.push_back(format_of(part.module, part.stored_rows, in));
+    const ModuleFormat& f = formats.back();
+    if (f.weight != WeightFormat::FP8 || f.fp8.scaling == Fp8Scaling::Block || f.w8a8() != formats[0].w8a8() ||
+        f.fp8.input_scale != formats[0].fp8.input_scale || in % 16 != 0)
+      return {};
+  }
+  DeviceLinear d;
+  d.out = total_rows;
+  d.in = in;
+  uint8_t* codes = alloc_weight<uint8_t>(int64_t(total_rows) * in, false);
+  std::vector<float> row_scales;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const RowPart& part = parts[i];
+    const Fp8Scales& s = formats[i].fp8;
+    st->copy(part.module + ".weight", codes + int64_t(row_scales.size()) * in, uint64_t(part.row0) * in,
+             uint64_t(part.rows) * in);
+    for (int r = 0; r < part.rows; ++r)
+      row_scales.push_back(s.scaling == Fp8Scaling::PerChannel ? s.scales[size_t(part.row0 + r)] : s.tensor_scale);
+  }
+  const int64_t filled = int64_t(row_scales.size());
+  if (filled < total_rows)
+    FATHOM_CUDA_CHECK(cudaMemsetAsync(codes + filled * in, 0, size_t(total_rows - filled) * in, stream));
+  row_scales.resize(size_t(total_rows), 1.f);
+  d.fp8 = codes;
+  d.fp8_scaling = Fp8Scaling::PerChannel;
+  d.fp8_scales = upload_f32(row_scales);
+  d.fp8_input_scale = fp8_weight_only ? 0.f : formats[0].fp8.input_scale;
   return d;
 }
 

@@ -83,9 +83,10 @@ DeviceLinear WeightBuilder::bf16_row_parts(const std::vector<RowPart>& parts, in
     format_of(part.module, part.stored_rows, in);  // checks the tensors against the quantization config
     const std::string name = part.module + ".weight";
     const TensorInfo& t = st->checkpoint().info(name);
-    FATHOM_CHECK(t.shape == (std::vector<int64_t>{part.stored_rows, in}), "tensor '", name, "' in ",
-                 st->checkpoint().file_of(name), ": expected shape ", shape_str({part.stored_rows, in}), ", found ",
-                 shape_str(t.shape));
+    const int64_t stored_in = t.dtype == DType::U8 ? in / 2 : in;  // packed FP4: two codes a byte
+    FATHOM_CHECK(t.shape == (std::vector<int64_t>{part.stored_rows, stored_in}), "tensor '", name, "' in ",
+                 st->checkpoint().file_of(name), ": expected shape ", shape_str({part.stored_rows, stored_in}),
+                 ", found ", shape_str(t.shape));
     rows_bf16(name, part.rows, in, p + int64_t(row) * in, part.row0);
     row += part.rows;
   }
@@ -276,9 +277,16 @@ void WeightBuilder::stream_attention(DevLayer& l, const AttentionTensors& t) {
                                  {t.v.module, kv.begin, kv.size(), t.v.out}},
                                 H, q.size() + 2 * kv.size(), false);
   } else {
-    l.q = stored_rows(t.q.module, {q}, t.q.out, H, false);
-    l.k = stored_rows(t.k.module, {kv}, t.k.out, H, false);
-    l.v = stored_rows(t.v.module, {kv}, t.v.out, H, false);
+    // FP8 projections of one input are one FP8 matrix with a scale per row (one GEMV, not three).
+    l.attn_qkv = fp8_row_parts({{t.q.module, q.begin, q.size(), t.q.out},
+                                {t.k.module, kv.begin, kv.size(), t.k.out},
+                                {t.v.module, kv.begin, kv.size(), t.v.out}},
+                               H, q.size() + 2 * kv.size());
+    if (l.attn_qkv.out == 0) {
+      l.q = stored_rows(t.q.module, {q}, t.q.out, H, false);
+      l.k = stored_rows(t.k.module, {kv}, t.k.out, H, false);
+      l.v = stored_rows(t.v.module, {kv}, t.v.out, H, false);
+    }
   }
   l.o = stored_columns(t.o.module, H, t.o.in, split.o_columns(cfg), false);
   l.q_norm = upload_f32(small_f32(t.q_norm));
@@ -338,10 +346,23 @@ void WeightBuilder::stream_gated_delta_net(DevLayer& l, const GatedDeltaNetTenso
                                {t.a.module, vh.begin, hv, hv_all}},
                               H, conv_dim + value_dim + 2 * hv, false);
   } else {
-    l.qkv = stored_rows(t.qkv.module, qkv_rows, t.qkv.out, H, false);
-    l.z = stored_rows(t.z.module, {value_rows}, t.z.out, H, false);
-    l.b = stored_rows(t.b.module, {vh}, t.b.out, H, false);
-    l.a = stored_rows(t.a.module, {vh}, t.a.out, H, false);
+    // NVIDIA's V2 layout: FP8 [qkv | z] in one matrix, bf16 [b | a] in another.
+    const std::string& qkv = t.qkv.module;
+    l.qkv = fp8_row_parts({{qkv, qkv_rows[0].begin, qkv_rows[0].size(), conv_all},
+                           {qkv, qkv_rows[1].begin, qkv_rows[1].size(), conv_all},
+                           {qkv, qkv_rows[2].begin, qkv_rows[2].size(), conv_all},
+                           {t.z.module, value_rows.begin, value_dim, value_all}},
+                          H, conv_dim + value_dim);
+    if (l.qkv.out == 0) {
+      l.qkv = stored_rows(t.qkv.module, qkv_rows, t.qkv.out, H, false);
+      l.z = stored_rows(t.z.module, {value_rows}, t.z.out, H, false);
+    }
+    if (stored_float(t.b.module) && stored_float(t.a.module)) {
+      l.b = bf16_row_parts({{t.b.module, vh.begin, hv, hv_all}, {t.a.module, vh.begin, hv, hv_all}}, H, 2 * hv, false);
+    } else {
+      l.b = stored_rows(t.b.module, {vh}, t.b.out, H, false);
+      l.a = stored_rows(t.a.module, {vh}, t.a.out, H, false);
+    }
   }
   l.out = stored_columns(t.out.module, H, t.out.in, value_rows, false);
   l.conv_w = upload_f32(rows_of(small_f32(t.conv), kc, qkv_rows));
@@ -407,8 +428,13 @@ void WeightBuilder::stream_moe(DevLayer& l, const MoeTensors& t) {
                                   {t.shared_gate.module, 0, 1, 1}},
                                  H, padded_rows(2 * sc.size() + 1), false);
     } else {
-      l.s_gate = stored_rows(t.shared.gate.module, {sc}, S, H, false);
-      l.s_up = stored_rows(t.shared.up.module, {sc}, S, H, false);
+      // FP8 [gate | up] in one matrix; the gate logit (bf16 in every release) on its own.
+      l.s_fused = fp8_row_parts({{t.shared.gate.module, sc.begin, sc.size(), S}, {t.shared.up.module, sc.begin, sc.size(), S}},
+                                H, padded_rows(2 * sc.size()));
+      if (l.s_fused.out == 0) {
+        l.s_gate = stored_rows(t.shared.gate.module, {sc}, S, H, false);
+        l.s_up = stored_rows(t.shared.up.module, {sc}, S, H, false);
+      }
       l.s_gate_logit = stored_linear(t.shared_gate.module, 1, H, false);
     }
     l.s_down = stored_columns(t.shared.down.module, H, S, sc, false);

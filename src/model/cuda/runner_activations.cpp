@@ -51,7 +51,7 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   attn_out = b16(T * nh * d);
   mixed = f32(T * std::max<int64_t>({conv_dim + hv * dv + 2 * hv, widest(w, {&DevLayer::gdn_in, &DevLayer::qkv})}));
   zbuf = f32(T * hv * dv);
-  bbuf = f32(T * hv);
+  bbuf = f32(T * std::max<int64_t>(hv, widest(w, {&DevLayer::b})));  // [b | a] when fused
   abuf = f32(T * hv);
   ubuf = f32(T * conv_dim);
   core = f32(T * hv * dv);

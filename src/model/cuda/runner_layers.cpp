@@ -143,17 +143,28 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       a_p = b_p + hv;
       mix_ld = z_ld = ba_ld = W;
     } else {
+      // Four projections, or [qkv | z] (FP8) and [b | a] (bf16) in two.
       linear(l.qkv, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
-      linear(l.z, act.xn.as<bf16_t>(), act.zbuf.array<float>(), T, dq, s, opt.kernels);
       linear(l.b, act.xn.as<bf16_t>(), act.bbuf.array<float>(), T, dq, s, opt.kernels);
-      linear(l.a, act.xn.as<bf16_t>(), act.abuf.array<float>(), T, dq, s, opt.kernels);
       mix_p = act.mixed.as<float>();
-      z_p = act.zbuf.as<float>();
       b_p = act.bbuf.as<float>();
-      a_p = act.abuf.as<float>();
-      mix_ld = conv_dim;
-      z_ld = int64_t(hv) * dv;
-      ba_ld = hv;
+      if (l.z.out > 0) {
+        linear(l.z, act.xn.as<bf16_t>(), act.zbuf.array<float>(), T, dq, s, opt.kernels);
+        z_p = act.zbuf.as<float>();
+        mix_ld = conv_dim;
+        z_ld = int64_t(hv) * dv;
+      } else {
+        z_p = mix_p + conv_dim;
+        mix_ld = z_ld = l.qkv.out;
+      }
+      if (l.a.out > 0) {
+        linear(l.a, act.xn.as<bf16_t>(), act.abuf.array<float>(), T, dq, s, opt.kernels);
+        a_p = act.abuf.as<float>();
+        ba_ld = hv;
+      } else {
+        a_p = b_p + hv;
+        ba_ld = l.b.out;
+      }
     }
   }
   {
@@ -207,11 +218,16 @@ void CudaRunner::Impl::mlp_block(const DeviceLinear& g, const DeviceLinear& u, c
 const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld) {
   Scope sc(profiler, "moe.shared");
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
-  if (l.has_shared && l.s_fused.out > 0) {
+  if (l.has_shared && l.s_fused.out > 0) {  // [gate | up | gate logit], or [gate | up] (FP8) and the logit
     const int S = l.s_down.in;
     linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s, opt.kernels);
     silu_mul_rows(act.sh_g.as<float>(), l.s_fused.out, act.sh_h.as<bf16_t>(), T, S, s);
     linear(l.s_down, act.sh_h.as<bf16_t>(), act.sh_out.array<float>(), T, dq, s, opt.kernels);
+    if (l.s_gate_logit.out > 0) {
+      linear(l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_gate.array<float>(), T, dq, s, opt.kernels);
+      *gate_ld = 1;
+      return act.sh_gate.as<float>();
+    }
     *gate_ld = l.s_fused.out;
     return act.sh_g.as<float>() + 2 * S;
   }
