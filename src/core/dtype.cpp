@@ -79,6 +79,27 @@ float fp8_e4m3_to_f32(uint8_t b) {
   return sign ? -v : v;
 }
 
+uint8_t f32_to_fp8_e4m3(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  if (std::isnan(v)) return uint8_t(sign | 0x7f);
+  const float a = std::fabs(v);
+  if (a >= 448.f) return uint8_t(sign | 0x7e);
+  // Codes 0..0x7e increase with their value: the last code whose value is <= a, then the
+  // nearer of it and the next one (the even one of the two on a tie).
+  int lo = 0, hi = 0x7e;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (fp8_e4m3_to_f32(uint8_t(mid)) <= a) lo = mid;
+    else hi = mid - 1;
+  }
+  uint8_t code = uint8_t(lo);
+  if (lo < 0x7e) {
+    const float below = a - fp8_e4m3_to_f32(uint8_t(lo)), above = fp8_e4m3_to_f32(uint8_t(lo + 1)) - a;
+    if (above < below || (above == below && (lo & 1))) code = uint8_t(lo + 1);
+  }
+  return uint8_t(sign | code);
+}
+
 float fp4_e2m1_to_f32(uint8_t code) {
   static constexpr float kValues[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   float v = kValues[code & 7];

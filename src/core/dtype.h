@@ -34,6 +34,9 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t v);
 // OCP FP8 E4M3 (torch.float8_e4m3fn): bias 7, no infinities, 0x7f/0xff are NaN.
 float fp8_e4m3_to_f32(uint8_t v);
+// The E4M3 code nearest to v (ties to the even code), saturated at +-448 (0x7e / 0xfe); NaN is
+// 0x7f with v's sign. Matches CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3).
+uint8_t f32_to_fp8_e4m3(float v);
 // FP4 E2M1 code (low 4 bits) to its value: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
 float fp4_e2m1_to_f32(uint8_t code);
 
