@@ -9,8 +9,11 @@
 //    with a scale that saturates K or flushes V, so the scales are in the arithmetic.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -24,6 +27,7 @@
 #include "io/text_file.h"
 #include "model/hybrid_model.h"
 #include "model/kv_scaled_checkpoint.h"
+#include "model/model_runner.h"
 #include "model/model_weights.h"
 
 namespace fathom {
@@ -180,6 +184,33 @@ TEST_P(KvCacheFp8, LogitsNearFp32AndScalesMatter) {
   EXPECT_LT(fitted, kFp8RowTolerance);
   EXPECT_GT(saturated, 3 * std::max(unit, fitted));
   EXPECT_GT(flushed, 3 * std::max(unit, fitted));
+}
+
+// --kv-cache-dtype auto follows the checkpoint: fp8 where hf_quant_config.json says
+// kv_cache_quant_algo FP8 (the NVFP4 fixture with that one field changed), bf16 where it says
+// nothing; an explicit value wins.
+TEST(KvCacheFp8Engine, AutoFollowsTheQuantConfig) {
+  const fs::path src = fixtures_dir() / "qwen35_moe_nvfp4";
+  const fs::path dir = fs::temp_directory_path() / ("fathom_kv_auto_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.path().filename() != "hf_quant_config.json") fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
+  std::string hf = read_text_file(src / "hf_quant_config.json");
+  const std::string field = "\"kv_cache_quant_algo\": null";
+  ASSERT_NE(hf.find(field), std::string::npos);
+  hf.replace(hf.find(field), field.size(), "\"kv_cache_quant_algo\": \"FP8\"");
+  std::ofstream(dir / "hf_quant_config.json") << hf;
+  EngineOptions o;
+  EXPECT_EQ(open_model(dir.string(), "cpu", false, o)->kv_cache_dtype(), KvCacheDtype::Fp8E4M3);
+  EXPECT_EQ(open_model(src.string(), "cpu", false, o)->kv_cache_dtype(), KvCacheDtype::Bf16);
+  o.kv_cache_dtype = "bf16";
+  EXPECT_EQ(open_model(dir.string(), "cpu", false, o)->kv_cache_dtype(), KvCacheDtype::Bf16);
+  o.kv_cache_dtype = "fp8";
+  EXPECT_EQ(open_model(src.string(), "cpu", false, o)->kv_cache_dtype(), KvCacheDtype::Fp8E4M3);
+  o.kv_cache_dtype = "fp16";
+  EXPECT_THROW(open_model(src.string(), "cpu", false, o), std::runtime_error);
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8, ::testing::Values("qwen35_moe", "qwen3_dense"),
