@@ -47,27 +47,38 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 codes) {
 // slots[i] < 0) and the same thread-to-chunk mapping, but each 16-byte bf16 chunk comes from 8
 // bytes of codes read into registers and converted, so the stores are synchronous: the tile is
 // complete for every thread after the caller's next __syncthreads (cp.async waits are no-ops
-// for it).
+// for it). The reads of kUnroll rows are issued together before their conversions and stores,
+// so their latencies overlap.
 template <int D, int kThreads, int kTileK, int kUnroll = kTileK>
 __device__ __forceinline__ void load_kv_tile(bf16_t* tile, const e4m3_t* cache, const int32_t* slots, int nkv,
                                              int kvh) {
   constexpr int kChunks = D / 8;
   constexpr int kRows = kThreads / kChunks;  // rows per pass
+  constexpr int kPasses = kTileK / kRows;
+  constexpr int kGroup = kUnroll < kPasses ? kUnroll : kPasses;  // rows read before any is stored
   static_assert(kThreads % kChunks == 0 && kTileK % (2 * kRows) == 0 && kRows >= 4, "copy passes must tile the keys");
+  static_assert(kGroup % 2 == 0 && kPasses % kGroup == 0, "copies alternate between the two swizzle patterns");
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   const uint32_t dst[2] = {smem_addr(tile + swizzled<D>(row0, chunk)),
                            smem_addr(tile + swizzled<D>(row0 + kRows, chunk))};
   const e4m3_t* src = cache + int64_t(kvh) * D + chunk * 8;
-  static_assert(kUnroll % 2 == 0, "copies alternate between the two swizzle patterns");
-#pragma unroll kUnroll
-  for (int i = 0; i < kTileK / kRows; ++i) {
-    const int row = row0 + i * kRows;
-    const uint32_t to = dst[i & 1] + uint32_t((i & ~1) * kRows * D * int(sizeof(bf16_t)));
-    const int slot = slots[row];
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (slot >= 0) v = e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + int64_t(slot) * nkv * D));
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
+#pragma unroll
+  for (int i0 = 0; i0 < kPasses; i0 += kGroup) {
+    uint2 codes[kGroup];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int slot = slots[row0 + (i0 + j) * kRows];
+      // Code 0 is +0: rows past the last key become zeros, as load_kv_tile's.
+      codes[j] = slot >= 0 ? *reinterpret_cast<const uint2*>(src + int64_t(slot) * nkv * D) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int i = i0 + j;
+      const uint32_t to = dst[i & 1] + uint32_t((i & ~1) * kRows * D * int(sizeof(bf16_t)));
+      const uint4 v = e4m3x8_to_bf16x8(codes[j]);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
   }
 }
 
