@@ -47,15 +47,17 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 codes) {
 // slots[i] < 0) and the same thread-to-chunk mapping, but each 16-byte bf16 chunk comes from 8
 // bytes of codes read into registers and converted, so the stores are synchronous: the tile is
 // complete for every thread after the caller's next __syncthreads (cp.async waits are no-ops
-// for it). The reads of kUnroll rows are issued together before their conversions and stores,
-// so their latencies overlap.
+// for it). The reads of a few rows are issued together before their conversions and stores, so
+// their latencies overlap.
 template <int D, int kThreads, int kTileK, int kUnroll = kTileK>
 __device__ __forceinline__ void load_kv_tile(bf16_t* tile, const e4m3_t* cache, const int32_t* slots, int nkv,
                                              int kvh) {
   constexpr int kChunks = D / 8;
   constexpr int kRows = kThreads / kChunks;  // rows per pass
   constexpr int kPasses = kTileK / kRows;
-  constexpr int kGroup = kUnroll < kPasses ? kUnroll : kPasses;  // rows read before any is stored
+  // Rows read before any is stored: each holds 2 registers until converted, which the decode
+  // kernel at d = 256 (168 registers beside its accumulators) cannot spare for more than 4.
+  constexpr int kGroup = kUnroll < kPasses ? (kUnroll < 4 ? kUnroll : 4) : (kPasses < 4 ? kPasses : 4);
   static_assert(kThreads % kChunks == 0 && kTileK % (2 * kRows) == 0 && kRows >= 4, "copy passes must tile the keys");
   static_assert(kGroup % 2 == 0 && kPasses % kGroup == 0, "copies alternate between the two swizzle patterns");
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
