@@ -39,6 +39,15 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
                 "Adapt each sequence's draft length and stop drafting where drafts keep failing (default on)");
 }
 
+void add_kv_cache_dtype_option(CLI::App* sub, std::string& dtype) {
+  sub->add_option("--kv-cache-dtype", dtype,
+                  "KV cache element type: bf16, fp8 / fp8_e4m3 (E4M3 with the checkpoint's per-layer k_scale / "
+                  "v_scale, else 1; twice the tokens in the same memory), or auto (fp8 when the checkpoint's "
+                  "quantization config has kv_cache_quant_algo FP8, else bf16)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8", "fp8_e4m3"}))
+      ->capture_default_str();
+}
+
 void add_parallel_options(CLI::App* sub, TensorParallelism& f) {
   sub->add_option("--tensor-parallel-size,--tp", f.size,
                   "Split the model over this many ranks (GPUs; threads on the CPU engine)")

@@ -22,6 +22,8 @@ void add_speculative_options(CLI::App* sub, std::string& algorithm, int& num_ste
 // --tensor-parallel-size/--tp and --enable-expert-parallel (vLLM's names) and --force-nccl, shared
 // by the commands that run a model.
 void add_parallel_options(CLI::App* sub, TensorParallelism& parallel);
+// --kv-cache-dtype auto|bf16|fp8|fp8_e4m3 (vLLM's flag and values; core/kv_cache_dtype.h).
+void add_kv_cache_dtype_option(CLI::App* sub, std::string& dtype);
 
 // `fathom tune` (cmd_tune.cpp): verifies, times and chooses the kernel backends for a model on
 // this GPU (or reads the cached choice) and prints every check and choice; also

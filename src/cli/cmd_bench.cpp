@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/model_config.h"
+#include "io/quant_config.h"
 #include "io/text_file.h"
 #include "model/cuda/backend_tuning.h"
 #include "runtime/offline_generate.h"
@@ -46,6 +47,7 @@ struct BenchArgs {
   int spec_ngram_min = 1, spec_ngram_max = 12;
   bool spec_adaptive = true;
   TensorParallelism parallel;
+  std::string kv_cache_dtype = "auto";
 };
 
 #ifdef FATHOM_HAVE_CUDA
@@ -151,11 +153,11 @@ ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
   return s;
 }
 
-StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, double ctx) {
+StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, double ctx, KvCacheDtype kv_dtype) {
   StepCost k;
   const double E = c.num_experts, K = c.num_experts_per_tok;
   const double touched = E > 0 ? E * (1 - std::pow(1 - K / E, batch)) : 0;  // expected distinct experts
-  const double kv_token = 2.0 * c.num_key_value_heads * c.head_dim * 2;  // K+V bf16 per attention layer
+  const double kv_token = double(c.kv_bytes_per_token_per_layer(kv_dtype));  // K+V per attention layer
   const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
   k.bytes = s.dense_bytes + s.moe_layers * touched * s.expert_bytes + batch * ctx * kv_token * s.attn_layers +
             2.0 * batch * state * s.linear_layers;
@@ -203,6 +205,7 @@ struct Bench {
   const BenchArgs& a;
   ModelConfig cfg;
   bool dummy = false, nvfp4 = false, fp8 = false;  // the model's NVFP4 experts, FP8 dense linears
+  KvCacheDtype kv_dtype = KvCacheDtype::Bf16;  // --kv-cache-dtype resolved (dummy weights: scales 1)
   std::vector<int> batches, spec_ks, spec_bs;  // decode batch sizes; speculative K and batch sizes
   std::string device_name;
   Ceilings ceil;
@@ -265,11 +268,13 @@ void read_model(Bench& b) {
   b.nvfp4 = b.dummy ? !a.bf16_experts && b.cfg.num_experts > 0 : stores_nvfp4_experts(a.model, b.cfg);
   b.fp8 = b.dummy ? a.dummy_dense == "fp8" : QuantConfig::load(a.model, cfg_text).declares_fp8();
   b.batches = parse_list(a.batches);
+  b.kv_dtype = resolve_kv_cache_dtype(
+      a.kv_cache_dtype, b.dummy || a.kv_cache_dtype != "auto" ? "" : QuantConfig::load(a.model, cfg_text).kv_cache_quant_algo);
   const ModelConfig& cfg = b.cfg;
-  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s dense, %s\n",
+  std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s dense, %s KV cache, %s\n",
               cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
               cfg.num_linear_attention_layers(), b.nvfp4 ? "NVFP4" : "BF16",
-              b.dummy ? (a.dummy_dense == "fp8" ? "FP8 W8A8" : "BF16") : "stored",
+              b.dummy ? (a.dummy_dense == "fp8" ? "FP8 W8A8" : "BF16") : "stored", kv_cache_dtype_name(b.kv_dtype),
               b.dummy ? "dummy weights" : ("weights of " + a.model).c_str());
 }
 
@@ -305,6 +310,7 @@ cuda::CudaRunnerOptions runner_options(const Bench& b) {
   const int max_batch = *std::max_element(b.batches.begin(), b.batches.end());
   cuda::CudaRunnerOptions opt;
   opt.kernels = b.kernels;
+  opt.kv_cache_dtype = b.kv_dtype;
   opt.max_seqs = max_batch + 1;
   opt.max_tokens_per_step = std::max(a.input_len, 256);
   opt.max_rows_per_step = std::max(max_batch, 16);
@@ -422,7 +428,7 @@ void bench_decode(Bench& b, int batch) {
     last = next;
   }
   const double t = median(times);
-  StepCost c = decode_cost(b.cfg, b.shape, batch, a.input_len + a.output_len / 2.0);
+  StepCost c = decode_cost(b.cfg, b.shape, batch, a.input_len + a.output_len / 2.0, b.opt.kv_cache_dtype);
   // Split over tp GPUs each reads about 1/tp of it (the embedding rows, norms and routers
   // that every GPU keeps are small beside the rest).
   c.bytes /= b.tp;
@@ -599,7 +605,7 @@ void run_bench(const BenchArgs& a) {
   b.shape = shape_of(b.cfg, b.nvfp4);
   b.report = {{"model", b.cfg.architecture}, {"layers", b.cfg.num_hidden_layers},
               {"device", b.device_name}, {"copy_tbs", b.ceil.copy_tbs}, {"gemm_tflops", b.ceil.gemm_tflops},
-              {"nvfp4_experts", b.nvfp4}, {"input_len", a.input_len}, {"output_len", a.output_len},
+              {"nvfp4_experts", b.nvfp4}, {"kv_cache_dtype", kv_cache_dtype_name(b.kv_dtype)}, {"input_len", a.input_len}, {"output_len", a.output_len},
               {"load", load_report}, {"backends", backends_report}};
   bench_prefill(b);
   b.report["decode"] = nlohmann::json::array();
@@ -646,6 +652,7 @@ CommandRegistrar reg([](CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "fp8"}));
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
   add_parallel_options(sub, args->parallel);
+  add_kv_cache_dtype_option(sub, args->kv_cache_dtype);
   sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");
   sub->add_option("--speculative-num-steps", args->spec_steps,
                   "Also time MTP draft and verify steps for these K (e.g. 1,2,3)");

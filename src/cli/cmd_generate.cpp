@@ -21,6 +21,7 @@ struct GenerateArgs {
   bool json = false, ignore_eos = false;
   std::string spec_algorithm;
   SpecOptions spec;
+  std::string kv_cache_dtype = "auto";
 };
 
 void print_result(const GenerateArgs& a, const GenerateResult& r) {
@@ -67,6 +68,7 @@ void run_generate(GenerateArgs a) {
                  a.spec.num_steps, ")");
   EngineOptions eo;
   eo.parallel = a.parallel;
+  eo.kv_cache_dtype = a.kv_cache_dtype;
   if (a.spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = a.spec.num_steps;
   a.device = resolve_device(a.device);  // the JSON names the engine that ran
   auto runner = open_model(a.model, a.device, /*with_mtp=*/a.spec.algorithm == SpecAlgorithm::Mtp, eo);
@@ -92,6 +94,7 @@ CommandRegistrar reg([](CLI::App& app) {
   add_speculative_options(sub, args->spec_algorithm, args->spec.num_steps, args->spec.ngram_min, args->spec.ngram_max,
                           args->spec.adaptive);
   add_parallel_options(sub, args->parallel);
+  add_kv_cache_dtype_option(sub, args->kv_cache_dtype);
   sub->callback([args] { run_generate(*args); });
 });
 

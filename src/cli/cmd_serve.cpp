@@ -54,6 +54,7 @@ void add_engine_options(CLI::App* sub, const std::shared_ptr<ServeOptions>& a) {
   sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                   "CUDA: share of the GPU's memory for weights, KV cache and buffers; the KV cache takes the rest")
       ->capture_default_str();
+  add_kv_cache_dtype_option(sub, a->kv_cache_dtype);
   add_backend_options(sub, a->backends);
 }
 

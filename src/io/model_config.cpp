@@ -411,7 +411,9 @@ int64_t ModelConfig::linear_recurrent_state_values() const {
   return int64_t(linear_num_value_heads) * linear_key_head_dim * linear_value_head_dim;
 }
 
-int64_t ModelConfig::kv_bytes_per_token_per_layer() const { return 2LL * num_key_value_heads * head_dim * 2; }
+int64_t ModelConfig::kv_bytes_per_token_per_layer(KvCacheDtype dtype) const {
+  return 2LL * num_key_value_heads * head_dim * kv_cache_dtype_bytes(dtype);
+}
 
 ModelConfig ModelConfig::truncated_to(int layers) const {
   ModelConfig c = *this;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_cache_dtype.h"
+
 namespace fathom {
 
 enum class ModelFamily {
@@ -89,8 +91,9 @@ struct ModelConfig {
   // last kernel - 1 inputs) and the recurrent state (a dk x dv matrix per value head).
   int64_t linear_conv_state_values() const;
   int64_t linear_recurrent_state_values() const;
-  // K and V of one token in one full-attention layer, in bf16 bytes.
-  int64_t kv_bytes_per_token_per_layer() const;
+  // K and V of one token in one full-attention layer, in bytes of the cache's dtype: what every
+  // KV budget (pools, snapshots, plans) is sized from.
+  int64_t kv_bytes_per_token_per_layer(KvCacheDtype dtype) const;
 };
 
 const char* family_name(ModelFamily f);

@@ -54,6 +54,10 @@ std::unique_ptr<CpuRunner> CpuRunner::open(const std::filesystem::path& dir, boo
   return r;
 }
 
+void CpuRunner::set_kv_cache_dtype(KvCacheDtype dtype) {
+  for (auto& r : ranks_) r->set_kv_cache_fp8(dtype == KvCacheDtype::Fp8E4M3);
+}
+
 std::unique_ptr<CpuRunner> CpuRunner::split(const ModelConfig& cfg, const ModelWeights& full, int tensor_parallel_size,
                                             bool expert_parallel) {
   auto r = group_of(tensor_parallel_size);

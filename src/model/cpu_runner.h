@@ -45,6 +45,12 @@ class CpuRunner final : public ModelRunner {
   ForwardOutput mtp_forward(std::span<const MtpStep> steps) override;
   void mtp_rollback(SequenceId seq, int64_t new_length) override;
 
+  KvCacheDtype kv_cache_dtype() const override {
+    return ranks_[0]->kv_cache_fp8() ? KvCacheDtype::Fp8E4M3 : KvCacheDtype::Bf16;
+  }
+  // Every rank's KV cache as the CUDA engine's of that dtype (HybridModel::set_kv_cache_fp8).
+  void set_kv_cache_dtype(KvCacheDtype dtype);
+
   int tensor_parallel_size() const { return int(ranks_.size()); }
   const HybridModel& model() const { return *ranks_[0]; }
 

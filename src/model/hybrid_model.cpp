@@ -19,6 +19,13 @@ void HybridModel::round_activations(float* p, size_t n) const {
   for (size_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
 }
 
+void HybridModel::round_kv(float* p, size_t n, float scale) const {
+  if (!kv_cache_fp8_) return round_activations(p, n);
+  // The division and product are the CUDA engine's (attention_prepare stores x / scale; the
+  // kernels fold `scale` into their scales), so stored codes match it bit for bit.
+  for (size_t i = 0; i < n; ++i) p[i] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(p[i] / scale)) * scale;
+}
+
 void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed) const {
   std::vector<float> xq;
   const bool w8a8 = w.input_scale > 0.f && fp8_activations_;
@@ -272,8 +279,8 @@ void HybridModel::attention(const AttentionWeights& aw, const float* xn, float* 
     }
     FATHOM_CHECK(s.kv->length() == s.pos0, "KV cache holds ", s.kv->length(), " positions, expected ", s.pos0);
     const size_t row = size_t(nkv) * d;
-    round_activations(k.data() + s.offset * row, size_t(s.count) * row);
-    round_activations(v.data() + s.offset * row, size_t(s.count) * row);
+    round_kv(k.data() + s.offset * row, size_t(s.count) * row, aw.k_scale);
+    round_kv(v.data() + s.offset * row, size_t(s.count) * row, aw.v_scale);
     s.kv->k.insert(s.kv->k.end(), k.begin() + s.offset * row, k.begin() + (s.offset + s.count) * row);
     s.kv->v.insert(s.kv->v.end(), v.begin() + s.offset * row, v.begin() + (s.offset + s.count) * row);
     cpu::causal_attention(q.data() + s.offset * nh * d, s.kv->k.data(), s.kv->v.data(),

@@ -44,6 +44,12 @@ class HybridModel {
   // W8A8 FP8 layers quantize their inputs as the checkpoint says (the default, what the CUDA
   // engine computes); off, they run weight-only, as transformers does with dequantized weights.
   void set_fp8_activation_quantization(bool on) { fp8_activations_ = on; }
+  // An FP8 (E4M3) KV cache, as the CUDA engine's --kv-cache-dtype fp8: every K (V) value of a
+  // full-attention layer is kept as e4m3(x / k_scale) * k_scale (v_scale), the layer's scales
+  // (AttentionWeights), rounded to nearest even and saturated at +-448 before scaling back; this
+  // replaces the bf16 rounding of the cache that set_bf16_activations applies otherwise.
+  void set_kv_cache_fp8(bool on) { kv_cache_fp8_ = on; }
+  bool kv_cache_fp8() const { return kv_cache_fp8_; }
   bool has_mtp() const { return w_.mtp.has_value(); }
   SequenceState new_sequence() const;
 
@@ -89,6 +95,8 @@ class HybridModel {
   void mlp(const MlpWeights& mw, const float* xn, float* out, int64_t n, bool routed = false) const;
   void linear(const float* x, const LinearWeight& w, float* y, int64_t n, bool routed = false) const;
   void round_activations(float* p, size_t n) const;
+  // K or V values as the cache keeps them: e4m3 with `scale` (FP8 cache), else as activations.
+  void round_kv(float* p, size_t n, float scale) const;
   // Sums partial results over the group (no-op on one rank).
   void all_reduce(std::vector<float>& v) const;
   // Embedding rows of `tokens` into dst [n, hidden] (each rank looks up its vocabulary slice).
@@ -102,6 +110,7 @@ class HybridModel {
   Communicator* comm_ = nullptr;
   bool bf16_activations_ = false;
   bool fp8_activations_ = true;
+  bool kv_cache_fp8_ = false;
   std::vector<int> attn_slot_, linear_slot_;  // layer index -> index into SequenceState vectors
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kv_cache_dtype.h"
 #include "core/row_sampling.h"
 #include "io/model_config.h"
 
@@ -218,6 +219,8 @@ class ModelRunner {
   virtual int64_t kv_capacity_tokens() const { return 0; }
   virtual int64_t max_sequence_length() const { return 0; }
   virtual int max_sequences() const { return 0; }
+  // The KV cache's element type (--kv-cache-dtype as resolved for this checkpoint).
+  virtual KvCacheDtype kv_cache_dtype() const { return KvCacheDtype::Bf16; }
 };
 
 // How an engine splits the model over ranks (docs/design.md, "Splitting over GPUs").
@@ -252,6 +255,7 @@ struct EngineOptions {
                                      // kept for K + 1 positions per sequence
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, bf16, fp8, fp8_e4m3
   TensorParallelism parallel;
   // CUDA kernel backends (model/cuda/backend_tuning.h), chosen before the GPU is touched; an
   // empty policy: the fixed rules, unverified.

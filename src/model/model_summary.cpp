@@ -155,7 +155,9 @@ ModelSummary summarize_checkpoint(const std::filesystem::path& dir) {
   s.mtp_present = s.mtp_tensors > 0;
   s.vision_present = cfg.has_vision || s.vision_tensors > 0;
 
-  const int64_t kv_layer = cfg.kv_bytes_per_token_per_layer();
+  const KvCacheDtype kv_dtype = resolve_kv_cache_dtype("auto", qc.kv_cache_quant_algo);
+  s.kv_cache_dtype = kv_cache_dtype_name(kv_dtype);
+  const int64_t kv_layer = cfg.kv_bytes_per_token_per_layer(kv_dtype);
   s.kv_cache_bytes_per_token = int64_t(cfg.num_full_attention_layers()) * kv_layer;
   s.mtp_kv_cache_bytes_per_token = int64_t(s.mtp_present ? cfg.mtp_num_hidden_layers : 0) * kv_layer;
   if (cfg.num_linear_attention_layers() > 0) {
@@ -226,7 +228,8 @@ nlohmann::json ModelSummary::to_json() const {
       {"mtp", {{"present", mtp_present}, {"layers", config.mtp_num_hidden_layers}, {"tensors", mtp_tensors}}},
       {"vision", {{"present", vision_present}, {"tensors", vision_tensors}, {"ignored", vision_ignored}}},
       {"memory",
-       {{"kv_cache_bytes_per_token", kv_cache_bytes_per_token},
+       {{"kv_cache_dtype", kv_cache_dtype},
+        {"kv_cache_bytes_per_token", kv_cache_bytes_per_token},
         {"mtp_kv_cache_bytes_per_token", mtp_kv_cache_bytes_per_token},
         {"linear_state_bytes_per_sequence", linear_state_bytes_per_sequence}}},
   };

@@ -57,8 +57,11 @@ struct ModelSummary {
   bool vision_ignored = true;
 
   // Memory
-  int64_t kv_cache_bytes_per_token = 0;      // bf16 K+V of the full-attention layers
-  int64_t mtp_kv_cache_bytes_per_token = 0;  // bf16 K+V of the MTP layers
+  // The KV cache's element type with --kv-cache-dtype auto ("bf16", or "fp8_e4m3" when the
+  // quantization config says kv_cache_quant_algo FP8), and K+V bytes per token in it.
+  std::string kv_cache_dtype = "bf16";
+  int64_t kv_cache_bytes_per_token = 0;      // K+V of the full-attention layers
+  int64_t mtp_kv_cache_bytes_per_token = 0;  // K+V of the MTP layers
   int64_t linear_state_bytes_per_sequence = 0;  // fp32 recurrent state + bf16 conv state
 
   nlohmann::json to_json() const;

@@ -21,6 +21,8 @@ AttentionTensors attention(const ModelConfig& c, const std::string& p) {
   a.o = linear(p + ".o_proj", h, c.num_attention_heads * d, ModuleKind::Attention);
   a.q_norm = tensor(p + ".q_norm.weight", {d});
   a.k_norm = tensor(p + ".k_norm.weight", {d});
+  a.k_scale = a.k.module + ".k_scale";
+  a.v_scale = a.v.module + ".v_scale";
   return a;
 }
 

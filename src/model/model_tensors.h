@@ -54,6 +54,9 @@ struct MlpTensors {  // SwiGLU
 struct AttentionTensors {
   LinearSpec q, k, v, o;  // q: attention_q_rows() (query and gate rows per head when gated)
   TensorSpec q_norm, k_norm;
+  // The FP8 KV cache's per-tensor scales (fp32 scalars, `k_proj.k_scale`, `v_proj.v_scale`):
+  // optional, 1 when absent (kv_cache_scales.h).
+  std::string k_scale, v_scale;
 };
 
 struct GatedDeltaNetTensors {

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "io/module_format.h"
 #include "io/nvfp4.h"
+#include "model/kv_cache_scales.h"
 #include "model/model_tensors.h"
 #include "model/weight_shard.h"
 
@@ -106,6 +107,8 @@ class WeightLoader {
     a.o = linear(t.o);
     a.q_norm = vec(t.q_norm);
     a.k_norm = vec(t.k_norm);
+    a.k_scale = read_kv_cache_scale(ckpt_, t.k_scale);
+    a.v_scale = read_kv_cache_scale(ckpt_, t.v_scale);
     return a;
   }
 

@@ -34,6 +34,9 @@ struct MlpWeights {  // SwiGLU: down(silu(gate(x)) * up(x))
 struct AttentionWeights {
   LinearWeight q, k, v, o;  // q has 2*head_dim rows per head when the output gate is on
   std::vector<float> q_norm, k_norm;
+  // The FP8 KV cache's per-tensor scales (k_proj.k_scale, v_proj.v_scale; 1 when the checkpoint
+  // has none); unused with a bf16 cache.
+  float k_scale = 1.f, v_scale = 1.f;
 };
 
 struct GatedDeltaNetWeights {

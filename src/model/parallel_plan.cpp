@@ -93,7 +93,7 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
       p.routed_expert_bytes + p.attention_bytes + p.linear_attention_bytes + p.embedding_bytes + p.other_bytes + p.mtp_bytes;
 
   const int attention_layers = c.num_full_attention_layers() + c.mtp_num_hidden_layers;
-  p.kv_bytes_per_token = double(attention_layers) * double(rank.kv_bytes_per_token_per_layer());
+  p.kv_bytes_per_token = double(attention_layers) * double(rank.kv_bytes_per_token_per_layer(KvCacheDtype::Bf16));
   p.state_bytes_per_sequence = double(c.num_linear_attention_layers()) *
                                double(rank.linear_recurrent_state_values() + rank.linear_conv_state_values()) * 4;
   p.free_bytes = o.gpu_memory_utilization * o.gpu_memory_bytes - p.weight_bytes - kRuntimeReserve -

@@ -18,12 +18,21 @@ namespace fathom {
 
 namespace {
 
-#ifdef FATHOM_HAVE_CUDA
 std::string read_config_text(const std::string& path) {
   std::filesystem::path p(path);
   return read_text_file(std::filesystem::is_directory(p) ? p / "config.json" : p);
 }
 
+// --kv-cache-dtype as resolved for `path`: auto follows the checkpoint's quantization config
+// (dummy weights and bare config files have none: bf16).
+KvCacheDtype kv_cache_dtype_of(const std::string& path, const EngineOptions& options, bool dummy) {
+  std::string algo;
+  if (options.kv_cache_dtype == "auto" && !dummy && std::filesystem::is_directory(path))
+    algo = QuantConfig::load(path, read_config_text(path)).kv_cache_quant_algo;
+  return resolve_kv_cache_dtype(options.kv_cache_dtype, algo);
+}
+
+#ifdef FATHOM_HAVE_CUDA
 // Verifies, times and chooses the kernel backends (or reads the choice from the cache): the
 // kernel plan the runner is made with; before anything in this process initialises CUDA (the
 // checks run in child processes). The fixed rules without a policy or on the CPU.
@@ -72,13 +81,19 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
   FATHOM_CHECK(options.num_layers == 0 || dummy, "--num-layers applies to --load-format dummy only");
   const TensorParallelism& par = options.parallel;
   FATHOM_CHECK(!par.force_nccl || device == "cuda", "--force-nccl needs --device cuda");
-  if (device == "cpu") return CpuRunner::open(path, with_mtp, par.size, par.expert_parallel);
+  const KvCacheDtype kv_dtype = kv_cache_dtype_of(path, options, dummy);
+  if (device == "cpu") {
+    auto runner = CpuRunner::open(path, with_mtp, par.size, par.expert_parallel);
+    runner->set_kv_cache_dtype(kv_dtype);
+    return runner;
+  }
   if (device == "cuda") {
 #ifdef FATHOM_HAVE_CUDA
     ModelConfig cfg = ModelConfig::parse(read_config_text(path), "", path).truncated_to(dummy ? options.num_layers : 0);
     cuda::CudaRunnerOptions opt;
     opt.kernels = kernels;
     opt.load_mtp = with_mtp;
+    opt.kv_cache_dtype = kv_dtype;
     if (options.max_seqs > 0) opt.max_seqs = options.max_seqs;
     // The longest sequence: --max-model-len, else the model's (the KV cache may cap it further).
     const int64_t max_len = options.max_model_len > 0 ? options.max_model_len
@@ -97,7 +112,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
       // Snapshots of about 2,048 tokens on average (a shared system prompt, a conversation): a
       // slot's linear states plus that much KV each.
       const int64_t kv_per_token =
-          int64_t(cfg.num_full_attention_layers() + (with_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer();
+          int64_t(cfg.num_full_attention_layers() + (with_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer(kv_dtype);
       const int64_t state = int64_t(cfg.num_linear_attention_layers()) * 4 *
                             (cfg.linear_conv_state_values() + cfg.linear_recurrent_state_values());
       const int64_t budget = options.prefix_cache_mb << 20;

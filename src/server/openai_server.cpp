@@ -242,8 +242,9 @@ void OpenAIServer::load_tokenizer() {
 
 void OpenAIServer::report_capacity(const ModelRunner& runner, int64_t max_model_len) const {
   if (runner.kv_capacity_tokens() <= 0) return;
-  std::fprintf(stderr, "fathom serve: KV cache %lld tokens (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
-               (long long)runner.kv_capacity_tokens(), (long long)runner.kv_capacity_tokens() / 16,
+  std::fprintf(stderr, "fathom serve: KV cache %lld tokens of %s (%lld blocks of 16), max-model-len %lld, up to %d sequences\n",
+               (long long)runner.kv_capacity_tokens(), kv_cache_dtype_name(runner.kv_cache_dtype()),
+               (long long)runner.kv_capacity_tokens() / 16,
                (long long)max_model_len, runner.max_sequences());
   if (const ModelRunner::SnapshotRoom room = runner.snapshot_room(); runner.supports_snapshots() && room.snapshots > 0)
     std::fprintf(stderr, "fathom serve: prefix snapshots: %lld at once, %lld tokens of KV over all (--prefix-cache-mb %lld)\n",

@@ -24,6 +24,7 @@ EngineOptions runner_options(const ServeOptions& o, const SpecOptions& spec) {
   eo.max_batched_tokens = int(o.engine.max_num_batched_tokens);
   eo.num_kv_blocks = o.engine.num_kv_blocks;
   eo.gpu_memory_utilization = o.gpu_memory_utilization;
+  eo.kv_cache_dtype = o.kv_cache_dtype;
   eo.parallel = o.parallel;
   eo.backends = o.backends;
   eo.prefix_cache_mb = o.engine.enable_prefix_caching ? o.prefix_cache_mb : 0;

@@ -35,6 +35,7 @@ struct ServeOptions {
   std::string load_format = "auto";     // "dummy": random weights at a config's shapes (CUDA)
   int num_layers = 0;                   // dummy only: cut depth, keeping the layer pattern
   double gpu_memory_utilization = 0.9;  // CUDA: share of the device's memory weights + KV + buffers may take
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype (core/kv_cache_dtype.h)
   TensorParallelism parallel;           // ranks the model is split over, and how
   BackendOptions backends;              // CUDA kernel backends (model/cuda/backend_tuning.h)
 

@@ -87,6 +87,35 @@ TEST(DType, Fp8E4M3QuantizeRoundsToNearestEvenAndSaturates) {
   }
 }
 
+// f32_to_fp8_e4m3 against the code table: every finite code round-trips; the midpoint of two
+// neighbouring codes goes to the even one and anything past it to the nearer; |v| >= 448
+// saturates; NaN gives a NaN code.
+TEST(DType, F32ToFp8E4M3) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(int(f32_to_fp8_e4m3(fp8_e4m3_to_f32(uint8_t(c)))), c) << c;
+  }
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = fp8_e4m3_to_f32(uint8_t(c)), hi = fp8_e4m3_to_f32(uint8_t(c + 1));
+    const float mid = 0.5f * (lo + hi);  // exact: both have few mantissa bits
+    const int even = (c & 1) ? c + 1 : c;
+    EXPECT_EQ(int(f32_to_fp8_e4m3(mid)), even) << c;
+    EXPECT_EQ(int(f32_to_fp8_e4m3(-mid)), even | 0x80) << c;
+    EXPECT_EQ(int(f32_to_fp8_e4m3(std::nextafter(mid, 0.f))), c) << c;
+    EXPECT_EQ(int(f32_to_fp8_e4m3(std::nextafter(mid, 1e9f))), c + 1) << c;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(448.f), 0x7e);
+  EXPECT_EQ(f32_to_fp8_e4m3(464.f), 0x7e);  // past the last midpoint: still saturated, not NaN
+  EXPECT_EQ(f32_to_fp8_e4m3(1e30f), 0x7e);
+  EXPECT_EQ(f32_to_fp8_e4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(f32_to_fp8_e4m3(NAN), 0x7f);
+  EXPECT_EQ(f32_to_fp8_e4m3(-NAN) & 0x7f, 0x7f);  // a NaN code (the sign is not kept)
+  EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(1.f, -11)), 0x00);  // a quarter of the smallest subnormal
+  EXPECT_EQ(f32_to_fp8_e4m3(-0.f), 0x80);
+  EXPECT_EQ(f32_to_fp8_e4m3(1.0625f), 0x38);  // 1 + 1/16: a tie, to the even code (1.0)
+  EXPECT_EQ(f32_to_fp8_e4m3(1.1875f), 0x3a);  // 1 + 3/16: a tie, to 1.25 (even)
+}
+
 TEST(DType, Fp4E2M1Table) {
   const float expected[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6};
   for (int c = 0; c < 16; ++c) EXPECT_EQ(fp4_e2m1_to_f32(uint8_t(c)), expected[c]) << c;

@@ -4,6 +4,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_cache.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -33,12 +34,15 @@ __device__ void norm_rope(float* buf, const float* w, int d, int rotary_dim, flo
   __syncthreads();
 }
 
-// Block (t, j): j < nh is query head j, j >= nh is key/value head j - nh.
+// Block (t, j): j < nh is query head j, j >= nh is key/value head j - nh. CacheT: bf16_t or
+// e4m3_t (then k, v are stored divided by k_scale, v_scale).
+template <class CacheT>
 __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw, const float* v_raw,
                                          const float* q_norm, const float* k_norm, const int32_t* pos,
-                                         const int32_t* slot_mapping, float* q, float* gate, bf16_t* k_cache,
-                                         bf16_t* v_cache, int nh, int nkv, int d, int rotary_dim, float theta,
-                                         float eps, bool gated, bool zc, int64_t q_ld, int64_t kv_ld) {
+                                         const int32_t* slot_mapping, float* q, float* gate, CacheT* k_cache,
+                                         CacheT* v_cache, float k_scale, float v_scale, int nh, int nkv, int d,
+                                         int rotary_dim, float theta, float eps, bool gated, bool zc, int64_t q_ld,
+                                         int64_t kv_ld) {
   pdl_prologue();
   __shared__ float buf[kMaxHeadDim];
   const int t = blockIdx.x, j = blockIdx.y;
@@ -60,8 +64,8 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
     __syncthreads();
     norm_rope(buf, k_norm, d, rotary_dim, p, theta, eps, zc);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      k_cache[(slot * nkv + h) * d + i] = to_bf(buf[i]);
-      v_cache[(slot * nkv + h) * d + i] = to_bf(v_raw[int64_t(t) * kv_ld + int64_t(h) * d + i]);
+      kv_store(k_cache + (slot * nkv + h) * d + i, buf[i], k_scale);
+      kv_store(v_cache + (slot * nkv + h) * d + i, v_raw[int64_t(t) * kv_ld + int64_t(h) * d + i], v_scale);
     }
   }
 }
@@ -72,11 +76,15 @@ constexpr int kPerLane = kMaxHeadDim / 32;
 // Online softmax of query (t, h) over keys [begin, end) of its sequence, by kAttnWarps warps
 // (warp w takes keys begin+w, begin+w+kAttnWarps, ...), merged in shared memory. Returns the
 // running max M and sum L, and leaves the accumulator (relative to M, unnormalised) in acc_out.
-__device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int32_t* table,
-                             int block_size, int nkv, int kvh, int d, int begin, int end, float* M_out, float* L_out,
-                             float* acc_out) {
+// An E4M3 cache's codes are read as their values: k_scale joins the scores' scale and the
+// accumulator is multiplied by v_scale at the end (a bf16 cache has neither).
+template <class CacheT>
+__device__ void attend_range(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
+                             float v_scale, const int32_t* table, int block_size, int nkv, int kvh, int d, int begin,
+                             int end, float* M_out, float* L_out, float* acc_out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float scale = rsqrtf(float(d));
+  float scale = rsqrtf(float(d));
+  if constexpr (kIsE4m3Cache<CacheT>) scale *= k_scale;
   float qr[kPerLane], acc[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -87,13 +95,13 @@ __device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t
   float m = -INFINITY, l = 0.f;
   for (int j = begin + warp; j < end; j += kAttnWarps) {
     const int64_t slot = int64_t(table[j / block_size]) * block_size + j % block_size;
-    const bf16_t* kp = k_cache + (slot * nkv + kvh) * d;
-    const bf16_t* vp = v_cache + (slot * nkv + kvh) * d;
+    const CacheT* kp = k_cache + (slot * nkv + kvh) * d;
+    const CacheT* vp = v_cache + (slot * nkv + kvh) * d;
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) dot += qr[i] * bf(kp[c]);
+      if (c < d) dot += qr[i] * kv_load(kp + c);
     }
     dot = warp_sum(dot);
     const float m_new = fmaxf(m, dot);
@@ -102,7 +110,7 @@ __device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane + 32 * i;
-      acc[i] = acc[i] * corr + (c < d ? p * bf(vp[c]) : 0.f);
+      acc[i] = acc[i] * corr + (c < d ? p * kv_load(vp + c) : 0.f);
     }
     m = m_new;
   }
@@ -124,6 +132,7 @@ __device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t
     float o = 0.f;
     for (int w = 0; w < kAttnWarps; ++w)
       if (sm[w] > -INFINITY) o += sacc[w][c] * __expf(sm[w] - M);
+    if constexpr (kIsE4m3Cache<CacheT>) o *= v_scale;
     acc_out[c] = o;
   }
   *M_out = M;
@@ -131,16 +140,18 @@ __device__ void attend_range(const float* q, const bf16_t* k_cache, const bf16_t
 }
 
 // One block per (query token, head) over all its keys: prefill chunks.
-__global__ void paged_attention_kernel(const float* q, const float* gate, const bf16_t* k_cache,
-                                       const bf16_t* v_cache, const int32_t* pos, const int32_t* seq_of_token,
-                                       const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out,
-                                       int nh, int nkv, int d) {
+template <class CacheT>
+__global__ void paged_attention_kernel(const float* q, const float* gate, const CacheT* k_cache,
+                                       const CacheT* v_cache, float k_scale, float v_scale, const int32_t* pos,
+                                       const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
+                                       int block_size, bf16_t* out, int nh, int nkv, int d) {
   pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y;
   __shared__ float o[kMaxHeadDim];
   float M, L;
-  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, block_tables + int64_t(seq_of_token[t]) * max_blocks,
-               block_size, nkv, h / (nh / nkv), d, 0, pos[t] + 1, &M, &L, o);
+  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, k_scale, v_scale,
+               block_tables + int64_t(seq_of_token[t]) * max_blocks, block_size, nkv, h / (nh / nkv), d, 0, pos[t] + 1,
+               &M, &L, o);
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float v = o[c] / L;
     if (gate) v *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
@@ -150,10 +161,12 @@ __global__ void paged_attention_kernel(const float* q, const float* gate, const 
 
 // Split-K ("flash decoding") for few query tokens over long contexts: block (t, h, s) covers
 // the s-th of `splits` equal key ranges and writes its partial (max, sum, accumulator).
-__global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cache, const bf16_t* v_cache,
-                                             const int32_t* pos, const int32_t* seq_of_token,
-                                             const int32_t* block_tables, int max_blocks, int block_size, int nh,
-                                             int nkv, int d, float* part_m, float* part_l, float* part_acc) {
+template <class CacheT>
+__global__ void paged_attention_split_kernel(const float* q, const CacheT* k_cache, const CacheT* v_cache,
+                                             float k_scale, float v_scale, const int32_t* pos,
+                                             const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
+                                             int block_size, int nh, int nkv, int d, float* part_m, float* part_l,
+                                             float* part_acc) {
   pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int n = pos[t] + 1;
@@ -161,8 +174,9 @@ __global__ void paged_attention_split_kernel(const float* q, const bf16_t* k_cac
   const int begin = min(n, split * chunk), end = min(n, begin + chunk);
   const int64_t part = (int64_t(t) * nh + h) * splits + split;
   float M, L;
-  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, block_tables + int64_t(seq_of_token[t]) * max_blocks,
-               block_size, nkv, h / (nh / nkv), d, begin, end, &M, &L, part_acc + part * d);
+  attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, k_scale, v_scale,
+               block_tables + int64_t(seq_of_token[t]) * max_blocks, block_size, nkv, h / (nh / nkv), d, begin, end,
+               &M, &L, part_acc + part * d);
   if (threadIdx.x == 0) part_m[part] = M, part_l[part] = L;
 }
 
@@ -190,14 +204,20 @@ __global__ void attention_combine_kernel(const float* part_m, const float* part_
 
 void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
                        const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
-                       float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
-                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s,
-                       int64_t qkv_ld) {
+                       float* gate, const KvCacheView& cache, int T, int nh, int nkv, int d, int rotary_dim,
+                       float theta, float eps, bool gated, bool zero_centered, cudaStream_t s, int64_t qkv_ld) {
   if (T == 0) return;
   const int64_t q_ld = qkv_ld ? qkv_ld : int64_t(nh) * d * (gated ? 2 : 1), kv_ld = qkv_ld ? qkv_ld : int64_t(nkv) * d;
   FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
-  launch(attention_prepare_kernel, dim3(T, nh + nkv), 128, 0, s, q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping,
-         q, gate, k_cache, v_cache, nh, nkv, d, rotary_dim, theta, eps, gated, zero_centered, q_ld, kv_ld);
+  if (cache.fp8()) {
+    launch(attention_prepare_kernel<e4m3_t>, dim3(T, nh + nkv), 128, 0, s, q_raw, k_raw, v_raw, q_norm, k_norm, pos,
+           slot_mapping, q, gate, static_cast<e4m3_t*>(cache.k), static_cast<e4m3_t*>(cache.v), cache.k_scale,
+           cache.v_scale, nh, nkv, d, rotary_dim, theta, eps, gated, zero_centered, q_ld, kv_ld);
+  } else {
+    launch(attention_prepare_kernel<bf16_t>, dim3(T, nh + nkv), 128, 0, s, q_raw, k_raw, v_raw, q_norm, k_norm, pos,
+           slot_mapping, q, gate, static_cast<bf16_t*>(cache.k), static_cast<bf16_t*>(cache.v), 1.f, 1.f, nh, nkv, d,
+           rotary_dim, theta, eps, gated, zero_centered, q_ld, kv_ld);
+  }
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -209,22 +229,41 @@ void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* o
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                     const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
-                     int block_size, bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s,
-                     const AttentionSplit* split) {
-  if (T == 0) return;
-  FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
+namespace {
+
+template <class CacheT>
+void launch_paged_attention(const float* q, const float* gate, const CacheT* k_cache, const CacheT* v_cache,
+                            float k_scale, float v_scale, const int32_t* pos, const int32_t* seq_of_token,
+                            const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out, int T, int nh,
+                            int nkv, int d, cudaStream_t s, const AttentionSplit* split) {
   if (split && split->splits > 1) {
     dim3 grid(T, nh, split->splits);
-    launch(paged_attention_split_kernel, grid, kAttnWarps * 32, 0, s, q, k_cache, v_cache, pos, seq_of_token,
-           block_tables, max_blocks, block_size, nh, nkv, d, split->part_m, split->part_l, split->part_acc);
+    launch(paged_attention_split_kernel<CacheT>, grid, kAttnWarps * 32, 0, s, q, k_cache, v_cache, k_scale, v_scale,
+           pos, seq_of_token, block_tables, max_blocks, block_size, nh, nkv, d, split->part_m, split->part_l,
+           split->part_acc);
     FATHOM_CUDA_LAUNCH_CHECK();
     attention_combine(*split, gate, out, T, nh, d, s);
   } else {
-    launch(paged_attention_kernel, dim3(T, nh), kAttnWarps * 32, 0, s, q, gate, k_cache, v_cache, pos, seq_of_token,
-           block_tables, max_blocks, block_size, out, nh, nkv, d);
+    launch(paged_attention_kernel<CacheT>, dim3(T, nh), kAttnWarps * 32, 0, s, q, gate, k_cache, v_cache, k_scale,
+           v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, out, nh, nkv, d);
     FATHOM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void paged_attention(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                     const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                     bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit* split) {
+  if (T == 0) return;
+  FATHOM_CHECK(d <= kMaxHeadDim, "attention: head_dim ", d, " > ", kMaxHeadDim);
+  if (cache.fp8()) {
+    launch_paged_attention(q, gate, static_cast<const e4m3_t*>(cache.k), static_cast<const e4m3_t*>(cache.v),
+                           cache.k_scale, cache.v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, out,
+                           T, nh, nkv, d, s, split);
+  } else {
+    launch_paged_attention(q, gate, static_cast<const bf16_t*>(cache.k), static_cast<const bf16_t*>(cache.v), 1.f, 1.f,
+                           pos, seq_of_token, block_tables, max_blocks, block_size, out, T, nh, nkv, d, s, split);
   }
   // With split partials it serves decode steps, without them prefill chunks (backend_switches.h).
   inject_backend_fault(split ? kAttentionDecodeOp : kAttentionPrefillOp, kCudaCore, out, size_t(T) * nh * d * 2, s);

@@ -14,6 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_cache.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -70,12 +71,14 @@ constexpr int decode_min_blocks() {
 
 // Grid (T, nh / rows, splits). Block (t, y, s): q heads y*rows .. y*rows + rows - 1 (all of KV head
 // y*rows / group), keys of the s-th range; writes their partials (natural-log max, sum, accumulator).
-template <int D>
+// CacheT: bf16_t, or e4m3_t (tiles converted to bf16 as they load; k_scale joins q's scale,
+// v_scale multiplies the partial accumulator).
+template <int D, class CacheT>
 __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
-    paged_attention_decode_kernel(const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int32_t* pos,
-                                  const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
-                                  int block_size, int nh, int nkv, int group, int rows, float* part_m,
-                                  float* part_l, float* part_acc) {
+    paged_attention_decode_kernel(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
+                                  float v_scale, const int32_t* pos, const int32_t* seq_of_token,
+                                  const int32_t* block_tables, int max_blocks, int block_size, int nh, int nkv,
+                                  int group, int rows, float* part_m, float* part_l, float* part_acc) {
   pdl_prologue();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16_t* sq = reinterpret_cast<bf16_t*>(smem_raw);
@@ -98,7 +101,9 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   const int wkey = warp * kWarpKeys;     // the warp's first key within a tile
 
   // Scores come out pre-multiplied by log2(e)/sqrt(d), so the softmax uses exp2.
-  load_group_q<D>(sq, q, t, h0, rows, nh, rsqrtf(float(D)) * kLog2e);
+  float q_scale = rsqrtf(float(D)) * kLog2e;
+  if constexpr (kIsE4m3Cache<CacheT>) q_scale *= k_scale;
+  load_group_q<D>(sq, q, t, h0, rows, nh, q_scale);
   if (tiles > 0) compute_slots<kTileK>(slots[0], table, block_size, begin, end - 1);
   __syncthreads();
 
@@ -223,23 +228,40 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
       acc.z += x.z * f;
       acc.w += x.w * f;
     }
+    if constexpr (kIsE4m3Cache<CacheT>) acc.x *= v_scale, acc.y *= v_scale, acc.z *= v_scale, acc.w *= v_scale;
     const int64_t part = (int64_t(t) * nh + h0 + r) * splits + split;
     *reinterpret_cast<float4*>(part_acc + part * D + col) = acc;
   }
 }
 
-template <int D>
-void launch_decode(const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int32_t* pos,
-                   const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size, int T,
-                   int nh, int nkv, int group, int rows, const AttentionSplit& split, cudaStream_t s) {
+template <int D, class CacheT>
+void launch_decode(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale, float v_scale,
+                   const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
+                   int block_size, int T, int nh, int nkv, int group, int rows, const AttentionSplit& split,
+                   cudaStream_t s) {
   constexpr int smem = decode_smem_bytes<D>();
   static_assert(kWarps * kRows * (D + kMergePad) * int(sizeof(float)) <= decode_smem_bytes<D>(),
                 "the merge buffer must fit in the tiles' shared memory");
-  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_decode_kernel<D>), smem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_decode_kernel<D, CacheT>), smem);
   const dim3 grid(T, nh / rows, split.splits);
-  launch(paged_attention_decode_kernel<D>, grid, kThreads, smem, s, q, k_cache, v_cache, pos, seq_of_token,
-         block_tables, max_blocks, block_size, nh, nkv, group, rows, split.part_m, split.part_l, split.part_acc);
+  launch(paged_attention_decode_kernel<D, CacheT>, grid, kThreads, smem, s, q, k_cache, v_cache, k_scale, v_scale, pos,
+         seq_of_token, block_tables, max_blocks, block_size, nh, nkv, group, rows, split.part_m, split.part_l,
+         split.part_acc);
   FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+template <class CacheT>
+void launch_decode_for(int d, const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
+                       float v_scale, const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                       int max_blocks, int block_size, int T, int nh, int nkv, int group, int rows,
+                       const AttentionSplit& split, cudaStream_t s) {
+  if (d == 128) {
+    launch_decode<128>(q, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables, max_blocks, block_size,
+                       T, nh, nkv, group, rows, split, s);
+  } else {
+    launch_decode<256>(q, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables, max_blocks, block_size,
+                       T, nh, nkv, group, rows, split, s);
+  }
 }
 
 }  // namespace
@@ -253,25 +275,25 @@ bool paged_attention_decode_covers(int nh, int nkv, int d) {
   return group <= kRows || group % kRows == 0;
 }
 
-bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
-                            cudaStream_t s, const AttentionSplit& split) {
+bool paged_attention_decode(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                            const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                            bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit& split) {
   if (!paged_attention_decode_covers(nh, nkv, d)) return false;
   const int group = nh / nkv;
   const int rows = group < kRows ? group : kRows;
   if (split.splits < 1 || split.splits > 65535 || nh / rows > 65535) return false;
   if (!split.part_m || !split.part_l || !split.part_acc) return false;
   // Vector accesses: 16-byte q reads, cache copies and accumulator writes.
-  if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(split.part_acc, 16))
+  if (!is_aligned(q, 16) || !is_aligned(cache.k, 16) || !is_aligned(cache.v, 16) || !is_aligned(split.part_acc, 16))
     return false;
   if (T == 0) return true;
-  if (d == 128) {
-    launch_decode<128>(q, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, T, nh, nkv,
-                       group, rows, split, s);
+  if (cache.fp8()) {
+    launch_decode_for(d, q, static_cast<const e4m3_t*>(cache.k), static_cast<const e4m3_t*>(cache.v), cache.k_scale,
+                      cache.v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, T, nh, nkv, group, rows,
+                      split, s);
   } else {
-    launch_decode<256>(q, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, T, nh, nkv,
-                       group, rows, split, s);
+    launch_decode_for(d, q, static_cast<const bf16_t*>(cache.k), static_cast<const bf16_t*>(cache.v), 1.f, 1.f, pos,
+                      seq_of_token, block_tables, max_blocks, block_size, T, nh, nkv, group, rows, split, s);
   }
   attention_combine(split, gate, out, T, nh, d, s);
   inject_backend_fault(kAttentionDecodeOp, kTensorCore, out, size_t(T) * nh * d * 2, s);

@@ -18,6 +18,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_cache.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -63,11 +64,14 @@ constexpr int prefill_min_blocks() {
 }
 
 // Grid (nh, query tiles); the last tiles (most keys under the causal mask) are scheduled first.
-template <int D>
+// CacheT: bf16_t, or e4m3_t (tiles converted to bf16 as they load; k_scale joins q's scale,
+// v_scale multiplies the output).
+template <int D, class CacheT>
 __global__ void __launch_bounds__(kThreads, prefill_min_blocks<D>())
-    paged_attention_prefill_kernel(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                                   const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                                   int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv) {
+    paged_attention_prefill_kernel(const float* q, const float* gate, const CacheT* k_cache, const CacheT* v_cache,
+                                   float k_scale, float v_scale, const int32_t* pos, const int32_t* seq_of_token,
+                                   const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out, int T,
+                                   int nh, int nkv) {
   pdl_prologue();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16_t* sq = reinterpret_cast<bf16_t*>(smem_raw);
@@ -89,7 +93,9 @@ __global__ void __launch_bounds__(kThreads, prefill_min_blocks<D>())
     row_pos[r] = r < rows ? pos[t0 + r] : kNoKey;
   }
   // Scores come out pre-multiplied by log2(e)/sqrt(d), so the softmax uses exp2.
-  load_q_tile<D>(sq, q, t0, rows, nh, h, rsqrtf(float(D)) * kLog2e);
+  float q_scale = rsqrtf(float(D)) * kLog2e;
+  if constexpr (kIsE4m3Cache<CacheT>) q_scale *= k_scale;
+  load_q_tile<D>(sq, q, t0, rows, nh, h, q_scale);
   __syncthreads();
 
   // Fragment addresses: A of Q (rows wrow + lane%16, chunk bit lane/16), B of K (keys lane%8 +
@@ -215,7 +221,8 @@ __global__ void __launch_bounds__(kThreads, prefill_min_blocks<D>())
   for (int r = 0; r < 2; ++r) {
     const int row = wrow + g + 8 * r;
     if (row >= rows) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    if constexpr (kIsE4m3Cache<CacheT>) inv *= v_scale;
     const int64_t base = (int64_t(t0 + row) * nh + h) * D + 2 * c;
 #pragma unroll
     for (int dn = 0; dn < D / 8; ++dn) {
@@ -230,44 +237,59 @@ __global__ void __launch_bounds__(kThreads, prefill_min_blocks<D>())
   }
 }
 
-template <int D>
-void launch_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                    const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
-                    int block_size, bf16_t* out, int T, int nh, int nkv, cudaStream_t s) {
+template <int D, class CacheT>
+void launch_prefill(const float* q, const float* gate, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
+                    float v_scale, const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                    int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<D>();
-  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_prefill_kernel<D>), smem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_prefill_kernel<D, CacheT>), smem);
   const dim3 grid(nh, (T + kTileQ - 1) / kTileQ);
-  launch(paged_attention_prefill_kernel<D>, grid, kThreads, smem, s, q, gate, k_cache, v_cache, pos, seq_of_token,
-         block_tables, max_blocks, block_size, out, T, nh, nkv);
+  launch(paged_attention_prefill_kernel<D, CacheT>, grid, kThreads, smem, s, q, gate, k_cache, v_cache, k_scale,
+         v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, out, T, nh, nkv);
   FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+template <class CacheT>
+void launch_prefill_for(int d, const float* q, const float* gate, const CacheT* k_cache, const CacheT* v_cache,
+                        float k_scale, float v_scale, const int32_t* pos, const int32_t* seq_of_token,
+                        const int32_t* block_tables, int max_blocks, int block_size, bf16_t* out, int T, int nh,
+                        int nkv, cudaStream_t s) {
+  switch (d) {
+    case 64:
+      launch_prefill<64>(q, gate, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables, max_blocks,
+                         block_size, out, T, nh, nkv, s);
+      break;
+    case 128:
+      launch_prefill<128>(q, gate, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables, max_blocks,
+                          block_size, out, T, nh, nkv, s);
+      break;
+    default:
+      launch_prefill<256>(q, gate, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables, max_blocks,
+                          block_size, out, T, nh, nkv, s);
+  }
 }
 
 }  // namespace
 
 bool paged_attention_prefill_covers(int d) { return d == 64 || d == 128 || d == 256; }
 
-bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                             const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                             int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
-                             cudaStream_t s) {
+bool paged_attention_prefill(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                             const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                             bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s) {
   if (!paged_attention_prefill_covers(d)) return false;
   // Vector accesses: 16-byte q reads and cache copies, 8-byte gate reads, 4-byte output writes.
-  if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(gate, 8) || !is_aligned(out, 4))
+  if (!is_aligned(q, 16) || !is_aligned(cache.k, 16) || !is_aligned(cache.v, 16) || !is_aligned(gate, 8) ||
+      !is_aligned(out, 4))
     return false;
   if ((T + kTileQ - 1) / kTileQ > 65535) return false;  // grid.y limit
   if (T == 0) return true;
-  switch (d) {
-    case 64:
-      launch_prefill<64>(q, gate, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, out, T,
-                         nh, nkv, s);
-      break;
-    case 128:
-      launch_prefill<128>(q, gate, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, out,
-                          T, nh, nkv, s);
-      break;
-    default:
-      launch_prefill<256>(q, gate, k_cache, v_cache, pos, seq_of_token, block_tables, max_blocks, block_size, out,
-                          T, nh, nkv, s);
+  if (cache.fp8()) {
+    launch_prefill_for(d, q, gate, static_cast<const e4m3_t*>(cache.k), static_cast<const e4m3_t*>(cache.v),
+                       cache.k_scale, cache.v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, out, T,
+                       nh, nkv, s);
+  } else {
+    launch_prefill_for(d, q, gate, static_cast<const bf16_t*>(cache.k), static_cast<const bf16_t*>(cache.v), 1.f, 1.f,
+                       pos, seq_of_token, block_tables, max_blocks, block_size, out, T, nh, nkv, s);
   }
   inject_backend_fault(kAttentionPrefillOp, kTensorCore, out, size_t(T) * nh * d * 2, s);
   return true;

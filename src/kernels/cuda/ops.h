@@ -11,6 +11,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 
+#include "core/kv_cache_dtype.h"
 #include "core/weight_format.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/kernel_plan.h"
@@ -129,16 +130,38 @@ int64_t linear_scratch_elems(const DeviceLinear& w, int64_t max_tokens);
 // ---- attention (attention.cu)
 // The CUDA-core kernels hold a head in shared memory and registers: head dims up to this.
 constexpr int kMaxAttentionHeadDim = 256;
+// One attention layer's paged KV cache as the attention ops use it: K and V pools of
+// [num_blocks*block_size, nkv, d] values, bf16, or E4M3 codes (KvCacheDtype::Fp8E4M3) holding
+// e4m3(x / scale) (round to nearest even, saturated at +-448) that read back as code * scale,
+// one scale for K and one for V. The kernels convert E4M3 to bf16 exactly as they load K/V
+// tiles and fold k_scale into the scores' scale and v_scale into the output.
+struct KvCacheView {
+  void* k = nullptr;
+  void* v = nullptr;
+  KvCacheDtype dtype = KvCacheDtype::Bf16;
+  float k_scale = 1.f, v_scale = 1.f;
+  static KvCacheView bf16(const bf16_t* k, const bf16_t* v) {
+    return KvCacheView{const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), KvCacheDtype::Bf16, 1.f, 1.f};
+  }
+  bool fp8() const { return dtype == KvCacheDtype::Fp8E4M3; }
+};
 // Per token t (position pos[t], slot slot_mapping[t] in the paged cache): split q rows into query
 // and gate (gated: per head [query d | gate d]), q_norm/k_norm per head, partial NeoX RoPE, store
-// q (fp32 [T, nh, d]) and gate (fp32 [T, nh*d]); write k, v into the cache pools (bf16
-// [num_blocks*block_size, nkv, d]). `qkv_ld`: the row stride of q_raw, k_raw and v_raw when they
-// are column ranges of one fused projection's output (0: each is its own dense array).
+// q (fp32 [T, nh, d]) and gate (fp32 [T, nh*d]); write k, v into the cache pools (in the cache's
+// dtype). `qkv_ld`: the row stride of q_raw, k_raw and v_raw when they are column ranges of one
+// fused projection's output (0: each is its own dense array).
 void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
                        const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
-                       float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
-                       int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s,
-                       int64_t qkv_ld = 0);
+                       float* gate, const KvCacheView& cache, int T, int nh, int nkv, int d, int rotary_dim,
+                       float theta, float eps, bool gated, bool zero_centered, cudaStream_t s, int64_t qkv_ld = 0);
+inline void attention_prepare(const float* q_raw, const float* k_raw, const float* v_raw, const float* q_norm,
+                              const float* k_norm, const int32_t* pos, const int32_t* slot_mapping, float* q,
+                              float* gate, bf16_t* k_cache, bf16_t* v_cache, int T, int nh, int nkv, int d,
+                              int rotary_dim, float theta, float eps, bool gated, bool zero_centered, cudaStream_t s,
+                              int64_t qkv_ld = 0) {
+  attention_prepare(q_raw, k_raw, v_raw, q_norm, k_norm, pos, slot_mapping, q, gate, KvCacheView::bf16(k_cache, v_cache),
+                    T, nh, nkv, d, rotary_dim, theta, eps, gated, zero_centered, s, qkv_ld);
+}
 // out[t, h, :] = softmax(q k^T / sqrt(d)) v over positions 0..pos[t] of token t's sequence, read
 // through its block table (block_tables[seq_of_token[t] * max_blocks + j]); times sigmoid(gate)
 // when gate != null; written as bf16 (the o_proj input).
@@ -148,10 +171,16 @@ struct AttentionSplit {
   int splits = 1;
   float *part_m = nullptr, *part_l = nullptr, *part_acc = nullptr;
 };
-void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                     const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                     int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s,
-                     const AttentionSplit* split = nullptr);
+void paged_attention(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                     const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                     bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit* split = nullptr);
+inline void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s,
+                            const AttentionSplit* split = nullptr) {
+  paged_attention(q, gate, KvCacheView::bf16(k_cache, v_cache), pos, seq_of_token, block_tables, max_blocks,
+                  block_size, out, T, nh, nkv, d, s, split);
+}
 // Decode / verify attention on tensor cores (attention_decode.cu): the q heads that share a KV
 // head are the rows of one mma tile, so each KV block is read once per (token, KV head, split).
 // Same inputs, partial buffers and result as paged_attention with `split`; returns false (nothing
@@ -161,10 +190,16 @@ void paged_attention(const float* q, const float* gate, const bf16_t* k_cache, c
 // The shapes paged_attention_decode's kernel has (alignment aside): head_dim 128/256, a GQA
 // group of up to 16 or a multiple of 16.
 bool paged_attention_decode_covers(int nh, int nkv, int d);
-bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                            const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                            int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
-                            cudaStream_t s, const AttentionSplit& split);
+bool paged_attention_decode(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                            const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                            bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit& split);
+inline bool paged_attention_decode(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                                   const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                                   int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
+                                   cudaStream_t s, const AttentionSplit& split) {
+  return paged_attention_decode(q, gate, KvCacheView::bf16(k_cache, v_cache), pos, seq_of_token, block_tables,
+                                max_blocks, block_size, out, T, nh, nkv, d, s, split);
+}
 // Merges the split partials of paged_attention / paged_attention_decode into `out` (times
 // sigmoid(gate) when given): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* out, int T, int nh, int d,
@@ -175,15 +210,22 @@ void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* o
 // vector access: q and the caches to 16 bytes, gate to 8, out to 4); the caller then uses
 // paged_attention.
 bool paged_attention_prefill_covers(int d);  // head_dim 64/128/256
-bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
-                             const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
-                             int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
-                             cudaStream_t s);
+bool paged_attention_prefill(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
+                             const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
+                             bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s);
+inline bool paged_attention_prefill(const float* q, const float* gate, const bf16_t* k_cache, const bf16_t* v_cache,
+                                    const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                                    int max_blocks, int block_size, bf16_t* out, int T, int nh, int nkv, int d,
+                                    cudaStream_t s) {
+  return paged_attention_prefill(q, gate, KvCacheView::bf16(k_cache, v_cache), pos, seq_of_token, block_tables,
+                                 max_blocks, block_size, out, T, nh, nkv, d, s);
+}
 
 // KV block copies (kv_copy.cu): in each of the n_pools pools (a device array of pointers), block
-// src[i] to block dst[i], i < n (device arrays); a block is block_elems bf16 (block_size * nkv * d).
-void copy_kv_blocks(bf16_t* const* pools, int n_pools, const int32_t* src, const int32_t* dst, int n,
-                    int64_t block_elems, cudaStream_t s);
+// src[i] to block dst[i], i < n (device arrays); a block is block_bytes bytes (block_size * nkv *
+// d values of the cache's dtype), a multiple of 16.
+void copy_kv_blocks(void* const* pools, int n_pools, const int32_t* src, const int32_t* dst, int n,
+                    int64_t block_bytes, cudaStream_t s);
 
 // ---- Gated DeltaNet (gdn.cu). Tokens of sequence i are [seq_start[i], seq_start[i+1]);
 // its state lives in slot state_slot[i] of the pools.

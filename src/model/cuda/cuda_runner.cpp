@@ -77,6 +77,7 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
 
 const ModelConfig& CudaRunner::config() const { return impl_->model_cfg; }
 int64_t CudaRunner::kv_capacity_tokens() const { return impl_->kv_tokens; }
+KvCacheDtype CudaRunner::kv_cache_dtype() const { return impl_->opt.kv_cache_dtype; }
 int64_t CudaRunner::max_sequence_length() const { return std::min<int64_t>(impl_->opt.max_seq_len, impl_->kv_tokens); }
 int CudaRunner::max_sequences() const { return impl_->opt.max_seqs; }
 

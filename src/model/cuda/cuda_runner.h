@@ -29,6 +29,9 @@ struct CudaRunnerOptions {
   int64_t kv_cache_tokens = 16384; // paged KV capacity, tokens over all sequences
   int max_seq_len = 8192;          // block-table width
   int block_size = 16;
+  // The KV pools' element type (--kv-cache-dtype, resolved): bf16, or E4M3 with each layer's
+  // k_scale / v_scale (twice the tokens in the same memory).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Bf16;
   bool cuda_graphs = true;         // capture/replay decode steps
   bool profile = false;            // per-op CUDA-event timings (disables graphs)
   bool load_mtp = false;           // load the checkpoint's MTP layer (speculative decoding)
@@ -114,6 +117,7 @@ class CudaRunner final : public ModelRunner {
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
   int max_sequences() const override;
+  KvCacheDtype kv_cache_dtype() const override;
 
   // Greedy fast path: the argmax of each output row (each step's last row, or all of its rows with
   // all_rows) without copying logits; the batch must fit one engine step.

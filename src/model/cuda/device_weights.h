@@ -32,6 +32,7 @@ struct DevLayer {
   DeviceLinear q, k, v, o;
   DeviceLinear attn_qkv;  // [q | k | v] in one bf16 matrix when none is NVFP4 (one GEMV/GEMM, not three)
   const float *q_norm = nullptr, *k_norm = nullptr;
+  float k_scale = 1.f, v_scale = 1.f;  // FP8 KV cache scales (AttentionWeights'), host values passed to the kernels
   DeviceLinear qkv, z, b, a, out;
   DeviceLinear gdn_in;  // [qkv | z | b | a] in one bf16 matrix when none is NVFP4 (one GEMM, not four)
   const float *conv_w = nullptr, *dt_bias = nullptr, *a_log = nullptr, *gnorm = nullptr;

@@ -112,6 +112,8 @@ DevLayer WeightBuilder::upload_layer(const LayerWeights& lw) {
     l.o = upload_linear(lw.attn.o, false);
     l.q_norm = upload_f32(lw.attn.q_norm);
     l.k_norm = upload_f32(lw.attn.k_norm);
+    l.k_scale = lw.attn.k_scale;
+    l.v_scale = lw.attn.v_scale;
   } else {
     if (const auto fused = concat_rows({&lw.gdn.qkv, &lw.gdn.z, &lw.gdn.b, &lw.gdn.a})) {
       l.gdn_in = upload_linear(*fused, false);

@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "model/cuda/checkpoint_streamer.h"
 #include "model/cuda/device_weights.h"
+#include "model/kv_cache_scales.h"
 #include "model/weight_shard.h"
 
 namespace fathom::cuda {
@@ -291,6 +292,8 @@ void WeightBuilder::stream_attention(DevLayer& l, const AttentionTensors& t) {
   l.o = stored_columns(t.o.module, H, t.o.in, split.o_columns(cfg), false);
   l.q_norm = upload_f32(small_f32(t.q_norm));
   l.k_norm = upload_f32(small_f32(t.k_norm));
+  l.k_scale = read_kv_cache_scale(st->checkpoint(), t.k_scale);
+  l.v_scale = read_kv_cache_scale(st->checkpoint(), t.v_scale);
 }
 
 void WeightBuilder::stream_gated_delta_net(DevLayer& l, const GatedDeltaNetTensors& t) {

@@ -7,20 +7,28 @@
 
 namespace fathom::cuda {
 
-void KvPool::allocate(int layers, int64_t blocks, int block_size, int kv_heads, int head_dim, int64_t copy_blocks,
-                      cudaStream_t s) {
-  block_values_ = int64_t(block_size) * kv_heads * head_dim;
-  const int64_t values = blocks * block_values_;
+void KvPool::allocate(int layers, int64_t blocks, int block_size, int kv_heads, int head_dim, KvCacheDtype dtype,
+                      int64_t copy_blocks, cudaStream_t s) {
+  dtype_ = dtype;
+  const int64_t block_values = int64_t(block_size) * kv_heads * head_dim;
+  block_bytes_ = block_values * kv_cache_dtype_bytes(dtype);
+  const int64_t values = blocks * block_values;
   for (int i = 0; i < layers; ++i) {
-    k_.emplace_back(size_t(values) * 2);
-    v_.emplace_back(size_t(values) * 2);
+    k_.emplace_back(size_t(blocks * block_bytes_));
+    v_.emplace_back(size_t(blocks * block_bytes_));
     // Arbitrary but finite contents: benchmark contexts read blocks nothing wrote.
-    fill_random_bf16(k_.back().as<bf16_t>(), values, 0.5f, 77 + i, s);
-    fill_random_bf16(v_.back().as<bf16_t>(), values, 0.5f, 99 + i, s);
+    if (dtype == KvCacheDtype::Fp8E4M3) {
+      // Codes with the exponent's top bit clear: |value| < 2, never the NaN codes 0x7f / 0xff.
+      fill_random_bytes(k_.back().as<uint8_t>(), values, 77 + i, 0xbf, 0, s);
+      fill_random_bytes(v_.back().as<uint8_t>(), values, 99 + i, 0xbf, 0, s);
+    } else {
+      fill_random_bf16(k_.back().as<bf16_t>(), values, 0.5f, 77 + i, s);
+      fill_random_bf16(v_.back().as<bf16_t>(), values, 0.5f, 99 + i, s);
+    }
   }
   if (copy_blocks > 0) {
-    std::vector<bf16_t*> ptrs;
-    for (int i = 0; i < layers; ++i) ptrs.push_back(k(i)), ptrs.push_back(v(i));
+    std::vector<void*> ptrs;
+    for (int i = 0; i < layers; ++i) ptrs.push_back(k_[size_t(i)].data()), ptrs.push_back(v_[size_t(i)].data());
     ptrs_ = DeviceBuffer::from_host(ptrs);
     idx_ = DeviceBuffer(size_t(2) * copy_blocks * 4);
   }
@@ -39,7 +47,7 @@ void KvPool::copy_blocks(const std::vector<int32_t>& src, const std::vector<int3
   // Pageable memory: the call returns once the indices are staged, so `idx` may go.
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(idx_.data(), idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, s));
   const int32_t* d = idx_.as<int32_t>();
-  copy_kv_blocks(ptrs_.as<bf16_t*>(), int(k_.size() * 2), d, d + src.size(), int(src.size()), block_values_, s);
+  copy_kv_blocks(ptrs_.as<void*>(), int(k_.size() * 2), d, d + src.size(), int(src.size()), block_bytes_, s);
 }
 
 }  // namespace fathom::cuda

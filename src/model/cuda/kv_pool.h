@@ -1,12 +1,14 @@
 // The paged KV cache's memory: one K and one V pool per attention layer (the MTP layer's last),
-// each [blocks][block_size][kv_heads][head_dim] bf16, and block copies between them (prefix
-// snapshots). Which blocks a sequence holds is the runner's accounting, not this.
+// each [blocks][block_size][kv_heads][head_dim] values of the cache's dtype (bf16 or E4M3), and
+// block copies between them (prefix snapshots). Which blocks a sequence holds is the runner's
+// accounting, not this.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "core/kv_cache_dtype.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 
@@ -16,10 +18,13 @@ class KvPool {
  public:
   // `layers` pools of `blocks` blocks; `copy_blocks` > 0 makes room for copies of up to that
   // many blocks at once.
-  void allocate(int layers, int64_t blocks, int block_size, int kv_heads, int head_dim, int64_t copy_blocks,
-                cudaStream_t s);
-  bf16_t* k(int layer) const { return k_[size_t(layer)].as<bf16_t>(); }
-  bf16_t* v(int layer) const { return v_[size_t(layer)].as<bf16_t>(); }
+  void allocate(int layers, int64_t blocks, int block_size, int kv_heads, int head_dim, KvCacheDtype dtype,
+                int64_t copy_blocks, cudaStream_t s);
+  KvCacheDtype dtype() const { return dtype_; }
+  // Layer `layer`'s pools as the attention ops take them, with its scales (E4M3 only).
+  KvCacheView view(int layer, float k_scale, float v_scale) const {
+    return KvCacheView{k_[size_t(layer)].data(), v_[size_t(layer)].data(), dtype_, k_scale, v_scale};
+  }
   int64_t bytes() const;
   bool can_copy() const { return ptrs_.data() != nullptr; }
   // Blocks src[i] -> dst[i] of every layer's K and V, queued on `s`.
@@ -28,7 +33,8 @@ class KvPool {
  private:
   std::vector<DeviceBuffer> k_, v_;
   DeviceBuffer ptrs_, idx_;  // every pool's base (K, V per layer), and the copy's block ids
-  int64_t block_values_ = 0;  // values of one block
+  KvCacheDtype dtype_ = KvCacheDtype::Bf16;
+  int64_t block_bytes_ = 0;  // bytes of one block of one pool
 };
 
 }  // namespace fathom::cuda

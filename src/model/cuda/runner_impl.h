@@ -191,7 +191,7 @@ struct CudaRunner::Impl {
   void log_generic_kernels() const;
 
   int64_t kv_bytes_per_token() const {
-    return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer();
+    return int64_t(n_attn + (w.has_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer(opt.kv_cache_dtype);
   }
   int64_t history_bytes() const { return states.history_bytes(opt.max_history + 1); }
 

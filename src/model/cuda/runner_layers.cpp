@@ -73,7 +73,7 @@ void CudaRunner::Impl::attention_block(const DevLayer& l, const Plan& p) {
   {
     Scope sc(profiler, "attn.core");
     attention_prepare(qp, kp, vp, l.q_norm, l.k_norm, dmeta.pos, dmeta.slot_mapping, act.q.as<float>(),
-                      act.gate.as<float>(), kv.k(l.attn_index), kv.v(l.attn_index), T,
+                      act.gate.as<float>(), kv.view(l.attn_index, l.k_scale, l.v_scale), T,
                       nh, nkv, d, cfg.rotary_dim(), float(cfg.rope_theta), float(cfg.rms_norm_eps),
                       cfg.attn_output_gate, cfg.norm_zero_centered, s, qkv_ld);
     attend(l, p);
@@ -93,7 +93,7 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const cudaStream_t s = stream;
   const int d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const float* g = cfg.attn_output_gate ? act.gate.as<float>() : nullptr;
-  const bf16_t *kc = kv.k(l.attn_index), *vc = kv.v(l.attn_index);
+  const KvCacheView cache = kv.view(l.attn_index, l.k_scale, l.v_scale);
   const int32_t *pos = dmeta.pos, *seq_of = dmeta.seq_of_token;
   auto attend_tokens = [&](int t0, int n, bool prefill, bool tensor_core) {
     const int64_t o = int64_t(t0) * nh * d;
@@ -101,16 +101,16 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
     const float* gt = g ? g + o : nullptr;
     bf16_t* out = act.attn_out.as<bf16_t>() + o;
     if (prefill && tensor_core) {
-      FATHOM_CHECK(paged_attention_prefill(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
+      FATHOM_CHECK(paged_attention_prefill(q, gt, cache, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
                                            opt.block_size, out, n, nh, nkv, d, s),
                    "the tensor-core prefill attention refused a step it was planned for");
     } else if (tensor_core) {
-      FATHOM_CHECK(paged_attention_decode(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
+      FATHOM_CHECK(paged_attention_decode(q, gt, cache, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
                                           opt.block_size, out, n, nh, nkv, d, s, act.split),
                    "the tensor-core decode attention refused a step it was planned for");
     } else {
-      paged_attention(q, gt, kc, vc, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks, opt.block_size, out, n, nh,
-                      nkv, d, s, prefill ? nullptr : &act.split);
+      paged_attention(q, gt, cache, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks, opt.block_size, out, n, nh, nkv,
+                      d, s, prefill ? nullptr : &act.split);
     }
   };
   for (const AttentionRun& r : p.attention_runs) {

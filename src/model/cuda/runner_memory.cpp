@@ -92,9 +92,12 @@ void CudaRunner::Impl::allocate_kv_pools() {
   const int64_t main_blocks = std::max<int64_t>(1, tokens / bs);
   const int64_t num_blocks = main_blocks + snap_blocks + 1;  // + pad_block
   kv_tokens = main_blocks * bs;
-  kv.allocate(n_attn + (w.has_mtp ? 1 : 0), num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim,
+  kv.allocate(n_attn + (w.has_mtp ? 1 : 0), num_blocks, bs, cfg.num_key_value_heads, cfg.head_dim, opt.kv_cache_dtype,
               snap_blocks > 0 ? std::max<int64_t>(max_blocks, snap_blocks) : 0, stream);
   fp.kv_bytes = kv.bytes();
+  if (tp.rank == 0)  // one rank speaks for the split model
+    std::fprintf(stderr, "fathom: KV cache: %lld tokens (%s, %lld bytes/token, %.2f GB)\n", (long long)kv_tokens,
+                 kv_cache_dtype_name(opt.kv_cache_dtype), (long long)kv_bytes_per_token(), double(fp.kv_bytes) / 1e9);
   pad_block = int32_t(num_blocks - 1);
   for (int64_t b2 = main_blocks - 1; b2 >= 0; --b2) free_blocks.push_back(int32_t(b2));
   for (int64_t b2 = main_blocks + snap_blocks - 1; b2 >= main_blocks; --b2) snap_free_blocks.push_back(int32_t(b2));

@@ -86,6 +86,7 @@ class TensorParallelRunner final : public ModelRunner {
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
   int max_sequences() const override { return ranks_[0]->max_sequences(); }
+  KvCacheDtype kv_cache_dtype() const override { return ranks_[0]->kv_cache_dtype(); }
 
   // CudaRunner's benchmark methods on every rank (results and footprint: rank 0's).
   std::vector<int32_t> forward_argmax(std::span<const ForwardStep> steps);

@@ -1,0 +1,178 @@
+// The CUDA engine with an FP8 (E4M3) KV cache (--kv-cache-dtype fp8) against the CPU engine
+// emulating it (HybridModel::set_kv_cache_fp8 with set_bf16_activations, as
+// CudaFixture.MatchesCpuReference in test_cuda_engine.cpp does for bf16): the fixtures with
+// per-layer k_scale / v_scale added (tests/model/kv_scaled_checkpoint.h), so the scales are read
+// by the streamed loader and applied on both sides. The cache codes are the same on both sides
+// unless a value lands within rounding noise of an E4M3 rounding boundary, so the tolerances are
+// test_cuda_engine.cpp's tight ones. And the KV capacity at a given memory share doubles.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "model/cpu_runner.h"
+#include "model/cuda/cuda_runner.h"
+#include "model/hybrid_model.h"
+#include "model/kv_scaled_checkpoint.h"
+#include "model/model_runner.h"
+#include "runtime/sampler.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kTight = 5e-3;     // 99th-percentile row error (as test_cuda_engine.cpp)
+constexpr double kTightMax = 5e-2;  // largest row error
+constexpr float kMarginThreshold = 0.5f;
+
+fs::path fixtures_dir() {
+  const char* env = std::getenv("FATHOM_FIXTURES_DIR");
+  return env ? fs::path(env) : fs::path(FATHOM_FIXTURES_DIR);
+}
+
+// Row error: max |gpu - cpu| over the spread of the CPU logits of the prompt.
+void row_errors(const std::vector<float>& got, const std::vector<float>& ref, int V, std::vector<double>& errs) {
+  ASSERT_EQ(got.size(), ref.size());
+  auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
+  const double spread = double(*mx - *mn);
+  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
+    double e = 0;
+    for (int v = 0; v < V; ++v) {
+      const float g = got[r * V + v];
+      e = std::max(e, std::isfinite(g) ? double(std::fabs(g - ref[r * V + v])) : 1e30);
+    }
+    errs.push_back(e / spread);
+  }
+}
+
+std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (auto& t : p) t = int32_t(2 + rng() % uint32_t(vocab - 2));
+  return p;
+}
+
+ForwardOutput run_prompt(ModelRunner& r, const std::vector<int32_t>& prompt, int chunk) {
+  SequenceId s = r.add_sequence();
+  ForwardOutput all;
+  for (size_t b = 0; b < prompt.size(); b += size_t(chunk)) {
+    ForwardStep st{s, std::span<const int32_t>(prompt.data() + b, std::min(prompt.size(), b + chunk) - b), true};
+    ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
+    all.logits.insert(all.logits.end(), o.logits.begin(), o.logits.end());
+    all.rows += o.rows;
+  }
+  r.remove_sequence(s);
+  return all;
+}
+
+// Greedy continuation (decode steps read the cache token by token), and the margins when asked.
+std::vector<int32_t> greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, std::vector<float>* margins) {
+  SequenceId s = r.add_sequence();
+  ForwardStep st{s, prompt, false};
+  ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
+  std::vector<int32_t> out;
+  const int V = r.config().vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const int32_t next = argmax(o.logits.data(), V);
+    if (margins) {
+      std::vector<float> row(o.logits.begin(), o.logits.begin() + V);
+      std::nth_element(row.begin(), row.begin() + 1, row.end(), std::greater<float>());
+      margins->push_back(row[0] - row[1]);
+    }
+    out.push_back(next);
+    ForwardStep d{s, std::span<const int32_t>(&out.back(), 1), false};
+    o = r.forward(std::span<const ForwardStep>(&d, 1));
+  }
+  r.remove_sequence(s);
+  return out;
+}
+
+// Scales that keep the fixtures' K (|k| ~ 1 after k_norm) and V inside E4M3's range, different
+// per layer and far from 1.
+testutil::KvScales scales_of(int i) { return {0.02f + 0.005f * float(i), 0.01f + 0.003f * float(i)}; }
+
+class CudaKvFp8 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaKvFp8, MatchesCpuFp8Emulation) {
+  const fs::path dir = testutil::make_kv_scaled_checkpoint(fixtures_dir() / GetParam(), "cuda_kv_fp8_" + GetParam(),
+                                                           scales_of);
+  auto model = HybridModel::load(dir, false);
+  model->set_bf16_activations(true);
+  model->set_kv_cache_fp8(true);
+  CpuRunner emulating(std::move(model));
+  cuda::CudaRunnerOptions opt;
+  opt.max_tokens_per_step = 64;  // chunked prefill inside the engine for the 80-token prompt
+  opt.kv_cache_dtype = KvCacheDtype::Fp8E4M3;
+  auto gpu = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+  EXPECT_EQ(gpu->kv_cache_dtype(), KvCacheDtype::Fp8E4M3);
+  const int V = emulating.config().vocab_size;
+  std::vector<double> errs;
+  for (int len : {5, 24, 80}) {
+    const auto prompt = random_prompt(len, V, 2000 + len);
+    for (int chunk : {1 << 20, 7}) {
+      const auto got = run_prompt(*gpu, prompt, chunk);
+      const auto emu = run_prompt(emulating, prompt, std::min(chunk, 64));  // the engine's 64-token steps
+      row_errors(got.logits, emu.logits, V, errs);
+    }
+    std::vector<float> margins;
+    const auto want = greedy(emulating, prompt, 12, &margins);
+    const auto got = greedy(*gpu, prompt, 12, nullptr);
+    size_t same = 0;
+    for (; same < want.size() && want[same] == got[same]; ++same) {}
+    if (same < want.size()) {
+      EXPECT_LT(margins[same], kMarginThreshold) << "greedy diverged at step " << same;
+    }
+    std::printf("  %s, %d tokens: greedy agrees for %zu of %zu steps\n", GetParam().c_str(), len, same, want.size());
+  }
+  std::sort(errs.begin(), errs.end());
+  const double p99 = errs[std::min(errs.size() - 1, size_t(double(errs.size()) * 0.99))];
+  std::printf("  %s fp8 KV vs fp8-emulating CPU: %zu rows, median %.2e, p99 %.2e, max %.2e\n", GetParam().c_str(),
+              errs.size(), errs[errs.size() / 2], p99, errs.back());
+  EXPECT_LT(p99, kTight);
+  EXPECT_LT(errs.back(), kTightMax);
+  fs::remove_all(dir);
+}
+
+// The same memory holds twice the tokens in E4M3 (one byte a value instead of two): a fixed
+// number of tokens takes half the pool bytes, and a share of the device (what the engine sizes
+// the pools from by default) about twice the tokens (the rest of the device's use may move a
+// little between the two runners: workspaces made after the first sized itself).
+TEST_P(CudaKvFp8, CapacityDoubles) {
+  const fs::path dir = fixtures_dir() / GetParam();
+  struct Sizes {
+    int64_t fixed_bytes, share_tokens;
+  };
+  auto sizes = [&](KvCacheDtype dtype) {
+    Sizes s{};
+    cuda::CudaRunnerOptions opt;
+    opt.kv_cache_dtype = dtype;
+    opt.kv_cache_tokens = 4096;
+    {
+      auto r = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+      EXPECT_EQ(r->kv_cache_dtype(), dtype);
+      EXPECT_EQ(r->kv_capacity_tokens(), 4096);
+      s.fixed_bytes = r->footprint().kv_bytes;
+    }
+    opt.gpu_memory_utilization = 0.1;
+    auto r = cuda::CudaRunner::from_checkpoint(dir.string(), opt);
+    s.share_tokens = r->kv_capacity_tokens();
+    return s;  // each runner is gone before the next one sizes itself
+  };
+  const Sizes bf16 = sizes(KvCacheDtype::Bf16), fp8 = sizes(KvCacheDtype::Fp8E4M3);
+  std::printf("  %s: 4096 tokens in %lld bytes bf16, %lld bytes fp8; 10%% of the device: %lld tokens bf16, %lld fp8\n",
+              GetParam().c_str(), (long long)bf16.fixed_bytes, (long long)fp8.fixed_bytes,
+              (long long)bf16.share_tokens, (long long)fp8.share_tokens);
+  EXPECT_EQ(2 * fp8.fixed_bytes, bf16.fixed_bytes);
+  EXPECT_NEAR(double(fp8.share_tokens) / double(bf16.share_tokens), 2.0, 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvFp8, ::testing::Values("qwen35_moe", "qwen3_dense"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace fathom
