@@ -207,15 +207,16 @@ for what in "${@:-all}"; do
         done
       done ;;
     fp8)
-      # Issue 31, FP8 linears: the kernels against host references (and under memcheck), the engine
-      # on the FP8 fixtures against the CPU engine, then `fathom bench` at the 397B shape cut to 28
-      # layers, the NVFP4 release's layout (BF16 dense projections) and NVFP4-V2's (FP8 W8A8 dense)
-      # alternated, FP8_BENCH_REPS times each.
+      # Issue 31, FP8 linears and the FP8 KV cache: the kernels against host references (and under
+      # memcheck), the engine on the FP8 fixtures against the CPU engine, then `fathom bench` at the
+      # 397B shape cut to 28 layers, the NVFP4 release's layout (BF16 dense projections) and
+      # NVFP4-V2's (FP8 W8A8 dense) alternated, FP8_BENCH_REPS times each, and V2 with an FP8 KV cache.
       FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
-        --gtest_filter='*Fp8*:*fp8*:Fixtures/CudaFixture.*:*KvFp8*:*Fp8Kv*' > "$OUT/fp8_tests.log" 2>&1
+        --gtest_filter='*Fp8*:*fp8*:Fixtures/CudaFixture.*:Fixtures/CudaW8A8Fixture.*:CudaAttentionFp8.*:Fixtures/CudaKvFp8.*:CudaAttentionPrefill.*:CudaAttentionDecode.*' \
+        > "$OUT/fp8_tests.log" 2>&1
       echo "fp8 tests rc=$?"; grep -E "vs bf16|vs fp32|agrees|OK \]|FAILED|Failure" "$OUT/fp8_tests.log" | tail -60
       timeout 240 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
-        --gtest_filter='*Fp8Linear*:*Fp8Gemm*:*KvFp8*:*Fp8Kv*' > "$OUT/fp8_memcheck.log" 2>&1
+        --gtest_filter='CudaFp8Linear.*:CudaAttentionFp8.*' > "$OUT/fp8_memcheck.log" 2>&1
       echo "fp8 memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/fp8_memcheck.log") ok"
       for rep in $(seq "${FP8_BENCH_REPS:-2}"); do
         for dense in bf16 fp8; do
@@ -223,7 +224,10 @@ for what in "${@:-all}"; do
             --dummy-dense $dense --batch 1,8,64 --input-len 4096 --output-len 64 --json-out "$OUT/fp8_bench_${dense}_$rep.json" \
             2>&1 | grep -E "^(prefill|decode|weights)" | sed "s/^/$dense $rep: /" | tee -a "$OUT/fp8_bench.log"
         done
-      done ;;
+      done
+      timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+        --dummy-dense fp8 --kv-cache-dtype fp8 --batch 1,64 --input-len 4096 --output-len 64 2>&1 \
+        | grep -E "^(prefill|decode|weights)|KV cache" | sed "s/^/fp8 + fp8 KV: /" | tee -a "$OUT/fp8_bench.log" ;;
     fp8serve)
       # Issue 31: full-size synthetic checkpoints in the official quantized layouts, served from
       # disk with `fathom serve` defaults (load rate against the page-cache ceiling, peak host RSS,
@@ -242,6 +246,11 @@ for what in "${@:-all}"; do
         timeout 240 python3 tools/serve_check.py --url http://127.0.0.1:18620 --long-prompt 8192 --long-output 128 \
           2>&1 | tail -8 | tee "$OUT/fp8serve_check_$name.log"
         kill $SRV; wait $SRV; grep -E "KV cache|loaded|RSS|error" "$OUT/fp8serve_$name.log" | tail -6
+        # The KV capacity at start-up with the checkpoint's FP8 KV cache (auto) against bf16.
+        "$BIN/fathom" serve /tmp/synth --port 18621 --kv-cache-dtype bf16 > "$OUT/fp8serve_${name}_bf16kv.log" 2>&1 &
+        SRV=$!
+        wait_healthy 18621 $SRV && grep -E "KV cache" "$OUT/fp8serve_${name}_bf16kv.log" | tail -2 | sed "s/^/bf16 KV: /"
+        kill $SRV; wait $SRV
       done
       rm -rf /tmp/synth ;;
     exactness)

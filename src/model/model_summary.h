@@ -45,7 +45,6 @@ struct ModelSummary {
   // format label -> bytes (weights and their scales).
   std::map<std::string, std::map<std::string, int64_t>> formats_by_kind;
   std::map<std::string, uint64_t> bytes_by_format;
-  std::string kv_cache_dtype = "bf16";  // what the engines store the KV cache as
 
   // MTP (the layer count is the config's mtp_num_hidden_layers)
   bool mtp_present = false;
