@@ -240,7 +240,10 @@ void CudaRunner::mtp_rollback(SequenceId id, int64_t new_length) {
 CudaRunner::Footprint CudaRunner::footprint() const { return impl_->fp; }
 const OpProfile& CudaRunner::profile() const { return impl_->profiler.totals(); }
 void CudaRunner::reset_profile() { impl_->profiler.reset(); }
-void CudaRunner::set_profiling(bool on) { impl_->opt.profile = on; }
+void CudaRunner::set_profiling(bool on) {
+  impl_->opt.profile = on;
+  impl_->profiler.start(on, impl_->stream);  // the profiler records only while on
+}
 void CudaRunner::synchronize() { FATHOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 }  // namespace fathom::cuda
