@@ -241,15 +241,16 @@ void launch_rows(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
 }
 
 // Weight-only: the rows per group grow with T so one activation load serves several rows (one
-// row with two loads in flight at T = 1, as gemv.cu). W8A8: four rows at every T, so each
-// quantized activation (a division and two conversions) serves four rows.
+// row with two loads in flight at T = 1, as gemv.cu). W8A8: two rows at T = 1, four past it, so
+// each quantized activation (a multiplication and two conversions) serves several rows.
 template <bool W8A8>
 void launch_gemv(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
   static_assert(kFp8GemvMaxTokens <= 16);
   if constexpr (W8A8) {
-    // Four rows per warp group at every size: each quantized activation serves four rows (one
-    // row with two loads in flight measured 5% slower at batch 1 on the 397B shape).
-    if (a.T <= 1) launch_rows<1, 4, 1, true>(a, block, s);
+    // Each quantized activation serves several rows. At one token two rows per warp group were
+    // the fastest of (rows, loads in flight) = (1,2), (2,1), (2,2), (4,1), (4,2), (8,1) on the
+    // 397B shape (docs/perf.md, issue 31); four rows past it.
+    if (a.T <= 1) launch_rows<1, 2, 1, true>(a, block, s);
     else if (a.T <= 2) launch_rows<2, 4, 1, true>(a, block, s);
     else if (a.T <= 4) launch_rows<4, 4, 1, true>(a, block, s);
     else if (a.T <= 8) launch_rows<8, 4, 1, true>(a, block, s);
