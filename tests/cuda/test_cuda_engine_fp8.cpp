@@ -20,77 +20,17 @@
 #include "model/hybrid_model.h"
 #include "model/kv_scaled_checkpoint.h"
 #include "model/model_runner.h"
+#include "engine_compare.h"
 #include "runtime/sampler.h"
 
 namespace fathom {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace engine_compare;
 constexpr double kTight = 5e-3;     // 99th-percentile row error (as test_cuda_engine.cpp)
 constexpr double kTightMax = 5e-2;  // largest row error
 constexpr float kMarginThreshold = 0.5f;
-
-fs::path fixtures_dir() {
-  const char* env = std::getenv("FATHOM_FIXTURES_DIR");
-  return env ? fs::path(env) : fs::path(FATHOM_FIXTURES_DIR);
-}
-
-// Row error: max |gpu - cpu| over the spread of the CPU logits of the prompt.
-void row_errors(const std::vector<float>& got, const std::vector<float>& ref, int V, std::vector<double>& errs) {
-  ASSERT_EQ(got.size(), ref.size());
-  auto [mn, mx] = std::minmax_element(ref.begin(), ref.end());
-  const double spread = double(*mx - *mn);
-  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
-    double e = 0;
-    for (int v = 0; v < V; ++v) {
-      const float g = got[r * V + v];
-      e = std::max(e, std::isfinite(g) ? double(std::fabs(g - ref[r * V + v])) : 1e30);
-    }
-    errs.push_back(e / spread);
-  }
-}
-
-std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = int32_t(2 + rng() % uint32_t(vocab - 2));
-  return p;
-}
-
-ForwardOutput run_prompt(ModelRunner& r, const std::vector<int32_t>& prompt, int chunk) {
-  SequenceId s = r.add_sequence();
-  ForwardOutput all;
-  for (size_t b = 0; b < prompt.size(); b += size_t(chunk)) {
-    ForwardStep st{s, std::span<const int32_t>(prompt.data() + b, std::min(prompt.size(), b + chunk) - b), true};
-    ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
-    all.logits.insert(all.logits.end(), o.logits.begin(), o.logits.end());
-    all.rows += o.rows;
-  }
-  r.remove_sequence(s);
-  return all;
-}
-
-// Greedy continuation (decode steps read the cache token by token), and the margins when asked.
-std::vector<int32_t> greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, std::vector<float>* margins) {
-  SequenceId s = r.add_sequence();
-  ForwardStep st{s, prompt, false};
-  ForwardOutput o = r.forward(std::span<const ForwardStep>(&st, 1));
-  std::vector<int32_t> out;
-  const int V = r.config().vocab_size;
-  for (int i = 0; i < n; ++i) {
-    const int32_t next = argmax(o.logits.data(), V);
-    if (margins) {
-      std::vector<float> row(o.logits.begin(), o.logits.begin() + V);
-      std::nth_element(row.begin(), row.begin() + 1, row.end(), std::greater<float>());
-      margins->push_back(row[0] - row[1]);
-    }
-    out.push_back(next);
-    ForwardStep d{s, std::span<const int32_t>(&out.back(), 1), false};
-    o = r.forward(std::span<const ForwardStep>(&d, 1));
-  }
-  r.remove_sequence(s);
-  return out;
-}
 
 // Scales that keep the fixtures' K (|k| ~ 1 after k_norm) and V inside E4M3's range, different
 // per layer and far from 1.
