@@ -25,13 +25,25 @@ bool WeightBuilder::stored_float(const std::string& module) const {
 
 namespace {
 
+// The block sizes the GPU's FP8 kernels and dequantization take.
+void check_fp8_blocks(const std::string& module, const ModuleFormat& f) {
+  FATHOM_CHECK(f.fp8.scaling != Fp8Scaling::Block || (f.fp8.block[0] == kFp8BlockSize && f.fp8.block[1] == kFp8BlockSize),
+               "FP8 module '", module, "': weight_block_size [", f.fp8.block[0], ", ", f.fp8.block[1],
+               "] is not supported by the CUDA engine (", kFp8BlockSize, " x ", kFp8BlockSize, ")");
+}
+
 // What the GPU's FP8 kernels take; anything else is refused at load naming the dimension.
 void check_fp8_shape(const std::string& module, const ModuleFormat& f, int in) {
   FATHOM_CHECK(in % 16 == 0, "FP8 module '", module, "': input width ", in,
                " is not a multiple of 16 (the CUDA engine's FP8 kernels read 16 weights at a time)");
-  FATHOM_CHECK(f.fp8.scaling != Fp8Scaling::Block || (f.fp8.block[0] == kFp8BlockSize && f.fp8.block[1] == kFp8BlockSize),
-               "FP8 module '", module, "': weight_block_size [", f.fp8.block[0], ", ", f.fp8.block[1],
-               "] is not supported by the CUDA engine (", kFp8BlockSize, " x ", kFp8BlockSize, ")");
+  check_fp8_blocks(module, f);
+}
+
+// A linear's FP8 scale fields from its resolved format (per-row or block scales uploaded apart).
+void set_fp8_scales(DeviceLinear& d, const ModuleFormat& f, bool weight_only) {
+  d.fp8_scaling = f.fp8.scaling;
+  d.fp8_scale = f.fp8.tensor_scale;
+  d.fp8_input_scale = weight_only ? 0.f : f.fp8.input_scale;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -70,9 +82,7 @@ DeviceLinear WeightBuilder::fp8_rows(const std::string& module, const ModuleForm
     row += r.size();
   }
   d.fp8 = codes;
-  d.fp8_scaling = f.fp8.scaling;
-  d.fp8_scale = f.fp8.tensor_scale;
-  d.fp8_input_scale = fp8_weight_only ? 0.f : f.fp8.input_scale;
+  set_fp8_scales(d, f, fp8_weight_only);
   if (f.fp8.scaling == Fp8Scaling::PerChannel) d.fp8_scales = upload_f32(rows_of(f.fp8.scales, 1, rows));
   if (f.fp8.scaling == Fp8Scaling::Block)
     d.fp8_scales = upload_f32(rows_of(f.fp8.scales, ceil_div(in, kFp8BlockSize), block_rows));
@@ -97,9 +107,7 @@ DeviceLinear WeightBuilder::fp8_columns(const std::string& module, const ModuleF
                                       size_t(d.in), size_t(out), cudaMemcpyDeviceToDevice, stream));
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `stage` is freed
   d.fp8 = codes;
-  d.fp8_scaling = f.fp8.scaling;
-  d.fp8_scale = f.fp8.tensor_scale;
-  d.fp8_input_scale = fp8_weight_only ? 0.f : f.fp8.input_scale;
+  set_fp8_scales(d, f, fp8_weight_only);
   if (f.fp8.scaling == Fp8Scaling::PerChannel) d.fp8_scales = upload_f32(f.fp8.scales);
   if (f.fp8.scaling == Fp8Scaling::Block) {
     const int64_t bc = ceil_div(stored_in, kFp8BlockSize), c0 = cols.begin / kFp8BlockSize,
@@ -164,15 +172,11 @@ const bf16_t* WeightBuilder::dequantized(const std::string& module, int64_t rows
     v.fp4_global = check_nvfp4_linear(st->checkpoint(), module, rows, in);
   } else {
     FATHOM_CHECK(f.weight == WeightFormat::FP8, "module '", module, "' is not quantized");
-    FATHOM_CHECK(f.fp8.scaling != Fp8Scaling::Block ||
-                     (f.fp8.block[0] == kFp8BlockSize && f.fp8.block[1] == kFp8BlockSize),
-                 "FP8 module '", module, "': weight_block_size [", f.fp8.block[0], ", ", f.fp8.block[1],
-                 "] is not supported by the CUDA engine");
+    check_fp8_blocks(module, f);
     codes = DeviceBuffer(size_t(rows) * in);
     st->copy(module + ".weight", codes.data());
     v.fp8 = codes.as<uint8_t>();
-    v.fp8_scaling = f.fp8.scaling;
-    v.fp8_scale = f.fp8.tensor_scale;
+    set_fp8_scales(v, f, /*weight_only=*/true);
     if (!f.fp8.scales.empty()) {
       scales = DeviceBuffer(f.fp8.scales.size() * 4);
       FATHOM_CUDA_CHECK(cudaMemcpy(scales.data(), f.fp8.scales.data(), f.fp8.scales.size() * 4, cudaMemcpyHostToDevice));
