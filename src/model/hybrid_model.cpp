@@ -35,9 +35,11 @@ void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_
     for (float& v : xq) v = fp8_fake_quantize(v, w.input_scale);
     x = xq.data();
   }
-  // The CUDA engine dequantizes weight-only NVFP4 / FP8 to bf16 for batches above its GEMVs, and
-  // FP8 routed experts at load.
-  if (bf16_activations_ && w.quantized && !w8a8 && (routed ? w.fp8 : n > 16)) {
+  // The CUDA engine rounds weight-only quantized weights to bf16 where it dequantizes them: NVFP4
+  // and block-FP8 linears for batches above its GEMVs, FP8 routed experts at load. Per-tensor and
+  // per-row FP8 stay exact there (E4M3 codes are exact in bf16; the scales multiply the product).
+  const bool rounded = routed ? w.fp8 : n > 16 && (!w.fp8 || w.fp8_block);
+  if (bf16_activations_ && w.quantized && !w8a8 && rounded) {
     std::vector<float> rounded(w.w);
     round_activations(rounded.data(), rounded.size());
     cpu::matmul_nt(x, rounded.data(), y, n, w.in, w.out);

@@ -57,6 +57,7 @@ class WeightLoader {
         break;
       case WeightFormat::FP8:
         lw.quantized = lw.fp8 = true;
+        lw.fp8_block = f.fp8.scaling == Fp8Scaling::Block;
         lw.w = read_fp8_linear(ckpt_, module, out, in, f.fp8);
         lw.input_scale = f.fp8.input_scale;
         break;

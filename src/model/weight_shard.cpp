@@ -30,6 +30,7 @@ LinearWeight take_rows(const LinearWeight& w, const std::vector<IndexRange>& ran
   out.in = w.in;
   out.quantized = w.quantized;
   out.fp8 = w.fp8;
+  out.fp8_block = w.fp8_block;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   for (const IndexRange& r : ranges) {
@@ -58,6 +59,7 @@ LinearWeight take_columns(const LinearWeight& w, IndexRange cols) {
   out.in = cols.size();
   out.quantized = w.quantized;
   out.fp8 = w.fp8;
+  out.fp8_block = w.fp8_block;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   if (!w.w.empty()) {

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -20,18 +22,20 @@ namespace {
 using testing::from_bf16;
 using testing::to_bf16;
 
-enum class Mode { PerTensor, PerTensorW8A8, PerChannel, Block, BlockW8A8 };
+enum class Mode { PerTensor, PerTensorW8A8, PerChannel, PerChannelW8A8, Block, BlockW8A8 };
 const char* name_of(Mode m) {
   switch (m) {
     case Mode::PerTensor: return "per-tensor";
     case Mode::PerTensorW8A8: return "per-tensor W8A8";
     case Mode::PerChannel: return "per-channel";
+    case Mode::PerChannelW8A8: return "per-channel W8A8";
     case Mode::Block: return "block";
     case Mode::BlockW8A8: return "block W8A8";
   }
   return "?";
 }
-constexpr Mode kModes[] = {Mode::PerTensor, Mode::PerTensorW8A8, Mode::PerChannel, Mode::Block, Mode::BlockW8A8};
+constexpr Mode kModes[] = {Mode::PerTensor, Mode::PerTensorW8A8, Mode::PerChannel, Mode::PerChannelW8A8, Mode::Block,
+                           Mode::BlockW8A8};
 
 int blocks(int n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
@@ -48,7 +52,8 @@ struct Fp8Matrix {
 
   float scale_of(int r, int c) const {
     switch (mode) {
-      case Mode::PerChannel: return scales[size_t(r)];
+      case Mode::PerChannel:
+      case Mode::PerChannelW8A8: return scales[size_t(r)];
       case Mode::Block:
       case Mode::BlockW8A8:
         return scales[size_t(r / kFp8BlockSize) * blocks(k) + c / kFp8BlockSize];
@@ -70,15 +75,16 @@ Fp8Matrix random_fp8(int n, int k, Mode mode, uint32_t seed) {
   }
   const float base = 1.f / (64.f * std::sqrt(float(k)));
   m.scale = base;
-  if (mode == Mode::PerChannel) m.scales.resize(size_t(n));
+  if (mode == Mode::PerChannel || mode == Mode::PerChannelW8A8) m.scales.resize(size_t(n));
   if (mode == Mode::Block || mode == Mode::BlockW8A8) m.scales.resize(size_t(blocks(n)) * blocks(k));
   for (auto& s : m.scales) s = base * spread(rng);
-  if (mode == Mode::PerTensorW8A8 || mode == Mode::BlockW8A8) m.input_scale = 0.02f;  // |x| > 8.96 saturates
+  if (mode == Mode::PerTensorW8A8 || mode == Mode::PerChannelW8A8 || mode == Mode::BlockW8A8)
+    m.input_scale = 0.02f;  // |x| > 8.96 saturates
   m.d_codes = cuda::DeviceBuffer::from_host(m.codes);
   if (!m.scales.empty()) m.d_scales = cuda::DeviceBuffer::from_host(m.scales);
   m.lin.out = n, m.lin.in = k;
   m.lin.fp8 = m.d_codes.as<uint8_t>();
-  m.lin.fp8_scaling = mode == Mode::PerChannel ? Fp8Scaling::PerChannel
+  m.lin.fp8_scaling = (mode == Mode::PerChannel || mode == Mode::PerChannelW8A8) ? Fp8Scaling::PerChannel
                       : (mode == Mode::Block || mode == Mode::BlockW8A8) ? Fp8Scaling::Block
                                                                            : Fp8Scaling::PerTensor;
   m.lin.fp8_scale = m.scale;
@@ -148,8 +154,9 @@ TEST(CudaFp8Linear, MatchesReferenceAtEveryScalingAndStepSize) {
   struct Shape {
     int n, k;
   };
-  const int steps[] = {1, 2, 3, 5, 8, 16, 17, 33, 64, 200};
+  const int steps[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 200};
   constexpr int kMaxT = 200;
+  double worst_w8a8_gemv = 0;  // reported: the tensor-core GEMV's error on the sum's magnitude
   for (const Shape sh : {Shape{96, 256}, Shape{130, 400}, Shape{1000, 1024}}) {
     const std::vector<uint16_t> xb = random_x(kMaxT, sh.k, uint32_t(sh.n + sh.k));
     auto x = cuda::DeviceBuffer::from_host(xb);
@@ -164,17 +171,21 @@ TEST(CudaFp8Linear, MatchesReferenceAtEveryScalingAndStepSize) {
                      cuda::KernelPlan{});
         FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
         const double err = worst_error(download_f32(y, size_t(T) * sh.n), ref, T, sh.n);
-        // The GEMV: fp32 sums of exact products. Past it: W8A8 per tensor on FP8 tensor cores
-        // (their accumulation is not full fp32), other W8A8 on the GEMV in slices, weight-only on
-        // weights rounded to bf16 (2^-9).
-        const double tol = T <= cuda::kFp8GemvMaxTokens ? 1e-5
-                           : mode == Mode::PerTensorW8A8 ? 1e-3
-                           : mode == Mode::BlockW8A8     ? 1e-5
-                                                         : 4e-3;
+        // W8A8 runs on E4M3 tensor cores at every size (the GEMV's mma.sync, cuBLASLt past it):
+        // exact products, summed inside the tensor core with less than fp32's precision.
+        // Weight-only: the GEMV's fp32 sums of exact products; past it cuBLASLt's bf16 product of
+        // the exact codes (scales after), block scales folded into weights rounded to bf16 (2^-9).
+        const bool block = mode == Mode::Block || mode == Mode::BlockW8A8;
+        const double tol = m.w8a8()                         ? 1e-3
+                           : T <= cuda::kFp8GemvMaxTokens ? 1e-5
+                           : block                         ? 4e-3
+                                                           : 1e-4;
         EXPECT_LT(err, tol) << name_of(mode) << " N=" << sh.n << " K=" << sh.k << " T=" << T;
+        if (m.w8a8() && T <= cuda::kFp8GemvMaxTokens) worst_w8a8_gemv = std::max(worst_w8a8_gemv, err);
       }
     }
   }
+  std::cout << "W8A8 GEMV (E4M3 mma) worst error / magnitude: " << worst_w8a8_gemv << "\n";
 }
 
 // The same W8A8 tokens through the GEMV (in slices of 16) and through fp8_quantize + cuBLASLt's
@@ -200,13 +211,13 @@ TEST(CudaFp8Linear, W8A8GemvAndGemmAgree) {
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> gv = download_f32(y_gemv, size_t(T) * N), gm = download_f32(y_gemm, size_t(T) * N),
                            gd = download_f32(y_direct, size_t(T) * N);
-  EXPECT_LT(worst_error(gv, ref, T, N), 1e-5);
+  EXPECT_LT(worst_error(gv, ref, T, N), 1e-3);
   EXPECT_LT(worst_error(gm, ref, T, N), 1e-3);
   EXPECT_LT(worst_error(gd, ref, T, N), 1e-3);
   double worst = 0;  // the two products against each other, on the reference's scale
   for (size_t i = 0; i < gv.size(); ++i)
     worst = std::max(worst, std::fabs(double(gv[i]) - gm[i]) / std::max(ref.magnitude[i], 1e-30));
-  EXPECT_LT(worst, 1e-3);
+  EXPECT_LT(worst, 2e-3);
 }
 
 // A token's row has the same bits whatever the step's size (1..16) and its place in the step.
@@ -293,6 +304,63 @@ TEST(CudaFp8Linear, DequantizeMatchesHost) {
         }
       EXPECT_EQ(bad, 0) << name_of(mode) << " [" << n << ", " << k << "]";
       for (size_t i = size_t(n) * k; i < got.size(); ++i) EXPECT_EQ(got[i], 0xAAAA) << "past the end: " << i;
+    }
+  }
+}
+
+// NVIDIA's V2 layout: a W8A8 FP8 projection and bf16 rows of the same input (DeltaNet's [b | a],
+// the shared expert's gate logit) in one launch at GEMV sizes. The FP8 rows have the bits of
+// fp8_gemv alone; the bf16 rows match a double-precision reference, have the same bits at every
+// step size, and nothing past either output is written. Past the GEMV, two linears.
+TEST(CudaFp8Linear, PairWithBf16TailMatchesSeparateProducts) {
+  constexpr int kMaxT = 20;
+  for (const auto& [n, k, tail_n] : {std::tuple{96, 256, 1}, std::tuple{130, 400, 130}, std::tuple{1000, 4096, 128}}) {
+    const Fp8Matrix m = random_fp8(n, k, Mode::PerChannelW8A8, uint32_t(n + k));
+    const std::vector<uint16_t> xb = random_x(kMaxT, k, 21), tb = random_x(tail_n, k, 22);
+    auto x = cuda::DeviceBuffer::from_host(xb);
+    auto tw = cuda::DeviceBuffer::from_host(tb);
+    cuda::DeviceLinear tail;
+    tail.out = tail_n, tail.in = k, tail.bf16 = tw.as<cuda::bf16_t>();
+    constexpr size_t kGuard = 64;  // floats past each output that must stay untouched
+    cuda::DeviceBuffer y((size_t(kMaxT) * n + kGuard) * 4), ty((size_t(kMaxT) * tail_n + kGuard) * 4),
+        alone(size_t(kMaxT) * n * 4);
+    cuda::DeviceBuffer scratch(size_t(cuda::linear_scratch_elems(m.lin, kMaxT)) * 2);
+    std::vector<float> first_tail;  // token 0's tail row at T = 1
+    for (int T : {1, 3, 8, 9, 16, 17, 20}) {
+      FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
+      FATHOM_CUDA_CHECK(cudaMemset(ty.data(), 0xff, ty.bytes()));
+      cuda::linear_pair(m.lin, tail, x.as<cuda::bf16_t>(), {y.as<float>(), int64_t(T) * n},
+                        {ty.as<float>(), int64_t(T) * tail_n}, T, scratch.array<cuda::bf16_t>(), nullptr,
+                        cuda::KernelPlan{});
+      cuda::linear(m.lin, x.as<cuda::bf16_t>(), alone.array<float>(), T, scratch.array<cuda::bf16_t>(), nullptr,
+                   cuda::KernelPlan{});
+      FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = download_f32(y, size_t(T) * n + kGuard),
+                               want = download_f32(alone, size_t(T) * n),
+                               got_tail = download_f32(ty, size_t(T) * tail_n + kGuard);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "FP8 rows, T=" << T << " N=" << n;
+      double worst = 0;
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < tail_n; ++r) {
+          double ref = 0, mag = 0;
+          for (int c = 0; c < k; ++c) {
+            const double p = double(from_bf16(xb[size_t(t) * k + c])) * from_bf16(tb[size_t(r) * k + c]);
+            ref += p, mag += std::fabs(p);
+          }
+          const double g = got_tail[size_t(t) * tail_n + r];
+          worst = std::max(worst, std::isfinite(g) ? std::fabs(g - ref) / std::max(mag, 1e-30) : 1e30);
+        }
+      EXPECT_LT(worst, 1e-5) << "bf16 tail, T=" << T << " rows=" << tail_n;
+      const uint32_t* gb = reinterpret_cast<const uint32_t*>(got.data());
+      const uint32_t* tbits = reinterpret_cast<const uint32_t*>(got_tail.data());
+      for (size_t i = 0; i < kGuard; ++i) {
+        EXPECT_EQ(gb[size_t(T) * n + i], 0xffffffffu) << "past the FP8 output, T=" << T;
+        EXPECT_EQ(tbits[size_t(T) * tail_n + i], 0xffffffffu) << "past the tail output, T=" << T;
+      }
+      const std::vector<float> t0(got_tail.begin(), got_tail.begin() + tail_n);
+      if (T == 1) first_tail = t0;
+      else if (T <= cuda::kFp8GemvMaxTokens)
+        EXPECT_EQ(std::memcmp(t0.data(), first_tail.data(), t0.size() * 4), 0) << "tail bits at T=" << T;
     }
   }
 }

@@ -1,7 +1,7 @@
 // FP8 (E4M3) weight kernels of dense linears (ModelOpt FP8, Qwen's block-FP8 releases): the
-// decode GEMV, the dequantization of larger steps' weights to bf16 and the quantization of W8A8
-// activations. The FP8 tensor-core product (gemm_fp8) is in gemm.cu, beside the other cuBLASLt
-// plans.
+// weight-only decode GEMV (W8A8 weights take fp8_gemv_mma.cu's tensor-core GEMV), the
+// dequantization of larger steps' weights to bf16 and the quantization of W8A8 activations. The
+// FP8 tensor-core product (gemm_fp8) is in gemm.cu, beside the other cuBLASLt plans.
 //
 // GEMV layout (as gemv.cu's): G warps per group of R output rows, G from (N, K) only; each lane
 // streams 16-byte loads (16 weights) of a contiguous K range, the next step's loads issued before
@@ -10,11 +10,10 @@
 // in K order, then the butterfly shuffle, then the G partials in order) whatever T, R or the
 // loads in flight are, so a token's row has the same bits in a step of 1 or of 16 tokens.
 //
-// W8A8 activations are quantized as the GEMV reads them (once per R rows): e4m3(x * (1 /
-// input_scale)), the reciprocal formed once in fp32 and the product correctly rounded (__fmul_rn;
-// a division per activation would make the GEMV arithmetic-bound), rounded to nearest even and
-// saturated at +-448 by the cvt's satfinite mode; the host reference (core/dtype.h
-// fp8_quantize_activation) does the same.
+// W8A8 activations are quantized as e4m3(x * (1 / input_scale)): the reciprocal formed once in
+// fp32 and the product correctly rounded (__fmul_rn), rounded to nearest even and saturated at
+// +-448 by the cvt's satfinite mode; the host reference (core/dtype.h fp8_quantize_activation)
+// does the same.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -23,6 +22,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_gemv_mma.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -37,8 +37,6 @@ struct Fp8GemvArgs {
   const uint8_t* w;      // [N, K] E4M3
   const float* scales;   // PerChannel [N] or Block [ceil(N/128), ceil(K/128)]; else null
   float scale;           // PerTensor
-  float input_scale;     // W8A8
-  float input_inv;       // 1 / input_scale in fp32 (what the activations are multiplied by)
   const bf16_t* x;       // [T, K]
   float* y;              // [T, N]
   int T, N, K, G;
@@ -59,28 +57,14 @@ __device__ __forceinline__ void decode16(const uint4& v, float* f) {
   }
 }
 
-// The E4M3 value of x * inv (the W8A8 activation rounding; see the file comment).
-__device__ __forceinline__ float2 quantize2(float a, float b, float inv) {
-  const float2 v = make_float2(__fmul_rn(a, inv), __fmul_rn(b, inv));
-  return e4m3x2_to_float2(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
-}
-
-// 16 activations (32 bytes of bf16) as floats, quantized for W8A8.
-template <bool W8A8>
-__device__ __forceinline__ void load_x16(const bf16_t* p, float input_inv, float* f) {
+// 16 activations (32 bytes of bf16) as floats.
+__device__ __forceinline__ void load_x16(const bf16_t* p, float* f) {
   const uint4 a = __ldg(reinterpret_cast<const uint4*>(p)), b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
   const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     f[2 * i] = __uint_as_float(words[i] << 16);
     f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-  if constexpr (W8A8) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 q = quantize2(f[2 * i], f[2 * i + 1], input_inv);
-      f[2 * i] = q.x, f[2 * i + 1] = q.y;
-    }
   }
 }
 
@@ -114,9 +98,9 @@ __device__ __forceinline__ void chunk_fma(const float* w, const float* x, float 
 }
 
 // MAX_T tokens at most, R rows per warp group, U loads per row in flight (twice that with the
-// next step's), W8A8: quantized activations, BLOCK: a scale per 128 x 128 block (else per row,
-// applied once to the finished sum).
-template <int MAX_T, int R, int U, bool W8A8, bool BLOCK>
+// next step's), BLOCK: a scale per 128 x 128 block (else per row, applied once to the finished
+// sum).
+template <int MAX_T, int R, int U, bool BLOCK>
 __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
   __shared__ float part[kBlock / 32][R][MAX_T];
   const int T = a.T, N = a.N, K = a.K, G = a.G;
@@ -152,36 +136,17 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
               bs[r] = n0 + r < N ? __ldg(a.scales + int64_t((n0 + r) / kFp8BlockSize) * kblocks + kk / kFp8BlockSize)
                                  : 0.f;
           }
-          if constexpr (W8A8 && MAX_T <= 4) {
-            // W8A8, few tokens: their activation chunks (quantized once) in registers, then the
-            // rows one at a time: ptxas gives this order fewer registers than R decoded rows
-            // (100 against 150 at one token), so more warps fit an SM. Weight-only kernels come
-            // out leaner in the other order.
-            float xf[MAX_T][kChunk];
+          // The R rows decoded once, each token's chunk loaded as it is used.
+          float wf[R][kChunk];
 #pragma unroll
-            for (int t = 0; t < MAX_T; ++t)
-              if (t < T) load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_inv, xf[t]);
+          for (int r = 0; r < R; ++r) decode16(cur[u][r], wf[r]);
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-              float wf[kChunk];
-              decode16(cur[u][r], wf);
+          for (int t = 0; t < MAX_T; ++t) {
+            if (t < T) {
+              float xf[kChunk];
+              load_x16(a.x + int64_t(t) * K + kk, xf);
 #pragma unroll
-              for (int t = 0; t < MAX_T; ++t)
-                if (t < T) chunk_fma<BLOCK>(wf, xf[t], bs[r], acc[r][t]);
-            }
-          } else {
-            // The R rows decoded once, each token's chunk loaded as it is used.
-            float wf[R][kChunk];
-#pragma unroll
-            for (int r = 0; r < R; ++r) decode16(cur[u][r], wf[r]);
-#pragma unroll
-            for (int t = 0; t < MAX_T; ++t) {
-              if (t < T) {
-                float xf[kChunk];
-                load_x16<W8A8>(a.x + int64_t(t) * K + kk, a.input_inv, xf);
-#pragma unroll
-                for (int r = 0; r < R; ++r) chunk_fma<BLOCK>(wf[r], xf, bs[r], acc[r][t]);
-              }
+              for (int r = 0; r < R; ++r) chunk_fma<BLOCK>(wf[r], xf, bs[r], acc[r][t]);
             }
           }
         }
@@ -197,14 +162,11 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
 #pragma unroll
     for (int t = 0; t < MAX_T; ++t) acc[r][t] = warp_sum(acc[r][t]);
   // What multiplies a row's finished sum: the per-row or per-tensor weight scale (BLOCK: applied
-  // per chunk already) times the W8A8 input scale.
+  // per chunk already).
   float mult[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float m = BLOCK ? 1.f : (a.scales != nullptr && n0 + r < N ? __ldg(a.scales + n0 + r) : a.scale);
-    if constexpr (W8A8) m = a.input_scale * m;
-    mult[r] = m;
-  }
+  for (int r = 0; r < R; ++r)
+    mult[r] = BLOCK ? 1.f : (a.scales != nullptr && n0 + r < N ? __ldg(a.scales + n0 + r) : a.scale);
   if (G == 1) {
     if (lane == 0)
 #pragma unroll
@@ -232,36 +194,23 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
         }
 }
 
-template <int MAX_T, int R, int U, bool W8A8>
+template <int MAX_T, int R, int U>
 void launch_rows(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
   const int rows_per_block = kBlock / 32 / a.G * R;
   const int grid = (a.N + rows_per_block - 1) / rows_per_block;
-  if (block) launch(fp8_gemv_kernel<MAX_T, R, U, W8A8, true>, grid, kBlock, 0, s, a);
-  else launch(fp8_gemv_kernel<MAX_T, R, U, W8A8, false>, grid, kBlock, 0, s, a);
+  if (block) launch(fp8_gemv_kernel<MAX_T, R, U, true>, grid, kBlock, 0, s, a);
+  else launch(fp8_gemv_kernel<MAX_T, R, U, false>, grid, kBlock, 0, s, a);
 }
 
-// Weight-only: the rows per group grow with T so one activation load serves several rows (one
-// row with two loads in flight at T = 1, as gemv.cu). W8A8: two rows at T = 1, four past it, so
-// each quantized activation (a multiplication and two conversions) serves several rows.
-template <bool W8A8>
+// The rows per group grow with T so one activation load serves several rows (one row with two
+// loads in flight at T = 1, as gemv.cu).
 void launch_gemv(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
   static_assert(kFp8GemvMaxTokens <= 16);
-  if constexpr (W8A8) {
-    // Each quantized activation serves several rows. At one token two rows per warp group were
-    // the fastest of (rows, loads in flight) = (1,2), (2,1), (2,2), (4,1), (4,2), (8,1) on the
-    // 397B shape (docs/perf.md, issue 31); four rows past it.
-    if (a.T <= 1) launch_rows<1, 2, 1, true>(a, block, s);
-    else if (a.T <= 2) launch_rows<2, 4, 1, true>(a, block, s);
-    else if (a.T <= 4) launch_rows<4, 4, 1, true>(a, block, s);
-    else if (a.T <= 8) launch_rows<8, 4, 1, true>(a, block, s);
-    else launch_rows<16, 4, 1, true>(a, block, s);
-  } else {
-    if (a.T <= 1) launch_rows<1, 1, 2, false>(a, block, s);
-    else if (a.T <= 2) launch_rows<2, 2, 1, false>(a, block, s);
-    else if (a.T <= 4) launch_rows<4, 4, 1, false>(a, block, s);
-    else if (a.T <= 8) launch_rows<8, 4, 1, false>(a, block, s);
-    else launch_rows<16, 4, 1, false>(a, block, s);
-  }
+  if (a.T <= 1) launch_rows<1, 1, 2>(a, block, s);
+  else if (a.T <= 2) launch_rows<2, 2, 1>(a, block, s);
+  else if (a.T <= 4) launch_rows<4, 4, 1>(a, block, s);
+  else if (a.T <= 8) launch_rows<8, 4, 1>(a, block, s);
+  else launch_rows<16, 4, 1>(a, block, s);
 }
 
 // The scale of weight (n, k): per tensor, per row or per 128 x 128 block.
@@ -328,19 +277,20 @@ __global__ void fp8_quantize_kernel(const bf16_t* __restrict__ x, float inv, uin
   for (int64_t i = done + first; i < n; i += stride) q[i] = quantize1(x[i], inv);
 }
 
-__global__ void fp8_scale_columns_kernel(float* __restrict__ y, const float* __restrict__ scales, int64_t n, int N) {
+__global__ void fp8_scale_columns_kernel(float* __restrict__ y, const float* __restrict__ scales, float scale,
+                                         int64_t n, int N) {
   pdl_prologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] *= __ldg(scales + i % N);
+    y[i] *= scales != nullptr ? __ldg(scales + i % N) : scale;
 }
 
 }  // namespace
 
-void fp8_scale_columns(float* y, const float* scales, int T, int N, cudaStream_t s) {
+void fp8_scale_columns(float* y, const float* scales, float scale, int T, int N, cudaStream_t s) {
   const int64_t n = int64_t(T) * N;
   if (n <= 0) return;
   const int grid = int(std::min<int64_t>((n + 255) / 256, 65535));
-  launch(fp8_scale_columns_kernel, grid, 256, 0, s, y, scales, n, N);
+  launch(fp8_scale_columns_kernel, grid, 256, 0, s, y, scales, scale, n, N);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -352,12 +302,16 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
   FATHOM_CHECK(is_aligned(w.fp8, 16) && is_aligned(x, 16), "fp8_gemv: weights and x must be 16-byte aligned");
   FATHOM_CHECK(w.fp8_scaling == Fp8Scaling::PerTensor || w.fp8_scales != nullptr,
                "fp8_gemv: per-channel and block FP8 weights need their scales");
+  if (w.is_w8a8()) {
+    static const bool mma = fp8_gemv_w8a8_supported();
+    FATHOM_CHECK(mma, "W8A8 FP8 linears need E4M3 tensor cores (SM89 or later)");
+    fp8_gemv_w8a8(w, x, y, T, s);
+    return;
+  }
   Fp8GemvArgs a{};
   a.w = w.fp8;
   a.scales = w.fp8_scaling == Fp8Scaling::PerTensor ? nullptr : w.fp8_scales;
   a.scale = w.fp8_scale;
-  a.input_scale = w.fp8_input_scale;
-  a.input_inv = w.fp8_input_scale > 0.f ? 1.f / w.fp8_input_scale : 0.f;
   a.x = x, a.y = y, a.T = T, a.N = w.out, a.K = w.in;
   // Warps per row group, from N and K only (so a row's sum never depends on T): enough warps to
   // cover the GPU, while each lane keeps two or more 16-byte loads of its range.
@@ -365,12 +319,11 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
   while (G < 8 && int64_t(w.out) * G < 8192 && w.in / (2 * G) >= 2 * kWarpStep) G *= 2;
   a.G = G;
   const bool block = w.fp8_scaling == Fp8Scaling::Block;
-  if (w.is_w8a8()) launch_gemv<true>(a, block, s);
-  else launch_gemv<false>(a, block, s);
+  launch_gemv(a, block, s);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s) {
+void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s, bool with_scales) {
   FATHOM_CHECK(w.is_fp8(), "fp8_dequantize needs FP8 weights");
   FATHOM_CHECK(w.fp8_scaling == Fp8Scaling::PerTensor || w.fp8_scales != nullptr,
                "fp8_dequantize: per-channel and block FP8 weights need their scales");
@@ -379,8 +332,10 @@ void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s) {
   const bool vec = w.in % kChunk == 0 && is_aligned(w.fp8, 16) && is_aligned(out, 16);
   const int64_t steps = vec ? total / kChunk : total;
   const int grid = int(std::min<int64_t>((steps + 255) / 256, 65535));
-  if (vec) launch(fp8_dequantize_kernel<true>, grid, 256, 0, s, w.fp8, w.fp8_scaling, w.fp8_scale, w.fp8_scales, out, w.out, w.in);
-  else launch(fp8_dequantize_kernel<false>, grid, 256, 0, s, w.fp8, w.fp8_scaling, w.fp8_scale, w.fp8_scales, out, w.out, w.in);
+  const Fp8Scaling mode = with_scales ? w.fp8_scaling : Fp8Scaling::PerTensor;
+  const float scale = with_scales ? w.fp8_scale : 1.f;
+  if (vec) launch(fp8_dequantize_kernel<true>, grid, 256, 0, s, w.fp8, mode, scale, w.fp8_scales, out, w.out, w.in);
+  else launch(fp8_dequantize_kernel<false>, grid, 256, 0, s, w.fp8, mode, scale, w.fp8_scales, out, w.out, w.in);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

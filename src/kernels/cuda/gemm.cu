@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_gemv_mma.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -175,7 +176,7 @@ void linear_fp8(const DeviceLinear& w, const bf16_t* x, float* y, int T, DeviceA
       const bool per_row = w.fp8_scaling == Fp8Scaling::PerChannel;
       fp8_quantize(x, w.fp8_input_scale, xq, int64_t(T) * w.in, s);
       gemm_fp8(xq, w.fp8, y, T, w.out, w.in, w.fp8_input_scale * (per_row ? 1.f : w.fp8_scale), s);
-      if (per_row) fp8_scale_columns(y, w.fp8_scales, T, w.out, s);
+      if (per_row) fp8_scale_columns(y, w.fp8_scales, 1.f, T, w.out, s);
     } else {
       for (int t0 = 0; t0 < T; t0 += kFp8GemvMaxTokens)
         fp8_gemv(w, x + int64_t(t0) * w.in, y + int64_t(t0) * w.out, std::min(kFp8GemvMaxTokens, T - t0), s);
@@ -184,8 +185,13 @@ void linear_fp8(const DeviceLinear& w, const bf16_t* x, float* y, int T, DeviceA
     FATHOM_CHECK(scratch.data != nullptr && int64_t(w.out) * w.in <= scratch.size, "linear: FP8 weights [", w.out,
                  ", ", w.in, "] at ", T, " tokens need a dequantization buffer of ", int64_t(w.out) * w.in,
                  " bf16, have ", scratch.size);
-    fp8_dequantize(w, scratch.data, s);
+    // Per-tensor and per-row scales multiply the product: the E4M3 codes are exact in bf16, so
+    // the products are the GEMV's. Block scales vary along K and go into the (rounded) weights.
+    const bool exact = w.fp8_scaling != Fp8Scaling::Block;
+    fp8_dequantize(w, scratch.data, s, /*with_scales=*/!exact);
     gemm_context()->run(x, scratch.data, y, T, w.out, w.in, s);  // not gemm_bf16: this op's candidate
+    if (exact)
+      fp8_scale_columns(y, w.fp8_scaling == Fp8Scaling::PerChannel ? w.fp8_scales : nullptr, w.fp8_scale, T, w.out, s);
   }
   if (T <= kFp8GemvMaxTokens) inject_backend_fault(kGemmFp8Op, kCublasLtFp8, y, bytes, s);
 }
@@ -202,6 +208,23 @@ int64_t linear_scratch_elems(const DeviceLinear& w, int64_t max_tokens) {
   if (w.is_w8a8()) return (max_tokens * w.in + 1) / 2;
   if (w.is_fp8()) return weights;
   return 0;
+}
+
+void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
+                 DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan) {
+  const bool one_launch = main.is_w8a8() && main.fp8_scaling != Fp8Scaling::Block && tail.bf16 != nullptr &&
+                          tail.in == main.in && is_aligned(tail.bf16, 16) && is_aligned(x, 16) &&
+                          T <= std::min(kFp8GemvMaxTokens, plan.fp8_gemv_max_tokens);
+  if (!one_launch || T <= 0) {
+    linear(main, x, y, T, scratch, s, plan);
+    linear(tail, x, tail_y, T, scratch, s, plan);
+    return;
+  }
+  FATHOM_CHECK(int64_t(T) * main.out <= y.size && int64_t(T) * tail.out <= tail_y.size, "linear_pair: ", T,
+               " tokens x (", main.out, " + ", tail.out, ") outputs do not fit outputs of ", y.size, " and ",
+               tail_y.size, " floats");
+  fp8_gemv_w8a8(main, x, y.data, T, s, &tail, tail_y.data);
+  inject_backend_fault(kGemmFp8Op, kGemv, y.data, size_t(T) * main.out * sizeof(float), s);
 }
 
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,

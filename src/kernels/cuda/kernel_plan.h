@@ -12,7 +12,7 @@ namespace fathom::cuda {
 // faster, docs/perf.md v7) and the NVFP4 GEMV's (nvfp4.cu): the fixed rules' limits.
 inline constexpr int kGemvMaxTokens = 5;
 inline constexpr int kFp4GemvMaxTokens = 16;
-inline constexpr int kFp8GemvMaxTokens = 16;  // the FP8 GEMV's (fp8_linear.cu)
+inline constexpr int kFp8GemvMaxTokens = 16;  // the FP8 GEMVs' (fp8_linear.cu, fp8_gemv_mma.cu)
 
 // The NVFP4 experts' kernel variants (moe_fp4.cu).
 struct MoeFp4Plan {

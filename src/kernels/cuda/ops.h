@@ -97,6 +97,11 @@ bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, in
 // y has fewer than T*N elements or a needed scratch is smaller (linear_scratch_elems).
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
             cudaStream_t s, const KernelPlan& plan);
+// linear(main, x, y) and linear(tail, x, tail_y): where `main` is W8A8 FP8 and `tail` bf16 rows
+// of the same input (NVIDIA's V2 layout keeps DeltaNet's [b | a] and the shared expert's gate
+// logit in bf16 beside FP8 projections), steps of FP8-GEMV size compute both in one launch.
+void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
+                 DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan);
 // bf16 product: the GEMV up to gemv_max_tokens tokens (the plan's), else cuBLASLt.
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s,
                int gemv_max_tokens = kGemvMaxTokens);
@@ -108,14 +113,16 @@ void nvfp4_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
 // 8-byte ones otherwise).
 void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
 
-// FP8 weights (fp8_linear.cu). T <= kFp8GemvMaxTokens tokens, in_features a multiple of 16: one
-// pass over the E4M3 weights (W8A8 linears quantize each activation as they read it, the same
-// rounding as fp8_quantize).
+// FP8 weights. T <= kFp8GemvMaxTokens tokens, in_features a multiple of 16: one pass over the
+// E4M3 weights, weight-only on CUDA cores (fp8_linear.cu), W8A8 on tensor cores with the
+// activations quantized as fp8_quantize rounds them (fp8_gemv_mma.cu).
 void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
-// out [out, in] bf16 = the dequantized weight (the W8A16 path of larger steps).
-void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s);
-// y[t, n] *= scales[n] (a per-row FP8 weight's scales, after a product with alpha = input scale).
-void fp8_scale_columns(float* y, const float* scales, int T, int N, cudaStream_t s);
+// out [out, in] bf16 = the dequantized weight (the W8A16 path of larger steps); without
+// with_scales the E4M3 values alone (exact in bf16), for the scales to multiply the product.
+void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s, bool with_scales = true);
+// y[t, n] *= scales[n], or `scale` where scales is null (an FP8 weight's scales after a product
+// that left them out).
+void fp8_scale_columns(float* y, const float* scales, float scale, int T, int N, cudaStream_t s);
 // q[i] = e4m3(x[i] * (1 / scale)) (nearest even, saturated at +-448): a W8A8 linear's activations.
 void fp8_quantize(const bf16_t* x, float scale, uint8_t* q, int64_t n, cudaStream_t s);
 // y[T, N] = (xq[T, K] . wq[N, K]^T) * alpha on FP8 tensor cores (cuBLASLt, in gemm.cu), E4M3

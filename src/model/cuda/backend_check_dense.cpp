@@ -232,7 +232,7 @@ TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
   TunableOp op;
   op.op = op_of(kind);
   op.candidates = {kGemv, kind == Weights::Fp8 ? kCublasLtFp8 : kind == Weights::Fp4 ? kDequantCublasLt : kCublasLt};
-  op.buckets = kind == Weights::Fp8   ? std::vector<int>{1, 4, kFp8GemvMaxTokens}
+  op.buckets = kind == Weights::Fp8   ? std::vector<int>{1, 2, 4, kFp8GemvMaxTokens}
                : kind == Weights::Fp4 ? std::vector<int>{1, 4, kFp4GemvMaxTokens}
                                       : std::vector<int>{1, 2, kGemvMaxTokens};
   op.consistent = true;

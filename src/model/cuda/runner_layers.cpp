@@ -144,8 +144,8 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       mix_ld = z_ld = ba_ld = W;
     } else {
       // Four projections, or [qkv | z] (FP8) and [b | a] (bf16) in two.
-      linear(l.qkv, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
-      linear(l.b, act.xn.as<bf16_t>(), act.bbuf.array<float>(), T, dq, s, opt.kernels);
+      linear_pair(l.qkv, l.b, act.xn.as<bf16_t>(), act.mixed.array<float>(), act.bbuf.array<float>(), T, dq, s,
+                  opt.kernels);
       mix_p = act.mixed.as<float>();
       b_p = act.bbuf.as<float>();
       if (l.z.out > 0) {
@@ -220,11 +220,14 @@ const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStrea
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
   if (l.has_shared && l.s_fused.out > 0) {  // [gate | up | gate logit], or [gate | up] (FP8) and the logit
     const int S = l.s_down.in;
-    linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s, opt.kernels);
+    if (l.s_gate_logit.out > 0)
+      linear_pair(l.s_fused, l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_g.array<float>(), act.sh_gate.array<float>(),
+                  T, dq, s, opt.kernels);
+    else
+      linear(l.s_fused, act.xn.as<bf16_t>(), act.sh_g.array<float>(), T, dq, s, opt.kernels);
     silu_mul_rows(act.sh_g.as<float>(), l.s_fused.out, act.sh_h.as<bf16_t>(), T, S, s);
     linear(l.s_down, act.sh_h.as<bf16_t>(), act.sh_out.array<float>(), T, dq, s, opt.kernels);
     if (l.s_gate_logit.out > 0) {
-      linear(l.s_gate_logit, act.xn.as<bf16_t>(), act.sh_gate.array<float>(), T, dq, s, opt.kernels);
       *gate_ld = 1;
       return act.sh_gate.as<float>();
     }
