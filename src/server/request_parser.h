@@ -54,6 +54,12 @@ struct ParsedRequest {
   // a list of {"name", "parameters"} objects, or the named function's arguments object.
   enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;             // ToolChoice::Named
+  // chat: SGLang's separate_reasoning and stream_reasoning, vLLM's include_reasoning (all true by
+  // default; they act only with --reasoning-parser). Not separated: the reasoning stays in content;
+  // not streamed: it goes out in one delta once it ends; not included: it is dropped.
+  struct Reasoning {
+    bool separate = true, stream = true, include = true;
+  } reasoning;
   bool echo = false;                        // completions: the prompt's text leads each choice
   std::vector<std::string> echo_texts;      // per prompt, when echo
 };
