@@ -7,14 +7,13 @@ reasoning split off, dropped, or sent in one piece), return_hidden_states (true 
 Run by ctest as: python3 test_router_fields.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
-import json
 import os
 import sys
 
 import requests
 from tokenizers import Tokenizer
 
-from server_util import Server, check, summary
+from server_util import Server, check, sse_events, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
@@ -29,19 +28,10 @@ def post(srv, path, body):
 
 
 def stream(srv, path, body):
-    """The parsed SSE chunks of a streamed request (without [DONE], which must end it)."""
-    chunks, done = [], False
+    """The parsed SSE chunks of a streamed request ([DONE] must end it)."""
     with requests.post(srv.url + path, json={**body, "stream": True}, stream=True, timeout=60) as r:
         assert r.status_code == 200, (r.status_code, r.text)
-        for line in r.iter_lines():
-            if not line.startswith(b"data: "):
-                continue
-            if line == b"data: [DONE]":
-                done = True
-                break
-            chunks.append(json.loads(line[6:]))
-    assert done, "no [DONE]"
-    return chunks
+        return [c for _, c in sse_events(r)]
 
 
 def forced_reasoning_body(**extra):

@@ -5,7 +5,7 @@ router: chat completions, streamed completions, tool calls, structured output; 8
 a long prompt land on one replica (its prefix-cache hits grow, the other's stay); one replica
 killed, the router answers every request from the other once its health check has noticed;
 SIGTERM on the last replica while a request streams through the router, and that request
-completes (the server drains before it exits).
+completes (the server drains before it exits); and --shutdown-timeout bounds that drain.
 
 Run by ctest as: python3 test_routers.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -20,7 +20,7 @@ import time
 
 import requests
 
-from server_util import Server, check, free_port, summary
+from server_util import Server, check, free_port, sse_events, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
@@ -74,17 +74,6 @@ class Router:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-def sse_events(resp):
-    """(arrival time, parsed chunk) of each SSE event; raises unless [DONE] ends the stream."""
-    for line in resp.iter_lines():
-        if not line.startswith(b"data: "):
-            continue
-        if line == b"data: [DONE]":
-            return
-        yield time.time(), json.loads(line[6:])
-    raise AssertionError("the stream ended without [DONE]")
 
 
 def check_api(router, label):
@@ -233,6 +222,29 @@ def run_router(fathom, kind):
                 s.stop()
 
 
+def check_drain_timeout(fathom):
+    @check("--shutdown-timeout bounds the drain: a request still running then ends with finish_reason abort")
+    def _():
+        srv = Server(fathom, MODEL, "--shutdown-timeout", "0.5")
+        try:
+            body = {"prompt": "The sea is", "max_tokens": 8000, "temperature": 0, "ignore_eos": True, "stream": True}
+            with requests.post(srv.url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
+                t0 = None
+                for _, c in sse_events(resp):
+                    if t0 is None:
+                        srv.proc.send_signal(signal.SIGTERM)
+                        t0 = time.time()
+                    last = c
+            took = time.time() - t0
+            print(f"  the stream ended {took:.2f} s after SIGTERM: {last['choices'][0]['finish_reason']}")
+            assert last["choices"][0]["finish_reason"] == "abort" and 0.4 < took < 5, (last, took)
+            assert srv.proc.wait(10) == 0
+        finally:
+            if srv.alive():
+                srv.stop()
+    _()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fathom", required=True)
@@ -243,6 +255,7 @@ def main():
         def _():
             run_router(args.fathom, kind)
         _()
+    check_drain_timeout(args.fathom)
     return summary()
 
 
