@@ -77,6 +77,13 @@ class Router:
 
 
 def check_api(router, label):
+    @check(f"{label}: /v1/models names the replicas' served model")
+    def _():
+        # The SGLang gateway learns it from the replicas' /model_info (else it lists "unknown").
+        ids = [m["id"] for m in requests.get(router.url + "/v1/models", timeout=10).json()["data"]]
+        assert ids == ["m"], ids
+    _()
+
     @check(f"{label}: chat completion")
     def _():
         r = router.post("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Tell me about the sea."}],
