@@ -12,6 +12,7 @@ Run by ctest as: python3 test_routers.py --fathom BIN --fixtures FIXTURES_DIR
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,13 +34,19 @@ WEATHER_TOOL = {"type": "function", "function": {
 SHARED = " ".join(f"The harbour wall number {i} faces the grey northern sea and the fishing boats." for i in range(60))
 
 
+def router_bin(name):
+    """The router's script: beside this Python (the test venv, where pip put it), else on PATH."""
+    here = os.path.join(BIN, name)
+    return here if os.path.exists(here) else (shutil.which(name) or here)
+
+
 def router_command(kind, port, workers):
     common = ["--worker-urls", *workers, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
               "--prometheus-port", str(free_port()), "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
               "--health-failure-threshold", "1", "--log-level", "warn" if kind == "sglang" else "warning"]
     if kind == "vllm":
-        return [os.path.join(BIN, "vllm-router"), *common]
-    return [os.path.join(BIN, "sglang-router"), "launch", *common]
+        return [router_bin("vllm-router"), *common]
+    return [router_bin("sglang-router"), "launch", *common]
 
 
 class Router:
