@@ -4,6 +4,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
