@@ -91,6 +91,7 @@ class OpenAIServer {
   // most --shutdown-timeout seconds (or until a second signal); then the rest are aborted.
   void drain_then_stop();
   void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void handle_tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
   void submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f);
   // Moves the flight's pending engine events to the client (on the strand).
   void drain(Flight& f);
@@ -163,6 +164,23 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
   ex->post([this, f] { drain(*f); });
 }
 
+// vLLM's answer: the ids, their count and the context limit (and each token's text if asked).
+void OpenAIServer::handle_tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  try {
+    const TokenizeRequest tr = parse_tokenize_request(req.body, ctx_);
+    json strs = nullptr;
+    if (tr.return_token_strs) {
+      strs = json::array();
+      for (int32_t id : tr.tokens) strs.push_back(tok_->decode({uint32_t(id)}, false));
+    }
+    const json out = {{"count", tr.tokens.size()}, {"max_model_len", ctx_.max_model_len}, {"tokens", tr.tokens},
+                      {"token_strs", strs}};
+    ex->respond(HttpResponse{200, "application/json", dump(out), {}});
+  } catch (const ApiError& e) {
+    ex->respond(error_response(e));
+  }
+}
+
 void OpenAIServer::drain(Flight& f) {
   if (f.done) return;
   CompletionJob& job = *f.job;
@@ -228,6 +246,9 @@ void OpenAIServer::setup_routes() {
   setup_info_routes();
   http_->route("POST", "/v1/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, false);
+  });
+  http_->route("POST", "/tokenize", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_tokenize(req, ex);
   });
   http_->route("POST", "/v1/chat/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, true);

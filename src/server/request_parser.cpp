@@ -416,4 +416,35 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
   return out;
 }
 
+TokenizeRequest parse_tokenize_request(std::string_view body_text, const RequestContext& ctx) {
+  const json body = parse_json_limited(body_text);
+  if (!body.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_type"};
+  const bool chat = body.contains("messages");
+  static const std::vector<std::string> common = {"model", "add_special_tokens", "return_token_strs"};
+  static const std::vector<std::string> chat_only = {"messages", "add_generation_prompt", "continue_final_message",
+                                                     "chat_template_kwargs", "tools"};
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    const bool known = std::find(common.begin(), common.end(), k) != common.end() ||
+                       (chat ? std::find(chat_only.begin(), chat_only.end(), k) != chat_only.end() : k == "prompt");
+    if (!known) bad(k, "unsupported field '" + k + "' for /tokenize (see docs/api.md)", "unknown_parameter");
+  }
+  if (auto m = get_string(body, "model"))
+    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), *m) == ctx.model_names.end())
+      throw ApiError{400, "The model `" + *m + "` does not exist.", "model", "model_not_found"};
+  TokenizeRequest out;
+  out.return_token_strs = get_bool(body, "return_token_strs").value_or(false);
+  const bool add_special = get_bool(body, "add_special_tokens").value_or(!chat);
+  if (chat) {
+    ParsedRequest parsed;
+    parse_chat_prompt(body, ctx, parsed);
+    out.tokens = encode_text(ctx, parsed.rendered_prompt, "messages", add_special);
+  } else {
+    const auto prompt = get_string(body, "prompt");
+    if (!prompt) bad("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter");
+    out.tokens = encode_text(ctx, *prompt, "prompt", add_special);
+  }
+  return out;
+}
+
 }  // namespace fathom::server

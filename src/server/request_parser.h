@@ -66,6 +66,16 @@ struct ParsedRequest {
 
 ParsedRequest parse_request(std::string_view body, bool chat, const RequestContext& ctx);
 
+// vLLM's POST /tokenize: a "prompt" (completions' form: text, add_special_tokens default true) or
+// "messages" (chat's: rendered as /v1/chat/completions would, with add_generation_prompt,
+// continue_final_message, chat_template_kwargs, tools; add_special_tokens default false). vLLM's
+// router asks it for the token ids its cache-aware policy matches prefixes on.
+struct TokenizeRequest {
+  std::vector<int32_t> tokens;
+  bool return_token_strs = false;
+};
+TokenizeRequest parse_tokenize_request(std::string_view body, const RequestContext& ctx);
+
 // The fields each endpoint accepts, and those accepted but without effect (documented in
 // docs/api.md). Anything else gets a 400 naming it.
 const std::vector<std::string>& accepted_fields(bool chat);

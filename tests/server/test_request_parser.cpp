@@ -199,5 +199,28 @@ TEST(RequestParser, ContinueFinalMessageLeavesTheLastMessageOpen) {
             "continue_final_message");
 }
 
+// vLLM's /tokenize: the chat form renders as a chat request would; fields outside its two forms
+// are refused by name.
+TEST(RequestParser, TokenizeRequestsRenderAsTheEndpointsDo) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hello"}])";
+  const ParsedRequest chat = parse_request("{" + msgs + "}", true, tiny().rc);
+  EXPECT_EQ(parse_tokenize_request("{" + msgs + R"(, "continue_final_message": false})", tiny().rc).tokens, chat.prompts[0]);
+  const TokenizeRequest t = parse_tokenize_request(R"({"model": "m", "prompt": "hello", "return_token_strs": true})", tiny().rc);
+  EXPECT_EQ(t.tokens, parse_request(R"({"prompt": "hello"})", false, tiny().rc).prompts[0]);
+  EXPECT_TRUE(t.return_token_strs);
+  auto refused = [](const std::string& body) {
+    try {
+      parse_tokenize_request(body, tiny().rc);
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused(R"({"prompt": "x", "messages_": 1})"), "messages_");
+  EXPECT_EQ(refused(R"({"prompt": "x", "add_generation_prompt": true})"), "add_generation_prompt");
+  EXPECT_EQ(refused(R"({"model": "other", "prompt": "x"})"), "model");
+  EXPECT_EQ(refused(R"({"model": "m"})"), "prompt");
+}
+
 }  // namespace
 }  // namespace fathom::server

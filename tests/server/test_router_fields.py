@@ -2,7 +2,8 @@
 for its effect on `fathom serve` of the embedded default model (--reasoning-parser qwen3):
 continue_final_message (the last assistant message is continued, not closed), no_stop_trim (the
 stop string stays in the output), separate_reasoning / include_reasoning / stream_reasoning (the
-reasoning split off, dropped, or sent in one piece), return_hidden_states (true refused by name).
+reasoning split off, dropped, or sent in one piece), return_hidden_states (true refused by name);
+and vLLM's /tokenize, which vLLM's router asks for the prompt's token ids.
 
 Run by ctest as: python3 test_router_fields.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -118,6 +119,21 @@ def main():
             dropped = stream(srv, "/v1/chat/completions", forced_reasoning_body(include_reasoning=False))
             assert not deltas(dropped, "reasoning_content") and "".join(deltas(dropped, "content")) == CONTENT
             print(f"  reasoning deltas streamed: {len(deltas(on, 'reasoning_content'))}, held: 1")
+        _()
+
+        @check("/tokenize (vLLM's, which vLLM's router asks): the ids a chat or completion request's prompt has")
+        def _():
+            chat = post(srv, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 1,
+                                                      "continue_final_message": True, "return_token_ids": True})
+            want = chat["choices"][0]["prompt_token_ids"]
+            got = post(srv, "/tokenize", {"model": "m", "messages": msgs, "continue_final_message": True,
+                                          "add_generation_prompt": False})
+            assert got["tokens"] == want and got["count"] == len(want) and got["max_model_len"] > 0, (got, want)
+            got = post(srv, "/tokenize", {"model": "m", "prompt": "The sea is wide.", "return_token_strs": True})
+            assert got["tokens"] == tok.encode("The sea is wide.").ids, got
+            assert "".join(got["token_strs"]) == "The sea is wide.", got
+            r = requests.post(srv.url + "/tokenize", json={"prompt": "x", "echo": True}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
         _()
 
         @check("return_hidden_states: false accepted, true refused by name; unknown fields still 400")
