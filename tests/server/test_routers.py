@@ -31,6 +31,7 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 # A long shared prompt: well past the prefix cache's minimum shared length (256 tokens).
+OTHER = " ".join(f"Lighthouse keeper {i} writes in the log about storms, gulls and passing ships." for i in range(60))
 SHARED = " ".join(f"The harbour wall number {i} faces the grey northern sea and the fishing boats." for i in range(60))
 
 
@@ -143,20 +144,52 @@ def check_api(router, label):
     _()
 
 
+def counts(replicas):
+    return [(s.metric("fathom:requests_received_total"), s.metric("fathom:prefix_cache_hits_total")) for s in replicas]
+
+
+def send_shared(router, replicas, prefix, n=8):
+    """n requests sharing `prefix`, one after another: the requests and prefix-cache hit tokens
+    each replica got."""
+    before = counts(replicas)
+    for i in range(n):
+        router.post("/v1/completions", {"model": "m", "prompt": prefix + f" Question {i}: which one?", "max_tokens": 4,
+                                        "temperature": 0})
+    after = counts(replicas)
+    return [a[0] - b[0] for a, b in zip(after, before)], [a[1] - b[1] for a, b in zip(after, before)]
+
+
 def check_prefix_routing(router, label, replicas):
+    busy = []
+
     @check(f"{label}: 8 requests sharing a long prompt land on one replica, whose prefix-cache hits grow")
     def _():
-        before = [(s.metric("fathom:requests_received_total"), s.metric("fathom:prefix_cache_hits_total")) for s in replicas]
-        for i in range(8):
-            router.post("/v1/completions", {"model": "m", "prompt": SHARED + f" Question {i}: which wall?",
-                                            "max_tokens": 4, "temperature": 0})
-        after = [(s.metric("fathom:requests_received_total"), s.metric("fathom:prefix_cache_hits_total")) for s in replicas]
-        got = [a[0] - b[0] for a, b in zip(after, before)]
-        hits = [a[1] - b[1] for a, b in zip(after, before)]
+        got, hits = send_shared(router, replicas, SHARED)
         print(f"  requests per replica {got}, prefix-cache hit tokens per replica {hits}")
         assert sorted(got) == [0, 8], got
-        busy = got.index(8)
-        assert hits[busy] > 0 and hits[1 - busy] == 0, hits
+        busy.append(got.index(8))
+        assert hits[busy[0]] > 0 and hits[1 - busy[0]] == 0, hits
+    _()
+
+    @check(f"{label}: with that replica loaded, a new prompt goes to the other, and the first prompt still to it")
+    def _():
+        # A prompt no replica has seen goes to the least loaded one (all tie when idle); one that
+        # shares a replica's prefix follows it. A long request sharing the first prompt keeps its
+        # replica loaded meanwhile (vLLM's router learns the prompts' tokens from /tokenize).
+        x = busy[0]
+        long_one = threading.Thread(target=router.post, args=("/v1/completions", {
+            "model": "m", "prompt": SHARED + " Tell a long story.", "max_tokens": 1200, "ignore_eos": True}, 120))
+        long_one.start()
+        deadline = time.time() + 30
+        while replicas[x].metric("fathom:num_requests_running") < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        got_other, _ = send_shared(router, replicas, OTHER, 4)
+        got_first, _ = send_shared(router, replicas, SHARED, 4)
+        still_running = replicas[x].metric("fathom:num_requests_running")
+        long_one.join()
+        print(f"  while one replica runs a long request: a new prompt went {got_other}, the first prompt {got_first}")
+        assert still_running >= 1, "the long request ended too soon to load its replica"
+        assert got_other[1 - x] == 4 and got_first[x] == 4, (x, got_other, got_first)
     _()
 
 
