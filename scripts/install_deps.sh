@@ -11,7 +11,8 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   clang libclang-rt-dev \
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libboost-dev \
   python3 python3-pip python3-venv >/dev/null
-# Python packages used by tests (reference tokenizers, jinja2, numpy for .npy checks), in a venv
+# Python packages used by tests (reference tokenizers, jinja2, numpy for .npy checks, the routers
+# of tests/server/test_routers.py: vllm-router and sglang-router), in a venv
 # under the repository (.venv, made by Debian's python3): Debian refuses pip into the system Python
 # (externally-managed-environment). scripts/build.sh hands the venv's python3 to ctest.
 cd "$(dirname "$0")/.."

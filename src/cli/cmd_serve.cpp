@@ -104,6 +104,10 @@ CommandRegistrar reg([](CLI::App& app) {
   add_api_options(sub, *a);
   add_loading_options(sub, *a);
   add_http_options(sub, a->http);
+  sub->add_option("--shutdown-timeout", a->shutdown_timeout_s,
+                  "On SIGTERM, seconds the requests in flight get to finish while new ones get 503 (a second signal ends it)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub->add_flag("--enable-fault-injection", a->api.enable_fault_injection,
                 "Tests only: accept the request field \"fathom_fault\" that makes the engine fail that request");
   SpecOptions& spec = a->engine.spec;

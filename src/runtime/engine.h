@@ -129,6 +129,8 @@ class Engine {
   Stats stats() const;
   // Prometheus text for all engine metrics, names prefixed `prefix` ("fathom:").
   std::string render_metrics(const std::string& prefix, const std::string& model_name) const;
+  // The load gauges alone (running, waiting, KV usage), for a second prefix ("vllm:").
+  std::string render_load_gauges(const std::string& prefix, const std::string& model_name) const;
 
  private:
   void loop();

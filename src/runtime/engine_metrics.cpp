@@ -59,6 +59,19 @@ void Engine::observe_queue(Request& r) {
   metrics_.queue.observe(seconds(Clock::now() - r.arrival));
 }
 
+std::string Engine::render_load_gauges(const std::string& prefix, const std::string& model_name) const {
+  std::ostringstream os;
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " gauge\n"
+       << prefix << name << "{model_name=\"" << model_name << "\"} " << fmt_double(v) << "\n";
+  };
+  const Stats s = stats();
+  gauge("num_requests_running", "Number of sequences in model execution batches.", s.running);
+  gauge("num_requests_waiting", "Number of sequences waiting to be processed.", s.waiting);
+  gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
+  return os.str();
+}
+
 std::string Engine::render_metrics(const std::string& prefix, const std::string& model_name) const {
   const std::string labels = "model_name=\"" + model_name + "\"";
   std::ostringstream os;
@@ -70,10 +83,8 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " counter\n"
        << prefix << name << "{" << labels << "} " << v << "\n";
   };
+  os << render_load_gauges(prefix, model_name);
   const Stats s = stats();
-  gauge("num_requests_running", "Number of sequences in model execution batches.", s.running);
-  gauge("num_requests_waiting", "Number of sequences waiting to be processed.", s.waiting);
-  gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
   gauge("kv_cache_blocks_total", "KV-cache blocks (16 tokens each).", double(s.kv_blocks_total));
   std::lock_guard<std::mutex> l(metrics_mu_);
   counter("num_preemptions_total", "Cumulative number of preemptions (recompute).", metrics_.preemptions);

@@ -1,6 +1,7 @@
 #include "server/completion_job.h"
 
 #include <ctime>
+#include <utility>
 
 #include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
@@ -34,7 +35,9 @@ CompletionJob::CompletionJob(const ParsedRequest& req, std::string id, std::stri
       stream_(req.common.stream),
       include_usage_(req.common.include_usage),
       return_token_ids_(req.common.return_token_ids),
-      reasoning_(reasoning && req.chat),
+      reasoning_(reasoning && req.chat && req.reasoning.separate),
+      include_reasoning_(req.reasoning.include),
+      stream_reasoning_(req.reasoning.stream),
       logprobs_(req.common.params.logprobs),
       n_(req.common.n),
       id_(std::move(id)),
@@ -138,6 +141,7 @@ std::string CompletionJob::apply(RequestOutput& ev) {
   } else {
     d_content = ev.text;
   }
+  d_reason = reasoning_delta(c, std::move(d_reason), ev.finished);
   c.reasoning += d_reason;
   c.content += d_content;
   if (ev.finished) {
@@ -179,6 +183,14 @@ std::string CompletionJob::apply(RequestOutput& ev) {
   j["choices"] = json::array({choice});
   if (include_usage_) j["usage"] = nullptr;
   return sse(j);
+}
+
+std::string CompletionJob::reasoning_delta(Choice& c, std::string d_reason, bool finished) const {
+  if (!include_reasoning_) return "";
+  if (stream_reasoning_ || !stream_) return d_reason;
+  c.held_reasoning += d_reason;
+  if (!finished && c.reasoning_parser && c.reasoning_parser->in_reasoning()) return "";
+  return std::exchange(c.held_reasoning, std::string());
 }
 
 void CompletionJob::stream_tools(Choice& c, const std::string& d_content, bool finished, json& delta) {
@@ -289,7 +301,7 @@ json CompletionJob::response() {
       } else {
         msg["content"] = (c.content.empty() && c.reasoning_parser) ? json(nullptr) : json(c.content);
       }
-      if (reasoning_) msg["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
+      if (reasoning_ && include_reasoning_) msg["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
       ch = {{"index", i}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish}, {"stop_reason", c.stop_reason}};
     } else {
       const std::string text = echo_texts_.empty() ? c.text : echo_texts_[i / size_t(n_)] + c.text;

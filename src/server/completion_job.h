@@ -52,6 +52,7 @@ class CompletionJob {
     std::vector<int32_t> token_ids;
     std::vector<TokenLogprob> logprobs;
     std::string reasoning, content;
+    std::string held_reasoning;  // stream_reasoning false: the reasoning not sent yet
     std::unique_ptr<ReasoningParser> reasoning_parser;
     std::unique_ptr<ToolCallStreamParser> tool_parser;  // streaming only
     std::string forced_id;  // tool_choice required / named: the call id sent (streaming)
@@ -64,6 +65,9 @@ class CompletionJob {
   nlohmann::ordered_json logprobs_json(Choice& c, const std::vector<TokenLogprob>& lps) const;
   nlohmann::ordered_json usage_json() const;
   nlohmann::ordered_json chunk_base() const;
+  // This event's reasoning delta as sent: dropped (include_reasoning false) or held until the
+  // reasoning ends (stream_reasoning false).
+  std::string reasoning_delta(Choice& c, std::string d_reason, bool finished) const;
   // Streaming: a content delta through the tool-call parser; fills delta.content / tool_calls.
   void stream_tools(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
   // The final finish_reason: "tool_calls" when the model called a tool and ended by itself or length.
@@ -77,6 +81,7 @@ class CompletionJob {
 
   const tok::Tokenizer* tok_;
   bool chat_, stream_, include_usage_, return_token_ids_, reasoning_;
+  bool include_reasoning_, stream_reasoning_;  // ParsedRequest::Reasoning
   int logprobs_, n_;
   std::string id_, model_;
   int64_t created_;

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "server/http_server.h"
 #include "server/protocol.h"
 #include "server/request_parser.h"
+#include "server/server_info.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -24,8 +27,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::atomic<bool> g_signal{false};
-extern "C" void on_signal(int) { g_signal = true; }
+// SIGTERM / SIGINT seen: the first starts the drain, a second ends it at once.
+std::atomic<int> g_signals{0};
+extern "C" void on_signal(int) { g_signals.fetch_add(1); }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -52,6 +56,16 @@ struct Flight {
   std::shared_ptr<HttpExchange> ex;
   uint64_t group = 0;
   bool started = false, done = false;
+  std::atomic<int>* in_flight = nullptr;  // counted from submission to its response (the drain waits for it)
+
+  void finish() {
+    done = true;
+    if (in_flight) in_flight->fetch_sub(1);
+    in_flight = nullptr;
+  }
+  ~Flight() {
+    if (in_flight) in_flight->fetch_sub(1);
+  }
 };
 
 class OpenAIServer {
@@ -69,9 +83,15 @@ class OpenAIServer {
   // The tokens that end a sequence: the model's, and the tokenizer's eos token.
   std::vector<int32_t> end_token_ids(const ModelConfig& mc) const;
   void load_grammars(const std::vector<int32_t>& end_token_ids, int64_t vocab_size);
+  void describe(int64_t max_model_len, int64_t kv_tokens);  // what /get_server_info tells
   void announce() const;  // the line on stderr once the server listens
   void setup_routes();
+  void setup_info_routes();  // /v1/models and SGLang's /get_model_info, /get_server_info
+  // SIGTERM: /health and new requests answer 503 while the requests in flight finish, for at
+  // most --shutdown-timeout seconds (or until a second signal); then the rest are aborted.
+  void drain_then_stop();
   void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void handle_tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
   void submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f);
   // Moves the flight's pending engine events to the client (on the strand).
   void drain(Flight& f);
@@ -83,9 +103,11 @@ class OpenAIServer {
   RequestContext ctx_;
   std::optional<ToolCallFormat> tool_format_;  // --tool-call-parser
   std::unique_ptr<grammar::GrammarCompiler> grammars_;  // structured output (with a tokenizer)
+  std::atomic<int> in_flight_{0};  // before http_: its exchanges' flights count down in it
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> stopping_{false};
+  ServerDescription description_;
 };
 
 void OpenAIServer::submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f) {
@@ -129,13 +151,34 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
     ex->on_client_gone([this, f] {
       if (!f->done) engine_->abort(f->group);
     });
+    in_flight_.fetch_add(1);  // before the engine can answer it
+    f->in_flight = &in_flight_;
     submit(pr, f);
   } catch (const ApiError& e) {
+    f->finish();
     return ex->respond(error_response(e));
   } catch (const std::exception& e) {
+    f->finish();
     return ex->respond(error_response(ApiError{400, e.what(), "", ""}));
   }
   ex->post([this, f] { drain(*f); });
+}
+
+// vLLM's answer: the ids, their count and the context limit (and each token's text if asked).
+void OpenAIServer::handle_tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  try {
+    const TokenizeRequest tr = parse_tokenize_request(req.body, ctx_);
+    json strs = nullptr;
+    if (tr.return_token_strs) {
+      strs = json::array();
+      for (int32_t id : tr.tokens) strs.push_back(tok_->decode({uint32_t(id)}, false));
+    }
+    const json out = {{"count", tr.tokens.size()}, {"max_model_len", ctx_.max_model_len}, {"tokens", tr.tokens},
+                      {"token_strs", strs}};
+    ex->respond(HttpResponse{200, "application/json", dump(out), {}});
+  } catch (const ApiError& e) {
+    ex->respond(error_response(e));
+  }
 }
 
 void OpenAIServer::drain(Flight& f) {
@@ -154,7 +197,7 @@ void OpenAIServer::drain(Flight& f) {
       if (!chunk.empty()) f.ex->write(std::move(chunk));
     }
     if (!job.done()) return;
-    f.done = true;
+    f.finish();
     f.chan->set_notify(nullptr);
     if (job.stream()) {
       f.ex->write(job.sse_end());
@@ -168,7 +211,7 @@ void OpenAIServer::drain(Flight& f) {
     }
   } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
     std::fprintf(stderr, "fathom serve: response failed: %s\n", e.what());
-    f.done = true;
+    f.finish();
     f.chan->set_notify(nullptr);
     engine_->abort(f.group);
     const ApiError err{500, std::string("internal error: ") + e.what(), "", "internal_error"};
@@ -194,21 +237,54 @@ void OpenAIServer::setup_routes() {
   }, /*on_io_thread=*/true);
   http_->route("GET", "/metrics", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
     std::string text = engine_->render_metrics("fathom:", name_);
+    // The load gauges again under vLLM's own prefix, which routers' load-aware policies read.
+    text += engine_->render_load_gauges("vllm:", name_);
     text += "# HELP fathom:http_connections_open Open HTTP connections.\n# TYPE fathom:http_connections_open gauge\n"
             "fathom:http_connections_open{model_name=\"" + name_ + "\"} " + std::to_string(http_->open_connections()) + "\n";
     ex->respond(HttpResponse{200, "text/plain; version=0.0.4", std::move(text), {}});
   }, true);
-  http_->route("GET", "/v1/models", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
-    json m = {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
-              {"root", opts_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
-    ex->respond(HttpResponse{200, "application/json", dump(json{{"object", "list"}, {"data", json::array({m})}}), {}});
-  }, true);
+  setup_info_routes();
   http_->route("POST", "/v1/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, false);
+  });
+  http_->route("POST", "/tokenize", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_tokenize(req, ex);
   });
   http_->route("POST", "/v1/chat/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, true);
   });
+}
+
+void OpenAIServer::setup_info_routes() {
+  auto get_json = [this](const std::string& path, std::function<json()> body) {
+    http_->route("GET", path, [body](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
+      ex->respond(HttpResponse{200, "application/json", dump(body()), {}});
+    }, /*on_io_thread=*/true);
+  };
+  get_json("/v1/models", [this] {
+    json m = {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
+              {"root", opts_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
+    return json{{"object", "list"}, {"data", json::array({m})}};
+  });
+  // SGLang's names, old and new: its gateway asks the new ones when it registers a worker.
+  for (const char* p : {"/get_model_info", "/model_info"}) get_json(p, [this] { return sglang_model_info(description_); });
+  for (const char* p : {"/get_server_info", "/server_info"}) get_json(p, [this] { return sglang_server_info(description_); });
+}
+
+void OpenAIServer::drain_then_stop() {
+  while (g_signals == 0 && !stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stopping_ = true;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int64_t(opts_.shutdown_timeout_s * 1000));
+  if (in_flight_ > 0)
+    std::fprintf(stderr, "fathom serve: draining %d requests (--shutdown-timeout %g s)\n", in_flight_.load(),
+                 opts_.shutdown_timeout_s);
+  while (in_flight_ > 0 && g_signals < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (in_flight_ > 0) std::fprintf(stderr, "fathom serve: aborting %d requests\n", in_flight_.load());
+  engine_->shutdown();  // what is still in flight ends with finish_reason "abort"
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last responses' bytes go out
+  http_->stop();
 }
 
 void OpenAIServer::load_output_parsers() {
@@ -282,6 +358,7 @@ void OpenAIServer::load() {
   // One limit for the server and the engine (serve_options.h).
   const int64_t max_model_len = served_max_model_len(opts_, *runner);
   report_capacity(*runner, max_model_len);
+  const int64_t kv_tokens = std::max<int64_t>(0, runner->kv_capacity_tokens());
   const int64_t vocab_size = runner->config().vocab_size;
   EngineConfig ec = engine_config(opts_, spec, max_model_len, end_token_ids(runner->config()));
   if (tok_) load_grammars(ec.eos_token_ids, vocab_size);
@@ -293,6 +370,16 @@ void OpenAIServer::load() {
   ctx_.vocab_size = vocab_size;
   ctx_.max_model_len = max_model_len;
   ctx_.allow_fault_injection = opts_.api.enable_fault_injection;
+  describe(max_model_len, kv_tokens);
+}
+
+void OpenAIServer::describe(int64_t max_model_len, int64_t kv_tokens) {
+  const ModelConfig& mc = engine_->model_config();
+  const EngineConfig& ec = engine_->config();
+  description_ = ServerDescription{name_, opts_.model, mc.model_type, mc.architecture, max_model_len, ec.max_num_seqs,
+                                   kv_tokens, ec.max_prefill_tokens > 0 ? ec.max_prefill_tokens : ec.max_num_batched_tokens,
+                                   opts_.parallel.size, engine_->caches_prefixes(), opts_.api.reasoning_parser,
+                                   opts_.api.tool_call_parser};
 }
 
 void OpenAIServer::announce() const {
@@ -326,13 +413,7 @@ int OpenAIServer::run() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   engine_->start();
-  std::thread watcher([this] {
-    while (!g_signal && !stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    stopping_ = true;
-    engine_->shutdown();  // in-flight requests end with finish_reason "abort"
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    http_->stop();
-  });
+  std::thread watcher([this] { drain_then_stop(); });
   announce();
   http_->run();
   stopping_ = true;

@@ -17,6 +17,8 @@ class ReasoningParser {
   void feed(const std::string& delta, std::string& reasoning, std::string& content);
   // End of output: releases anything held back.
   void finish(std::string& reasoning, std::string& content);
+  // Whether the text fed so far ends inside the reasoning.
+  bool in_reasoning() const { return in_reasoning_; }
   // Whether the rendered prompt ends inside an open "<think>" (trailing whitespace aside).
   static bool prompt_opens_reasoning(const std::string& prompt);
 

@@ -44,7 +44,9 @@ const std::vector<std::string> kCommonFields = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
     "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "logit_bias",
     "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "return_token_ids", "logprobs",
-    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"};
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    // SGLang's, sent by its gateway and by vLLM's router on every request (docs/api.md).
+    "no_stop_trim", "return_hidden_states"};
 
 std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<const char*> more) {
   for (const char* m : more) a.emplace_back(m);
@@ -81,6 +83,19 @@ void check_partially_supported(const json& b, bool chat) {
           "(under \"auto\" the model may call several tools)",
           "unsupported_value");
   }
+}
+
+// The fields SGLang's and vLLM's routers add to every body (docs/deploy.md): no_stop_trim keeps
+// the stop string (vLLM's include_stop_str_in_output); hidden states are not computed here.
+void parse_router_fields(const json& b, bool chat, ParsedRequest& out) {
+  if (get_bool(b, "no_stop_trim").value_or(false)) out.common.params.include_stop_str_in_output = true;
+  if (get_bool(b, "return_hidden_states").value_or(false))
+    bad("return_hidden_states", "'return_hidden_states': true is not supported (hidden states are not returned)",
+        "unsupported_value");
+  if (!chat) return;
+  out.reasoning.separate = get_bool(b, "separate_reasoning").value_or(true);
+  out.reasoning.stream = get_bool(b, "stream_reasoning").value_or(true);
+  out.reasoning.include = get_bool(b, "include_reasoning").value_or(true);
 }
 
 void check_fields(const json& b, bool chat, bool allow_fault) {
@@ -183,6 +198,20 @@ std::vector<int32_t> token_ids(const json& arr, int64_t vocab) {
   return v;
 }
 
+// vLLM's continue_final_message (transformers' rule): the prompt ends where the last message's
+// text last appears, so the model continues that assistant message instead of closing it.
+std::string open_final_message(const std::string& prompt, const json& last) {
+  const json& content = last.contains("content") ? last["content"] : json();
+  std::string text = content.is_string() ? content.get<std::string>() : "";
+  for (int pass = 0; pass < 2 && !text.empty(); ++pass) {
+    if (size_t at = prompt.rfind(text); at != std::string::npos) return prompt.substr(0, at + text.size());
+    // Templates may strip the message's surrounding whitespace.
+    const size_t b0 = text.find_first_not_of(" \t\r\n"), e0 = text.find_last_not_of(" \t\r\n");
+    text = b0 == std::string::npos ? "" : text.substr(b0, e0 - b0 + 1);
+  }
+  bad("continue_final_message", "'continue_final_message': the last message's text is empty or not in the rendered prompt");
+}
+
 void parse_chat_prompt(const json& b, const RequestContext& ctx, ParsedRequest& out) {
   if (!ctx.tokenizer) bad("messages", "chat completions need a tokenizer (server runs with --skip-tokenizer-init)", "");
   if (!ctx.chat_template) bad("messages", "the model has no chat template: " + ctx.template_error, "");
@@ -224,12 +253,19 @@ void parse_chat_prompt(const json& b, const RequestContext& ctx, ParsedRequest& 
     if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type");
     kwargs = *k;
   }
-  const bool add_gen = get_bool(b, "add_generation_prompt").value_or(true);
+  const bool cont = get_bool(b, "continue_final_message").value_or(false);
+  const auto add_gen_given = get_bool(b, "add_generation_prompt");
+  if (cont && add_gen_given.value_or(false))
+    bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+  if (cont && msgs.back().value("role", "") != "assistant")
+    bad("continue_final_message", "'continue_final_message' needs the last message to be the assistant's");
+  const bool add_gen = add_gen_given.value_or(!cont);
   try {
     out.rendered_prompt = ctx.chat_template->render(msgs, tools, add_gen, kwargs, ctx.special_tokens);
   } catch (const std::exception& e) {
     bad("messages", std::string("chat template error: ") + e.what(), "");
   }
+  if (cont) out.rendered_prompt = open_final_message(out.rendered_prompt, msgs.back());
   out.prompts.push_back(encode_text(ctx, out.rendered_prompt, "messages", false));
 }
 
@@ -328,7 +364,8 @@ const std::vector<std::string>& accepted_fields(bool chat) {
   static const std::vector<std::string> completions = with(kCommonFields, {"prompt", "echo", "suffix", "best_of"});
   static const std::vector<std::string> chats =
       with(kCommonFields, {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                           "chat_template_kwargs", "add_generation_prompt"});
+                           "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                           "separate_reasoning", "stream_reasoning", "include_reasoning"});
   return chat ? chats : completions;
 }
 
@@ -359,6 +396,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
   out.chat = chat;
   out.common = parse_common(body, chat, ctx.vocab_size, ctx.tokenizer != nullptr);
   if (ctx.allow_fault_injection) out.common.params.fault = parse_fault(body);
+  parse_router_fields(body, chat, out);
   if (chat) parse_chat_prompt(body, ctx, out);
   else parse_completion_prompt(body, ctx, out);
   finalize_lengths(out, ctx);
@@ -374,6 +412,37 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
     } catch (const std::exception& e) {
       bad(so->field, std::string("structured output: ") + e.what());
     }
+  }
+  return out;
+}
+
+TokenizeRequest parse_tokenize_request(std::string_view body_text, const RequestContext& ctx) {
+  const json body = parse_json_limited(body_text);
+  if (!body.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_type"};
+  const bool chat = body.contains("messages");
+  static const std::vector<std::string> common = {"model", "add_special_tokens", "return_token_strs"};
+  static const std::vector<std::string> chat_only = {"messages", "add_generation_prompt", "continue_final_message",
+                                                     "chat_template_kwargs", "tools"};
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    const bool known = std::find(common.begin(), common.end(), k) != common.end() ||
+                       (chat ? std::find(chat_only.begin(), chat_only.end(), k) != chat_only.end() : k == "prompt");
+    if (!known) bad(k, "unsupported field '" + k + "' for /tokenize (see docs/api.md)", "unknown_parameter");
+  }
+  if (auto m = get_string(body, "model"))
+    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), *m) == ctx.model_names.end())
+      throw ApiError{400, "The model `" + *m + "` does not exist.", "model", "model_not_found"};
+  TokenizeRequest out;
+  out.return_token_strs = get_bool(body, "return_token_strs").value_or(false);
+  const bool add_special = get_bool(body, "add_special_tokens").value_or(!chat);
+  if (chat) {
+    ParsedRequest parsed;
+    parse_chat_prompt(body, ctx, parsed);
+    out.tokens = encode_text(ctx, parsed.rendered_prompt, "messages", add_special);
+  } else {
+    const auto prompt = get_string(body, "prompt");
+    if (!prompt) bad("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter");
+    out.tokens = encode_text(ctx, *prompt, "prompt", add_special);
   }
   return out;
 }

@@ -54,11 +54,27 @@ struct ParsedRequest {
   // a list of {"name", "parameters"} objects, or the named function's arguments object.
   enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;             // ToolChoice::Named
+  // chat: SGLang's separate_reasoning and stream_reasoning, vLLM's include_reasoning (all true by
+  // default; they act only with --reasoning-parser). Not separated: the reasoning stays in content;
+  // not streamed: it goes out in one delta once it ends; not included: it is dropped.
+  struct Reasoning {
+    bool separate = true, stream = true, include = true;
+  } reasoning;
   bool echo = false;                        // completions: the prompt's text leads each choice
   std::vector<std::string> echo_texts;      // per prompt, when echo
 };
 
 ParsedRequest parse_request(std::string_view body, bool chat, const RequestContext& ctx);
+
+// vLLM's POST /tokenize: a "prompt" (completions' form: text, add_special_tokens default true) or
+// "messages" (chat's: rendered as /v1/chat/completions would, with add_generation_prompt,
+// continue_final_message, chat_template_kwargs, tools; add_special_tokens default false). vLLM's
+// router asks it for the token ids its cache-aware policy matches prefixes on.
+struct TokenizeRequest {
+  std::vector<int32_t> tokens;
+  bool return_token_strs = false;
+};
+TokenizeRequest parse_tokenize_request(std::string_view body, const RequestContext& ctx);
 
 // The fields each endpoint accepts, and those accepted but without effect (documented in
 // docs/api.md). Anything else gets a 400 naming it.

@@ -54,6 +54,10 @@ struct ServeOptions {
   int64_t prefix_cache_mb = 2048;         // prefix snapshots kept, least recently used dropped first
   std::string speculative_algorithm;      // SGLang's names: "", "mtp"/"nextn" or "ngram"
 
+  // SIGTERM: seconds the requests in flight get to finish (new ones get 503) before the rest are
+  // aborted and the server exits.
+  double shutdown_timeout_s = 30;
+
   ApiOptions api;
   HttpServerOptions http;  // the flags bind into it; http_options() adds the error body
 };

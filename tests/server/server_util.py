@@ -1,5 +1,6 @@
 """Helpers of the `fathom serve` end-to-end tests: a server process on a free port, named checks
 that count passes and failures, and /metrics lookups."""
+import json
 import os
 import socket
 import subprocess
@@ -32,6 +33,18 @@ def check(name):
 def summary():
     print(f"{len(PASSED)} passed, {len(FAILED)} failed")
     return 1 if FAILED else 0
+
+
+def sse_events(resp):
+    """(arrival time, parsed chunk) of each SSE event of a streamed `requests` response; raises
+    unless [DONE] ends the stream."""
+    for line in resp.iter_lines():
+        if not line.startswith(b"data: "):
+            continue
+        if line == b"data: [DONE]":
+            return
+        yield time.time(), json.loads(line[6:])
+    raise AssertionError("the stream ended without [DONE]")
 
 
 def free_port():

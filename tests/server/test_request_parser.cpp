@@ -149,5 +149,78 @@ TEST(RequestParser, LengthsAgainstTheContext) {
   EXPECT_EQ(parse_request(R"({"prompt": [1, 2, 3]})", false, rc).common.params.max_tokens, 5);
 }
 
+// The bodies vLLM's router and the SGLang gateway send (their added fields, as captured from
+// vllm-router 0.1.17 and sglang-router 0.3.2) parse; each field's values take effect.
+TEST(RequestParser, RouterFieldsAreAcceptedWithTheirMeaning) {
+  const std::string chat_body =
+      R"({"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": false, "max_tokens": 4,
+          "logprobs": false, "no_stop_trim": false, "ignore_eos": false, "continue_final_message": false,
+          "skip_special_tokens": true, "separate_reasoning": true, "stream_reasoning": true,
+          "return_hidden_states": false, "include_reasoning": true})";
+  const ParsedRequest c = parse_request(chat_body, true, tiny().rc);
+  EXPECT_FALSE(c.common.params.include_stop_str_in_output);
+  EXPECT_TRUE(c.reasoning.separate && c.reasoning.stream && c.reasoning.include);
+  const std::string completion_body =
+      R"({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": false, "echo": false, "no_stop_trim": true,
+          "ignore_eos": false, "skip_special_tokens": true, "return_hidden_states": false})";
+  EXPECT_TRUE(parse_request(completion_body, false, tiny().rc).common.params.include_stop_str_in_output);
+  const ParsedRequest off = parse_request(
+      R"({"messages": [{"role": "user", "content": "x"}], "separate_reasoning": false, "stream_reasoning": false,
+          "include_reasoning": false})",
+      true, tiny().rc);
+  EXPECT_FALSE(off.reasoning.separate || off.reasoning.stream || off.reasoning.include);
+  EXPECT_EQ(error_of(R"({"prompt": "x", "return_hidden_states": true})", false).param, "return_hidden_states");
+  EXPECT_EQ(error_of(R"({"prompt": "x", "no_stop_trim": 1})", false).code, "invalid_type");
+  // Chat-only fields stay unknown on completions; fields neither family knows stay unknown.
+  EXPECT_EQ(error_of(R"({"prompt": "x", "separate_reasoning": true})", false).code, "unknown_parameter");
+  EXPECT_EQ(error_of(R"({"prompt": "x", "continue_final_message": true})", false).code, "unknown_parameter");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1})", true).code,
+            "unknown_parameter");
+}
+
+// continue_final_message: the prompt ends with the assistant's text, not with its end of turn
+// and not with a new assistant turn.
+TEST(RequestParser, ContinueFinalMessageLeavesTheLastMessageOpen) {
+  const std::string msgs =
+      R"("messages": [{"role": "user", "content": "Tell me about the sea."}, {"role": "assistant", "content": "The sea is"}])";
+  const ParsedRequest open = parse_request("{" + msgs + R"(, "continue_final_message": true})", true, tiny().rc);
+  const std::string& p = open.rendered_prompt;
+  ASSERT_GE(p.size(), 10u);
+  EXPECT_EQ(p.substr(p.size() - 10), "The sea is") << p;
+  const ParsedRequest closed =
+      parse_request("{" + msgs + R"(, "add_generation_prompt": false})", true, tiny().rc);
+  EXPECT_EQ(closed.rendered_prompt.rfind(p, 0), 0u) << closed.rendered_prompt;  // the same text, then the turn's end
+  EXPECT_GT(closed.rendered_prompt.size(), p.size());
+  const std::vector<uint32_t> ids = tiny().tok->encode(p, false);
+  EXPECT_EQ(open.prompts[0], std::vector<int32_t>(ids.begin(), ids.end()));
+  EXPECT_EQ(error_of("{" + msgs + R"(, "continue_final_message": true, "add_generation_prompt": true})", true).param,
+            "continue_final_message");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})", true).param,
+            "continue_final_message");
+}
+
+// vLLM's /tokenize: the chat form renders as a chat request would; fields outside its two forms
+// are refused by name.
+TEST(RequestParser, TokenizeRequestsRenderAsTheEndpointsDo) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hello"}])";
+  const ParsedRequest chat = parse_request("{" + msgs + "}", true, tiny().rc);
+  EXPECT_EQ(parse_tokenize_request("{" + msgs + R"(, "continue_final_message": false})", tiny().rc).tokens, chat.prompts[0]);
+  const TokenizeRequest t = parse_tokenize_request(R"({"model": "m", "prompt": "hello", "return_token_strs": true})", tiny().rc);
+  EXPECT_EQ(t.tokens, parse_request(R"({"prompt": "hello"})", false, tiny().rc).prompts[0]);
+  EXPECT_TRUE(t.return_token_strs);
+  auto refused = [](const std::string& body) {
+    try {
+      parse_tokenize_request(body, tiny().rc);
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused(R"({"prompt": "x", "messages_": 1})"), "messages_");
+  EXPECT_EQ(refused(R"({"prompt": "x", "add_generation_prompt": true})"), "add_generation_prompt");
+  EXPECT_EQ(refused(R"({"model": "other", "prompt": "x"})"), "model");
+  EXPECT_EQ(refused(R"({"model": "m"})"), "prompt");
+}
+
 }  // namespace
 }  // namespace fathom::server
