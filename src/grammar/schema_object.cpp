@@ -1,0 +1,233 @@
+// Objects: properties in declaration order, then extra keys (patternProperties,
+// additionalProperties) that never repeat a declared name, with the property-count keywords.
+#include <algorithm>
+#include <regex>
+
+#include "core/error.h"
+#include "grammar/schema_compiler.h"
+
+namespace fathom::grammar::schema {
+
+namespace {
+
+bool may_match(const std::string& key, const std::string& pattern) {
+  try {
+    return std::regex_search(key, std::regex(pattern, std::regex::ECMAScript));
+  } catch (const std::regex_error&) {
+    return true;
+  }
+}
+
+Json all_of(const Json& x, const Json& y) {
+  if (y.is_boolean() && y.get<bool>()) return x;
+  if (x.is_boolean() && x.get<bool>()) return y;
+  return Json{{"allOf", Json::array({x, y})}};
+}
+
+// The characters of generated extra keys (no escapes, so a key's text is its value).
+ByteSet key_chars() {
+  ByteSet s;
+  s.set_range('a', 'z'), s.set_range('A', 'Z'), s.set_range('0', '9'), s.set('_'), s.set('-');
+  return s;
+}
+
+struct Prop {
+  std::string key;
+  Json schema;
+  bool required;
+};
+
+}  // namespace
+
+// A JSON string of key characters other than the given names (a trie complement).
+static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names) {
+  struct Node {
+    std::map<uint8_t, size_t> kids;
+    bool end = false;
+  };
+  std::vector<Node> trie(1);
+  ByteSet chars = key_chars();
+  for (const auto& n : names) {
+    if (!std::all_of(n.begin(), n.end(), [&](char ch) { return chars.test(static_cast<uint8_t>(ch)); })) continue;
+    size_t at = 0;
+    for (char ch : n) {
+      auto it = trie[at].kids.find(static_cast<uint8_t>(ch));
+      if (it == trie[at].kids.end()) {
+        trie.push_back({});
+        it = trie[at].kids.emplace(static_cast<uint8_t>(ch), trie.size() - 1).first;
+      }
+      at = it->second;
+    }
+    trie[at].end = true;
+  }
+  Expr free = c.as_rule("keyfree", Expr::seq({Expr::repeat(Expr::byte_set(chars), 0, -1), Expr::literal("\"")}));
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < trie.size(); ++i) ids.push_back(c.new_rule("key"));
+  for (size_t i = 0; i < trie.size(); ++i) {
+    std::vector<Expr> alts;
+    if (!trie[i].end && i != 0) alts.push_back(Expr::literal("\""));
+    ByteSet rest = chars;
+    for (auto& [b, kid] : trie[i].kids) {
+      rest.w[b >> 6] &= ~(uint64_t{1} << (b & 63));
+      alts.push_back(Expr::seq({Expr::byte_set(ByteSet::of(b)), Expr::ref(ids[kid])}));
+    }
+    if (!rest.empty()) alts.push_back(Expr::seq({Expr::byte_set(rest), free}));
+    c.define(ids[i], Expr::alt(std::move(alts)));
+  }
+  return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
+}
+
+Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
+  Json s = s0;
+  // dependentSchemas: applied unconditionally (a subset), or the trigger left out if impossible.
+  if (s.contains("dependentSchemas")) {
+    Json deps = s["dependentSchemas"];
+    s.erase("dependentSchemas");
+    for (auto& [k, d] : deps.items()) {
+      try {
+        s = merge(s, flatten(norm(d, path), path), path);
+      } catch (const Error&) {
+        s["properties"][k] = false;
+      }
+    }
+    return compile_resolved(s, path, 1);
+  }
+  const Json pp = s.value("patternProperties", Json::object());
+  const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
+  const Json ap = has_ap ? s["additionalProperties"] : Json(false);
+  const bool closed = s.contains("additionalProperties") && !has_ap;
+  const Json pn = s.contains("propertyNames") ? flatten(norm(s["propertyNames"], path), path) : Json(true);
+  const Json declared = s.value("properties", Json::object()), required_list = s.value("required", Json::array());
+  const Json dep_required = s.value("dependentRequired", Json::object());
+  std::vector<std::string> required;
+  for (const Json& k : required_list)
+    if (k.is_string() && std::find(required.begin(), required.end(), k.get<std::string>()) == required.end())
+      required.push_back(k.get<std::string>());
+  for (auto& [k, deps] : dep_required.items())
+    if (std::find(required.begin(), required.end(), k) != required.end())
+      for (const Json& d : deps) required.push_back(d.get<std::string>());
+
+  // Declared properties (and required-but-undeclared ones) with the schemas that apply to them.
+  std::vector<Prop> props;
+  std::vector<std::string> names;  // every name that extra keys must avoid
+  auto with_patterns = [&](const std::string& k, Json v) {
+    for (auto& [p, ps] : pp.items())
+      if (may_match(k, p)) v = all_of(v, ps);
+    return v;
+  };
+  for (auto& [k, v] : declared.items()) {
+    names.push_back(k);
+    bool req = std::find(required.begin(), required.end(), k) != required.end();
+    bool ok_name = pn == Json(true) || value_satisfies(Json(k), pn);
+    if (v == Json(false) || !ok_name) {
+      if (req) refuse(v == Json(false) ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
+      continue;
+    }
+    props.push_back({k, with_patterns(k, v), req});
+  }
+  for (const auto& k : required) {
+    if (std::find(names.begin(), names.end(), k) != names.end()) continue;
+    names.push_back(k);
+    bool matched = false;
+    for (auto& [p, ps] : pp.items()) matched |= may_match(k, p);
+    if (!matched && closed) refuse("required", path, "'" + k + "' is required but additionalProperties is false");
+    if (pn != Json(true) && !value_satisfies(Json(k), pn)) refuse("propertyNames", path, "required '" + k + "' is not allowed");
+    Json v = matched ? with_patterns(k, true) : has_ap ? ap : s.value("unevaluatedProperties", Json(true));
+    if (v == Json(false)) refuse("unevaluatedProperties", path, "required '" + k + "' is not allowed");
+    props.push_back({k, v, true});
+  }
+  // dependentRequired on an optional property: its dependencies become required.
+  // (A trigger whose dependency cannot be written is left out.)
+  for (auto& [k, deps] : dep_required.items()) {
+    auto trigger = std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
+    if (trigger == props.end() || trigger->required) continue;
+    bool all_there = true;
+    for (const Json& d : deps)
+      all_there &= std::any_of(props.begin(), props.end(), [&](const Prop& q) { return q.key == d.get<std::string>(); });
+    if (!all_there) {
+      props.erase(trigger);
+      continue;
+    }
+    for (const Json& d : deps)
+      for (auto& q : props) q.required |= q.key == d.get<std::string>();
+  }
+
+  // Extra keys: one per pattern whose language cannot hit a declared name; or, with
+  // additionalProperties, key-character strings outside the declared names.
+  std::vector<Expr> extra_alts;
+  Json all_pp = true;
+  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps);
+  if (pn == Json(true)) {
+    for (auto& [p, ps] : pp.items()) {
+      bool hits = false;
+      for (const auto& n : names) hits |= may_match(n, p);
+      if (!hits)
+        extra_alts.push_back(Expr::seq({pattern_string(p, path + "/patternProperties", false), Expr::literal(":"), sp(),
+                                        as_rule("pval", compile(all_pp, path + "/patternProperties"))}));
+    }
+  }
+  if (has_ap && pp.empty()) {
+    Expr value = as_rule("extra", compile(ap, path + "/additionalProperties"));
+    if (pn == Json(true)) {
+      extra_alts.push_back(Expr::seq({key_not_in(*this, names), Expr::literal(":"), sp(), value}));
+    } else if (pn.is_object() && (pn.contains("enum") || pn.contains("const"))) {
+      Json vals = pn.contains("const") ? Json::array({pn["const"]}) : pn["enum"];
+      std::vector<Expr> keys;
+      for (const Json& v : vals)
+        if (v.is_string() && std::find(names.begin(), names.end(), v.get<std::string>()) == names.end() &&
+            value_satisfies(v, pn))
+          keys.push_back(Expr::literal(v.dump()));
+      if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
+    } else if (names.empty()) {
+      extra_alts.push_back(Expr::seq({compile(pn, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
+    }
+  }
+
+  // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
+  int n_req = 0;
+  for (auto& p : props) n_req += p.required;
+  int min_p = s.contains("minProperties") ? s["minProperties"].get<int>() : 0;
+  int max_p = s.contains("maxProperties") ? s["maxProperties"].get<int>() : -1;
+  for (auto& p : props)
+    if (!p.required && n_req < min_p) p.required = true, ++n_req;
+  if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");
+  if (max_p >= 0) {
+    int kept = n_req;
+    std::vector<Prop> out;
+    for (auto& p : props)
+      if (p.required || kept < max_p) kept += !p.required, out.push_back(p);
+    props = out;
+  }
+  int n_all = static_cast<int>(props.size());
+  int extra_min = std::max(0, min_p - n_all);
+  int extra_max = extra_alts.empty() ? 0 : max_p < 0 ? -1 : max_p - n_all;
+  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
+    unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
+  if (extra_max == 0) extra_alts.clear();
+
+  // S_i: properties from i on, none written yet; R_i: the same after one was written (comma).
+  Expr comma = Expr::seq({Expr::literal(","), sp()});
+  std::optional<Expr> extra;
+  if (!extra_alts.empty()) extra = as_rule("pair", Expr::alt(std::move(extra_alts)));
+  int rmax = extra_max < 0 ? -1 : extra_max;
+  Expr r_next = extra ? Expr::repeat(Expr::seq({comma, *extra}), extra_min, rmax) : Expr::empty();
+  Expr s_next = !extra ? Expr::empty()
+                : extra_min > 0 ? Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)})
+                                : Expr::repeat(Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)}), 0, 1);
+  for (size_t i = props.size(); i-- > 0;) {
+    const Prop& p = props[i];
+    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
+                         as_rule("prop", compile(p.schema, path + "/properties/" + p.key))});
+    Expr r_rule = as_rule("rest", Expr::empty());
+    Expr with_r = Expr::seq({comma, kv, r_next});
+    Expr with_s = Expr::seq({kv, r_next});
+    Expr r_i = p.required ? with_r : Expr::alt({with_r, r_next});
+    Expr s_i = p.required ? with_s : Expr::alt({with_s, s_next});
+    define(r_rule.rule, std::move(r_i));
+    r_next = std::move(r_rule);
+    s_next = as_rule("first", std::move(s_i));
+  }
+  return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
+}
+
+}  // namespace fathom::grammar::schema
