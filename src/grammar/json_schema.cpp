@@ -154,20 +154,19 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
   if (s.contains("if")) return compile_conditional(s, path, depth);
   if (s.contains("enum") || s.contains("const")) return compile_enum(s, path);
   std::vector<std::string> types;
-  if (s.contains("type")) {
+  bool typed = s.contains("type");
+  if (typed) {
     types = types_of(s);
     if (types.empty()) refuse("type", path, "no type is allowed (an empty list or an allOf without common type)");
-  } else if (has_any(s, {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-                         "minProperties", "maxProperties", "dependentRequired", "dependentSchemas"})) {
-    types = {"object"};
-  } else if (has_any(s, {"items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems"})) {
-    types = {"array"};
-  } else if (has_any(s, {"pattern", "minLength", "maxLength", "format"})) {
-    types = {"string"};
-  } else if (has_any(s, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) {
-    types = {"number"};
-  } else {
-    return Expr::ref(common("value"));
+  } else {  // the types whose keywords are present (other types stay unconstrained below)
+    if (has_any(s, {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                    "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties"}))
+      types.push_back("object");
+    if (has_any(s, {"items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems", "unevaluatedItems"}))
+      types.push_back("array");
+    if (has_any(s, {"pattern", "minLength", "maxLength", "format"})) types.push_back("string");
+    if (has_any(s, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) types.push_back("number");
+    if (types.empty()) return Expr::ref(common("value"));
   }
   bool has_number = std::count(types.begin(), types.end(), "number") > 0;
   std::vector<Expr> alts;
@@ -180,6 +179,10 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
     else if (t == "array") alts.push_back(compile_array(s, path));
     else if (t != "integer") refuse("type", path, "unknown type '" + t + "'");
   }
+  // Without "type", keywords of one type leave the other types unconstrained.
+  if (!typed)
+    for (const char* t : {"object", "array", "string", "number", "boolean", "null"})
+      if (!std::count(types.begin(), types.end(), t)) alts.push_back(Expr::ref(common(t)));
   return Expr::alt(std::move(alts));
 }
 
@@ -312,7 +315,12 @@ std::shared_ptr<const Grammar> grammar_from_json_schema_json(const nlohmann::ord
                                                              const SchemaOptions& opts, SchemaReport* report) {
   SchemaReport local;
   SchemaReport* r = report ? report : &local;
-  auto g = schema::SchemaCompiler(schema, opts, r).run();
+  std::shared_ptr<const Grammar> g;
+  try {
+    g = schema::SchemaCompiler(schema, opts, r).run();
+  } catch (const nlohmann::json::exception& e) {  // a keyword with a value of the wrong kind
+    fail("json schema: malformed schema: ", e.what());
+  }
   // The debug log of what was ignored (annotations, unknown keywords).
   if (std::getenv("FATHOM_DEBUG_SCHEMA"))
     for (const auto& k : r->ignored) std::cerr << "json schema: ignored " << k << "\n";

@@ -35,9 +35,11 @@ class SchemaDoc {
   const Json& root() const { return root_; }
 
  private:
-  void index(const Json& node);
+  void index(const Json& node, std::string base);
   const Json& root_;
-  std::map<std::string, const Json*> ids_;  // $id (and its '#'-less form), "#anchor"
+  std::string base_;                        // the root's $id
+  std::map<std::string, const Json*> ids_;  // absolute $id, "<base>#anchor" and "#anchor"
+  std::map<std::string, std::vector<const Json*>> tails_;  // last path segment of each $id
 };
 
 // One schema object in canonical form: draft-04/07 spellings translated to 2020-12, annotations

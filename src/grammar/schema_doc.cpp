@@ -38,11 +38,29 @@ void refuse(const std::string& keyword, const std::string& path, const std::stri
   fail("json schema: unsupported keyword '", keyword, "' at ", path, ": ", why);
 }
 
-SchemaDoc::SchemaDoc(const Json& root) : root_(root) { index(root); }
+// `ref` resolved against the base URI (RFC 3986, the cases schemas use).
+static std::string join_uri(const std::string& base, const std::string& ref) {
+  if (ref.empty()) return base;
+  if (ref.find("://") != std::string::npos || ref.rfind("urn:", 0) == 0 || base.empty()) return ref;
+  if (ref[0] == '#') return base.substr(0, base.find('#')) + ref;
+  size_t scheme = base.find("://");
+  if (ref[0] == '/') {
+    size_t path = scheme == std::string::npos ? 0 : base.find('/', scheme + 3);
+    return (path == std::string::npos ? base : base.substr(0, path)) + ref;
+  }
+  size_t slash = base.rfind('/');
+  return (slash == std::string::npos ? "" : base.substr(0, slash + 1)) + ref;
+}
 
-void SchemaDoc::index(const Json& node) {
+SchemaDoc::SchemaDoc(const Json& root) : root_(root) {
+  if (root.is_object() && root.contains("$id") && root["$id"].is_string()) base_ = root["$id"].get<std::string>();
+  if (!base_.empty() && base_.back() == '#') base_.pop_back();
+  index(root, base_);
+}
+
+void SchemaDoc::index(const Json& node, std::string base) {
   if (node.is_array()) {
-    for (const Json& v : node) index(v);
+    for (const Json& v : node) index(v, base);
     return;
   }
   if (!node.is_object()) return;
@@ -51,33 +69,46 @@ void SchemaDoc::index(const Json& node) {
     if (it == node.end() || !it->is_string()) continue;
     std::string id = it->get<std::string>();
     if (!id.empty() && id[0] == '#') {
-      ids_.emplace(id, &node);  // draft-07 location-independent identifier
+      ids_.emplace(join_uri(base, id), &node);  // draft-07 location-independent identifier
+      ids_.emplace(id, &node);
     } else {
       if (!id.empty() && id.back() == '#') id.pop_back();
-      ids_.emplace(id, &node);
-      if (size_t slash = id.rfind('/'); slash != std::string::npos) ids_.emplace(id.substr(slash + 1), &node);
+      base = join_uri(base, id);
+      ids_.emplace(base, &node);
+      if (size_t slash = base.rfind('/'); slash != std::string::npos) tails_[base.substr(slash + 1)].push_back(&node);
     }
+    break;
   }
-  if (auto it = node.find("$anchor"); it != node.end() && it->is_string())
+  if (auto it = node.find("$anchor"); it != node.end() && it->is_string()) {
+    ids_.emplace(base + "#" + it->get<std::string>(), &node);
     ids_.emplace("#" + it->get<std::string>(), &node);
+  }
   for (auto& [k, v] : node.items())
-    if (k != "enum" && k != "const" && k != "examples" && k != "default") index(v);
+    if (k != "enum" && k != "const" && k != "examples" && k != "default") index(v, base);
 }
 
 const Json& SchemaDoc::resolve(const std::string& ref, const std::string& path) const {
   size_t hash = ref.find('#');
   std::string base = ref.substr(0, hash), frag = hash == std::string::npos ? "" : ref.substr(hash + 1);
   const Json* node = &root_;
+  std::string node_base = base_;
   if (!base.empty()) {
-    auto it = ids_.find(base);
-    if (it == ids_.end())
-      if (size_t slash = base.rfind('/'); slash != std::string::npos) it = ids_.find(base.substr(slash + 1));
-    if (it == ids_.end()) refuse("$ref", path, "'" + ref + "' points outside the document");
-    node = it->second;
+    node_base = join_uri(base_, base);
+    auto it = ids_.find(node_base);
+    if (it == ids_.end()) it = ids_.find(base);
+    if (it != ids_.end()) {
+      node = it->second;
+    } else {  // a relative $ref written against a nested $id: its last segment, if unique
+      size_t slash = base.rfind('/');
+      auto t = tails_.find(slash == std::string::npos ? base : base.substr(slash + 1));
+      if (t == tails_.end() || t->second.size() != 1) refuse("$ref", path, "'" + ref + "' points outside the document");
+      node = t->second[0];
+    }
   }
   if (frag.empty()) return *node;
   if (frag[0] != '/') {
-    auto it = ids_.find("#" + frag);
+    auto it = ids_.find(node_base + "#" + frag);
+    if (it == ids_.end()) it = ids_.find("#" + frag);
     if (it == ids_.end()) refuse("$ref", path, "anchor '" + ref + "' not found");
     return *it->second;
   }

@@ -44,17 +44,33 @@ void constrain_foreign(Json& props, Json& pattern_props, const Json& b) {
   const Json empty = Json::object();
   const Json& bp = b.contains("properties") ? b["properties"] : empty;
   const Json& bpp = b.contains("patternProperties") ? b["patternProperties"] : empty;
-  bool b_ap = b.contains("additionalProperties");
+  // b's unevaluatedProperties cannot see a's properties either (b is a subschema of a's scope).
+  const char* extra = b.contains("additionalProperties") ? "additionalProperties"
+                      : b.contains("unevaluatedProperties") ? "unevaluatedProperties" : nullptr;
   for (auto& [k, v] : props.items()) {
     if (bp.contains(k)) continue;
     bool matched = false;
     for (auto& [p, ps] : bpp.items())
       if (may_match(k, p)) v = all_of(v, ps), matched = true;
-    if (!matched && b_ap) v = all_of(v, b["additionalProperties"]);
+    if (!matched && extra) v = all_of(v, b[extra]);
   }
-  if (b_ap)
+  if (extra)
     for (auto& [p, ps] : pattern_props.items())
-      if (!bpp.contains(p)) ps = all_of(ps, b["additionalProperties"]);
+      if (!bpp.contains(p)) ps = all_of(ps, b[extra]);
+}
+
+// Positions of a's prefixItems past b's are b's `items` too (and the other way round).
+void merge_arrays(Json& out, const Json& a, const Json& b) {
+  Json pa = a.value("prefixItems", Json::array()), pb = b.value("prefixItems", Json::array());
+  for (size_t i = pb.size(); i < pa.size(); ++i)
+    if (b.contains("items")) pa[i] = all_of(pa[i], b["items"]);
+  for (size_t i = pa.size(); i < pb.size(); ++i)
+    if (a.contains("items")) pb[i] = all_of(pb[i], a["items"]);
+  for (size_t i = 0; i < pb.size(); ++i) {
+    if (i < pa.size()) pa[i] = all_of(pa[i], pb[i]);
+    else pa.push_back(pb[i]);
+  }
+  if (!pa.empty()) out["prefixItems"] = pa;
 }
 
 void merge_objects(Json& out, const Json& a, const Json& b) {
@@ -78,6 +94,7 @@ Json merge(const Json& a, const Json& b, const std::string& path) {
   if (a.is_boolean()) return merge(b, a, path);
   Json out = a;
   merge_objects(out, a, b);
+  merge_arrays(out, a, b);
   static const std::set<std::string> kMax = {"minimum", "exclusiveMinimum", "minLength", "minItems",
                                              "minProperties", "minContains"};
   static const std::set<std::string> kMin = {"maximum", "exclusiveMaximum", "maxLength", "maxItems",
@@ -85,7 +102,7 @@ Json merge(const Json& a, const Json& b, const std::string& path) {
   static const std::set<std::string> kAllOf = {"additionalProperties", "items", "contains", "propertyNames",
                                                "unevaluatedProperties", "unevaluatedItems"};
   for (auto& [k, v] : b.items()) {
-    if (k == "properties" || k == "patternProperties") continue;
+    if (k == "properties" || k == "patternProperties" || k == "prefixItems") continue;
     if (!out.contains(k)) {
       out[k] = v;
       continue;
@@ -121,11 +138,6 @@ Json merge(const Json& a, const Json& b, const std::string& path) {
       }
     } else if (kAllOf.count(k)) {
       x = all_of(x, v);
-    } else if (k == "prefixItems") {
-      for (size_t i = 0; i < v.size(); ++i) {
-        if (i < x.size()) x[i] = all_of(x[i], v[i]);
-        else x.push_back(v[i]);
-      }
     } else if (k == "allOf") {
       for (const Json& e : v) x.push_back(e);
     } else if (k == "anyOf" || k == "oneOf" || k == "not" || k == "$ref" || k == "$dynamicRef" ||

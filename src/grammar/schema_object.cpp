@@ -201,6 +201,12 @@ Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
   int n_all = static_cast<int>(props.size());
   int extra_min = std::max(0, min_p - n_all);
   int extra_max = extra_alts.empty() ? 0 : max_p < 0 ? -1 : max_p - n_all;
+  // Absent additionalProperties allows any other key: used when minProperties needs one.
+  if (extra_min > 0 && extra_alts.empty() && !s.contains("additionalProperties") && pp.empty() &&
+      !s.contains("unevaluatedProperties") && pn == Json(true)) {
+    extra_alts.push_back(Expr::seq({key_not_in(*this, names), Expr::literal(":"), sp(), Expr::ref(common("value"))}));
+    extra_max = max_p < 0 ? -1 : max_p - n_all;
+  }
   if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
     unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
   if (extra_max == 0) extra_alts.clear();

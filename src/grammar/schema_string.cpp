@@ -30,7 +30,7 @@ const std::map<std::string, Format>& formats() {
       {"time", {TIME, 9, 21}},
       {"date-time", {DATE "T" TIME, 20, 32}},
       {"duration", {"P([0-9]{1,4}D|[0-9]{1,4}W|T[0-9]{1,4}[HMS]|[0-9]{1,4}Y([0-9]{1,4}M)?([0-9]{1,4}D)?)", 3, 15}},
-      {"email", {"[a-z0-9._+-]{1,40}@" HOST, 3, -1}},
+      {"email", {"[a-z0-9_+-]{1,20}(\\.[a-z0-9_+-]{1,20}){0,2}@" HOST, 3, -1}},
       {"hostname", {HOST, 1, -1}},
       {"ipv4", {OCTET "\\." OCTET "\\." OCTET "\\." OCTET, 7, 15}},
       {"ipv6", {"(" H16 ":){7}" H16 "|::|(" H16 ":){1,6}:" H16 "|::" H16, 2, 39}},

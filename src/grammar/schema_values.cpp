@@ -132,7 +132,7 @@ bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int dept
   bool overlap = false;
   for (const auto& t : tg) overlap |= has(to, t) || (t == "integer" && has(to, "number")) || (t == "number" && has(to, "integer"));
   if (!overlap) return true;
-  if (tg != std::vector<std::string>{"object"} && !(gen.contains("properties") && !gen.contains("type"))) return false;
+  if (tg != std::vector<std::string>{"object"}) return false;
   // Objects: generated keys are the declared ones (plus extras only if allowed).
   Json gp = gen.value("properties", Json::object()), op = other.value("properties", Json::object());
   Json greq = gen.value("required", Json::array()), oreq = other.value("required", Json::array());
