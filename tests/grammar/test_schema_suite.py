@@ -8,7 +8,8 @@ the grammar; the suite's verdict (Python jsonschema agrees with it) decides:
   - rejected but valid: the documented subset (property order, bounded numbers, ...), counted;
   - a schema refused: counted by keyword.
 
-  python3 tests/grammar/test_schema_suite.py --tool build/schema_check [--suite DIR] [--max-incomplete F]
+  python3 tests/grammar/test_schema_suite.py --fathom build/fathom [--suite DIR] [--max-incomplete F]
+(ctest passes --fathom; the schema_check tool is built next to it.)
 """
 import argparse
 import collections
@@ -46,7 +47,8 @@ def fetch_suite(tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tool", required=True)
+    ap.add_argument("--fathom", required=True)
+    ap.add_argument("--fixtures")
     ap.add_argument("--suite")
     ap.add_argument("--max-incomplete", type=float, default=0.25,
                     help="largest share of valid instances the grammar may reject (the subset)")
@@ -54,7 +56,8 @@ def main():
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     suite = args.suite or fetch_suite(tmp.name)
-    tool = subprocess.Popen([args.tool], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    exe = os.path.join(os.path.dirname(os.path.abspath(args.fathom)), "schema_check")
+    tool = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     per_file = {}
     unsound, refused = [], collections.Counter()
     schema_path = os.path.join(tmp.name, "schema.json")
