@@ -210,6 +210,24 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
           if (j != i && !never_both(g, flatten(norm(branches[j], paths[j]), paths[j]))) return false;
         return true;
       };
+      if (!exclusive(gen)) {  // leave out a name each other branch requires and this one does not
+        Json narrowed = gen;
+        for (size_t j = 0; j < branches.size(); ++j) {
+          if (j == i) continue;
+          Json other = flatten(norm(branches[j], paths[j]), paths[j]);
+          if (!other.is_object() || !other.contains("required")) continue;
+          const Json mine = narrowed.value("required", Json::array());
+          for (const Json& k : other["required"])
+            if (k.is_string() && std::find(mine.begin(), mine.end(), k) == mine.end()) {
+              narrowed["properties"][k.get<std::string>()] = false;
+              break;
+            }
+        }
+        if (exclusive(narrowed) && !unsatisfiable(narrowed)) {
+          alts.push_back(compile_resolved(narrowed, paths[i], depth + 1));
+          continue;
+        }
+      }
       if (!exclusive(gen)) {  // keep the types of the branch that no other branch accepts
         Json kept = Json::array();
         for (const auto& t : types_of(gen)) {

@@ -33,7 +33,8 @@ ByteSet key_chars() {
 
 struct Prop {
   std::string key;
-  Json schema;
+  Json owned;           // a schema made here (with patternProperties), or
+  const Json* schema;   // the document's own
   bool required;
 };
 
@@ -77,27 +78,30 @@ static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names)
   return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
 }
 
-Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
-  Json s = s0;
+// (Subschemas are referenced, not copied: large documents nest deeply.)
+Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   // dependentSchemas: applied unconditionally (a subset), or the trigger left out if impossible.
   if (s.contains("dependentSchemas")) {
-    Json deps = s["dependentSchemas"];
-    s.erase("dependentSchemas");
+    Json merged = s;
+    Json deps = merged["dependentSchemas"];
+    merged.erase("dependentSchemas");
     for (auto& [k, d] : deps.items()) {
       try {
-        s = merge(s, flatten(norm(d, path), path), path);
+        merged = merge(merged, flatten(norm(d, path), path), path);
       } catch (const Error&) {
-        s["properties"][k] = false;
+        merged["properties"][k] = false;
       }
     }
-    return compile_resolved(s, path, 1);
+    return compile_resolved(merged, path, 1);
   }
   const Json pp = s.value("patternProperties", Json::object());
   const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
   const Json ap = has_ap ? s["additionalProperties"] : Json(false);
   const bool closed = s.contains("additionalProperties") && !has_ap;
   const Json pn = s.contains("propertyNames") ? flatten(norm(s["propertyNames"], path), path) : Json(true);
-  const Json declared = s.value("properties", Json::object()), required_list = s.value("required", Json::array());
+  static const Json kNoProperties = Json::object();
+  const Json& declared = s.contains("properties") ? s["properties"] : kNoProperties;
+  const Json required_list = s.value("required", Json::array());
   const Json dep_required = s.value("dependentRequired", Json::object());
   std::vector<std::string> required;
   for (const Json& k : required_list)
@@ -112,18 +116,20 @@ Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
   std::vector<std::string> names;  // every name that extra keys must avoid
   auto with_patterns = [&](const std::string& k, Json v) {
     for (auto& [p, ps] : pp.items())
-      if (may_match(k, p)) v = all_of(v, ps);
+      if (may_match(k, p)) v = ps == Json(false) ? Json(false) : all_of(v, ps);
     return v;
   };
   for (auto& [k, v] : declared.items()) {
     names.push_back(k);
     bool req = std::find(required.begin(), required.end(), k) != required.end();
     bool ok_name = pn == Json(true) || value_satisfies(Json(k), pn);
-    if (v == Json(false) || !ok_name) {
-      if (req) refuse(v == Json(false) ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
+    Json merged = pp.empty() ? Json(true) : with_patterns(k, v);
+    if (v == Json(false) || merged == Json(false) || !ok_name) {
+      if (req) refuse(ok_name ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
       continue;
     }
-    props.push_back({k, with_patterns(k, v), req});
+    if (pp.empty()) props.push_back({k, Json(), &v, req});
+    else props.push_back({k, std::move(merged), nullptr, req});
   }
   for (const auto& k : required) {
     if (std::find(names.begin(), names.end(), k) != names.end()) continue;
@@ -134,7 +140,7 @@ Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
     if (pn != Json(true) && !value_satisfies(Json(k), pn)) refuse("propertyNames", path, "required '" + k + "' is not allowed");
     Json v = matched ? with_patterns(k, true) : has_ap ? ap : s.value("unevaluatedProperties", Json(true));
     if (v == Json(false)) refuse("unevaluatedProperties", path, "required '" + k + "' is not allowed");
-    props.push_back({k, v, true});
+    props.push_back({k, v, nullptr, true});
   }
   // dependentRequired on an optional property: its dependencies become required.
   // (A trigger whose dependency cannot be written is left out.)
@@ -156,8 +162,9 @@ Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
   // additionalProperties, key-character strings outside the declared names.
   std::vector<Expr> extra_alts;
   Json all_pp = true;
-  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps);
-  if (pn == Json(true)) {
+  bool pp_false = false;  // a pattern forbidding its keys: no pattern extras (a subset)
+  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps), pp_false |= ps == Json(false);
+  if (pn == Json(true) && !pp_false) {
     for (auto& [p, ps] : pp.items()) {
       bool hits = false;
       for (const auto& n : names) hits |= may_match(n, p);
@@ -223,7 +230,7 @@ Expr SchemaCompiler::compile_object(const Json& s0, const std::string& path) {
   for (size_t i = props.size(); i-- > 0;) {
     const Prop& p = props[i];
     Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
-                         as_rule("prop", compile(p.schema, path + "/properties/" + p.key))});
+                         as_rule("prop", compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
     Expr r_rule = as_rule("rest", Expr::empty());
     Expr with_r = Expr::seq({comma, kv, r_next});
     Expr with_s = Expr::seq({kv, r_next});
