@@ -78,6 +78,75 @@ static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names)
   return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
 }
 
+// Extra keys: one per pattern whose language cannot hit a declared name; or, with
+// additionalProperties, key-character strings outside the declared names.
+static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const Json& pn,
+                                       const std::vector<std::string>& names, const std::string& path) {
+  const Json pp = s.value("patternProperties", Json::object());
+  const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
+  auto sp = SchemaCompiler::sp;
+  std::vector<Expr> extra_alts;
+  Json all_pp = true;
+  bool pp_false = false;  // a pattern forbidding its keys: no pattern extras (a subset)
+  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps), pp_false |= ps == Json(false);
+  if (pn == Json(true) && !pp_false) {
+    for (auto& [p, ps] : pp.items()) {
+      bool hits = false;
+      for (const auto& n : names) hits |= may_match(n, p);
+      if (!hits)
+        extra_alts.push_back(Expr::seq({c.pattern_string(p, path + "/patternProperties", false), Expr::literal(":"), sp(),
+                                        c.as_rule("pval", c.compile(all_pp, path + "/patternProperties"))}));
+    }
+  }
+  if (has_ap && pp.empty()) {
+    Expr value = c.as_rule("extra", c.compile(s["additionalProperties"], path + "/additionalProperties"));
+    if (pn == Json(true)) {
+      extra_alts.push_back(Expr::seq({key_not_in(c, names), Expr::literal(":"), sp(), value}));
+    } else if (pn.is_object() && (pn.contains("enum") || pn.contains("const"))) {
+      Json vals = pn.contains("const") ? Json::array({pn["const"]}) : pn["enum"];
+      std::vector<Expr> keys;
+      for (const Json& v : vals)
+        if (v.is_string() && std::find(names.begin(), names.end(), v.get<std::string>()) == names.end() &&
+            value_satisfies(v, pn))
+          keys.push_back(Expr::literal(v.dump()));
+      if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
+    } else if (names.empty()) {
+      extra_alts.push_back(Expr::seq({c.compile(pn, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
+    }
+  }
+
+  return extra_alts;
+}
+
+// The members in order: S_i: properties from i on, none written yet; R_i: the same after one
+// was written (comma); extra pairs (extra_min to extra_max, -1: unbounded) after the declared.
+static Expr object_chain(SchemaCompiler& c, const std::vector<Prop>& props, std::vector<Expr> extra_alts,
+                         int extra_min, int extra_max, const std::string& path) {
+  auto sp = SchemaCompiler::sp;
+  Expr comma = Expr::seq({Expr::literal(","), sp()});
+  std::optional<Expr> extra;
+  if (!extra_alts.empty()) extra = c.as_rule("pair", Expr::alt(std::move(extra_alts)));
+  int rmax = extra_max < 0 ? -1 : extra_max;
+  Expr r_next = extra ? Expr::repeat(Expr::seq({comma, *extra}), extra_min, rmax) : Expr::empty();
+  Expr s_next = !extra ? Expr::empty()
+                : extra_min > 0 ? Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)})
+                                : Expr::repeat(Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)}), 0, 1);
+  for (size_t i = props.size(); i-- > 0;) {
+    const Prop& p = props[i];
+    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
+                         c.as_rule("prop", c.compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
+    Expr r_rule = c.as_rule("rest", Expr::empty());
+    Expr with_r = Expr::seq({comma, kv, r_next});
+    Expr with_s = Expr::seq({kv, r_next});
+    Expr r_i = p.required ? with_r : Expr::alt({with_r, r_next});
+    Expr s_i = p.required ? with_s : Expr::alt({with_s, s_next});
+    c.define(r_rule.rule, std::move(r_i));
+    r_next = std::move(r_rule);
+    s_next = c.as_rule("first", std::move(s_i));
+  }
+  return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
+}
+
 // (Subschemas are referenced, not copied: large documents nest deeply.)
 Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   // dependentSchemas: applied unconditionally (a subset), or the trigger left out if impossible.
@@ -158,37 +227,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
       for (auto& q : props) q.required |= q.key == d.get<std::string>();
   }
 
-  // Extra keys: one per pattern whose language cannot hit a declared name; or, with
-  // additionalProperties, key-character strings outside the declared names.
-  std::vector<Expr> extra_alts;
-  Json all_pp = true;
-  bool pp_false = false;  // a pattern forbidding its keys: no pattern extras (a subset)
-  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps), pp_false |= ps == Json(false);
-  if (pn == Json(true) && !pp_false) {
-    for (auto& [p, ps] : pp.items()) {
-      bool hits = false;
-      for (const auto& n : names) hits |= may_match(n, p);
-      if (!hits)
-        extra_alts.push_back(Expr::seq({pattern_string(p, path + "/patternProperties", false), Expr::literal(":"), sp(),
-                                        as_rule("pval", compile(all_pp, path + "/patternProperties"))}));
-    }
-  }
-  if (has_ap && pp.empty()) {
-    Expr value = as_rule("extra", compile(ap, path + "/additionalProperties"));
-    if (pn == Json(true)) {
-      extra_alts.push_back(Expr::seq({key_not_in(*this, names), Expr::literal(":"), sp(), value}));
-    } else if (pn.is_object() && (pn.contains("enum") || pn.contains("const"))) {
-      Json vals = pn.contains("const") ? Json::array({pn["const"]}) : pn["enum"];
-      std::vector<Expr> keys;
-      for (const Json& v : vals)
-        if (v.is_string() && std::find(names.begin(), names.end(), v.get<std::string>()) == names.end() &&
-            value_satisfies(v, pn))
-          keys.push_back(Expr::literal(v.dump()));
-      if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
-    } else if (names.empty()) {
-      extra_alts.push_back(Expr::seq({compile(pn, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
-    }
-  }
+  std::vector<Expr> extra_alts = object_extras(*this, s, pn, names, path);
 
   // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
   int n_req = 0;
@@ -218,29 +257,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
     unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
   if (extra_max == 0) extra_alts.clear();
 
-  // S_i: properties from i on, none written yet; R_i: the same after one was written (comma).
-  Expr comma = Expr::seq({Expr::literal(","), sp()});
-  std::optional<Expr> extra;
-  if (!extra_alts.empty()) extra = as_rule("pair", Expr::alt(std::move(extra_alts)));
-  int rmax = extra_max < 0 ? -1 : extra_max;
-  Expr r_next = extra ? Expr::repeat(Expr::seq({comma, *extra}), extra_min, rmax) : Expr::empty();
-  Expr s_next = !extra ? Expr::empty()
-                : extra_min > 0 ? Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)})
-                                : Expr::repeat(Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)}), 0, 1);
-  for (size_t i = props.size(); i-- > 0;) {
-    const Prop& p = props[i];
-    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
-                         as_rule("prop", compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
-    Expr r_rule = as_rule("rest", Expr::empty());
-    Expr with_r = Expr::seq({comma, kv, r_next});
-    Expr with_s = Expr::seq({kv, r_next});
-    Expr r_i = p.required ? with_r : Expr::alt({with_r, r_next});
-    Expr s_i = p.required ? with_s : Expr::alt({with_s, s_next});
-    define(r_rule.rule, std::move(r_i));
-    r_next = std::move(r_rule);
-    s_next = as_rule("first", std::move(s_i));
-  }
-  return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
+  return object_chain(*this, props, std::move(extra_alts), extra_min, extra_max, path);
 }
 
 }  // namespace fathom::grammar::schema
