@@ -111,7 +111,8 @@ static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const J
           keys.push_back(Expr::literal(v.dump()));
       if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
     } else if (names.empty()) {
-      extra_alts.push_back(Expr::seq({c.compile(pn, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
+      Json key_schema = merge(pn, Json{{"type", "string"}}, path + "/propertyNames");  // keys are strings
+      extra_alts.push_back(Expr::seq({c.compile(key_schema, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
     }
   }
 

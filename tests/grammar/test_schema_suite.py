@@ -7,6 +7,9 @@ the grammar; the suite's verdict (Python jsonschema agrees with it) decides:
   - accepted but invalid: a soundness failure (the test fails);
   - rejected but valid: the documented subset (property order, bounded numbers, ...), counted;
   - a schema refused: counted by keyword.
+With --fixtures, 8 seeded random outputs of each accepted schema (a uniform "model" over the
+allowed tokens at the default model's vocabulary) must validate too (soundness beyond the suite's
+instances).
 
   python3 tests/grammar/test_schema_suite.py --fathom build/fathom [--suite DIR] [--max-incomplete F]
 (ctest passes --fathom; the schema_check tool is built next to it.)
@@ -21,6 +24,9 @@ import sys
 import tarfile
 import tempfile
 
+import jsonschema
+
+FORMATS = ["date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference", "uuid"]
 KEYWORD_FILES = [
     "additionalProperties", "allOf", "anchor", "anyOf", "boolean_schema", "const", "contains", "defs",
     "dependentRequired", "dependentSchemas", "enum", "exclusiveMaximum", "exclusiveMinimum", "if-then-else",
@@ -57,7 +63,14 @@ def main():
     tmp = tempfile.TemporaryDirectory()
     suite = args.suite or fetch_suite(tmp.name)
     exe = os.path.join(os.path.dirname(os.path.abspath(args.fathom)), "schema_check")
-    tool = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    cmd = [exe]
+    if args.fixtures:
+        cmd += ["--tokenizer", os.path.join(args.fixtures, "tokenizers", "fathom_default", "tokenizer.json")]
+    latest = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = {f: latest[f] for f in FORMATS}
+    sampled = 0
+    tool = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     per_file = {}
     unsound, refused = [], collections.Counter()
     schema_path = os.path.join(tmp.name, "schema.json")
@@ -66,9 +79,24 @@ def main():
         if not os.path.exists(path):
             sys.exit(f"missing suite file {path}")
         c = collections.Counter()
-        for group in json.load(open(path)):
+        for gi, group in enumerate(json.load(open(path))):
             with open(schema_path, "w") as f:
                 json.dump(group["schema"], f)
+            if args.fixtures:
+                tool.stdin.write(f"sample {schema_path} 8 {gi + 1}\n")
+                tool.stdin.flush()
+                first = tool.stdout.readline().strip()
+                outs = [] if first.startswith("refused") else [first] + [tool.stdout.readline().strip() for _ in range(7)]
+                validator = jsonschema.Draft202012Validator(group["schema"], format_checker=checker)
+                for line in outs:
+                    complete, _, hexed = line.partition(" ")
+                    raw = bytes.fromhex(hexed)
+                    sampled += 1
+                    try:
+                        assert complete == "1", "did not finish"
+                        validator.validate(json.loads(raw.decode("utf-8")))
+                    except Exception as e:  # noqa: BLE001 - every kind of failure counts
+                        unsound.append(f"{name}: {group['description']}: sampled {raw[:200]!r}: {str(e)[:200]}")
             for test in group["tests"]:
                 text = json.dumps(test["data"], ensure_ascii=False)
                 tool.stdin.write(f"recognize {schema_path} {text.encode().hex() or '00'}\n")
@@ -99,6 +127,7 @@ def main():
     print(f"cases {cases + total['refused']}: {total['agree']} agree, {total['incomplete']} valid instances rejected "
           f"(the documented subset), {len(unsound)} invalid instances accepted, {total['refused']} refused "
           f"{dict(refused)}")
+    print(f"sampled outputs validated: {sampled}")
     for u in unsound:
         print("  UNSOUND", u)
     share = total["incomplete"] / max(1, total["valid"])
