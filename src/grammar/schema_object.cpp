@@ -214,7 +214,8 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   }
   // dependentRequired on an optional property: its dependencies become required.
   // (A trigger whose dependency cannot be written is left out.)
-  for (auto& [k, deps] : dep_required.items()) {
+  for (auto& [key, deps] : dep_required.items()) {
+    const std::string k = key;  // (a structured binding cannot be captured before C++20 in clang)
     auto trigger = std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
     if (trigger == props.end() || trigger->required) continue;
     bool all_there = true;
