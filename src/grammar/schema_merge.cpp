@@ -123,7 +123,9 @@ Json merge(const Json& a, const Json& b, const std::string& path) {
     } else if (kMin.count(k)) {
       if (v.is_number() && x.is_number() && v.get<double>() < x.get<double>()) x = v;
     } else if (k == "multipleOf") {
-      if (!x.is_number_integer() || !v.is_number_integer()) refuse("multipleOf", path, "two fractional multipleOf in allOf");
+      if (!x.is_number_integer() || !v.is_number_integer() || x.get<int64_t>() <= 0 || v.get<int64_t>() <= 0 ||
+          x.get<int64_t>() > 1000000 || v.get<int64_t>() > 1000000)
+        refuse("multipleOf", path, "two multipleOf in allOf that are not integers up to 10^6");
       x = std::lcm(x.get<int64_t>(), v.get<int64_t>());
     } else if (k == "uniqueItems") {
       x = x.get<bool>() || v.get<bool>();

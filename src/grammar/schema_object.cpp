@@ -31,6 +31,13 @@ ByteSet key_chars() {
   return s;
 }
 
+// A non-negative count keyword (clamped: no object has 10^5 properties).
+int count_of(const Json& s, const char* key, const std::string& path, int dflt) {
+  if (!s.contains(key)) return dflt;
+  if (!s[key].is_number() || s[key].get<double>() < 0) refuse(key, path, "must be a non-negative integer");
+  return static_cast<int>(std::min<double>(s[key].get<double>(), 100000));
+}
+
 struct Prop {
   std::string key;
   Json owned;           // a schema made here (with patternProperties), or
@@ -234,8 +241,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
   int n_req = 0;
   for (auto& p : props) n_req += p.required;
-  int min_p = s.contains("minProperties") ? s["minProperties"].get<int>() : 0;
-  int max_p = s.contains("maxProperties") ? s["maxProperties"].get<int>() : -1;
+  int min_p = count_of(s, "minProperties", path, 0), max_p = count_of(s, "maxProperties", path, -1);
   for (auto& p : props)
     if (!p.required && n_req < min_p) p.required = true, ++n_req;
   if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");

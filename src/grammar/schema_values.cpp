@@ -67,8 +67,9 @@ bool value_satisfies(const Json& v, const Json& s, bool unsure) {
     } else if (k == "minLength" || k == "maxLength" || k == "pattern") {
       if (!v.is_string()) continue;
       std::string str = v.get<std::string>();
-      if (k == "minLength" && codepoints(str) < x.get<size_t>()) return false;
-      if (k == "maxLength" && codepoints(str) > x.get<size_t>()) return false;
+      double n = x.is_number() ? x.get<double>() : 0;  // (as double: a huge or negative bound is no UB)
+      if (k == "minLength" && static_cast<double>(codepoints(str)) < n) return false;
+      if (k == "maxLength" && static_cast<double>(codepoints(str)) > n) return false;
       if (k == "pattern") {
         try {
           if (!std::regex_search(str, std::regex(x.get<std::string>(), std::regex::ECMAScript))) return false;
