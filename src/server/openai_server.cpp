@@ -66,6 +66,7 @@ struct Flight {
   ~Flight() {
     if (in_flight) in_flight->fetch_sub(1);
   }
+  HttpHeaders headers;  // with the response (the structured-output warning)
 };
 
 class OpenAIServer {
@@ -139,6 +140,13 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
   f->ex = ex;
   try {
     const ParsedRequest pr = parse_request(req.body, chat, ctx_);
+    if (!pr.grammar_warnings.empty()) {
+      std::string w;
+      for (const auto& x : pr.grammar_warnings) w += (w.empty() ? "" : "; ") + x;
+      for (char& c : w)
+        if (c < 0x20 || c > 0x7e) c = '?';  // a header value is printable ASCII
+      f->headers.push_back({"X-Fathom-Structured-Output-Warning", w.substr(0, 1000)});
+    }
     f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
                                              opts_.api.reasoning_parser == "qwen3", tok_.get(), tool_format_);
     f->group = engine_->new_group_id();
@@ -188,7 +196,9 @@ void OpenAIServer::drain(Flight& f) {
     if (!f.started) {
       f.started = true;
       if (job.stream()) {
-        f.ex->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        HttpHeaders h = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+        h.insert(h.end(), f.headers.begin(), f.headers.end());
+        f.ex->begin_stream(200, "text/event-stream", std::move(h));
         if (std::string s = job.sse_start(); !s.empty()) f.ex->write(std::move(s));
       }
     }
@@ -207,7 +217,7 @@ void OpenAIServer::drain(Flight& f) {
     } else if (job.aborted() && stopping_) {
       f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}));
     } else {
-      f.ex->respond(HttpResponse{200, "application/json", dump(job.response()), {}});
+      f.ex->respond(HttpResponse{200, "application/json", dump(job.response()), f.headers});
     }
   } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
     std::fprintf(stderr, "fathom serve: response failed: %s\n", e.what());
@@ -370,6 +380,7 @@ void OpenAIServer::load() {
   ctx_.vocab_size = vocab_size;
   ctx_.max_model_len = max_model_len;
   ctx_.allow_fault_injection = opts_.api.enable_fault_injection;
+  ctx_.schema_best_effort = opts_.api.structured_output_best_effort;
   describe(max_model_len, kv_tokens);
 }
 
