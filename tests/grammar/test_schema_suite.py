@@ -40,11 +40,21 @@ KEYWORD_FILES = [
 
 
 def fetch_suite(tmp):
+    """The installed jsonschema's sdist, fetched by its URL from PyPI's simple index (JSON form; pip
+    download would prepare the sdist's metadata, building its build backend from source)."""
     import importlib.metadata
+    import requests
     version = importlib.metadata.version("jsonschema")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-                    f"jsonschema=={version}", "-d", tmp], check=True)
-    sdist = glob.glob(os.path.join(tmp, "jsonschema-*.tar.gz"))[0]
+    name = f"jsonschema-{version}.tar.gz"
+    index = requests.get("https://pypi.org/simple/jsonschema/", timeout=60,
+                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    index.raise_for_status()
+    url = next(f["url"] for f in index.json()["files"] if f["filename"] == name)
+    sdist = os.path.join(tmp, name)
+    with requests.get(url, timeout=120) as r:
+        r.raise_for_status()
+        with open(sdist, "wb") as f:
+            f.write(r.content)
     with tarfile.open(sdist) as t:
         members = [m for m in t.getmembers() if "/json/tests/draft2020-12/" in m.name]
         t.extractall(tmp, members=members)
