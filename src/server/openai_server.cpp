@@ -208,7 +208,10 @@ void OpenAIServer::handle_messages(const HttpRequest& req, const std::shared_ptr
 void OpenAIServer::handle_count_tokens(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
   try {
     const AnthropicRequest ar = translate_anthropic_request(req.body, true);
-    const ParsedRequest pr = parse_request(dump(ar.chat_body), true, ctx_);
+    // Counting runs nothing: tools under tool_choice auto need no --tool-call-parser here.
+    RequestContext ctx = ctx_;
+    ctx.auto_tool_choice = true;
+    const ParsedRequest pr = parse_request(dump(ar.chat_body), true, ctx);
     ex->respond(HttpResponse{200, "application/json", dump(json{{"input_tokens", pr.prompts.at(0).size()}}), {}});
   } catch (const ApiError& e) {
     ex->respond(error_response(e, true));
