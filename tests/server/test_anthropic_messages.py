@@ -10,6 +10,7 @@ authenticate; errors come in Anthropic's shape and the server keeps serving;
 Run by ctest as: python3 test_anthropic_messages.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
+import json
 import os
 import sys
 
@@ -30,7 +31,6 @@ TOOLS = [{"name": "get_weather", "description": "Weather of a city",
 
 def raw_events(srv, body):
     """The (event name, data) pairs of a streamed /v1/messages response, checked as SSE."""
-    import json
     r = requests.post(srv.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, stream=True, timeout=60)
     assert r.status_code == 200, r.text
     out, name = [], None
@@ -190,8 +190,23 @@ def main():
                 e = error_of(fn)
                 assert e.status_code == 400 and e.body["type"] == "error", e.body
                 assert e.body["error"]["type"] == "invalid_request_error" and needle in e.body["error"]["message"], e.body
-            r = requests.post(srv.url + "/v1/messages", data=b"{not json", headers={"x-api-key": KEY}, timeout=30)
-            assert r.status_code == 400 and r.json()["type"] == "error", r.text
+            ok = {"model": name, "max_tokens": 4, "messages": MSGS}
+            bodies = [b"{not json", b"[]", b'"x"', b"{" * 100 + b"}" * 100] + [json.dumps(b).encode() for b in (
+                {**ok, "max_tokens": "4"}, {**ok, "max_tokens": -1}, {**ok, "messages": "hi"},
+                {**ok, "messages": [{"role": "user"}]}, {**ok, "messages": [{"role": "tool", "content": "x"}]},
+                {**ok, "messages": [{"role": "user", "content": [{"type": 5}]}]},
+                {**ok, "messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
+                {**ok, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
+                                                                       "input": [1]}]}]},
+                {**ok, "system": 5}, {**ok, "stop_sequences": [""]}, {**ok, "stop_sequences": [1]},
+                {**ok, "top_p": 2}, {**ok, "top_k": "a"}, {**ok, "stream": 1}, {**ok, "tools": {}},
+                {**ok, "tools": [{"name": "f", "input_schema": 3}]}, {**ok, "tool_choice": "auto"},
+                {**ok, "tool_choice": {"type": "any"}}, {**ok, "thinking": {"type": "enabled", "budget_tokens": 99}},
+                {**ok, "metadata": []}, {**ok, "model": 7})]
+            for body in bodies:
+                r = requests.post(srv.url + "/v1/messages", data=body, headers={"x-api-key": KEY}, timeout=30)
+                assert r.status_code == 400 and r.json()["type"] == "error", (body, r.text)
+                assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"], r.text
             r = requests.post(srv.url + "/v1/messages", json={"model": name, "messages": MSGS},
                               headers={"x-api-key": KEY}, timeout=30)
             assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"], r.text
