@@ -69,6 +69,8 @@ void add_api_options(CLI::App* sub, ServeOptions& a) {
                   "How the model writes tool calls: qwen3_coder (Qwen3.5, Qwen3-Coder XML) or hermes (Qwen3 JSON)");
   sub->add_flag("--enable-auto-tool-choice", api.enable_auto_tool_choice,
                 "Let the model decide to call tools (tool_choice \"auto\"); needs --tool-call-parser");
+  sub->add_flag("--structured-output-best-effort", api.structured_output_best_effort,
+                "JSON Schema keywords that cannot be enforced are left unenforced (a warning header) instead of a 400");
   sub->add_flag("--skip-tokenizer-init", api.skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
 }
 

@@ -8,16 +8,21 @@ namespace fathom::grammar {
 
 namespace {
 std::string cache_key(const GrammarSpec& spec) {
-  std::string key(1, static_cast<char>('0' + static_cast<int>(spec.kind)));
+  std::string key(1, static_cast<char>('0' + static_cast<int>(spec.kind) + (spec.best_effort ? 16 : 0)));
   key += spec.text;
   for (const auto& c : spec.choices) key += '\0' + std::to_string(c.size()) + ':' + c;
   return key;
 }
 }  // namespace
 
-std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec) {
+std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec, std::vector<std::string>* warnings) {
   switch (spec.kind) {
-    case GrammarKind::JsonSchema: return grammar_from_json_schema(spec.text);
+    case GrammarKind::JsonSchema: {
+      SchemaReport report;
+      auto g = grammar_from_json_schema(spec.text, SchemaOptions{spec.best_effort}, &report);
+      if (warnings) *warnings = std::move(report.warnings);
+      return g;
+    }
     case GrammarKind::JsonObject: return json_object_grammar();
     case GrammarKind::Regex: return grammar_from_regex(spec.text);
     case GrammarKind::Choice: return grammar_from_choices(spec.choices);
@@ -29,20 +34,23 @@ std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec) {
 GrammarCompiler::GrammarCompiler(std::shared_ptr<const Vocabulary> vocab, size_t capacity)
     : vocab_(std::move(vocab)), capacity_(capacity) {}
 
-std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec, std::vector<std::string>* warnings) {
   std::string key = cache_key(spec);
   {
     std::lock_guard lock(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+      if (warnings) *warnings = it->second->second.warnings;
+      return it->second->second.grammar;
     }
   }
   // Compiled outside the lock: two threads may compile the same spec once each, harmlessly.
-  auto cg = CompiledGrammar::compile(build_grammar(spec), vocab_);
+  std::vector<std::string> found;
+  auto cg = CompiledGrammar::compile(build_grammar(spec, &found), vocab_);
+  if (warnings) *warnings = found;
   std::lock_guard lock(mu_);
   if (index_.count(key)) return cg;
-  lru_.emplace_front(key, cg);
+  lru_.emplace_front(key, Compiled{cg, std::move(found)});
   index_[key] = lru_.begin();
   while (lru_.size() > capacity_) {
     index_.erase(lru_.back().first);

@@ -35,20 +35,28 @@ struct GrammarSpec {
   GrammarKind kind = GrammarKind::JsonObject;
   std::string text;
   std::vector<std::string> choices;
+  // JSON Schema: leave what cannot be enforced unenforced (warnings) instead of failing.
+  bool best_effort = false;
 };
 
 // Parses a spec into a grammar (no vocabulary). Throws fathom::Error naming what is unsupported.
-std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec);
+// `warnings` (may be null): what best effort left unenforced.
+std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec, std::vector<std::string>* warnings = nullptr);
 
 class GrammarCompiler {
  public:
   explicit GrammarCompiler(std::shared_ptr<const Vocabulary> vocab, size_t capacity = 64);
-  // Thread-safe. Errors are not cached.
-  std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec);
+  // Thread-safe; keyed by the spec's text (a schema compiles once). Errors are not cached.
+  // `warnings` (may be null) receives what best effort left unenforced (cached with the grammar).
+  std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec, std::vector<std::string>* warnings = nullptr);
   const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
 
  private:
-  using Entry = std::pair<std::string, std::shared_ptr<const CompiledGrammar>>;
+  struct Compiled {
+    std::shared_ptr<const CompiledGrammar> grammar;
+    std::vector<std::string> warnings;
+  };
+  using Entry = std::pair<std::string, Compiled>;
   std::shared_ptr<const Vocabulary> vocab_;
   size_t capacity_;
   std::mutex mu_;

@@ -174,8 +174,8 @@ Expr codepoint_class(const std::vector<std::pair<uint32_t, uint32_t>>& ranges) {
 }
 
 uint32_t GrammarBuilder::rule(const std::string& name) {
-  for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return static_cast<uint32_t>(i);
+  auto [it, fresh] = index_.emplace(name, static_cast<uint32_t>(names_.size()));
+  if (!fresh) return it->second;
   names_.push_back(name);
   bodies_.emplace_back();
   defined_.push_back(false);
@@ -183,7 +183,7 @@ uint32_t GrammarBuilder::rule(const std::string& name) {
 }
 
 bool GrammarBuilder::has_rule(const std::string& name) const {
-  return std::find(names_.begin(), names_.end(), name) != names_.end();
+  return index_.count(name) > 0;
 }
 
 void GrammarBuilder::define(uint32_t rule, Expr body) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace fathom::grammar {
@@ -72,6 +73,7 @@ class GrammarBuilder {
   std::vector<std::string> names_;
   std::vector<Expr> bodies_;
   std::vector<bool> defined_;
+  std::unordered_map<std::string, uint32_t> index_;  // name -> id (schemas make thousands of rules)
 };
 
 // The flattened grammar. Element kinds: a byte set to match, a reference to a rule, or the end

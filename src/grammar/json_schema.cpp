@@ -1,332 +1,364 @@
+// JSON Schema to grammar: dispatch, $ref, allOf/anyOf/oneOf, if/then/else, not, enum/const.
 #include "grammar/json_schema.h"
 
-#include <map>
-#include <optional>
-#include <set>
+#include <cstdlib>
+#include <iostream>
 
 #include "core/error.h"
-#include "grammar/regex.h"
+#include "grammar/schema_compiler.h"
 
 namespace fathom::grammar {
 
+namespace schema {
+
 namespace {
 
-using Json = nlohmann::ordered_json;
+constexpr int kMaxDepth = 64;  // nested $ref/allOf inlining (a $ref cycle without a value in between)
 
-const std::set<std::string> kSupported = {"type", "properties", "required", "additionalProperties", "enum",
-                                          "const", "items", "minItems", "maxItems", "anyOf", "oneOf",
-                                          "pattern", "minLength", "maxLength", "$ref", "$defs", "definitions"};
-const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
-                                            "$comment", "deprecated", "readOnly", "writeOnly"};
-
-Expr sp() { return Expr::repeat(Expr::literal(" "), 0, 1); }
-
-class SchemaCompiler {
- public:
-  explicit SchemaCompiler(const Json& root) : root_(root) {}
-
-  std::shared_ptr<const Grammar> run() {
-    uint32_t r = b_.rule("root");
-    b_.define(r, compile(root_, "#"));
-    return Grammar::build(b_, "root");
-  }
-
-  std::shared_ptr<const Grammar> any_object() {
-    uint32_t r = b_.rule("root");
-    b_.define(r, Expr::ref(common("object")));
-    return Grammar::build(b_, "root");
-  }
-
- private:
-  // Shared rules (one set of grammar positions, so one token cache entry each).
-  uint32_t common(const std::string& name) {
-    if (b_.has_rule(name)) return b_.rule(name);
-    uint32_t r = b_.rule(name);
-    Expr body;
-    if (name == "string") {
-      body = Expr::seq({Expr::literal("\""), Expr::ref(common("strbody"))});
-    } else if (name == "strbody") {
-      // Each character alternative is followed by a tail call, and the closing quote ends the
-      // rule: string content keeps one stack node, and most tokens are context-independent.
-      std::vector<Expr> alts;
-      for (Expr& a : char_alternatives()) alts.push_back(Expr::seq({std::move(a), Expr::ref(r)}));
-      alts.push_back(Expr::literal("\""));
-      body = Expr::alt(std::move(alts));
-    } else if (name == "integer") {
-      body = Expr::seq({Expr::repeat(Expr::literal("-"), 0, 1), Expr::alt({Expr::literal("0"), Expr::seq({digits(1, 9), Expr::repeat(digits(0, 9), 0, -1)})})});
-    } else if (name == "number") {
-      Expr frac = Expr::repeat(Expr::seq({Expr::literal("."), Expr::repeat(digits(0, 9), 1, -1)}), 0, 1);
-      ByteSet e, sign;
-      e.set('e'), e.set('E'), sign.set('-'), sign.set('+');
-      Expr exp = Expr::repeat(Expr::seq({Expr::byte_set(e), Expr::repeat(Expr::byte_set(sign), 0, 1),
-                                         Expr::repeat(digits(0, 9), 1, -1)}),
-                              0, 1);
-      body = Expr::seq({Expr::ref(common("integer")), std::move(frac), std::move(exp)});
-    } else if (name == "boolean") {
-      body = Expr::alt({Expr::literal("true"), Expr::literal("false")});
-    } else if (name == "null") {
-      body = Expr::literal("null");
-    } else if (name == "value") {
-      std::vector<Expr> alts;
-      for (const char* k : {"object", "array", "string", "number", "boolean", "null"})
-        alts.push_back(Expr::ref(common(k)));
-      body = Expr::alt(std::move(alts));
-    } else if (name == "object") {
-      Expr pair = Expr::ref(common("pair"));
-      body = Expr::seq({Expr::literal("{"), Expr::repeat(Expr::seq({pair, Expr::repeat(Expr::seq({Expr::literal(","), sp(), pair}), 0, -1)}), 0, 1), Expr::literal("}")});
-    } else if (name == "pair") {
-      body = Expr::seq({Expr::ref(common("string")), Expr::literal(":"), sp(), Expr::ref(common("value"))});
-    } else if (name == "array") {
-      body = list("[", Expr::ref(common("value")), 0, -1, "]");
-    }
-    b_.define(r, std::move(body));
-    return r;
-  }
-
-  static Expr digits(char lo, char hi) {
-    ByteSet s;
-    s.set_range(static_cast<uint8_t>('0' + lo), static_cast<uint8_t>('0' + hi));
-    return Expr::byte_set(s);
-  }
-
-  // One JSON string character: a safe code point or an escape.
-  static std::vector<Expr> char_alternatives() {
-    Expr cls = codepoint_class(complement_ranges({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}));
-    std::vector<Expr> alts = cls.kind == Expr::Kind::Alt ? cls.kids : std::vector<Expr>{cls};
-    ByteSet esc;
-    for (char c : std::string("\"\\/bfnrt")) esc.set(static_cast<uint8_t>(c));
-    alts.push_back(Expr::seq({Expr::literal("\\"), Expr::byte_set(esc)}));
-    ByteSet hex, hex_no_d;
-    for (char c : std::string("0123456789abcdefABCDEF")) hex.set(static_cast<uint8_t>(c));
-    hex_no_d = hex;
-    hex_no_d.w['d' >> 6] &= ~(uint64_t{1} << ('d' & 63));
-    hex_no_d.w['D' >> 6] &= ~(uint64_t{1} << ('D' & 63));
-    alts.push_back(Expr::seq({Expr::literal("\\u"), Expr::byte_set(hex_no_d), Expr::byte_set(hex),
-                              Expr::byte_set(hex), Expr::byte_set(hex)}));
-    return alts;
-  }
-
-  // open item ("," item){min-1,max-1} close, or open close when min == 0 allows it.
-  static Expr list(const char* open, Expr item, int min, int max, const char* close) {
-    Expr more = Expr::seq({Expr::literal(","), sp(), item});
-    int rest_min = std::max(min - 1, 0), rest_max = max < 0 ? -1 : max - 1;
-    Expr body = Expr::seq({item, Expr::repeat(more, rest_min, rest_max)});
-    if (min == 0) body = Expr::repeat(std::move(body), 0, 1);
-    if (max == 0) body = Expr::empty();
-    return Expr::seq({Expr::literal(open), std::move(body), Expr::literal(close)});
-  }
-
-  static int count(const Json& s, const char* key, const std::string& path, int dflt) {
-    if (!s.contains(key)) return dflt;
-    const Json& v = s[key];
-    FATHOM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= 100000,
-                 "json schema: '", key, "' at ", path, " must be a non-negative integer (at most 100000)");
-    return v.get<int>();
-  }
-
-  Expr literal_value(const Json& v) { return Expr::literal(v.dump()); }
-
-  uint32_t new_rule(const std::string& hint) { return b_.rule(hint + "-" + std::to_string(counter_++)); }
-
-  // A rule holding `e` (so that large subexpressions are referenced, not copied).
-  Expr as_rule(const std::string& hint, Expr e) {
-    uint32_t r = new_rule(hint);
-    b_.define(r, std::move(e));
-    return Expr::ref(r);
-  }
-
-  Expr compile(const Json& s, const std::string& path);
-  Expr compile_ref(const std::string& ref, const std::string& path);
-  Expr compile_type(const std::string& type, const Json& s, const std::string& path);
-  Expr compile_string(const Json& s, const std::string& path);
-  Expr compile_object(const Json& s, const std::string& path);
-
-  const Json& root_;
-  GrammarBuilder b_;
-  std::map<std::string, uint32_t> refs_;
-  int counter_ = 0;
-};
-
-Expr SchemaCompiler::compile(const Json& s, const std::string& path) {
-  if (s.is_boolean()) {
-    FATHOM_CHECK(s.get<bool>(), "json schema: 'false' schema at ", path, " is not supported");
-    return Expr::ref(common("value"));
-  }
-  FATHOM_CHECK(s.is_object(), "json schema: schema at ", path, " must be an object or a boolean");
-  std::vector<std::string> active;
-  for (auto& [k, v] : s.items()) {
-    if (kAnnotations.count(k)) continue;
-    if (!kSupported.count(k)) fail("json schema: unsupported keyword '", k, "' at ", path);
-    if (k != "$defs" && k != "definitions") active.push_back(k);
-  }
-  if (s.contains("$ref")) {
-    FATHOM_CHECK(active.size() == 1, "json schema: keywords beside '$ref' at ", path, " are not supported");
-    FATHOM_CHECK(s["$ref"].is_string(), "json schema: '$ref' at ", path, " must be a string");
-    return compile_ref(s["$ref"].get<std::string>(), path);
-  }
-  for (const char* comb : {"anyOf", "oneOf"}) {
-    if (!s.contains(comb)) continue;
-    FATHOM_CHECK(active.size() == 1, "json schema: keywords beside '", comb, "' at ", path, " are not supported");
-    const Json& list = s[comb];
-    FATHOM_CHECK(list.is_array() && !list.empty(), "json schema: '", comb, "' at ", path, " must be a non-empty array");
-    std::vector<Expr> alts;
-    for (size_t i = 0; i < list.size(); ++i)
-      alts.push_back(compile(list[i], path + "/" + comb + "/" + std::to_string(i)));
-    return Expr::alt(std::move(alts));
-  }
-  if (s.contains("const")) return literal_value(s["const"]);
-  if (s.contains("enum")) {
-    const Json& list = s["enum"];
-    FATHOM_CHECK(list.is_array() && !list.empty(), "json schema: 'enum' at ", path, " must be a non-empty array");
-    std::vector<Expr> alts;
-    for (const Json& v : list) alts.push_back(literal_value(v));
-    return Expr::alt(std::move(alts));
-  }
-  std::vector<std::string> types;
-  if (s.contains("type")) {
-    const Json& t = s["type"];
-    if (t.is_string()) types.push_back(t.get<std::string>());
-    else if (t.is_array())
-      for (const Json& x : t) {
-        FATHOM_CHECK(x.is_string(), "json schema: 'type' at ", path, " must be a string or a list of strings");
-        types.push_back(x.get<std::string>());
-      }
-    FATHOM_CHECK(!types.empty(), "json schema: 'type' at ", path, " must be a string or a non-empty list");
-  } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
-    types.push_back("object");
-  } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
-    types.push_back("array");
-  } else if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength")) {
-    types.push_back("string");
-  } else {
-    return Expr::ref(common("value"));
-  }
-  std::vector<Expr> alts;
-  for (const auto& t : types) alts.push_back(compile_type(t, s, path));
-  return Expr::alt(std::move(alts));
+Json without(Json s, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) s.erase(k);
+  return s;
 }
 
-Expr SchemaCompiler::compile_ref(const std::string& ref, const std::string& path) {
-  FATHOM_CHECK(!ref.empty() && ref[0] == '#', "json schema: only local '$ref' (#...) is supported, got '", ref,
-               "' at ", path);
-  if (auto it = refs_.find(ref); it != refs_.end()) return Expr::ref(it->second);
-  const Json* target = &root_;
-  size_t i = 1;
-  while (i < ref.size()) {
-    FATHOM_CHECK(ref[i] == '/', "json schema: bad '$ref' '", ref, "' at ", path);
-    size_t j = ref.find('/', i + 1);
-    if (j == std::string::npos) j = ref.size();
-    std::string key = ref.substr(i + 1, j - i - 1);
-    for (size_t k; (k = key.find("~1")) != std::string::npos;) key.replace(k, 2, "/");
-    for (size_t k; (k = key.find("~0")) != std::string::npos;) key.replace(k, 2, "~");
-    FATHOM_CHECK(target->is_object() && target->contains(key), "json schema: '$ref' '", ref, "' at ", path,
-                 " points nowhere");
-    target = &(*target)[key];
-    i = j;
-  }
-  uint32_t r = new_rule("ref");
-  refs_[ref] = r;  // before compiling the target, so that recursion refers to this rule
-  b_.define(r, compile(*target, ref));
-  return Expr::ref(r);
+bool has_any(const Json& s, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (s.contains(k)) return true;
+  return false;
 }
 
-Expr SchemaCompiler::compile_type(const std::string& type, const Json& s, const std::string& path) {
-  if (type == "null" || type == "boolean" || type == "integer" || type == "number") return Expr::ref(common(type));
-  if (type == "string") return compile_string(s, path);
-  if (type == "object") return compile_object(s, path);
-  if (type == "array") {
-    Expr item = s.contains("items") ? as_rule("item", compile(s["items"], path + "/items")) : Expr::ref(common("value"));
-    int min = count(s, "minItems", path, 0), max = count(s, "maxItems", path, -1);
-    FATHOM_CHECK(max < 0 || max >= min, "json schema: maxItems < minItems at ", path);
-    return list("[", std::move(item), min, max, "]");
+// A branch that no instance satisfies, by a shallow look (dropped from anyOf/oneOf/if).
+bool unsatisfiable(const Json& s) {
+  if (!s.is_object()) return s.is_boolean() && !s.get<bool>();
+  if (s.contains("type") && types_of(s).empty()) return true;
+  if (s.contains("enum") || s.contains("const")) {
+    Json vals = s.contains("const") ? Json::array({s["const"]}) : s["enum"];
+    if (s.contains("const") && s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), s["const"]) == s["enum"].end())
+      return true;
+    Json rest = without(s, {"enum", "const"});
+    bool any = false;
+    for (const Json& v : vals) any |= value_satisfies(v, rest, true);
+    if (!any) return true;
   }
-  fail("json schema: unsupported type '", type, "' at ", path);
-}
-
-Expr SchemaCompiler::compile_string(const Json& s, const std::string& path) {
-  int min = count(s, "minLength", path, 0), max = count(s, "maxLength", path, -1);
-  FATHOM_CHECK(max < 0 || max >= min, "json schema: maxLength < minLength at ", path);
-  if (s.contains("pattern")) {
-    FATHOM_CHECK(s["pattern"].is_string(), "json schema: 'pattern' at ", path, " must be a string");
-    FATHOM_CHECK(min == 0 && max < 0, "json schema: 'pattern' with minLength/maxLength at ", path,
-                 " is not supported");
-    Expr body;
-    try {
-      body = regex_to_expr(s["pattern"].get<std::string>(), RegexOptions{true});
-    } catch (const Error& e) {
-      fail("json schema: 'pattern' at ", path, ": ", e.what());
-    }
-    return Expr::seq({Expr::literal("\""), as_rule("pattern", std::move(body)), Expr::literal("\"")});
-  }
-  if (min == 0 && max < 0) return Expr::ref(common("string"));
-  return Expr::seq({Expr::literal("\""), Expr::repeat(Expr::alt(char_alternatives()), min, max), Expr::literal("\"")});
-}
-
-Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
-  std::vector<std::pair<std::string, const Json*>> props;
-  static const Json kAny = Json::object();
-  if (s.contains("properties")) {
-    FATHOM_CHECK(s["properties"].is_object(), "json schema: 'properties' at ", path, " must be an object");
-    for (auto& [k, v] : s["properties"].items()) props.push_back({k, &v});
-  }
-  std::set<std::string> required;
-  if (s.contains("required")) {
-    FATHOM_CHECK(s["required"].is_array(), "json schema: 'required' at ", path, " must be an array");
-    for (const Json& k : s["required"]) {
-      FATHOM_CHECK(k.is_string(), "json schema: 'required' at ", path, " must list strings");
-      required.insert(k.get<std::string>());
-    }
-  }
-  for (const auto& k : required) {  // required but undeclared: any value
-    bool declared = false;
-    for (auto& p : props) declared |= p.first == k;
-    if (!declared) props.push_back({k, &kAny});
-  }
-  std::optional<Expr> extra;  // one additional "key": value pair
-  if (s.contains("additionalProperties") && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) {
-    Expr value = compile(s["additionalProperties"], path + "/additionalProperties");
-    extra = as_rule("extra", Expr::seq({Expr::ref(common("string")), Expr::literal(":"), sp(), std::move(value)}));
-  }
-  // S_i: properties from i on, none written yet; R_i: the same after one was written (comma).
-  Expr comma = Expr::seq({Expr::literal(","), sp()});
-  Expr r_next = extra ? Expr::repeat(Expr::seq({comma, *extra}), 0, -1) : Expr::empty();
-  Expr s_next = extra ? Expr::repeat(Expr::seq({*extra, r_next}), 0, 1) : Expr::empty();
-  for (size_t i = props.size(); i-- > 0;) {
-    const auto& [key, sub] = props[i];
-    Expr kv = Expr::seq({Expr::literal(Json(key).dump()), Expr::literal(":"), sp(),
-                         as_rule("prop", compile(*sub, path + "/properties/" + key))});
-    Expr r_rule = as_rule("rest", Expr::empty());
-    Expr with_r = Expr::seq({comma, kv, r_next});
-    Expr with_s = Expr::seq({kv, r_next});
-    bool req = required.count(key) > 0;
-    Expr r_i = req ? with_r : Expr::alt({with_r, r_next});
-    Expr s_i = req ? with_s : Expr::alt({with_s, s_next});
-    b_.define(r_rule.rule, std::move(r_i));
-    r_next = std::move(r_rule);
-    s_next = as_rule("first", std::move(s_i));
-  }
-  return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
+  if (s.contains("required") && s.contains("properties"))
+    for (const Json& k : s["required"])
+      if (k.is_string() && s["properties"].contains(k.get<std::string>()) && s["properties"][k.get<std::string>()] == Json(false))
+        return true;
+  return false;
 }
 
 }  // namespace
 
-std::shared_ptr<const Grammar> grammar_from_json_schema_json(const nlohmann::ordered_json& schema) {
-  return SchemaCompiler(schema).run();
+SchemaCompiler::SchemaCompiler(const Json& root, const SchemaOptions& opts, SchemaReport* report)
+    : doc_(root), opts_(opts), report_(report) {}
+
+std::shared_ptr<const Grammar> SchemaCompiler::run() {
+  uint32_t r = b_.rule("root");
+  b_.define(r, compile(doc_.root(), "#"));
+  return Grammar::build(b_, "root");
 }
 
-std::shared_ptr<const Grammar> grammar_from_json_schema(std::string_view schema_text) {
+std::shared_ptr<const Grammar> SchemaCompiler::any_object() {
+  uint32_t r = b_.rule("root");
+  b_.define(r, Expr::ref(common("object")));
+  return Grammar::build(b_, "root");
+}
+
+void SchemaCompiler::unsupported(const std::string& keyword, const std::string& path, const std::string& why) {
+  if (!opts_.best_effort) refuse(keyword, path, why);
+  if (report_) report_->warnings.push_back(keyword + " at " + path + ": " + why);
+}
+
+Json SchemaCompiler::flatten(Json s, const std::string& path, int depth) {
+  if (depth > kMaxDepth) refuse("$ref", path, "nested too deeply (a cycle of references?)");
+  if (s.is_object() && s.contains("$ref")) {
+    if (!s["$ref"].is_string()) refuse("$ref", path, "must be a string");
+    Json target = norm(doc_.resolve(s["$ref"].get<std::string>(), path), path);
+    return flatten(merge(without(s, {"$ref"}), target, path), path, depth + 1);
+  }
+  if (s.is_object() && s.contains("allOf")) {
+    Json list = s["allOf"];
+    if (!list.is_array()) refuse("allOf", path, "must be an array");
+    s.erase("allOf");
+    // Combinators that clash with one already here stay pending in allOf: compile_resolved
+    // applies the one at the top first, and the pending ones when its branches are flattened.
+    Json pending = Json::array();
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::string p = path + "/allOf/" + std::to_string(i);
+      Json e = flatten(norm(list[i], p), p, depth + 1);
+      if (e.is_object()) {
+        Json comb = Json::object();
+        for (const char* k : {"anyOf", "oneOf", "not", "allOf"})
+          if (e.contains(k) && (s.contains(k) || std::string(k) == "allOf")) comb[k] = e[k];
+        if (e.contains("if") && s.contains("if"))
+          for (const char* k : {"if", "then", "else"})
+            if (e.contains(k)) comb[k] = e[k];
+        for (auto& [k, v] : comb.items()) e.erase(k);
+        if (comb.contains("allOf")) {
+          for (const Json& x : comb["allOf"]) pending.push_back(x);
+          comb.erase("allOf");
+        }
+        if (!comb.empty()) pending.push_back(comb);
+      }
+      s = merge(s, e, path);
+    }
+    if (s.is_object() && s.contains("allOf"))
+      for (const Json& x : s["allOf"]) pending.push_back(x);
+    s.erase("allOf");
+    // Pending entries wait only beside a combinator at the top; otherwise they move up.
+    while (!pending.empty() && !has_any(s, {"anyOf", "oneOf", "not", "if"})) {
+      Json first = pending[0];
+      pending.erase(pending.begin());
+      s = merge(s, first, path);
+      if (s.contains("allOf")) {
+        for (const Json& x : s["allOf"]) pending.push_back(x);
+        s.erase("allOf");
+      }
+    }
+    if (!pending.empty()) s["allOf"] = pending;
+  }
+  return s;
+}
+
+Expr SchemaCompiler::compile(const Json& raw, const std::string& path) {
+  if (raw.is_boolean()) {
+    if (!raw.get<bool>()) refuse("false", path, "no instance is valid");
+    return Expr::ref(common("value"));
+  }
+  if (!raw.is_object()) fail("json schema: schema at ", path, " must be an object or a boolean");
+  Json s = norm(raw, path);
+  // A bare $ref compiles to one rule per target (recursion and sharing); with siblings it is
+  // merged into them.
+  if (s.contains("$ref") && s.size() == 1 && s["$ref"].is_string())
+    return compile_ref(s["$ref"].get<std::string>(), path);
+  return compile_resolved(std::move(s), path, 0);
+}
+
+Expr SchemaCompiler::compile_ref(const std::string& ref, const std::string& path) {
+  if (auto it = refs_.find(ref); it != refs_.end()) return Expr::ref(it->second);
+  const Json& target = doc_.resolve(ref, path);
+  uint32_t r = new_rule("ref");
+  refs_[ref] = r;  // before compiling the target, so that recursion refers to this rule
+  b_.define(r, compile(target, ref));
+  return Expr::ref(r);
+}
+
+Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth) {
+  if (depth > kMaxDepth) refuse("$ref", path, "nested too deeply");
+  for (const char* k : {"$dynamicRef", "$recursiveRef"})
+    if (s.contains(k)) unsupported(k, path, "dynamic references are not supported"), s.erase(k);
+  s = flatten(std::move(s), path);
+  if (s.is_boolean()) return compile(s, path);
+  if (s.contains("anyOf")) return compile_combinator(s, "anyOf", path, depth);
+  if (s.contains("oneOf")) return compile_combinator(s, "oneOf", path, depth);
+  if (s.contains("not")) return compile_not(std::move(s), path, depth);
+  if (s.contains("if")) return compile_conditional(s, path, depth);
+  if (s.contains("enum") || s.contains("const")) return compile_enum(s, path);
+  std::vector<std::string> types;
+  bool typed = s.contains("type");
+  if (typed) {
+    types = types_of(s);
+    if (types.empty()) refuse("type", path, "no type is allowed (an empty list or an allOf without common type)");
+  } else {  // the types whose keywords are present (other types stay unconstrained below)
+    if (has_any(s, {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                    "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties"}))
+      types.push_back("object");
+    if (has_any(s, {"items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems", "unevaluatedItems"}))
+      types.push_back("array");
+    if (has_any(s, {"pattern", "minLength", "maxLength", "format"})) types.push_back("string");
+    if (has_any(s, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) types.push_back("number");
+    if (types.empty()) return Expr::ref(common("value"));
+  }
+  bool has_number = std::count(types.begin(), types.end(), "number") > 0;
+  std::vector<Expr> alts;
+  for (const auto& t : types) {
+    if (t == "null" || t == "boolean") alts.push_back(Expr::ref(common(t)));
+    else if (t == "integer" && !has_number) alts.push_back(compile_number(s, true, path));
+    else if (t == "number") alts.push_back(compile_number(s, false, path));
+    else if (t == "string") alts.push_back(compile_string(s, path));
+    else if (t == "object") alts.push_back(compile_object(s, path));
+    else if (t == "array") alts.push_back(compile_array(s, path));
+    else if (t != "integer") refuse("type", path, "unknown type '" + t + "'");
+  }
+  // Without "type", keywords of one type leave the other types unconstrained.
+  if (!typed)
+    for (const char* t : {"object", "array", "string", "number", "boolean", "null"})
+      if (!std::count(types.begin(), types.end(), t)) alts.push_back(Expr::ref(common(t)));
+  return Expr::alt(std::move(alts));
+}
+
+// anyOf: every branch merged with the sibling keywords. oneOf: the same, keeping only the
+// branches whose outputs provably fail every other branch (so exactly one holds).
+Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, const std::string& path, int depth) {
+  const Json& list = s[key];
+  if (!list.is_array() || list.empty()) refuse(key, path, "must be a non-empty array");
+  Json rest = without(s, {key.c_str()});
+  std::vector<Json> branches;
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string p = path + "/" + key + "/" + std::to_string(i);
+    if (list[i].is_boolean() && !list[i].get<bool>()) continue;
+    branches.push_back(rest.empty() ? list[i] : merge(rest, flatten(norm(list[i], p), p), p));
+    paths.push_back(p);
+  }
+  std::vector<Expr> alts;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    Json gen = flatten(norm(branches[i], paths[i]), paths[i]);
+    if (unsatisfiable(gen)) continue;
+    if (key == "oneOf") {
+      auto exclusive = [&](const Json& g) {
+        for (size_t j = 0; j < branches.size(); ++j)
+          if (j != i && !never_both(g, flatten(norm(branches[j], paths[j]), paths[j]))) return false;
+        return true;
+      };
+      if (!exclusive(gen)) {  // leave out a name each other branch requires and this one does not
+        Json narrowed = gen;
+        for (size_t j = 0; j < branches.size(); ++j) {
+          if (j == i) continue;
+          Json other = flatten(norm(branches[j], paths[j]), paths[j]);
+          if (!other.is_object() || !other.contains("required")) continue;
+          const Json mine = narrowed.value("required", Json::array());
+          for (const Json& k : other["required"])
+            if (k.is_string() && std::find(mine.begin(), mine.end(), k) == mine.end()) {
+              narrowed["properties"][k.get<std::string>()] = false;
+              break;
+            }
+        }
+        if (exclusive(narrowed) && !unsatisfiable(narrowed)) {
+          alts.push_back(compile_resolved(narrowed, paths[i], depth + 1));
+          continue;
+        }
+      }
+      if (!exclusive(gen)) {  // keep the types of the branch that no other branch accepts
+        Json kept = Json::array();
+        for (const auto& t : types_of(gen)) {
+          Json g = gen;
+          g["type"] = t;
+          if (exclusive(g)) kept.push_back(t);
+        }
+        if (kept.empty() || kept.size() == types_of(gen).size()) continue;
+        gen["type"] = kept;
+        alts.push_back(compile_resolved(gen, paths[i], depth + 1));
+        continue;
+      }
+    }
+    alts.push_back(rest.empty() ? compile(branches[i], paths[i]) : compile_resolved(branches[i], paths[i], depth + 1));
+  }
+  if (alts.empty()) {
+    if (key == "anyOf") refuse("anyOf", path, "no branch is satisfiable");
+    unsupported(key, path, "the branches are not provably exclusive");
+    for (size_t i = 0; i < branches.size(); ++i) alts.push_back(compile(branches[i], paths[i]));
+  }
+  return as_rule(key == "anyOf" ? "any" : "one", Expr::alt(std::move(alts)));
+}
+
+// if/then/else: outputs that satisfy `if` and `then`, and where provable, outputs of `else`
+// that cannot satisfy `if` (if necessary with a property that `if` requires left out).
+Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path, int depth) {
+  Json rest = without(s, {"if", "then", "else"});
+  Json cond = flatten(norm(s["if"], path + "/if"), path + "/if");
+  std::vector<Expr> alts;
+  Json then_branch = merge(merge(rest, cond, path), s.contains("then") ? flatten(norm(s["then"], path), path) : Json(true), path);
+  if (!unsatisfiable(flatten(then_branch, path))) alts.push_back(compile_resolved(then_branch, path + "/then", depth + 1));
+  Json else_branch = merge(rest, s.contains("else") ? flatten(norm(s["else"], path), path) : Json(true), path);
+  if (!never_both(else_branch, cond) && cond.is_object() && cond.contains("required")) {
+    for (const Json& k : cond["required"]) {  // leave out a property `if` requires
+      const Json& req = else_branch.value("required", Json::array());
+      if (std::find(req.begin(), req.end(), k) != req.end()) continue;
+      else_branch["properties"][k.get<std::string>()] = false;
+      break;
+    }
+  }
+  if (never_both(else_branch, cond) && !unsatisfiable(flatten(else_branch, path))) alts.push_back(compile_resolved(else_branch, path + "/else", depth + 1));
+  if (alts.empty()) refuse("if", path, "neither branch is provably satisfiable");
+  return as_rule("if", Expr::alt(std::move(alts)));
+}
+
+// not: outputs of the rest that provably fail the negated schema, after the rewrites that make
+// them so (required names left out, types removed, enum values removed).
+Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
+  std::string p = path + "/not";
+  Json neg = flatten(norm(s["not"], p), p);
+  s.erase("not");
+  auto requires_of = [](const Json& n) {
+    std::vector<std::vector<std::string>> out;
+    if (n.is_object() && n.size() == 1 && n.contains("required")) out.push_back(n["required"].get<std::vector<std::string>>());
+    if (n.is_object() && n.size() == 1 && n.contains("anyOf"))
+      for (const Json& b : n["anyOf"])
+        if (b.is_object() && b.size() == 1 && b.contains("required")) out.push_back(b["required"].get<std::vector<std::string>>());
+    return out;
+  };
+  for (const auto& names : requires_of(neg)) {
+    const Json& req = s.value("required", Json::array());
+    for (const auto& k : names)
+      if (std::find(req.begin(), req.end(), k) == req.end()) {
+        s["properties"][k] = false;
+        break;
+      }
+  }
+  if (neg.is_object() && neg.size() == 1 && neg.contains("type")) {
+    std::vector<std::string> keep;
+    auto banned = types_of(neg);
+    for (const auto& t : types_of(s))
+      if (!std::count(banned.begin(), banned.end(), t) && !(t == "integer" && std::count(banned.begin(), banned.end(), "number")))
+        keep.push_back(t);
+    s["type"] = keep;
+  }
+  if (neg.is_object() && (neg.contains("enum") || neg.contains("const")) && s.contains("enum")) {
+    Json vals = neg.contains("const") ? Json::array({neg["const"]}) : neg["enum"], kept = Json::array();
+    for (const Json& v : s["enum"])
+      if (std::find(vals.begin(), vals.end(), v) == vals.end()) kept.push_back(v);
+    s["enum"] = kept;
+  }
+  if (!never_both(s, neg)) unsupported("not", path, "the negated schema is not provably excluded");
+  return compile_resolved(std::move(s), path, depth + 1);
+}
+
+Expr SchemaCompiler::compile_enum(const Json& s, const std::string& path) {
+  Json values = s.contains("const") ? Json::array({s["const"]}) : s["enum"];
+  if (!values.is_array()) refuse("enum", path, "must be an array");
+  if (s.contains("const") && s.contains("enum") &&
+      std::find(s["enum"].begin(), s["enum"].end(), s["const"]) == s["enum"].end())
+    refuse("const", path, "not among the enum values (no instance is valid)");
+  Json rest = without(s, {"enum", "const"});
+  std::vector<Expr> alts;
+  for (const Json& v : values)
+    if (value_satisfies(v, rest)) alts.push_back(Expr::literal(v.dump()));
+  if (alts.empty()) refuse(s.contains("const") ? "const" : "enum", path, "no value satisfies the other keywords");
+  return Expr::alt(std::move(alts));
+}
+
+}  // namespace schema
+
+std::shared_ptr<const Grammar> grammar_from_json_schema_json(const nlohmann::ordered_json& schema,
+                                                             const SchemaOptions& opts, SchemaReport* report) {
+  SchemaReport local;
+  SchemaReport* r = report ? report : &local;
+  std::shared_ptr<const Grammar> g;
+  try {
+    g = schema::SchemaCompiler(schema, opts, r).run();
+  } catch (const nlohmann::json::exception& e) {  // a keyword with a value of the wrong kind
+    fail("json schema: malformed schema: ", e.what());
+  }
+  // The debug log of what was ignored (annotations, unknown keywords).
+  if (std::getenv("FATHOM_DEBUG_SCHEMA"))
+    for (const auto& k : r->ignored) std::cerr << "json schema: ignored " << k << "\n";
+  return g;
+}
+
+std::shared_ptr<const Grammar> grammar_from_json_schema(std::string_view schema_text, const SchemaOptions& opts,
+                                                        SchemaReport* report) {
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(schema_text);
   } catch (const nlohmann::json::exception& e) {
     fail("json schema: invalid JSON: ", e.what());
   }
-  return grammar_from_json_schema_json(j);
+  return grammar_from_json_schema_json(j, opts, report);
 }
 
 std::shared_ptr<const Grammar> json_object_grammar() {
-  static const Json kEmpty = Json::object();
-  return SchemaCompiler(kEmpty).any_object();
+  static const nlohmann::ordered_json kEmpty = nlohmann::ordered_json::object();
+  return schema::SchemaCompiler(kEmpty, {}, nullptr).any_object();
 }
 
 }  // namespace fathom::grammar

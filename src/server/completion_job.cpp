@@ -218,12 +218,12 @@ void CompletionJob::stream_tools(Choice& c, const std::string& d_content, bool f
   delta["tool_calls"] = calls;
 }
 
-bool CompletionJob::forced_calls(const std::string& text, std::vector<ToolCall>& calls) {
+bool CompletionJob::forced_calls(const std::string& text, std::vector<ToolCall>& calls, bool length_cut, bool* cut) {
   if (tool_choice_ == ParsedRequest::ToolChoice::Named) {  // the grammar's arguments object, as written
     calls.push_back({tool_ids_(), tool_choice_name_, text});
     return true;
   }
-  const auto split = split_forced_calls(text);
+  const auto split = split_forced_calls(text, length_cut, cut);
   if (!split) return false;
   for (const ForcedCall& f : *split) calls.push_back({tool_ids_(), f.name, f.arguments});
   return true;
@@ -249,12 +249,13 @@ void CompletionJob::stream_forced(Choice& c, const std::string& d_content, bool 
   } else {
     if (!finished) return;
     std::vector<ToolCall> parsed;
-    if (!forced_calls(c.content, parsed)) {
+    bool cut = false;
+    if (!forced_calls(c.content, parsed, c.finish_reason == "length", &cut)) {
       if (!c.content.empty()) delta["content"] = c.content;
       return;
     }
     calls = tool_calls_json(parsed, /*indexed=*/true);
-    c.forced_id = parsed.front().id;
+    c.forced_id = cut ? "" : parsed.front().id;  // cut: finish_reason stays "length"
   }
   delta["tool_calls"] = calls;
 }
@@ -286,11 +287,13 @@ json CompletionJob::response() {
       json msg = {{"role", "assistant"}};
       std::string finish = c.finish_reason;
       std::vector<ToolCall> forced;
-      if (forced_tool_choice() && forced_calls(c.content, forced)) {
+      bool cut = false;
+      if (forced_tool_choice() && forced_calls(c.content, forced, c.finish_reason == "length", &cut)) {
         msg["content"] = nullptr;
         msg["tool_calls"] = tool_calls_json(forced, /*indexed=*/false);
-        // OpenAI ends a forced named call with "stop"; "required" as a model's own calls.
-        if (tool_choice_ == ParsedRequest::ToolChoice::Required) finish = finish_reason_of(c, int(forced.size()));
+        // OpenAI ends a forced named call with "stop"; "required" as a model's own calls; a
+        // list cut by max_tokens keeps "length" (its complete calls only).
+        if (tool_choice_ == ParsedRequest::ToolChoice::Required && !cut) finish = finish_reason_of(c, int(forced.size()));
       } else if (tool_format_) {
         // The whole output at once: a broken block stays content (a stream cannot take back a
         // call it has begun; a whole parse can).

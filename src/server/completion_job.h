@@ -76,7 +76,9 @@ class CompletionJob {
     return tool_choice_ == ParsedRequest::ToolChoice::Required || tool_choice_ == ParsedRequest::ToolChoice::Named;
   }
   // tool_choice required / named: the output (JSON, by grammar) as calls; false if it is not.
-  bool forced_calls(const std::string& text, std::vector<ToolCall>& calls);
+  // length_cut: the output was cut by max_tokens; a cut "required" list gives its complete calls
+  // and sets *cut.
+  bool forced_calls(const std::string& text, std::vector<ToolCall>& calls, bool length_cut = false, bool* cut = nullptr);
   void stream_forced(Choice& c, const std::string& d_content, bool finished, nlohmann::ordered_json& delta);
 
   const tok::Tokenizer* tok_;

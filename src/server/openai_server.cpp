@@ -75,6 +75,7 @@ struct Flight {
   ~Flight() {
     if (in_flight) in_flight->fetch_sub(1);
   }
+  HttpHeaders headers;  // with the response (the structured-output warning)
 };
 
 class OpenAIServer {
@@ -154,6 +155,13 @@ void OpenAIServer::launch(const std::shared_ptr<Flight>& f, const std::function<
   const std::shared_ptr<HttpExchange>& ex = f->ex;
   try {
     const ParsedRequest pr = parse();
+    if (!pr.grammar_warnings.empty()) {
+      std::string w;
+      for (const auto& x : pr.grammar_warnings) w += (w.empty() ? "" : "; ") + x;
+      for (char& c : w)
+        if (c < 0x20 || c > 0x7e) c = '?';  // a header value is printable ASCII
+      f->headers.push_back({"X-Fathom-Structured-Output-Warning", w.substr(0, 1000)});
+    }
     f->group = engine_->new_group_id();
     // Events are handled on the connection's strand; the flight is kept by the engine's channel
     // only weakly (the exchange's callbacks hold it until the response is complete).
@@ -259,7 +267,9 @@ void OpenAIServer::drain(Flight& f) {
     if (!f.started) {
       f.started = true;
       if (job.stream()) {
-        f.ex->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        HttpHeaders h = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+        h.insert(h.end(), f.headers.begin(), f.headers.end());
+        f.ex->begin_stream(200, "text/event-stream", std::move(h));
         std::string s = f.events ? f.events->start() : std::string();  // message_start first
         s += sse(job.sse_start());
         if (!s.empty()) f.ex->write(std::move(s));
@@ -283,7 +293,7 @@ void OpenAIServer::drain(Flight& f) {
       f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}, f.anthropic));
     } else {
       const json body = f.anthropic ? anthropic_message(job.response(), f.message_id) : job.response();
-      f.ex->respond(HttpResponse{200, "application/json", dump(body), {}});
+      f.ex->respond(HttpResponse{200, "application/json", dump(body), f.headers});
     }
   } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
     std::fprintf(stderr, "fathom serve: response failed: %s\n", e.what());
@@ -470,6 +480,7 @@ void OpenAIServer::load() {
   ctx_.vocab_size = vocab_size;
   ctx_.max_model_len = max_model_len;
   ctx_.allow_fault_injection = opts_.api.enable_fault_injection;
+  ctx_.schema_best_effort = opts_.api.structured_output_best_effort;
   describe(max_model_len, kv_tokens);
 }
 

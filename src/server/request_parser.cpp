@@ -408,7 +408,8 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
   if (so) {
     if (!ctx.grammars) bad(so->field, "structured output needs the model's tokenizer (server runs with --skip-tokenizer-init)", "");
     try {
-      out.common.params.grammar = ctx.grammars->compile(so->spec);
+      so->spec.best_effort = ctx.schema_best_effort;
+      out.common.params.grammar = ctx.grammars->compile(so->spec, &out.grammar_warnings);
     } catch (const std::exception& e) {
       bad(so->field, std::string("structured output: ") + e.what());
     }

@@ -42,6 +42,7 @@ struct RequestContext {
   bool allow_fault_injection = false;           // the test-only "fathom_fault" field
   bool auto_tool_choice = false;                // --enable-auto-tool-choice (with a --tool-call-parser)
   grammar::GrammarCompiler* grammars = nullptr; // structured output (null: no tokenizer)
+  bool schema_best_effort = false;              // --structured-output-best-effort
 };
 
 struct ParsedRequest {
@@ -62,6 +63,7 @@ struct ParsedRequest {
   } reasoning;
   bool echo = false;                        // completions: the prompt's text leads each choice
   std::vector<std::string> echo_texts;      // per prompt, when echo
+  std::vector<std::string> grammar_warnings;  // JSON Schema keywords best effort left unenforced
 };
 
 ParsedRequest parse_request(std::string_view body, bool chat, const RequestContext& ctx);

@@ -24,6 +24,9 @@ struct ApiOptions {
   bool enable_auto_tool_choice = false;  // tool_choice "auto": the model's tool calls become tool_calls
   std::string chat_template;      // a template file (.jinja or tokenizer_config.json) instead of the model's
   bool skip_tokenizer_init = false;
+  // JSON Schema keywords a grammar cannot enforce are left unenforced (an
+  // X-Fathom-Structured-Output-Warning header names them) instead of a 400.
+  bool structured_output_best_effort = false;
   bool enable_fault_injection = false;  // tests: the "fathom_fault" request field
 };
 

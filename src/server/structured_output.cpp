@@ -154,26 +154,32 @@ size_t skip_space(std::string_view s, size_t i) {
 
 }  // namespace
 
-std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view s) {
+std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view s, bool allow_cut, bool* cut) {
   std::vector<ForcedCall> calls;
+  // The complete calls of a list cut short, or not a list of calls at all.
+  auto broken = [&]() -> std::optional<std::vector<ForcedCall>> {
+    if (!allow_cut || calls.empty()) return std::nullopt;
+    if (cut) *cut = true;
+    return calls;
+  };
   size_t i = skip_space(s, 0);
   if (i >= s.size() || s[i] != '[') return std::nullopt;
   for (i = skip_space(s, i + 1); i < s.size() && s[i] != ']';) {
-    if (s[i] != '{') return std::nullopt;
+    if (s[i] != '{') return broken();
     ForcedCall call;
     for (i = skip_space(s, i + 1); i < s.size() && s[i] != '}';) {
       const size_t key_end = skip_value(s, i);
-      if (s[i] != '"' || key_end == std::string_view::npos) return std::nullopt;
+      if (s[i] != '"' || key_end == std::string_view::npos) return broken();
       const json key = json::parse(s.substr(i, key_end - i), nullptr, false);
       i = skip_space(s, key_end);
-      if (i >= s.size() || s[i] != ':') return std::nullopt;
+      if (i >= s.size() || s[i] != ':') return broken();
       i = skip_space(s, i + 1);
       const size_t value_end = skip_value(s, i);
-      if (value_end == std::string_view::npos) return std::nullopt;
+      if (value_end == std::string_view::npos) return broken();
       const std::string_view value = s.substr(i, value_end - i);
       if (key == "name") {
         const json name = json::parse(value, nullptr, false);
-        if (!name.is_string()) return std::nullopt;
+        if (!name.is_string()) return broken();
         call.name = name.get<std::string>();
       } else if (key == "parameters") {
         call.arguments = std::string(value);
@@ -181,13 +187,14 @@ std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view s) {
       i = skip_space(s, value_end);
       if (i < s.size() && s[i] == ',') i = skip_space(s, i + 1);
     }
-    if (i >= s.size() || call.name.empty()) return std::nullopt;
+    if (i >= s.size() || call.name.empty()) return broken();
     if (call.arguments.empty()) call.arguments = "{}";
     calls.push_back(std::move(call));
     i = skip_space(s, i + 1);
     if (i < s.size() && s[i] == ',') i = skip_space(s, i + 1);
   }
-  if (i >= s.size() || calls.empty()) return std::nullopt;
+  if (i >= s.size()) return broken();
+  if (calls.empty()) return std::nullopt;
   return calls;
 }
 

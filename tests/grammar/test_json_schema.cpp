@@ -79,20 +79,97 @@ TEST(GrammarJsonSchema, StringLengthsAndArrays) {
   EXPECT_FALSE(full_match(g, R"(["ab","ab","ab","ab"])"));
 }
 
-TEST(GrammarJsonSchema, UnsupportedKeywordsAreNamed) {
-  EXPECT_NE(schema_error(R"({"type":"string","format":"date-time"})").find("unsupported keyword 'format' at #"), std::string::npos);
-  EXPECT_NE(schema_error(R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}})")
-                .find("unsupported keyword 'minimum' at #/properties/n"),
+TEST(GrammarJsonSchema, UnenforceableKeywordsAreNamed) {
+  EXPECT_NE(schema_error(R"({"type":"array","contains":{},"maxContains":1})").find("unsupported keyword 'maxContains' at #"),
             std::string::npos);
-  EXPECT_NE(schema_error(R"({"allOf":[{"type":"string"}]})").find("'allOf'"), std::string::npos);
-  EXPECT_NE(schema_error(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
-  EXPECT_NE(schema_error(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
-  EXPECT_NE(schema_error(R"({"type":"strin"})").find("unsupported type 'strin'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}})")
+                .find("unsupported keyword 'multipleOf' at #/properties/n"),
+            std::string::npos);
+  EXPECT_NE(schema_error(R"({"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]})").find("'oneOf'"),
+            std::string::npos);  // overlapping branches: "exactly one" is not expressible
+  EXPECT_NE(schema_error(R"({"type":"string","not":{"pattern":"a"}})").find("'not'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"strin"})").find("unknown type 'strin'"), std::string::npos);
   EXPECT_NE(schema_error(R"({"$ref":"#/$defs/missing"})").find("points nowhere"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"$ref":"https://example.com/other.json"})").find("outside the document"), std::string::npos);
   EXPECT_NE(schema_error(R"j({"type":"string","pattern":"(?=x)"})j").find("'pattern' at #"), std::string::npos);
   EXPECT_NE(schema_error("{bad json").find("invalid JSON"), std::string::npos);
-  // Annotations are fine.
-  EXPECT_EQ(schema_error(R"({"title":"t","description":"d","$schema":"x","type":"integer","default":1})"), "");
+  // Annotations and unknown keywords are fine, and listed.
+  SchemaReport report;
+  grammar_from_json_schema(R"({"title":"t","description":"d","$schema":"x","type":"integer","default":1,"x-k":2,
+                               "readonly":true,"example":3,"id":"a","version":"1"})", {}, &report);
+  EXPECT_EQ(report.ignored.size(), 9u);
+  // Best effort: the refusal becomes a warning.
+  SchemaReport best;
+  grammar_from_json_schema(R"({"type":"array","contains":{},"maxContains":1})", {true}, &best);
+  ASSERT_EQ(best.warnings.size(), 1u);
+  EXPECT_NE(best.warnings[0].find("maxContains"), std::string::npos);
+}
+
+TEST(GrammarJsonSchema, NumericBounds) {
+  auto g = grammar_from_json_schema(R"({"type":"integer","minimum":-12,"exclusiveMaximum":305})");
+  for (int v = -20; v < 320; ++v) EXPECT_EQ(full_match(g, std::to_string(v)), v >= -12 && v < 305) << v;
+  auto n = grammar_from_json_schema(R"({"type":"number","minimum":0.5,"maximum":3})");
+  EXPECT_TRUE(full_match(n, "1") && full_match(n, "2.75") && full_match(n, "3") && full_match(n, "1.5"));
+  EXPECT_FALSE(full_match(n, "0") || full_match(n, "3.5") || full_match(n, "-1") || full_match(n, "1e2"));
+  auto m = grammar_from_json_schema(R"({"type":"integer","multipleOf":7})");
+  for (int v = -50; v < 100; ++v) EXPECT_EQ(full_match(m, std::to_string(v)), v % 7 == 0) << v;
+  auto d4 = grammar_from_json_schema(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})");  // draft-04
+  EXPECT_FALSE(full_match(d4, "5"));
+  EXPECT_TRUE(full_match(d4, "6"));
+}
+
+TEST(GrammarJsonSchema, FormatsAndPatterns) {
+  auto date = grammar_from_json_schema(R"({"type":"string","format":"date-time"})");
+  EXPECT_TRUE(full_match(date, R"("2024-02-28T13:05:00Z")"));
+  EXPECT_FALSE(full_match(date, R"("2024-02-30T13:05:00Z")"));
+  auto ip = grammar_from_json_schema(R"({"format":"ipv4"})");
+  EXPECT_TRUE(full_match(ip, R"("192.168.0.255")"));
+  EXPECT_FALSE(full_match(ip, R"("256.1.1.1")"));
+  auto search = grammar_from_json_schema(R"({"type":"string","pattern":"ab+"})");  // a search, not a whole match
+  EXPECT_TRUE(full_match(search, R"("xxabbby")"));
+  EXPECT_FALSE(full_match(search, R"("xxa")"));
+  auto anchored = grammar_from_json_schema(R"({"type":"string","pattern":"^ab+$"})");
+  EXPECT_FALSE(full_match(anchored, R"("xab")"));
+}
+
+TEST(GrammarJsonSchema, ObjectKeywords) {
+  auto g = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"}},
+      "patternProperties":{"^x-":{"type":"string"}},"additionalProperties":false,"maxProperties":2})");
+  EXPECT_TRUE(full_match(g, R"({"a":1,"x-y":"s"})"));
+  EXPECT_FALSE(full_match(g, R"({"a":1,"x-y":2})"));
+  EXPECT_FALSE(full_match(g, R"({"a":1,"b":"s"})"));
+  EXPECT_FALSE(full_match(g, R"({"a":1,"x-y":"s","x-z":"t"})"));
+  auto extra = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"}},
+      "additionalProperties":{"type":"boolean"},"minProperties":2,"dependentRequired":{"b":["a"]}})");
+  EXPECT_TRUE(full_match(extra, R"({"a":1,"b":true})"));
+  EXPECT_FALSE(full_match(extra, R"({"a":1,"a":true})"));  // an extra key never repeats a declared one
+  EXPECT_FALSE(full_match(extra, R"({"a":1})"));           // minProperties
+  auto all = grammar_from_json_schema(R"({"allOf":[{"$ref":"#/$defs/base"},{"required":["k"]}],
+      "$defs":{"base":{"type":"object","properties":{"k":{"enum":["x","y"]},"n":{"type":"integer","minimum":0}}}}})");
+  EXPECT_TRUE(full_match(all, R"({"k":"x","n":3})"));
+  EXPECT_FALSE(full_match(all, R"({"n":3})"));
+  EXPECT_FALSE(full_match(all, R"({"k":"x","n":-3})"));
+  auto cond = grammar_from_json_schema(R"({"type":"object","properties":{"t":{"enum":["a","b"]},"v":{}},"required":["t"],
+      "if":{"properties":{"t":{"const":"a"}}},"then":{"properties":{"v":{"type":"integer"}},"required":["v"]}})");
+  EXPECT_TRUE(full_match(cond, R"({"t":"a","v":1})"));
+  EXPECT_FALSE(full_match(cond, R"({"t":"a","v":"s"})"));
+  EXPECT_FALSE(full_match(cond, R"({"t":"a"})"));
+}
+
+TEST(GrammarJsonSchema, ArraysAndOneOf) {
+  auto g = grammar_from_json_schema(R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],
+      "items":{"type":"boolean"},"maxItems":3})");
+  EXPECT_TRUE(full_match(g, R"(["a",1,true])"));
+  EXPECT_TRUE(full_match(g, R"(["a"])"));
+  EXPECT_FALSE(full_match(g, R"(["a",1,2])"));
+  auto c = grammar_from_json_schema(R"({"type":"array","items":{"type":"integer"},"contains":{"minimum":10}})");
+  EXPECT_TRUE(full_match(c, R"([12,1])"));
+  EXPECT_FALSE(full_match(c, R"([])"));
+  auto one = grammar_from_json_schema(R"({"oneOf":[{"type":["string","null"]},{"type":["number","null"]}]})");
+  EXPECT_TRUE(full_match(one, R"("s")") && full_match(one, "1.5"));
+  EXPECT_FALSE(full_match(one, "null"));  // valid under both branches, so not under oneOf
+  auto uniq = grammar_from_json_schema(R"({"type":"array","uniqueItems":true})");
+  EXPECT_FALSE(full_match(uniq, "[1,1]"));
 }
 
 }  // namespace

@@ -61,6 +61,21 @@ def raise_fd_limit():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def wait_until_up(proc, url, what, timeout_s=60, interval_s=0.1):
+    """Polls `url` until it answers 200; fails if `proc` exits first or the time runs out."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(interval_s)
+    raise RuntimeError(f"{what} did not come up at {url}")
+
+
 class Server:
     def __init__(self, fathom, model, *extra):
         self.port = free_port()
@@ -68,17 +83,7 @@ class Server:
         self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
         self.proc = subprocess.Popen([fathom, "serve", model, "--device", "cpu", "--host", "127.0.0.1",
                                       "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become healthy")
+        wait_until_up(self.proc, self.url + "/health", "server")
 
     def client(self, key="none"):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)

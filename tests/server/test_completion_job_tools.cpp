@@ -122,5 +122,33 @@ TEST(CompletionJobTools, StreamedChunksAssembleToTheWholeResponse) {
   }
 }
 
+// tool_choice "required" cut by max_tokens: the complete calls come back as tool_calls, the cut
+// one is dropped, and finish_reason stays "length" (whole response and stream alike).
+TEST(CompletionJobTools, RequiredCallsCutByLengthKeepTheCompleteOnes) {
+  const std::string cut = R"([{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters": {"ci)";
+  for (bool stream : {false, true}) {
+    ParsedRequest req = chat_request(stream);
+    req.tool_choice = ParsedRequest::ToolChoice::Required;
+    CompletionJob job(req, "chatcmpl-1", "m", false, nullptr, std::nullopt, seeded_tool_call_ids(7));
+    std::vector<std::string> chunks = feed(job, cut, 16, "length");
+    ASSERT_TRUE(job.done());
+    json calls, finish;
+    if (!stream) {
+      const json ch = job.response()["choices"][0];
+      calls = ch["message"]["tool_calls"];
+      finish = ch["finish_reason"];
+      EXPECT_TRUE(ch["message"]["content"].is_null());
+    } else {
+      const json last = data_of(chunks.back())["choices"][0];
+      calls = last["delta"]["tool_calls"];
+      finish = last["finish_reason"];
+    }
+    ASSERT_EQ(calls.size(), 1u) << stream;
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(finish, "length");
+  }
+}
+
 }  // namespace
 }  // namespace fathom::server

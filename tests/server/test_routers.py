@@ -21,7 +21,7 @@ import time
 
 import requests
 
-from server_util import Server, check, free_port, sse_events, summary
+from server_util import Server, check, free_port, sse_events, summary, wait_until_up
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
@@ -59,17 +59,7 @@ class Router:
             raise RuntimeError(f"{cmd[0]} is not installed (scripts/requirements-test.txt)")
         self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{kind} router exited with {self.proc.returncode}")
-            try:
-                if requests.get(self.url + "/v1/models", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{kind} router did not start")
+        wait_until_up(self.proc, self.url + "/v1/models", f"{kind} router", interval_s=0.2)
 
     def post(self, path, body, timeout=60):
         r = requests.post(self.url + path, json=body, timeout=timeout)

@@ -61,6 +61,24 @@ TEST(StructuredOutput, RequiredCallsAreReadAsWritten) {
   EXPECT_FALSE(split_forced_calls(R"({"name": "add"})"));
 }
 
+TEST(StructuredOutput, RequiredCallsCutByMaxTokensKeepTheCompleteOnes) {
+  const std::string text = R"([{"name": "add", "parameters": {"a": 1}}, {"name": "f", "parameters": {"x": [1, 2)";
+  bool cut = false;
+  const auto calls = split_forced_calls(text, /*allow_cut=*/true, &cut);
+  ASSERT_TRUE(calls);
+  EXPECT_TRUE(cut);
+  ASSERT_EQ(calls->size(), 1u);  // the cut call is dropped
+  EXPECT_EQ((*calls)[0].name, "add");
+  EXPECT_EQ((*calls)[0].arguments, R"({"a": 1})");
+  EXPECT_FALSE(split_forced_calls(text));  // without allow_cut: not a list of calls
+  cut = false;
+  EXPECT_FALSE(split_forced_calls(R"([{"name": "add", "parameters": {"a)", true, &cut));  // none complete
+  EXPECT_FALSE(cut);
+  const auto whole = split_forced_calls(R"([{"name": "add", "parameters": {}}])", true, &cut);
+  ASSERT_TRUE(whole);
+  EXPECT_FALSE(cut);
+}
+
 TEST(StructuredOutput, ForcedToolCallSchemas) {
   const json tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
                                      {"type": "function", "function": {"name": "g"}}])");

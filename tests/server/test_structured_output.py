@@ -163,8 +163,8 @@ def main():
 
         @check("unsupported keywords and conflicting constraints are 400s naming them")
         def _():
-            s, r = complete({"guided_json": {"type": "integer", "minimum": 3}})
-            assert s == 400 and "minimum" in r["error"]["message"] and r["error"]["param"] == "guided_json", r
+            s, r = complete({"guided_json": {"type": "array", "contains": {}, "maxContains": 1}})
+            assert s == 400 and "maxContains" in r["error"]["message"] and r["error"]["param"] == "guided_json", r
             s, r = complete({"guided_json": {"type": "integer"}, "guided_regex": "a"})
             assert s == 400 and "only one" in r["error"]["message"], r
             s, r = complete({"response_format": {"type": "yaml"}})
@@ -182,6 +182,23 @@ def main():
             s, r = complete({"guided_json": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}})
             assert s == 400, r
             assert requests.get(srv.url + "/health", timeout=10).status_code == 200
+        _()
+
+        @check("--structured-output-best-effort: an unenforceable keyword is a warning header, not a 400")
+        def _():
+            best = Server(args.fathom, model, "--structured-output-best-effort")
+            try:
+                schema = {"type": "array", "items": {"type": "integer"}, "contains": {}, "maxContains": 1}
+                r = requests.post(best.url + "/v1/completions", timeout=120, json={
+                    "model": name, "prompt": "Answer:", "guided_json": schema, "max_tokens": 400, "seed": 1})
+                assert r.status_code == 200, r.text
+                assert "maxContains" in r.headers.get("X-Fathom-Structured-Output-Warning", ""), r.headers
+                assert isinstance(json.loads(r.json()["choices"][0]["text"]), list), r.json()
+                ok = requests.post(best.url + "/v1/completions", timeout=120, json={
+                    "model": name, "prompt": "Answer:", "guided_json": {"type": "integer"}, "max_tokens": 20})
+                assert ok.status_code == 200 and "X-Fathom-Structured-Output-Warning" not in ok.headers, ok.headers
+            finally:
+                best.stop()
         _()
     finally:
         srv.stop()

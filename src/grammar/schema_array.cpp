@@ -1,0 +1,83 @@
+// Arrays: prefixItems then items, minItems/maxItems, contains (the first minContains items
+// match it) and uniqueItems (at most one item unless the items are distinct constants).
+#include "core/error.h"
+#include "grammar/schema_compiler.h"
+
+namespace fathom::grammar::schema {
+
+namespace {
+
+int count(const Json& s, const char* key, const std::string& path, int dflt) {
+  if (!s.contains(key)) return dflt;
+  const Json& v = s[key];
+  if (!v.is_number() || v.get<double>() < 0) refuse(key, path, "must be a non-negative integer");
+  return static_cast<int>(std::min<double>(v.get<double>(), 100000));
+}
+
+Json all_of(const Json& x, const Json& y) {
+  if (y.is_boolean() && y.get<bool>()) return x;
+  if (x.is_boolean() && x.get<bool>()) return y;
+  return Json{{"allOf", Json::array({x, y})}};
+}
+
+}  // namespace
+
+Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
+  Json prefix = s.value("prefixItems", Json::array());
+  Json items = s.contains("items") ? s["items"] : s.value("unevaluatedItems", Json(true));
+  int min = count(s, "minItems", path, 0), max = count(s, "maxItems", path, -1);
+  if (max >= 0 && max < min) refuse("maxItems", path, "below minItems (no instance is valid)");
+  int need = 0;  // leading items that must match `contains`
+  if (s.contains("contains")) {
+    need = count(s, "minContains", path, 1);
+    if (s.contains("maxContains")) unsupported("maxContains", path, "only minContains is enforced");
+    min = std::max(min, need);
+  }
+  if (s.value("uniqueItems", false)) {
+    bool distinct = true;  // distinct constant prefix items and nothing after them are unique
+    for (size_t i = 0; i < prefix.size() && distinct; ++i) {
+      const Json& pi = prefix[i];
+      distinct = pi.is_object() && pi.contains("const") && !(need > 0);
+      for (size_t j = 0; j < i && distinct; ++j) distinct = prefix[j]["const"] != pi["const"];
+    }
+    if (distinct && !prefix.empty()) {
+      items = false;
+    } else if (min > 1) {
+      unsupported("uniqueItems", path, "with minItems > 1 on items that are not distinct constants");
+    } else {
+      max = max < 0 ? 1 : std::min(max, 1);
+    }
+  }
+  int positions = std::max(static_cast<int>(prefix.size()), need);
+  if (max >= 0) positions = std::min(positions, max);
+  auto schema_at = [&](int i) {
+    Json x = i < static_cast<int>(prefix.size()) ? prefix[i] : items;
+    return i < need ? all_of(x, s["contains"]) : x;
+  };
+  bool more = items != Json(false);
+  if (!more && min > positions) refuse("items", path, "no items allowed past prefixItems but minItems is larger");
+  Expr comma = Expr::seq({Expr::literal(","), sp()});
+  if (positions == 0) {
+    if (!more) return Expr::literal("[]");
+    return list("[", as_rule("item", compile(items, path + "/items")), min, max, "]");
+  }
+  // T_i: the items from position i on (a comma before each but the first).
+  Expr tail = Expr::empty();
+  if (more && (max < 0 || max > positions))
+    tail = Expr::repeat(Expr::seq({comma, as_rule("item", compile(items, path + "/items"))}),
+                        std::max(0, min - positions), max < 0 ? -1 : max - positions);
+  for (int i = positions; i-- > 0;) {
+    Json si = schema_at(i);
+    if (si == Json(false)) {
+      if (i < min) refuse("prefixItems", path, "a required position allows no value");
+      tail = Expr::empty();
+      continue;
+    }
+    Expr elem = as_rule("item", compile(si, path + "/prefixItems/" + std::to_string(i)));
+    Expr step = i == 0 ? Expr::seq({elem, tail}) : Expr::seq({comma, elem, tail});
+    tail = as_rule("items", i < min ? std::move(step) : Expr::alt({std::move(step), Expr::empty()}));
+  }
+  return Expr::seq({Expr::literal("["), tail, Expr::literal("]")});
+}
+
+}  // namespace fathom::grammar::schema

@@ -1,0 +1,271 @@
+// Objects: properties in declaration order, then extra keys (patternProperties,
+// additionalProperties) that never repeat a declared name, with the property-count keywords.
+#include <algorithm>
+#include <regex>
+
+#include "core/error.h"
+#include "grammar/schema_compiler.h"
+
+namespace fathom::grammar::schema {
+
+namespace {
+
+bool may_match(const std::string& key, const std::string& pattern) {
+  try {
+    return std::regex_search(key, std::regex(pattern, std::regex::ECMAScript));
+  } catch (const std::regex_error&) {
+    return true;
+  }
+}
+
+Json all_of(const Json& x, const Json& y) {
+  if (y.is_boolean() && y.get<bool>()) return x;
+  if (x.is_boolean() && x.get<bool>()) return y;
+  return Json{{"allOf", Json::array({x, y})}};
+}
+
+// The characters of generated extra keys (no escapes, so a key's text is its value).
+ByteSet key_chars() {
+  ByteSet s;
+  s.set_range('a', 'z'), s.set_range('A', 'Z'), s.set_range('0', '9'), s.set('_'), s.set('-');
+  return s;
+}
+
+// A non-negative count keyword (clamped: no object has 10^5 properties).
+int count_of(const Json& s, const char* key, const std::string& path, int dflt) {
+  if (!s.contains(key)) return dflt;
+  if (!s[key].is_number() || s[key].get<double>() < 0) refuse(key, path, "must be a non-negative integer");
+  return static_cast<int>(std::min<double>(s[key].get<double>(), 100000));
+}
+
+struct Prop {
+  std::string key;
+  Json owned;           // a schema made here (with patternProperties), or
+  const Json* schema;   // the document's own
+  bool required;
+};
+
+}  // namespace
+
+// A JSON string of key characters other than the given names (a trie complement).
+static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names) {
+  struct Node {
+    std::map<uint8_t, size_t> kids;
+    bool end = false;
+  };
+  std::vector<Node> trie(1);
+  ByteSet chars = key_chars();
+  for (const auto& n : names) {
+    if (!std::all_of(n.begin(), n.end(), [&](char ch) { return chars.test(static_cast<uint8_t>(ch)); })) continue;
+    size_t at = 0;
+    for (char ch : n) {
+      auto it = trie[at].kids.find(static_cast<uint8_t>(ch));
+      if (it == trie[at].kids.end()) {
+        trie.push_back({});
+        it = trie[at].kids.emplace(static_cast<uint8_t>(ch), trie.size() - 1).first;
+      }
+      at = it->second;
+    }
+    trie[at].end = true;
+  }
+  Expr free = c.as_rule("keyfree", Expr::seq({Expr::repeat(Expr::byte_set(chars), 0, -1), Expr::literal("\"")}));
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < trie.size(); ++i) ids.push_back(c.new_rule("key"));
+  for (size_t i = 0; i < trie.size(); ++i) {
+    std::vector<Expr> alts;
+    if (!trie[i].end && i != 0) alts.push_back(Expr::literal("\""));
+    ByteSet rest = chars;
+    for (auto& [b, kid] : trie[i].kids) {
+      rest.w[b >> 6] &= ~(uint64_t{1} << (b & 63));
+      alts.push_back(Expr::seq({Expr::byte_set(ByteSet::of(b)), Expr::ref(ids[kid])}));
+    }
+    if (!rest.empty()) alts.push_back(Expr::seq({Expr::byte_set(rest), free}));
+    c.define(ids[i], Expr::alt(std::move(alts)));
+  }
+  return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
+}
+
+// Extra keys: one per pattern whose language cannot hit a declared name; or, with
+// additionalProperties, key-character strings outside the declared names.
+static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const Json& pn,
+                                       const std::vector<std::string>& names, const std::string& path) {
+  const Json pp = s.value("patternProperties", Json::object());
+  const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
+  auto sp = SchemaCompiler::sp;
+  std::vector<Expr> extra_alts;
+  Json all_pp = true;
+  bool pp_false = false;  // a pattern forbidding its keys: no pattern extras (a subset)
+  for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps), pp_false |= ps == Json(false);
+  if (pn == Json(true) && !pp_false) {
+    for (auto& [p, ps] : pp.items()) {
+      bool hits = false;
+      for (const auto& n : names) hits |= may_match(n, p);
+      if (!hits)
+        extra_alts.push_back(Expr::seq({c.pattern_string(p, path + "/patternProperties", false), Expr::literal(":"), sp(),
+                                        c.as_rule("pval", c.compile(all_pp, path + "/patternProperties"))}));
+    }
+  }
+  if (has_ap && pp.empty()) {
+    Expr value = c.as_rule("extra", c.compile(s["additionalProperties"], path + "/additionalProperties"));
+    if (pn == Json(true)) {
+      extra_alts.push_back(Expr::seq({key_not_in(c, names), Expr::literal(":"), sp(), value}));
+    } else if (pn.is_object() && (pn.contains("enum") || pn.contains("const"))) {
+      Json vals = pn.contains("const") ? Json::array({pn["const"]}) : pn["enum"];
+      std::vector<Expr> keys;
+      for (const Json& v : vals)
+        if (v.is_string() && std::find(names.begin(), names.end(), v.get<std::string>()) == names.end() &&
+            value_satisfies(v, pn))
+          keys.push_back(Expr::literal(v.dump()));
+      if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
+    } else if (names.empty()) {
+      Json key_schema = merge(pn, Json{{"type", "string"}}, path + "/propertyNames");  // keys are strings
+      extra_alts.push_back(Expr::seq({c.compile(key_schema, path + "/propertyNames"), Expr::literal(":"), sp(), value}));
+    }
+  }
+
+  return extra_alts;
+}
+
+// The members in order: S_i: properties from i on, none written yet; R_i: the same after one
+// was written (comma); extra pairs (extra_min to extra_max, -1: unbounded) after the declared.
+static Expr object_chain(SchemaCompiler& c, const std::vector<Prop>& props, std::vector<Expr> extra_alts,
+                         int extra_min, int extra_max, const std::string& path) {
+  auto sp = SchemaCompiler::sp;
+  Expr comma = Expr::seq({Expr::literal(","), sp()});
+  std::optional<Expr> extra;
+  if (!extra_alts.empty()) extra = c.as_rule("pair", Expr::alt(std::move(extra_alts)));
+  int rmax = extra_max < 0 ? -1 : extra_max;
+  Expr r_next = extra ? Expr::repeat(Expr::seq({comma, *extra}), extra_min, rmax) : Expr::empty();
+  Expr s_next = !extra ? Expr::empty()
+                : extra_min > 0 ? Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)})
+                                : Expr::repeat(Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)}), 0, 1);
+  for (size_t i = props.size(); i-- > 0;) {
+    const Prop& p = props[i];
+    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
+                         c.as_rule("prop", c.compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
+    Expr r_rule = c.as_rule("rest", Expr::empty());
+    Expr with_r = Expr::seq({comma, kv, r_next});
+    Expr with_s = Expr::seq({kv, r_next});
+    Expr r_i = p.required ? with_r : Expr::alt({with_r, r_next});
+    Expr s_i = p.required ? with_s : Expr::alt({with_s, s_next});
+    c.define(r_rule.rule, std::move(r_i));
+    r_next = std::move(r_rule);
+    s_next = c.as_rule("first", std::move(s_i));
+  }
+  return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
+}
+
+// (Subschemas are referenced, not copied: large documents nest deeply.)
+Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
+  // dependentSchemas: applied unconditionally (a subset), or the trigger left out if impossible.
+  if (s.contains("dependentSchemas")) {
+    Json merged = s;
+    Json deps = merged["dependentSchemas"];
+    merged.erase("dependentSchemas");
+    for (auto& [k, d] : deps.items()) {
+      try {
+        merged = merge(merged, flatten(norm(d, path), path), path);
+      } catch (const Error&) {
+        merged["properties"][k] = false;
+      }
+    }
+    return compile_resolved(merged, path, 1);
+  }
+  const Json pp = s.value("patternProperties", Json::object());
+  const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
+  const Json ap = has_ap ? s["additionalProperties"] : Json(false);
+  const bool closed = s.contains("additionalProperties") && !has_ap;
+  const Json pn = s.contains("propertyNames") ? flatten(norm(s["propertyNames"], path), path) : Json(true);
+  static const Json kNoProperties = Json::object();
+  const Json& declared = s.contains("properties") ? s["properties"] : kNoProperties;
+  const Json required_list = s.value("required", Json::array());
+  const Json dep_required = s.value("dependentRequired", Json::object());
+  std::vector<std::string> required;
+  for (const Json& k : required_list)
+    if (k.is_string() && std::find(required.begin(), required.end(), k.get<std::string>()) == required.end())
+      required.push_back(k.get<std::string>());
+  for (auto& [k, deps] : dep_required.items())
+    if (std::find(required.begin(), required.end(), k) != required.end())
+      for (const Json& d : deps) required.push_back(d.get<std::string>());
+
+  // Declared properties (and required-but-undeclared ones) with the schemas that apply to them.
+  std::vector<Prop> props;
+  std::vector<std::string> names;  // every name that extra keys must avoid
+  auto with_patterns = [&](const std::string& k, Json v) {
+    for (auto& [p, ps] : pp.items())
+      if (may_match(k, p)) v = ps == Json(false) ? Json(false) : all_of(v, ps);
+    return v;
+  };
+  for (auto& [k, v] : declared.items()) {
+    names.push_back(k);
+    bool req = std::find(required.begin(), required.end(), k) != required.end();
+    bool ok_name = pn == Json(true) || value_satisfies(Json(k), pn);
+    Json merged = pp.empty() ? Json(true) : with_patterns(k, v);
+    if (v == Json(false) || merged == Json(false) || !ok_name) {
+      if (req) refuse(ok_name ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
+      continue;
+    }
+    if (pp.empty()) props.push_back({k, Json(), &v, req});
+    else props.push_back({k, std::move(merged), nullptr, req});
+  }
+  for (const auto& k : required) {
+    if (std::find(names.begin(), names.end(), k) != names.end()) continue;
+    names.push_back(k);
+    bool matched = false;
+    for (auto& [p, ps] : pp.items()) matched |= may_match(k, p);
+    if (!matched && closed) refuse("required", path, "'" + k + "' is required but additionalProperties is false");
+    if (pn != Json(true) && !value_satisfies(Json(k), pn)) refuse("propertyNames", path, "required '" + k + "' is not allowed");
+    Json v = matched ? with_patterns(k, true) : has_ap ? ap : s.value("unevaluatedProperties", Json(true));
+    if (v == Json(false)) refuse("unevaluatedProperties", path, "required '" + k + "' is not allowed");
+    props.push_back({k, v, nullptr, true});
+  }
+  // dependentRequired on an optional property: its dependencies become required.
+  // (A trigger whose dependency cannot be written is left out.)
+  for (auto& [key, deps] : dep_required.items()) {
+    const std::string k = key;  // (a structured binding cannot be captured before C++20 in clang)
+    auto trigger = std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
+    if (trigger == props.end() || trigger->required) continue;
+    bool all_there = true;
+    for (const Json& d : deps)
+      all_there &= std::any_of(props.begin(), props.end(), [&](const Prop& q) { return q.key == d.get<std::string>(); });
+    if (!all_there) {
+      props.erase(trigger);
+      continue;
+    }
+    for (const Json& d : deps)
+      for (auto& q : props) q.required |= q.key == d.get<std::string>();
+  }
+
+  std::vector<Expr> extra_alts = object_extras(*this, s, pn, names, path);
+
+  // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
+  int n_req = 0;
+  for (auto& p : props) n_req += p.required;
+  int min_p = count_of(s, "minProperties", path, 0), max_p = count_of(s, "maxProperties", path, -1);
+  for (auto& p : props)
+    if (!p.required && n_req < min_p) p.required = true, ++n_req;
+  if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");
+  if (max_p >= 0) {
+    int kept = n_req;
+    std::vector<Prop> out;
+    for (auto& p : props)
+      if (p.required || kept < max_p) kept += !p.required, out.push_back(p);
+    props = out;
+  }
+  int n_all = static_cast<int>(props.size());
+  int extra_min = std::max(0, min_p - n_all);
+  int extra_max = extra_alts.empty() ? 0 : max_p < 0 ? -1 : max_p - n_all;
+  // Absent additionalProperties allows any other key: used when minProperties needs one.
+  if (extra_min > 0 && extra_alts.empty() && !s.contains("additionalProperties") && pp.empty() &&
+      !s.contains("unevaluatedProperties") && pn == Json(true)) {
+    extra_alts.push_back(Expr::seq({key_not_in(*this, names), Expr::literal(":"), sp(), Expr::ref(common("value"))}));
+    extra_max = max_p < 0 ? -1 : max_p - n_all;
+  }
+  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
+    unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
+  if (extra_max == 0) extra_alts.clear();
+
+  return object_chain(*this, props, std::move(extra_alts), extra_min, extra_max, path);
+}
+
+}  // namespace fathom::grammar::schema

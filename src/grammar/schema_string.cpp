@@ -1,0 +1,97 @@
+// Strings: minLength/maxLength, pattern (ECMA-262 search semantics) and format.
+#include <map>
+
+#include "core/error.h"
+#include "grammar/regex.h"
+#include "grammar/schema_compiler.h"
+
+namespace fathom::grammar::schema {
+
+namespace {
+
+struct Format {
+  const char* regex;  // whole match; a subset of what Python jsonschema's format checker accepts
+  int min_len, max_len;  // -1: unbounded
+};
+
+#define DAY31 "(0[1-9]|[12][0-9]|3[01])"
+#define DATE                                                                                      \
+  "([1-9][0-9]{3}-(0[13578]|1[02])-" DAY31 "|[1-9][0-9]{3}-(0[469]|11)-(0[1-9]|[12][0-9]|30)|[1-9][0-9]{3}-02-" \
+  "(0[1-9]|1[0-9]|2[0-8]))"
+#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define LABEL "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
+#define HOST "(" LABEL "\\.){0,4}[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
+#define OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#define H16 "[0-9a-f]{1,4}"
+
+const std::map<std::string, Format>& formats() {
+  static const std::map<std::string, Format> kFormats = {
+      {"date", {DATE, 10, 10}},
+      {"time", {TIME, 9, 21}},
+      {"date-time", {DATE "T" TIME, 20, 32}},
+      {"duration", {"P([0-9]{1,4}D|[0-9]{1,4}W|T[0-9]{1,4}[HMS]|[0-9]{1,4}Y([0-9]{1,4}M)?([0-9]{1,4}D)?)", 3, 15}},
+      {"email", {"[a-z0-9_+-]{1,20}(\\.[a-z0-9_+-]{1,20}){0,2}@" HOST, 3, -1}},
+      {"hostname", {HOST, 1, -1}},
+      {"ipv4", {OCTET "\\." OCTET "\\." OCTET "\\." OCTET, 7, 15}},
+      {"ipv6", {"(" H16 ":){7}" H16 "|::|(" H16 ":){1,6}:" H16 "|::" H16, 2, 39}},
+      {"uri", {"https?://" HOST "(:[1-9][0-9]{0,3})?(/[a-zA-Z0-9._~-]{0,20}){0,6}(\\?[a-z0-9_=&-]{0,40})?", 8, -1}},
+      {"uri-reference", {"https?://" HOST "(/[a-zA-Z0-9._~-]{0,20}){0,6}", 8, -1}},
+      {"uuid", {"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", 36, 36}},
+  };
+  return kFormats;
+}
+
+int count(const Json& s, const char* key, const std::string& path, int dflt) {
+  if (!s.contains(key)) return dflt;
+  const Json& v = s[key];
+  if (!v.is_number() || v.get<double>() < 0) refuse(key, path, "must be a non-negative integer");
+  return static_cast<int>(std::min<double>(v.get<double>(), 100000));
+}
+
+}  // namespace
+
+// ECMA-262 `pattern` is a search: an unanchored side may have any text around the match.
+Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole) {
+  std::string core = pattern;
+  bool start = anchored_whole, end = anchored_whole;
+  if (!core.empty() && core[0] == '^') start = true, core.erase(0, 1);
+  if (!core.empty() && core.back() == '$') {
+    size_t slashes = 0;
+    for (size_t i = core.size() - 1; i-- > 0 && core[i] == '\\';) ++slashes;
+    if (slashes % 2 == 0) end = true, core.pop_back();
+  }
+  std::string full = std::string(start ? "" : "[\\s\\S]*") + "(?:" + core + ")" + (end ? "" : "[\\s\\S]*");
+  Expr body;
+  try {
+    body = regex_to_expr(full, RegexOptions{true});
+  } catch (const Error& e) {
+    refuse("pattern", path, e.what());
+  }
+  return Expr::seq({Expr::literal("\""), as_rule("pattern", std::move(body)), Expr::literal("\"")});
+}
+
+Expr SchemaCompiler::compile_string(const Json& s, const std::string& path) {
+  int min = count(s, "minLength", path, 0), max = count(s, "maxLength", path, -1);
+  if (max >= 0 && max < min) refuse("maxLength", path, "below minLength (no instance is valid)");
+  if (s.contains("format") && s["format"].is_string()) {
+    auto it = formats().find(s["format"].get<std::string>());
+    if (it == formats().end()) {
+      if (report_) report_->ignored.push_back(path + ": format " + s["format"].get<std::string>());
+    } else {
+      if (s.contains("pattern")) unsupported("format", path, "format with pattern");
+      const Format& f = it->second;
+      if (min > f.min_len || (max >= 0 && (f.max_len < 0 || max < f.max_len)))
+        unsupported("format", path, "format with minLength/maxLength narrower than the format");
+      return pattern_string(f.regex, path, true);
+    }
+  }
+  if (s.contains("pattern")) {
+    if (!s["pattern"].is_string()) refuse("pattern", path, "must be a string");
+    if (min > 0 || max >= 0) unsupported("pattern", path, "pattern with minLength/maxLength");
+    return pattern_string(s["pattern"].get<std::string>(), path, false);
+  }
+  if (min == 0 && max < 0) return Expr::ref(common("string"));
+  return Expr::seq({Expr::literal("\""), Expr::repeat(Expr::alt(char_alternatives()), min, max), Expr::literal("\"")});
+}
+
+}  // namespace fathom::grammar::schema
