@@ -94,6 +94,9 @@ std::string AnthropicStream::finish() {
   std::string out = close();
   if (!error_.is_null())
     return out + anthropic_event(anthropic_error_json(ApiError{500, error_.value("message", "internal error"), "", ""}));
+  // Aborted (the server shuts down): Anthropic has no stop_reason for it, so the stream fails.
+  if (finish_reason_ == "abort")
+    return out + anthropic_event(anthropic_error_json(ApiError{503, "the request was aborted (the server is shutting down)", "", ""}));
   json stop_sequence;
   std::string reason = anthropic_stop_reason(finish_reason_, stop_reason_, &stop_sequence);
   if (called_) reason = "tool_use";

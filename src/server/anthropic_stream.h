@@ -21,7 +21,7 @@ class AnthropicStream {
   // The events for chat SSE text ("data: {...}\n\n" chunks, any number, "[DONE]" skipped).
   std::string feed(std::string_view chat_sse);
   // The open block's stop, message_delta and message_stop (or an error event when a chunk held
-  // an error).
+  // an error, or an abort).
   std::string finish();
 
  private:

@@ -109,5 +109,12 @@ TEST(AnthropicStream, AnErrorChunkEndsWithAnErrorEvent) {
   EXPECT_EQ(evs[evs.size() - 2]["type"], "content_block_stop");  // the open block is closed first
 }
 
+TEST(AnthropicStream, AnAbortEndsWithAnOverloadedError) {
+  AnthropicStream s("m1", "m", 1);
+  const auto evs = events_of(run(s, {chunk({{"content", "a"}}, "abort")}));
+  EXPECT_EQ(evs.back()["type"], "error");
+  EXPECT_EQ(evs.back()["error"]["type"], "overloaded_error");
+}
+
 }  // namespace
 }  // namespace fathom::server
