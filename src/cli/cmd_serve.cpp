@@ -61,7 +61,8 @@ void add_engine_options(CLI::App* sub, const std::shared_ptr<ServeOptions>& a) {
 // Authentication, chat templates, reasoning and tool-call parsing.
 void add_api_options(CLI::App* sub, ServeOptions& a) {
   server::ApiOptions& api = a.api;
-  sub->add_option("--api-key", api.api_key, "Require 'Authorization: Bearer KEY' on /v1 (default: $FATHOM_API_KEY)");
+  sub->add_option("--api-key", api.api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1, or 'x-api-key: KEY' on /v1/messages (default: $FATHOM_API_KEY)");
   sub->add_option("--chat-template", api.chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", api.reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
   sub->add_option("--tool-call-parser", api.tool_call_parser,

@@ -30,6 +30,20 @@ std::string HttpRequest::header(std::string_view name) const {
   return {};
 }
 
+std::string percent_decode(std::string_view s) {
+  auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += char(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 namespace {
 
 std::chrono::steady_clock::duration seconds(double s) {
@@ -319,8 +333,13 @@ void Session::dispatch_request() {
     if (auto r = srv_.pre_routing(req)) return respond(request_id_, std::move(*r));
   const HttpServer::Impl::Route* route = nullptr;
   bool path_known = false;
+  // A path ending in '*' matches every path it prefixes (GET /v1/models/{id}).
+  auto matches = [&](const std::string& p) {
+    if (!p.empty() && p.back() == '*') return req.path.size() >= p.size() && req.path.compare(0, p.size() - 1, p, 0, p.size() - 1) == 0;
+    return p == req.path;
+  };
   for (const auto& rt : srv_.routes)
-    if (rt.path == req.path) {
+    if (matches(rt.path)) {
       path_known = true;
       if (rt.method == req.method) route = &rt;
     }

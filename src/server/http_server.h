@@ -29,6 +29,9 @@ struct HttpRequest {
   std::string header(std::string_view lower_case_name) const;
 };
 
+// A path segment's %XX escapes decoded ("%2Fa" -> "/a"); a malformed escape stays as it is.
+std::string percent_decode(std::string_view s);
+
 struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
@@ -78,6 +81,7 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
+  // `path` ending in '*' matches any non-empty rest after it (GET /v1/models/*).
   // `on_io_thread`: the handler is quick and runs on the IO thread (health checks, metrics).
   void route(const std::string& method, const std::string& path, HttpHandler handler, bool on_io_thread = false);
   // Runs before routing; a response it returns is sent instead (authentication).

@@ -15,11 +15,15 @@
 #include "grammar/compiler.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
+#include "server/anthropic_messages.h"
+#include "server/anthropic_stream.h"
+#include "server/api_key.h"
 #include "server/completion_job.h"
 #include "server/http_server.h"
 #include "server/protocol.h"
 #include "server/request_parser.h"
 #include "server/server_info.h"
+#include "server/version.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -42,8 +46,9 @@ std::string random_id(const char* prefix) {
   return std::string(prefix) + buf;
 }
 
-HttpResponse error_response(const ApiError& e) {
-  HttpResponse r{e.status, "application/json", dump(error_json(e)), {}};
+// `anthropic`: Anthropic's error shape (/v1/messages), else OpenAI's.
+HttpResponse error_response(const ApiError& e, bool anthropic = false) {
+  HttpResponse r{e.status, "application/json", dump(anthropic ? anthropic_error_json(e) : error_json(e)), {}};
   if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
@@ -57,6 +62,10 @@ struct Flight {
   uint64_t group = 0;
   bool started = false, done = false;
   std::atomic<int>* in_flight = nullptr;  // counted from submission to its response (the drain waits for it)
+  // /v1/messages: answered in Anthropic's shapes (its message id; its events when streaming).
+  bool anthropic = false;
+  std::string message_id;
+  std::unique_ptr<AnthropicStream> events;
 
   void finish() {
     done = true;
@@ -92,7 +101,14 @@ class OpenAIServer {
   // most --shutdown-timeout seconds (or until a second signal); then the rest are aborted.
   void drain_then_stop();
   void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void handle_messages(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);  // Anthropic's
+  void handle_count_tokens(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
+  // Runs `parse` (which makes the flight's job), submits the request and starts draining it;
+  // an error answers at once in the flight's protocol.
+  void launch(const std::shared_ptr<Flight>& f, const std::function<ParsedRequest()>& parse);
   void handle_tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
+  void handle_detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
+  nlohmann::ordered_json model_card() const;  // one /v1/models entry
   void submit(const ParsedRequest& pr, const std::shared_ptr<Flight>& f);
   // Moves the flight's pending engine events to the client (on the strand).
   void drain(Flight& f);
@@ -135,11 +151,10 @@ void OpenAIServer::submit(const ParsedRequest& pr, const std::shared_ptr<Flight>
   }
 }
 
-void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
-  auto f = std::make_shared<Flight>();
-  f->ex = ex;
+void OpenAIServer::launch(const std::shared_ptr<Flight>& f, const std::function<ParsedRequest()>& parse) {
+  const std::shared_ptr<HttpExchange>& ex = f->ex;
   try {
-    const ParsedRequest pr = parse_request(req.body, chat, ctx_);
+    const ParsedRequest pr = parse();
     if (!pr.grammar_warnings.empty()) {
       std::string w;
       for (const auto& x : pr.grammar_warnings) w += (w.empty() ? "" : "; ") + x;
@@ -147,8 +162,6 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
         if (c < 0x20 || c > 0x7e) c = '?';  // a header value is printable ASCII
       f->headers.push_back({"X-Fathom-Structured-Output-Warning", w.substr(0, 1000)});
     }
-    f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
-                                             opts_.api.reasoning_parser == "qwen3", tok_.get(), tool_format_);
     f->group = engine_->new_group_id();
     // Events are handled on the connection's strand; the flight is kept by the engine's channel
     // only weakly (the exchange's callbacks hold it until the response is complete).
@@ -164,12 +177,55 @@ void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr
     submit(pr, f);
   } catch (const ApiError& e) {
     f->finish();
-    return ex->respond(error_response(e));
+    return ex->respond(error_response(e, f->anthropic));
   } catch (const std::exception& e) {
     f->finish();
-    return ex->respond(error_response(ApiError{400, e.what(), "", ""}));
+    return ex->respond(error_response(ApiError{400, e.what(), "", ""}, f->anthropic));
   }
   ex->post([this, f] { drain(*f); });
+}
+
+void OpenAIServer::handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
+  auto f = std::make_shared<Flight>();
+  f->ex = ex;
+  launch(f, [&] {
+    ParsedRequest pr = parse_request(req.body, chat, ctx_);
+    f->job = std::make_unique<CompletionJob>(pr, random_id(chat ? "chatcmpl-" : "cmpl-"), name_,
+                                             opts_.api.reasoning_parser == "qwen3", tok_.get(), tool_format_);
+    return pr;
+  });
+}
+
+// The Anthropic request runs as the chat request it translates to; drain() translates back.
+void OpenAIServer::handle_messages(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  auto f = std::make_shared<Flight>();
+  f->ex = ex;
+  f->anthropic = true;
+  f->message_id = random_id("msg_");
+  launch(f, [&] {
+    const AnthropicRequest ar = translate_anthropic_request(req.body, false);
+    ParsedRequest pr = parse_request(dump(ar.chat_body), true, ctx_);
+    f->job = std::make_unique<CompletionJob>(pr, f->message_id, name_, opts_.api.reasoning_parser == "qwen3",
+                                             tok_.get(), tool_format_, [] { return random_id("toolu_"); });
+    if (ar.stream) f->events = std::make_unique<AnthropicStream>(f->message_id, name_, int64_t(pr.prompts.at(0).size()));
+    return pr;
+  });
+}
+
+// The prompt /v1/messages would run, rendered and tokenized: {"input_tokens": n}.
+void OpenAIServer::handle_count_tokens(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  try {
+    const AnthropicRequest ar = translate_anthropic_request(req.body, true);
+    // Counting runs nothing: tools under tool_choice auto need no --tool-call-parser here.
+    RequestContext ctx = ctx_;
+    ctx.auto_tool_choice = true;
+    const ParsedRequest pr = parse_request(dump(ar.chat_body), true, ctx);
+    ex->respond(HttpResponse{200, "application/json", dump(json{{"input_tokens", pr.prompts.at(0).size()}}), {}});
+  } catch (const ApiError& e) {
+    ex->respond(error_response(e, true));
+  } catch (const std::exception& e) {
+    ex->respond(error_response(ApiError{400, e.what(), "", ""}, true));
+  }
 }
 
 // vLLM's answer: the ids, their count and the context limit (and each token's text if asked).
@@ -189,9 +245,24 @@ void OpenAIServer::handle_tokenize(const HttpRequest& req, const std::shared_ptr
   }
 }
 
+// vLLM's answer: {"prompt": text}.
+void OpenAIServer::handle_detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  try {
+    const std::vector<int32_t> ids = parse_detokenize_request(req.body, ctx_);
+    const json out = {{"prompt", tok_->decode(std::vector<uint32_t>(ids.begin(), ids.end()), false)}};
+    ex->respond(HttpResponse{200, "application/json", dump(out), {}});
+  } catch (const ApiError& e) {
+    ex->respond(error_response(e));
+  } catch (const std::exception& e) {  // an id the tokenizer cannot decode (the model's padding)
+    ex->respond(error_response(ApiError{400, e.what(), "tokens", "invalid_value"}));
+  }
+}
+
 void OpenAIServer::drain(Flight& f) {
   if (f.done) return;
   CompletionJob& job = *f.job;
+  // /v1/messages streams Anthropic's events made from the chat chunks.
+  auto sse = [&f](std::string chat_chunks) { return f.events ? f.events->feed(chat_chunks) : chat_chunks; };
   try {
     if (!f.started) {
       f.started = true;
@@ -199,25 +270,30 @@ void OpenAIServer::drain(Flight& f) {
         HttpHeaders h = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
         h.insert(h.end(), f.headers.begin(), f.headers.end());
         f.ex->begin_stream(200, "text/event-stream", std::move(h));
-        if (std::string s = job.sse_start(); !s.empty()) f.ex->write(std::move(s));
+        std::string s = f.events ? f.events->start() : std::string();  // message_start first
+        s += sse(job.sse_start());
+        if (!s.empty()) f.ex->write(std::move(s));
       }
     }
     while (auto ev = f.chan->try_pop()) {
-      std::string chunk = job.apply(*ev);
+      std::string chunk = sse(job.apply(*ev));
       if (!chunk.empty()) f.ex->write(std::move(chunk));
     }
     if (!job.done()) return;
     f.finish();
     f.chan->set_notify(nullptr);
     if (job.stream()) {
-      f.ex->write(job.sse_end());
+      std::string tail = sse(job.sse_end());  // before finish(): it carries the usage
+      if (f.events) tail += f.events->finish();
+      f.ex->write(std::move(tail));
       f.ex->end_stream();
     } else if (!job.error().empty()) {
-      f.ex->respond(error_response(ApiError{500, job.error(), "", "internal_error"}));
+      f.ex->respond(error_response(ApiError{500, job.error(), "", "internal_error"}, f.anthropic));
     } else if (job.aborted() && stopping_) {
-      f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}));
+      f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}, f.anthropic));
     } else {
-      f.ex->respond(HttpResponse{200, "application/json", dump(job.response()), f.headers});
+      const json body = f.anthropic ? anthropic_message(job.response(), f.message_id) : job.response();
+      f.ex->respond(HttpResponse{200, "application/json", dump(body), f.headers});
     }
   } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
     std::fprintf(stderr, "fathom serve: response failed: %s\n", e.what());
@@ -226,10 +302,10 @@ void OpenAIServer::drain(Flight& f) {
     engine_->abort(f.group);
     const ApiError err{500, std::string("internal error: ") + e.what(), "", "internal_error"};
     if (job.stream()) {
-      f.ex->write("data: " + dump(error_json(err)) + "\n\ndata: [DONE]\n\n");
+      f.ex->write(f.events ? anthropic_event(anthropic_error_json(err)) : "data: " + dump(error_json(err)) + "\n\ndata: [DONE]\n\n");
       f.ex->end_stream();
     } else {
-      f.ex->respond(error_response(err));
+      f.ex->respond(error_response(err, f.anthropic));
     }
   }
 }
@@ -237,8 +313,11 @@ void OpenAIServer::drain(Flight& f) {
 void OpenAIServer::setup_routes() {
   http_->set_pre_routing([this](const HttpRequest& req) -> std::optional<HttpResponse> {
     if (opts_.api.api_key.empty() || req.path.rfind("/v1", 0) != 0) return std::nullopt;
-    if (req.header("authorization") == "Bearer " + opts_.api.api_key) return std::nullopt;
-    return error_response(ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key"});
+    if (request_has_api_key(req, opts_.api.api_key)) return std::nullopt;
+    const bool anthropic = is_anthropic_path(req.path);
+    return error_response(ApiError{401, anthropic ? "Invalid or missing API key (send 'x-api-key: <key>' or 'Authorization: Bearer <key>')"
+                                                  : "Invalid or missing API key (send 'Authorization: Bearer <key>')",
+                                   "", "invalid_api_key"}, anthropic);
   });
   // Cheap routes answer on the IO thread, so that they stay fast however busy the workers are.
   http_->route("GET", "/health", [this](const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) {
@@ -260,8 +339,17 @@ void OpenAIServer::setup_routes() {
   http_->route("POST", "/tokenize", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_tokenize(req, ex);
   });
+  http_->route("POST", "/detokenize", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_detokenize(req, ex);
+  });
   http_->route("POST", "/v1/chat/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, true);
+  });
+  http_->route("POST", "/v1/messages", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_messages(req, ex);
+  });
+  http_->route("POST", "/v1/messages/count_tokens", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_count_tokens(req, ex);
   });
 }
 
@@ -271,14 +359,26 @@ void OpenAIServer::setup_info_routes() {
       ex->respond(HttpResponse{200, "application/json", dump(body()), {}});
     }, /*on_io_thread=*/true);
   };
-  get_json("/v1/models", [this] {
-    json m = {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
-              {"root", opts_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
-    return json{{"object", "list"}, {"data", json::array({m})}};
-  });
+  get_json("/v1/models", [this] { return json{{"object", "list"}, {"data", json::array({model_card()})}}; });
+  // OpenAI's retrieve: the card of a served name, else a 404 in OpenAI's error shape.
+  http_->route("GET", "/v1/models/*", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    const std::string id = percent_decode(std::string_view(req.path).substr(std::string_view("/v1/models/").size()));
+    const auto& names = ctx_.model_names;
+    if (std::find(names.begin(), names.end(), id) == names.end())
+      return ex->respond(error_response(ApiError{404, "The model `" + id + "` does not exist.", "model", "model_not_found"}));
+    json card = model_card();
+    card["id"] = id;
+    ex->respond(HttpResponse{200, "application/json", dump(card), {}});
+  }, true);
+  get_json("/version", [] { return json{{"version", kFathomVersion}}; });
   // SGLang's names, old and new: its gateway asks the new ones when it registers a worker.
   for (const char* p : {"/get_model_info", "/model_info"}) get_json(p, [this] { return sglang_model_info(description_); });
   for (const char* p : {"/get_server_info", "/server_info"}) get_json(p, [this] { return sglang_server_info(description_); });
+}
+
+json OpenAIServer::model_card() const {
+  return {{"id", name_}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "fathom"},
+          {"root", opts_.model}, {"parent", nullptr}, {"max_model_len", ctx_.max_model_len}};
 }
 
 void OpenAIServer::drain_then_stop() {

@@ -448,4 +448,25 @@ TokenizeRequest parse_tokenize_request(std::string_view body_text, const Request
   return out;
 }
 
+std::vector<int32_t> parse_detokenize_request(std::string_view body_text, const RequestContext& ctx) {
+  const json body = parse_json_limited(body_text);
+  if (!body.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_type"};
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (it.key() != "model" && it.key() != "tokens")
+      bad(it.key(), "unsupported field '" + it.key() + "' for /detokenize (see docs/api.md)", "unknown_parameter");
+  if (auto m = get_string(body, "model"))
+    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), *m) == ctx.model_names.end())
+      throw ApiError{400, "The model `" + *m + "` does not exist.", "model", "model_not_found"};
+  if (!ctx.tokenizer) throw ApiError{400, "/detokenize needs a tokenizer (the server runs with --skip-tokenizer-init)", "", ""};
+  const auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) bad("tokens", "'tokens' (an array of token ids) is required", "missing_required_parameter");
+  std::vector<int32_t> ids;
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= ctx.vocab_size)
+      bad("tokens", "'tokens' holds " + t.dump() + ", not a token id in [0, " + std::to_string(ctx.vocab_size) + ")", "invalid_value");
+    ids.push_back(int32_t(t.get<int64_t>()));
+  }
+  return ids;
+}
+
 }  // namespace fathom::server

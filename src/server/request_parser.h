@@ -78,6 +78,10 @@ struct TokenizeRequest {
 };
 TokenizeRequest parse_tokenize_request(std::string_view body, const RequestContext& ctx);
 
+// vLLM's POST /detokenize: {"tokens": [ids], "model"?} -> the text (special tokens kept, as vLLM).
+// Ids outside the vocabulary are a 400 naming "tokens".
+std::vector<int32_t> parse_detokenize_request(std::string_view body, const RequestContext& ctx);
+
 // The fields each endpoint accepts, and those accepted but without effect (documented in
 // docs/api.md). Anything else gets a 400 naming it.
 const std::vector<std::string>& accepted_fields(bool chat);

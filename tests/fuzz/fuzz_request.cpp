@@ -1,4 +1,5 @@
-// libFuzzer target: arbitrary bytes as the body of /v1/chat/completions and /v1/completions,
+// libFuzzer target: arbitrary bytes as the body of /v1/chat/completions, /v1/completions,
+// /v1/messages (and count_tokens) and /detokenize,
 // through the whole request path before the engine: JSON with the nesting limit, field checks,
 // message sanitizing, JSON -> template values, rendering with a real chat template (Qwen3's,
 // from the tiny fixture model), tokenizing, length checks. Only ApiError (a 4xx for the client)
@@ -10,6 +11,7 @@
 #include <string_view>
 
 #include "chat/chat_template.h"
+#include "server/anthropic_messages.h"
 #include "server/request_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,6 +47,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const fathom::server::ApiError& e) {
       if (e.status < 400 || e.status >= 500) __builtin_trap();  // a client error must be a 4xx
     }
+  }
+  // /v1/messages and count_tokens: the Anthropic body translated, then run as the chat body it is.
+  for (bool count : {false, true}) {
+    try {
+      const auto ar = fathom::server::translate_anthropic_request(body, count);
+      (void)fathom::server::parse_request(ar.chat_body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), true, c.ctx);
+    } catch (const fathom::server::ApiError& e) {
+      if (e.status < 400 || e.status >= 500) __builtin_trap();
+    }
+  }
+  try {
+    (void)fathom::server::parse_detokenize_request(body, c.ctx);
+  } catch (const fathom::server::ApiError& e) {
+    if (e.status < 400 || e.status >= 500) __builtin_trap();
   }
   return 0;
 }

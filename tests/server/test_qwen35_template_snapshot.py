@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+import anthropic
+import requests
 from tokenizers import Tokenizer
 
 from server_util import Server, check, summary
@@ -19,7 +21,9 @@ def qwen35_template_checks(args, model, name, hf):
     """The real Qwen3.5 template (from ../shared, not in the repository): thinking opens in the
     prompt, so the reasoning parser sends the output to reasoning_content."""
     template = os.path.join(args.shared, "fixtures", "chat_templates", "qwen3.5", "chat_template.jinja")
-    srv = Server(args.fathom, model, "--reasoning-parser", "qwen3", "--chat-template", template)
+    # The tool-call parser lets /tokenize take tools (as the chat endpoint, it refuses them without).
+    srv = Server(args.fathom, model, "--reasoning-parser", "qwen3", "--chat-template", template,
+                 "--tool-call-parser", "qwen3_coder", "--enable-auto-tool-choice")
     try:
         cl = srv.client()
 
@@ -42,6 +46,38 @@ def qwen35_template_checks(args, model, name, hf):
                     rs += (c.delta.model_extra or {}).get("reasoning_content") or ""
                     cs += c.delta.content or ""
             assert rs == (rc or "") and cs == (m.content or ""), (rs, rc, cs, m.content)
+        _()
+
+        @check("Qwen3.5 template: /v1/messages as the chat request (thinking block, tool round trip rendered alike)")
+        def _():
+            ac = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0)
+            msgs = [{"role": "user", "content": "What is the capital of France?"}]
+            greedy = {"extra_body": {"temperature": 0}}
+            r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0)
+            a = ac.messages.create(model=name, messages=msgs, max_tokens=8, **greedy)
+            assert a.content[0].type == "thinking", a.content
+            assert a.content[0].thinking == r.choices[0].message.model_extra["reasoning_content"], (a, r)
+            off = ac.messages.create(model=name, messages=msgs, max_tokens=8, thinking={"type": "disabled"}, **greedy)
+            assert [b.type for b in off.content] == ["text"], off.content
+            # The same conversation, Anthropic's blocks and chat's messages, renders to the same tokens.
+            tool = {"name": "get_weather", "description": "Weather of a city",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+            anth = msgs + [
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "Look it up.", "signature": ""},
+                                                  {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                   "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}]}]
+            chat = msgs + [
+                {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
+                 "tool_calls": [{"id": "toolu_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"}]
+            n = ac.messages.count_tokens(model=name, messages=anth, tools=[tool]).input_tokens
+            t = requests.post(srv.url + "/tokenize", timeout=30, json={
+                "messages": chat, "add_generation_prompt": True, "tools": [{"type": "function", "function": {
+                    "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]}}]})
+            assert n == t.json()["count"], (n, t.text)
+            assert n > len(hf.encode("Sunny Paris get_weather", add_special_tokens=False).ids)
         _()
     finally:
         srv.stop()

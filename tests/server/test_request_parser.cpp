@@ -222,5 +222,28 @@ TEST(RequestParser, TokenizeRequestsRenderAsTheEndpointsDo) {
   EXPECT_EQ(refused(R"({"model": "m"})"), "prompt");
 }
 
+// vLLM's /detokenize: the ids of /tokenize back to their text; anything else is refused by name.
+TEST(RequestParser, DetokenizeTakesTokenIds) {
+  const TokenizeRequest t = parse_tokenize_request(R"({"prompt": "hello world"})", tiny().rc);
+  const std::string body = R"({"model": "m", "tokens": )" + json(t.tokens).dump() + "}";
+  EXPECT_EQ(parse_detokenize_request(body, tiny().rc), t.tokens);
+  auto refused = [](const std::string& b) {
+    try {
+      parse_detokenize_request(b, tiny().rc);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused(R"({"tokens": [1], "prompt": "x"})"), "prompt");
+  EXPECT_EQ(refused(R"({"model": "other", "tokens": [1]})"), "model");
+  EXPECT_EQ(refused(R"({})"), "tokens");
+  EXPECT_EQ(refused(R"({"tokens": "1"})"), "tokens");
+  EXPECT_EQ(refused(R"({"tokens": [-1]})"), "tokens");
+  EXPECT_EQ(refused(R"({"tokens": [1.5]})"), "tokens");
+  EXPECT_EQ(refused(R"({"tokens": [)" + std::to_string(tiny().rc.vocab_size) + "]}"), "tokens");
+}
+
 }  // namespace
 }  // namespace fathom::server
