@@ -61,6 +61,15 @@ def raise_fd_limit():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def stop_process(proc):
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def wait_until_up(proc, url, what, timeout_s=60, interval_s=0.1):
     """Polls `url` until it answers 200; fails if `proc` exits first or the time runs out."""
     deadline = time.time() + timeout_s
@@ -99,8 +108,4 @@ class Server:
         return self.proc.poll() is None
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)

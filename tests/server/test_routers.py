@@ -21,7 +21,7 @@ import time
 
 import requests
 
-from server_util import Server, check, free_port, sse_events, summary, wait_until_up
+from server_util import Server, check, free_port, sse_events, stop_process, summary, wait_until_up
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
@@ -67,11 +67,7 @@ class Router:
         return r.json()
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def check_api(router, label):
