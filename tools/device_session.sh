@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|decode|fused]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -253,6 +253,46 @@ for what in "${@:-all}"; do
         kill $SRV; wait $SRV
       done
       rm -rf /tmp/synth ;;
+    fused)
+      # Issue 32: the fused decode kernels against the chains they replace (bit for bit), under
+      # memcheck too, then the engine against the CPU engine and the exactness tests they serve.
+      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.*' > "$OUT/fused_tests.log" 2>&1
+      echo "fused tests rc=$?"; grep -E "OK \]|FAILED|Failure|differs|Expected|Which" "$OUT/fused_tests.log" | head -30
+      timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='CudaFusedDecode.*' > "$OUT/fused_memcheck.log" 2>&1
+      echo "fused memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fused_memcheck.log" | tail -1)"
+      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='CudaFusedDecode.Recurrent*:CudaFusedDecode.Route*' > "$OUT/fused_racecheck.log" 2>&1
+      echo "fused racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/fused_racecheck.log" | tail -1)"
+      FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures} timeout 420 "$BIN/test_cuda" \
+        --gtest_filter="${FUSED_ENGINE_FILTER:-*CudaFixture*:*Speculative*:*Gdn*:*Moe*:*Engine*:*Prefix*:*Snapshot*}" \
+        > "$OUT/fused_engine.log" 2>&1
+      echo "engine tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/fused_engine.log" | head -30 ;;
+    decode)
+      # Issue 32: decode against the copy ceiling (measured in each run) on every Qwen3.5 size:
+      # what a kernel boundary costs in a graph, then `fathom bench` (dummy weights, NVFP4 experts;
+      # BF16 dense, and FP8 dense for the NVFP4-V2 layout) at batch 1, 8, 64 with the per-op
+      # profile, then the served path beside the engine at concurrency 1 and 64 on the 35B.
+      "$BIN/launch_floor_bench" 2>&1 | tee "$OUT/launch_floor.log"
+      for spec in "qwen3.5-35b-a3b bf16" "qwen3.5-122b-a10b bf16" "qwen3.5-397b-a17b bf16 --num-layers 28" \
+                  "qwen3.5-397b-a17b fp8 --num-layers 28"; do
+        read -r name dense extra <<< "$spec"
+        timeout 400 "$BIN/fathom" bench configs/$name.json --load-format dummy --dummy-dense $dense $extra \
+          --batch 1,8,64 --input-len 4096 --output-len 64 ${DECODE_PROFILE---profile} \
+          --json-out "$OUT/decode_${name}_$dense.json" > "$OUT/decode_${name}_$dense.log" 2>&1
+        echo "== $name $dense $extra"; grep -E "^(decode|device)|rror" "$OUT/decode_${name}_$dense.log"
+      done
+      grep -A14 "one decode step at batch 1" "$OUT/decode_qwen3.5-35b-a3b_bf16.log" | head -16
+      timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
+        --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/decode_serve_engine.log"
+      "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+        --max-model-len 2048 --max-num-seqs 64 --port 18630 > "$OUT/decode_serve.log" 2>&1 &
+      SRV=$!
+      if wait_healthy 18630 $SRV; then
+        bench_serve 18630 decode_serve_c1 --input-len 512 --concurrency 1 --num-prompts 6
+        bench_serve 18630 decode_serve_c64 --input-len 512 --concurrency 64 --num-prompts 192
+      fi
+      kill $SRV; wait $SRV 2>/dev/null ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

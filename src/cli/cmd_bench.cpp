@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -167,6 +168,28 @@ StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, doubl
   return k;
 }
 
+// decode_cost's bytes by the profiler's op groups (the same model: dense weights counted as
+// bf16, the experts a batch touches, K+V of the context, the DeltaNet states read and written);
+// the groups that move little (norms, conv, embedding) are left out.
+std::map<std::string, double> decode_op_bytes(const ModelConfig& c, const ModelShape& s, int batch, double ctx,
+                                              KvCacheDtype kv_dtype) {
+  const double H = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const double hk = c.linear_num_key_heads, hv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
+               dv = c.linear_value_head_dim, E = c.num_experts, K = c.num_experts_per_tok;
+  const double touched = E > 0 ? E * (1 - std::pow(1 - K / E, batch)) : 0;
+  const double state = hv * dk * dv * 4;
+  std::map<std::string, double> b;
+  b["gdn.proj"] = 2.0 * s.linear_layers * (H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H);
+  b["attn.proj"] = 2.0 * s.attn_layers * (H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H);
+  b["attn.core"] = batch * ctx * double(c.kv_bytes_per_token_per_layer(kv_dtype)) * s.attn_layers;
+  b["gdn.recurrent"] = 2.0 * batch * state * s.linear_layers;
+  b["moe.router"] = 2.0 * s.moe_layers * H * E;
+  b["moe.shared"] = 2.0 * s.moe_layers * (3 * H * c.shared_expert_intermediate_size + H);
+  b["moe.experts"] = s.moe_layers * touched * s.expert_bytes;
+  b["lm_head"] = 2.0 * s.lm_head_params;
+  return b;
+}
+
 StepCost prefill_cost(const ModelConfig& c, const ModelShape& s, double L) {
   StepCost k;
   const double K = c.num_experts_per_tok;
@@ -178,14 +201,25 @@ StepCost prefill_cost(const ModelConfig& c, const ModelShape& s, double L) {
   return k;
 }
 
-void print_profile(const cuda::OpProfile& p, const char* title) {
+// With `bytes` (decode_op_bytes), each op's bytes and what its time makes of them against the copy
+// ceiling. Graphs are off under the profile, so the small ops carry their launch gaps.
+void print_profile(const cuda::OpProfile& p, const char* title, const std::map<std::string, double>* bytes = nullptr,
+                   double copy_tbs = 0) {
   double total = 0;
   for (auto& [k, v] : p.ms) total += v;
   std::printf("  per-op time, %s (CUDA events, graphs off):\n", title);
   std::vector<std::pair<double, std::string>> rows;
   for (auto& [k, v] : p.ms) rows.push_back({v, k});
   std::sort(rows.rbegin(), rows.rend());
-  for (auto& [v, k] : rows) std::printf("    %-12s %9.3f ms  %5.1f%%\n", k.c_str(), v, 100 * v / total);
+  for (auto& [v, k] : rows) {
+    std::printf("    %-14s %9.3f ms  %5.1f%%", k.c_str(), v, 100 * v / total);
+    if (const auto it = bytes ? bytes->find(k) : std::map<std::string, double>::const_iterator{};
+        bytes && it != bytes->end() && v > 0) {
+      const double tbs = it->second / (v * 1e-3) / 1e12;
+      std::printf("  %8.3f GB  %5.2f TB/s  %5.1f%% of copy", it->second / 1e9, tbs, 100 * tbs / copy_tbs);
+    }
+    std::printf("\n");
+  }
 }
 
 // Whether a checkpoint folder stores its routed experts in NVFP4 (the first MoE layer's first expert).
@@ -240,13 +274,13 @@ struct Bench {
       steps.push_back(ForwardStep{seqs[i], std::span<const int32_t>(&last[i], 1), false});
     return steps;
   }
-  // Per-op times of `fn` (CUDA events), printed under `title`.
+  // Per-op times of `fn` (CUDA events), printed under `title` (with the ops' bytes, when given).
   template <class Fn>
-  void profile(const char* title, Fn&& fn) {
+  void profile(const char* title, Fn&& fn, const std::map<std::string, double>* bytes = nullptr) {
     runner->set_profiling(true);
     runner->reset_profile();
     fn();
-    print_profile(runner->profile(), title);
+    print_profile(runner->profile(), title, bytes, ceil.copy_tbs);
     runner->set_profiling(false);
   }
 };
@@ -447,7 +481,10 @@ void bench_decode(Bench& b, int batch) {
   if (a.profile) {
     char title[64];
     std::snprintf(title, sizeof title, "one decode step at batch %d", batch);
-    b.profile(title, [&] { b.runner->forward_argmax(Bench::decode_steps(seqs, last)); });
+    std::map<std::string, double> bytes =
+        decode_op_bytes(b.cfg, b.shape, batch, a.input_len + a.output_len / 2.0, b.opt.kv_cache_dtype);
+    for (auto& [op, v] : bytes) v /= b.tp;
+    b.profile(title, [&] { b.runner->forward_argmax(Bench::decode_steps(seqs, last)); }, &bytes);
   }
   for (SequenceId s : seqs) b.runner->remove_sequence(s);
 }

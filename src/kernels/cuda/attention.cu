@@ -170,7 +170,7 @@ __global__ void paged_attention_split_kernel(const float* q, const CacheT* k_cac
   pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int n = pos[t] + 1;
-  const int chunk = (n + splits - 1) / splits;
+  const int chunk = max((n + splits - 1) / splits, kMinSplitKeys);  // as the tensor-core kernel
   const int begin = min(n, split * chunk), end = min(n, begin + chunk);
   const int64_t part = (int64_t(t) * nh + h) * splits + split;
   float M, L;
@@ -180,20 +180,50 @@ __global__ void paged_attention_split_kernel(const float* q, const CacheT* k_cac
   if (threadIdx.x == 0) part_m[part] = M, part_l[part] = L;
 }
 
-__global__ void attention_combine_kernel(const float* part_m, const float* part_l, const float* part_acc,
-                                         const float* gate, bf16_t* out, int nh, int d, int splits) {
+// Merges the splits' partials of (token t, head h). The splits' maxima and weights are worked
+// out once into shared memory; each thread then sums its columns over the splits in split order
+// with kCombineLoads loads in flight (the sums, and so the bits, of a one-at-a-time loop: at 16 to
+// 64 splits that loop was a chain of dependent L2 round trips, most of a batch-1 layer's attention
+// time, docs/perf.md issue 32).
+constexpr int kCombineThreads = 256;
+constexpr int kCombineLoads = 8;
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine_kernel(const float* part_m, const float* part_l, const float* part_acc, const float* gate,
+                             bf16_t* out, int nh, int d, int splits) {
   pdl_prologue();
+  __shared__ float weight[kMaxCombineSplits];  // exp(m_s - M); only read where valid
+  __shared__ unsigned char valid[kMaxCombineSplits];
+  __shared__ float total;
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t base = (int64_t(t) * nh + h) * splits;
-  float M = -INFINITY;
-  for (int s2 = 0; s2 < splits; ++s2) M = fmaxf(M, part_m[base + s2]);
-  float L = 0.f;
-  for (int s2 = 0; s2 < splits; ++s2)
-    if (part_m[base + s2] > -INFINITY) L += part_l[base + s2] * __expf(part_m[base + s2] - M);
+  for (int s2 = threadIdx.x; s2 < splits; s2 += blockDim.x) weight[s2] = part_m[base + s2];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s2 = 0; s2 < splits; ++s2) M = fmaxf(M, weight[s2]);
+    float L = 0.f;
+    for (int s2 = 0; s2 < splits; ++s2) {
+      valid[s2] = weight[s2] > -INFINITY;
+      if (valid[s2]) {
+        weight[s2] = __expf(weight[s2] - M);
+        L = __fmaf_rn(part_l[base + s2], weight[s2], L);
+      }
+    }
+    total = L;
+  }
+  __syncthreads();
+  const float L = total;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float o = 0.f;
-    for (int s2 = 0; s2 < splits; ++s2)
-      if (part_m[base + s2] > -INFINITY) o += part_acc[(base + s2) * d + c] * __expf(part_m[base + s2] - M);
+    for (int s0 = 0; s0 < splits; s0 += kCombineLoads) {
+      float a[kCombineLoads];
+#pragma unroll
+      for (int j = 0; j < kCombineLoads; ++j)
+        a[j] = s0 + j < splits && valid[s0 + j] ? part_acc[(base + s0 + j) * d + c] : 0.f;
+#pragma unroll
+      for (int j = 0; j < kCombineLoads; ++j)
+        if (s0 + j < splits && valid[s0 + j]) o = __fmaf_rn(a[j], weight[s0 + j], o);
+    }
     o /= L;
     if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
     out[(int64_t(t) * nh + h) * d + c] = to_bf(o);
@@ -224,8 +254,10 @@ void attention_prepare(const float* q_raw, const float* k_raw, const float* v_ra
 void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* out, int T, int nh, int d,
                        cudaStream_t s) {
   if (T == 0) return;
-  launch(attention_combine_kernel, dim3(T, nh), 128, 0, s, split.part_m, split.part_l, split.part_acc, gate, out, nh, d,
-         split.splits);
+  FATHOM_CHECK(split.splits >= 1 && split.splits <= kMaxCombineSplits, "attention: ", split.splits,
+               " key splits (at most ", kMaxCombineSplits, ")");
+  launch(attention_combine_kernel, dim3(T, nh), kCombineThreads, 0, s, split.part_m, split.part_l, split.part_acc, gate,
+         out, nh, d, split.splits);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -91,9 +91,13 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   const int split = blockIdx.z, splits = gridDim.z;
   // The key range: as paged_attention_split_kernel splits it.
   const int n = pos[t] + 1;
-  const int chunk = (n + splits - 1) / splits;
+  const int chunk = max((n + splits - 1) / splits, kMinSplitKeys);
   const int begin = min(n, split * chunk), end = min(n, begin + chunk);
   const int tiles = (end - begin + kTileK - 1) / kTileK;
+  if (tiles == 0) {  // an empty range: the combine reads only its max (skipped)
+    for (int r = threadIdx.x; r < rows; r += kThreads) part_m[(int64_t(t) * nh + h0 + r) * splits + split] = -INFINITY;
+    return;
+  }
   const int32_t* table = block_tables + int64_t(seq_of_token[t]) * max_blocks;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

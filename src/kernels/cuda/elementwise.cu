@@ -79,13 +79,45 @@ __global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf
 // a single round of loads instead of n / 256 dependent ones.
 constexpr int kNormPer = 4;
 
-template <bool kAdd>
-__global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32,
-                                    bf16_t* y3, int n, float eps, bool zc) {
+// Float4 i of row t of moe_combine_pairs's output, with its bits: the pairs' rows in k order, then
+// the gated shared expert.
+__device__ __forceinline__ float4 combine_float4(const MoeCombineRows& c, int t, int i, int n4) {
+  constexpr int kLoads = 4;  // pair rows loaded before they are summed (in k order; 64 registers at 1024 threads)
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k0 = 0; k0 < c.K; k0 += kLoads) {
+    float4 v[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t p = int64_t(t) * c.K + k0 + j;
+      const bool use = k0 + j < c.K && !(c.topk_ids && c.topk_ids[p] < 0);
+      v[j] = use ? reinterpret_cast<const float4*>(c.pair_out)[p * n4 + i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t p = int64_t(t) * c.K + k0 + j;
+      if (k0 + j < c.K && !(c.topk_ids && c.topk_ids[p] < 0))
+        acc.x += v[j].x, acc.y += v[j].y, acc.z += v[j].z, acc.w += v[j].w;
+    }
+  }
+  if (c.shared) {
+    const float g = sigmoid_f(c.shared_gate[int64_t(t) * c.gate_ld]);
+    const float4 v = reinterpret_cast<const float4*>(c.shared)[int64_t(t) * n4 + i];
+    // Explicit multiply-adds: the same operation as moe_combine_pairs's whatever the compiler contracts.
+    acc.x = __fmaf_rn(g, v.x, acc.x), acc.y = __fmaf_rn(g, v.y, acc.y);
+    acc.z = __fmaf_rn(g, v.z, acc.z), acc.w = __fmaf_rn(g, v.w, acc.w);
+  }
+  return acc;
+}
+
+// kCombine: the added row is a MoE layer's combine (c), computed here instead of read from delta.
+template <bool kAdd, bool kCombine = false>
+__global__ void __launch_bounds__(1024)
+    rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, bf16_t* y3, int n,
+                        float eps, bool zc, MoeCombineRows c) {
   pdl_prologue();
   const int n4 = n / 4;
   float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * n);
-  const float4* dr = kAdd ? reinterpret_cast<const float4*>(delta + int64_t(blockIdx.x) * n) : nullptr;
+  const float4* dr = kAdd && !kCombine ? reinterpret_cast<const float4*>(delta + int64_t(blockIdx.x) * n) : nullptr;
   float4 v[kNormPer];
   float ss = 0.f;
 #pragma unroll
@@ -94,7 +126,7 @@ __global__ void rms_norm_vec_kernel(float* x, const float* delta, const float* w
     if (i < n4) {
       float4 a = xr[i];
       if (kAdd) {
-        const float4 d = dr[i];
+        const float4 d = kCombine ? combine_float4(c, int(blockIdx.x), i, n4) : dr[i];
         a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
         xr[i] = a;
       }
@@ -252,7 +284,8 @@ void launch_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf1
                      int n, float eps, bool zero_centered, cudaStream_t s) {
   if (rows == 0) return;
   if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32, y3))
-    launch(rms_norm_vec_kernel<kAdd>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered);
+    launch(rms_norm_vec_kernel<kAdd>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered,
+           MoeCombineRows{});
   else
     launch(rms_norm_kernel<kAdd>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
@@ -268,6 +301,17 @@ void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
                   bool zero_centered, cudaStream_t s, float* y_f32, bf16_t* y_split3) {
   launch_rms_norm<true>(x, delta, w, y_bf16, y_f32, y_split3, rows, n, eps, zero_centered, s);
+}
+
+bool combine_add_rms_norm(float* x, const MoeCombineRows& c, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
+                          bool zero_centered, cudaStream_t s) {
+  if (rows == 0) return true;
+  const int threads = norm_threads(n, x, c.pair_out, w, y_bf16, nullptr, nullptr);
+  if (threads == 0 || c.K < 1 || !is_aligned(c.shared, 16)) return false;
+  launch(rms_norm_vec_kernel<true, true>, rows, threads, 0, s, x, nullptr, w, y_bf16, nullptr, nullptr, n, eps,
+         zero_centered, c);
+  FATHOM_CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void split_bf16x3(const float* x, bf16_t* out, int rows, int n, bool weights, cudaStream_t s) {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gdn_conv_step.cuh"
 #include "kernels/cuda/gdn_gate.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -14,19 +15,6 @@
 
 namespace fathom::cuda {
 namespace {
-
-// One token of the causal conv of a channel: silu(w . [history | x]), then x joins the history.
-// Both conv kernels use it, so a token's output has the same bits on either.
-template <int KC>
-__device__ __forceinline__ float conv_step(const float (&w)[KC], float (&hist)[KC - 1], float x) {
-  float acc = w[KC - 1] * x;
-#pragma unroll
-  for (int i = 0; i < KC - 1; ++i) acc += w[i] * hist[i];
-#pragma unroll
-  for (int i = 0; i + 1 < KC - 1; ++i) hist[i] = hist[i + 1];
-  hist[KC - 2] = x;
-  return silu_f(acc);
-}
 
 template <int KC>
 __global__ void gdn_conv_kernel(const float* mixed, int64_t mixed_ld, const float* conv_w, float* conv_state,
@@ -109,6 +97,68 @@ __global__ void gdn_conv_state_kernel(const float* mixed, int64_t mixed_ld, floa
     next[i] = conv_input<KC>(mixed, mixed_ld, st, conv_dim, start, end - (KC - 1) + i, c);
 #pragma unroll
   for (int i = 0; i < KC - 1; ++i) st[int64_t(i) * conv_dim + c] = next[i];
+}
+
+// Gated RMSNorm of the delta rule's output: y = w * rmsnorm(x) * silu(z), a row per value head
+// and token (z rows z_ld apart, the heads of a token side by side).
+__global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
+                                      bf16_t* y, int rows, int dv, float eps) {
+  pdl_prologue();
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* xr = x + int64_t(row) * dv;
+  const float* zr = z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv;
+  float ss = 0.f;
+  for (int i = lane; i < dv; i += 32) ss += xr[i] * xr[i];
+  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
+  for (int i = lane; i < dv; i += 32) y[int64_t(row) * dv + i] = to_bf(w[i] * (xr[i] * inv) * silu_f(zr[i]));
+}
+
+// The same with 16-byte loads, a row's x and z held in registers (dv a multiple of 4, at most
+// 128 * kGatedNormMaxVec; rows 16-byte aligned): one pass over memory instead of two over x.
+constexpr int kGatedNormMaxVec = 4;
+// One warp a row; x is read through L2 (the fused recurrent kernel reads rows other blocks wrote).
+__device__ __forceinline__ void gated_norm_row_vec(const float* x, const float* z, int64_t z_ld, int heads,
+                                                   const float* w, bf16_t* y, int row, int dv, float eps) {
+  const int lane = threadIdx.x % 32;
+  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(row) * dv);
+  const float4* zr = reinterpret_cast<const float4*>(z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv);
+  const int n4 = dv / 4;
+  float4 xv[kGatedNormMaxVec], zv[kGatedNormMaxVec];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kGatedNormMaxVec; ++k) {
+    const int i = lane + 32 * k;
+    if (i < n4) {
+      xv[k] = __ldcg(xr + i);
+      zv[k] = zr[i];
+      ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    }
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
+  uint2* yr = reinterpret_cast<uint2*>(y + int64_t(row) * dv);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int k = 0; k < kGatedNormMaxVec; ++k) {
+    const int i = lane + 32 * k;
+    if (i < n4) {
+      const float4 wv = w4[i], xk = xv[k], zk = zv[k];
+      yr[i] = make_uint2(pack_bf16(wv.x * (xk.x * inv) * silu_f(zk.x), wv.y * (xk.y * inv) * silu_f(zk.y)),
+                         pack_bf16(wv.z * (xk.z * inv) * silu_f(zk.z), wv.w * (xk.w * inv) * silu_f(zk.w)));
+    }
+  }
+}
+
+__global__ void gated_rms_norm_vec_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
+                                          bf16_t* y, int rows, int dv, float eps) {
+  pdl_prologue();
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row < rows) gated_norm_row_vec(x, z, z_ld, heads, w, y, row, dv, eps);
+}
+
+bool gated_norm_vec_applies(const float* x, const float* z, int64_t z_ld, const float* w, const bf16_t* y, int dv) {
+  return dv % 4 == 0 && dv <= 128 * kGatedNormMaxVec && z_ld % 4 == 0 && is_aligned(x, 16) && is_aligned(z, 16) &&
+         is_aligned(w, 16) && is_aligned(y, 8);
 }
 
 // Gated delta rule, recurrent form. The columns S[:, v] of a head's state evolve independently
@@ -232,7 +282,7 @@ template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
     float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
-    bool vec16, StateHistory hs, int long_from, int fault) {
+    bool vec16, StateHistory hs, int long_from, int fault, GatedNormFuse gn) {
   pdl_prologue();
   // Fault injection (backend_switches.h): the step's token count is on the device only, so the
   // kernel itself writes NaN or wrong values, an illegal address, or just past its output (oob).
@@ -320,55 +370,19 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     }
   }
   if (active) gdn_store_column<F>(S, st, dv);
-}
-
-__global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
-                                      bf16_t* y, int rows, int dv, float eps) {
-  pdl_prologue();
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* xr = x + int64_t(row) * dv;
-  const float* zr = z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv;
-  float ss = 0.f;
-  for (int i = lane; i < dv; i += 32) ss += xr[i] * xr[i];
-  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
-  for (int i = lane; i < dv; i += 32) y[int64_t(row) * dv + i] = to_bf(w[i] * (xr[i] * inv) * silu_f(zr[i]));
-}
-
-// The same with 16-byte loads, a row's x and z held in registers (dv a multiple of 4, at most
-// 128 * kGatedNormMaxVec; rows 16-byte aligned): one pass over memory instead of two over x.
-constexpr int kGatedNormMaxVec = 4;
-__global__ void gated_rms_norm_vec_kernel(const float* x, const float* z, int64_t z_ld, int heads, const float* w,
-                                          bf16_t* y, int rows, int dv, float eps) {
-  pdl_prologue();
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(row) * dv);
-  const float4* zr = reinterpret_cast<const float4*>(z + int64_t(row / heads) * z_ld + int64_t(row % heads) * dv);
-  const int n4 = dv / 4;
-  float4 xv[kGatedNormMaxVec], zv[kGatedNormMaxVec];
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kGatedNormMaxVec; ++k) {
-    const int i = lane + 32 * k;
-    if (i < n4) {
-      xv[k] = xr[i];
-      zv[k] = zr[i];
-      ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
-    }
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
-  uint2* yr = reinterpret_cast<uint2*>(y + int64_t(row) * dv);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-#pragma unroll
-  for (int k = 0; k < kGatedNormMaxVec; ++k) {
-    const int i = lane + 32 * k;
-    if (i < n4) {
-      const float4 wv = w4[i], xk = xv[k], zk = zv[k];
-      yr[i] = make_uint2(pack_bf16(wv.x * (xk.x * inv) * silu_f(zk.x), wv.y * (xk.y * inv) * silu_f(zk.y)),
-                         pack_bf16(wv.z * (xk.z * inv) * silu_f(zk.z), wv.w * (xk.w * inv) * silu_f(zk.w)));
-    }
-  }
+  if (gn.counters == nullptr) return;
+  // The gated norm of this sequence's rows of head h, by the last of the head's column blocks to
+  // finish (each fences its outputs, then counts itself in; atomicInc wraps the count to 0).
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicInc(gn.counters + int64_t(s) * hv + h, gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = t_begin + int(threadIdx.x / 32); t < t_end; t += kGdnThreads / 32)
+    gated_norm_row_vec(out, gn.z, gn.z_ld, hv, gn.w, gn.y, t * hv + h, dv, gn.eps);
 }
 
 // One pass per sequence, or (chunks > 1) the chunked kernel then the state update.
@@ -443,17 +457,19 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 
 bool gdn_recurrent_covers(int dk) { return dk == 16 || dk == 32 || dk == 64 || dk == 128; }
 
-void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
+bool gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist, int long_from,
-                   const char* serves, bool decode_smem) {
+                   const char* serves, bool decode_smem, const GatedNormFuse* norm) {
   const StateHistory hs = hist ? *hist : StateHistory{};
-  if (num_seqs == 0) return;
+  if (num_seqs == 0) return norm != nullptr;
   // The shared-memory kernel when the tuner chose it for decode, and for every key head dim the
   // register-tiled kernel has no instance for (gdn_recurrent_covers).
-  if ((decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk))
-    return gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk,
-                              dv, s, hist, long_from);
+  if ((decode_smem && std::string_view(serves) == kGdnDecodeOp) || !gdn_recurrent_covers(dk)) {
+    gdn_recurrent_smem(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dk, dv, s,
+                       hist, long_from);
+    return false;
+  }
   FATHOM_CHECK(dv >= 1 && dv <= kMaxLinearValueHeadDim, "gdn_recurrent: value head dim ", dv, " must be in 1..",
                kMaxLinearValueHeadDim);
   FATHOM_CHECK(hk > 0 && hv % hk == 0, "gdn_recurrent: ", hv, " value heads over ", hk, " key heads");
@@ -468,16 +484,21 @@ void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
     case 128: kernel = gdn_recurrent_kernel<128>; break;
     default: fail("gdn_recurrent: no register-tiled kernel for key head dim ", dk);
   }
+  // The gated norm rides along where every row is this kernel's (no chunked sequences), the
+  // vectorised norm applies, and no fault is injected into this op.
+  const BackendFault fault = backend_fault_of(serves, kRecurrent);
+  const bool fuse = norm && norm->counters && long_from == 0 && fault == BackendFault::None &&
+                    gated_norm_vec_applies(out, norm->z, norm->z_ld, norm->w, norm->y, dv);
   launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
-         vec16, hs, long_from, int(backend_fault_of(serves, kRecurrent)));
+         vec16, hs, long_from, int(fault), fuse ? *norm : GatedNormFuse{});
   FATHOM_CUDA_LAUNCH_CHECK();
+  return fuse;
 }
 
 void gated_rms_norm(const float* x, const float* z, int64_t z_ld, int heads, const float* w, bf16_t* y, int rows,
                     int dv, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  const bool vec = dv % 4 == 0 && dv <= 128 * kGatedNormMaxVec && z_ld % 4 == 0 && is_aligned(x, 16) &&
-                   is_aligned(z, 16) && is_aligned(w, 16) && is_aligned(y, 8);
+  const bool vec = gated_norm_vec_applies(x, z, z_ld, w, y, dv);
   launch(vec ? gated_rms_norm_vec_kernel : gated_rms_norm_kernel, (rows + 3) / 4, 128, 0, s, x, z, z_ld, heads, w, y,
          rows, dv, eps);
   FATHOM_CUDA_LAUNCH_CHECK();

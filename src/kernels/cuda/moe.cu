@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -11,20 +12,19 @@ namespace fathom::cuda {
 namespace {
 
 constexpr int kMaxExpertsPerLane = kMaxExperts / 32;
+constexpr int kCombineLoads = 8;  // pair rows loaded before they are summed
 
-// One warp per token.
-__global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weights, int T, int E, int K,
-                                bool renorm) {
-  pdl_prologue();
-  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (t >= T) return;
+// Softmax and top-k of token t's logits, by one warp. The logits are read through L2 (ld.cg):
+// in moe_route_kernel other blocks of the same launch wrote them.
+__device__ void topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
+  const int lane = threadIdx.x % 32;
   const float* row = logits + int64_t(t) * E;
   float p[kMaxExpertsPerLane];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kMaxExpertsPerLane; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < E ? row[e] : -INFINITY;
+    p[i] = e < E ? __ldcg(row + e) : -INFINITY;
     mx = fmaxf(mx, p[i]);
   }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
@@ -61,6 +61,14 @@ __global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weight
   }
   if (renorm && lane == 0)
     for (int k = 0; k < K; ++k) weights[int64_t(t) * K + k] /= picked_sum;
+}
+
+// One warp per token.
+__global__ void moe_topk_kernel(const float* logits, int32_t* ids, float* weights, int T, int E, int K,
+                                bool renorm) {
+  pdl_prologue();
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t < T) topk_token(logits, ids, weights, t, E, K, renorm);
 }
 
 __constant__ float kE2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
@@ -226,11 +234,11 @@ __device__ void block_exclusive_scan3(int3 v, int3* excl, int3* total) {
 // `tile_tokens` > 0 it also lists work tiles: (expert, first sorted pair, pair count) with at
 // most tile_tokens pairs each, experts in increasing order. Each thread owns a run of experts
 // (prefix sums over the block, no serial loop over E: this runs once per MoE layer per step).
-__global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sorted_pairs, int32_t* expert_start,
-                                 int32_t* active, int32_t* num_active, int tile_tokens, int32_t* tiles,
-                                 int32_t* num_tiles) {
-  pdl_prologue();
-  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+// `counts`: 2E ints of shared memory. Any block size that is a multiple of 32 gives the same
+// layout (only the order of pairs within an expert, which no result depends on, varies).
+__device__ void group_pairs_block(const int32_t* ids, int P, int E, int32_t* counts, int32_t* sorted_pairs,
+                                  int32_t* expert_start, int32_t* active, int32_t* num_active, int tile_tokens,
+                                  int32_t* tiles, int32_t* num_tiles) {
   int32_t* cursor = counts + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
@@ -270,6 +278,39 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x)
     if (ids[p] >= 0) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
+}
+
+__global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sorted_pairs, int32_t* expert_start,
+                                 int32_t* active, int32_t* num_active, int tile_tokens, int32_t* tiles,
+                                 int32_t* num_tiles) {
+  pdl_prologue();
+  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+  group_pairs_block(ids, P, E, counts, sorted_pairs, expert_start, active, num_active, tile_tokens, tiles, num_tiles);
+}
+
+// A decode-sized step's routing in one launch: the router's fp32 GEMV (gemv_block: the bits of
+// linear_f32), then the last block to finish takes the softmax + top-k of every token and the
+// grouping of the pairs. Each block writes its logits, fences, and counts itself in on
+// g.done; atomicInc wraps the count back to 0 at the last block, so the counter is ready for the
+// next launch without a reset. Saves two kernel boundaries a MoE layer (docs/perf.md, issue 32).
+template <int MAX_T, int R>
+__global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* router, const float* x, float* logits,
+                                                               int T, int E, int H, int G, int K, bool renorm,
+                                                               int32_t* ids, float* weights, MoeGroupScratch g,
+                                                               int tile_tokens) {
+  gemv_block<float, MAX_T, R>(router, x, GemvStoreRows{logits, E}, T, E, H, G);
+  __shared__ int last;
+  __shared__ int32_t counts[2 * kMaxExperts];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(reinterpret_cast<unsigned*>(g.done), gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = threadIdx.x / 32; t < T; t += blockDim.x / 32) topk_token(logits, ids, weights, t, E, K, renorm);
+  __syncthreads();
+  group_pairs_block(ids, T * K, E, counts, g.sorted_pairs, g.expert_start, g.active, g.num_active, tile_tokens, g.tiles,
+                    g.num_tiles);
 }
 
 // Block (row block, a): the a-th active expert, every pair routed to it (its weight rows stay in
@@ -312,10 +353,19 @@ __global__ void combine_pairs_kernel(const float* pair_out, float* y, int T, int
   const int64_t total = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, n = i % hidden;
+    // Loads first, kCombineLoads in flight, then the sum in k order (a loop of dependent loads was
+    // ~6 us a MoE layer at one token, docs/perf.md issue 32).
     float acc = 0.f;
-    for (int k = 0; k < K; ++k)
-      if (!ids || ids[t * K + k] >= 0) acc += pair_out[(t * K + k) * hidden + n];
-    if (shared) acc += sigmoid_f(shared_gate[t * gate_ld]) * shared[i];
+    for (int k0 = 0; k0 < K; k0 += kCombineLoads) {
+      float v[kCombineLoads];
+#pragma unroll
+      for (int j = 0; j < kCombineLoads; ++j)
+        v[j] = k0 + j < K && (!ids || ids[t * K + k0 + j] >= 0) ? pair_out[(t * K + k0 + j) * hidden + n] : 0.f;
+#pragma unroll
+      for (int j = 0; j < kCombineLoads; ++j)
+        if (k0 + j < K && (!ids || ids[t * K + k0 + j] >= 0)) acc += v[j];
+    }
+    if (shared) acc = __fmaf_rn(sigmoid_f(shared_gate[t * gate_ld]), shared[i], acc);  // as combine_float4
     y[i] = acc;
   }
 }
@@ -388,6 +438,26 @@ void moe_localize_ids(int32_t* topk_ids, int P, int first, int count, cudaStream
   if (P == 0) return;
   launch(localize_ids_kernel, (P + 255) / 256, 256, 0, s, topk_ids, P, first, count);
   FATHOM_CUDA_LAUNCH_CHECK();
+}
+
+bool moe_route(const float* router, const float* x, float* logits, int T, int E, int H, int K, bool renorm,
+               int32_t* topk_ids, float* topk_w, const MoeGroupScratch& g, int tile_tokens, cudaStream_t s) {
+  if (T < 1 || T > kGemvMaxTokens || E > kMaxExperts || K > E || H % 4 != 0 || !is_aligned(router, 16) ||
+      !is_aligned(x, 16) || g.done == nullptr)
+    return false;
+  const int G = gemv_warps_per_row<float>(E, H);
+  auto run = [&](auto kernel, int R) {
+    const int rows_per_block = kGemvBlock / 32 / G * R;
+    launch(kernel, (E + rows_per_block - 1) / rows_per_block, kGemvBlock, 0, s, router, x, logits, T, E, H, G, K, renorm,
+           topk_ids, topk_w, g, tile_tokens);
+  };
+  // The GEMV's token buckets (gemv.cu's launch_gemv), so the logits have its bits.
+  if (T <= 1) run(moe_route_kernel<1, 1>, 1);
+  else if (T <= 2) run(moe_route_kernel<2, 2>, 2);
+  else if (T <= 4) run(moe_route_kernel<4, 4>, 4);
+  else run(moe_route_kernel<8, 4>, 4);
+  FATHOM_CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,

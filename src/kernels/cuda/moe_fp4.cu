@@ -548,21 +548,29 @@ int moe_fp4_small_pairs_per_expert() {
   return n;
 }
 
+// Few tokens per expert (a decode step, or one with a prefill chunk beside it): the 8-token
+// tiles, which read each expert once per 8 of its tokens; the 64-token tiles compute all 64
+// columns however few tokens an expert has.
+static bool small_tiles(const PackedExperts& ex, int T, int K) {
+  return T <= kMoeFp4SmallT || int64_t(T) * K <= int64_t(moe_fp4_small_pairs_per_expert()) * ex.num;
+}
+
+int moe_fp4_tile_tokens(const PackedExperts& ex, int T, int K, const MoeFp4Plan& plan) {
+  FATHOM_CHECK(plan.large_variant >= 0 && plan.large_variant < moe_fp4_large_variants(),
+               "moe_fp4: no prefill-kernel variant ", plan.large_variant);
+  return small_tiles(ex, T, K) ? kSmallTile : kLargeVariants[plan.large_variant].tile_tokens;
+}
+
 void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
-                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan) {
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan, bool grouped) {
   if (T == 0) return;
   FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_fp4: hidden ", ex.hidden, " and inter ",
                ex.inter, " must be multiples of 8");
   const int P = T * K;
-  // Few tokens per expert (a decode step, or one with a prefill chunk beside it): the 8-token
-  // tiles, which read each expert once per 8 of its tokens; the 64-token tiles compute all 64
-  // columns however few tokens an expert has.
-  const bool small = T <= kMoeFp4SmallT || int64_t(P) <= int64_t(moe_fp4_small_pairs_per_expert()) * ex.num;
-  FATHOM_CHECK(plan.large_variant >= 0 && plan.large_variant < moe_fp4_large_variants(),
-               "moe_fp4: no prefill-kernel variant ", plan.large_variant);
-  const int tile = small ? kSmallTile : kLargeVariants[plan.large_variant].tile_tokens;
-  moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
+  const bool small = small_tiles(ex, T, K);
+  const int tile = moe_fp4_tile_tokens(ex, T, K, plan);
+  if (!grouped) moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
   const int max_tiles = std::min(ex.num, P) + P / tile;
   const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
   MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};

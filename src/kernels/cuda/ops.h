@@ -57,6 +57,21 @@ void rms_norm(const float* x, const float* w, bf16_t* y_bf16, float* y_f32, int 
 void add_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
                   bool zero_centered, cudaStream_t s, float* y_f32 = nullptr, bf16_t* y_split3 = nullptr);
 void add_inplace(float* x, const float* delta, int64_t n, cudaStream_t s);
+// A MoE layer's output as moe_combine_pairs sums it: rows [T*K, n] of pair_out (pairs whose
+// topk_ids entry is < 0 left out, when given) plus sigmoid(shared_gate[t*gate_ld]) * shared[t].
+struct MoeCombineRows {
+  const float* pair_out = nullptr;
+  int K = 0;
+  const float* shared = nullptr;
+  const float* shared_gate = nullptr;
+  int64_t gate_ld = 1;
+  const int32_t* topk_ids = nullptr;
+};
+// add_rms_norm with the combine in place of delta (its bits, without the combine's own launch
+// and round trip through memory). False, with nothing launched, where the vectorised norm does
+// not apply (the caller then combines and adds as two steps).
+bool combine_add_rms_norm(float* x, const MoeCombineRows& c, const float* w, bf16_t* y_bf16, int rows, int n, float eps,
+                          bool zero_centered, cudaStream_t s);
 // fp32 rows [rows, n] as bf16 [rows, 3n]: weights [hi | lo | hi], activations [hi | hi | lo]
 // (v = hi + lo). A bf16 GEMM over the 3n columns then matches an fp32 product to about 2^-16:
 // the routers' prefill path on tensor cores.
@@ -174,6 +189,14 @@ inline void attention_prepare(const float* q_raw, const float* k_raw, const floa
 // when gate != null; written as bf16 (the o_proj input).
 // Split-K over the keys for decode (few query tokens, long contexts): `splits` partial results
 // per (token, head) in the scratch arrays ([T*nh*splits] and [T*nh*splits*d]), then combined.
+inline constexpr int kMaxCombineSplits = 1024;  // key splits the combine merges at most
+// Split-K decode attention: a token's keys go to ceil(n / splits) keys a split, at least
+// kMinSplitKeys (short contexts use fewer splits; the rest are empty), over kAttentionDecodeSplits
+// splits whatever the step's size or the longest context, so a token's result never depends on
+// the other tokens of its step. 16 splits x >= 128 keys: the fastest of 4..128 splits at one and
+// eight 4K-context tokens (bench/decode_ops_bench.cpp, docs/perf.md issue 32).
+inline constexpr int kAttentionDecodeSplits = 16;
+inline constexpr int kMinSplitKeys = 128;
 struct AttentionSplit {
   int splits = 1;
   float *part_m = nullptr, *part_l = nullptr, *part_acc = nullptr;
@@ -262,10 +285,28 @@ void gdn_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, float* 
 // Sequences with at least `long_from` tokens are left alone when it is positive (gdn_chunked's).
 // `serves`: the op it runs as (backend_switches.h: "gdn.decode" or "gdn.prefill"), for faults.
 // `decode_smem`: gdn.decode runs on gdn_recurrent_smem (KernelPlan::gdn_decode_smem).
-void gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
+// `norm`: the gated_rms_norm of `out` to run in the same launch where it can (the last column
+// block of each head does its rows); returns whether it ran (else the caller runs gated_rms_norm).
+struct GatedNormFuse {
+  const float* z = nullptr;
+  int64_t z_ld = 0;
+  const float* w = nullptr;
+  bf16_t* y = nullptr;
+  float eps = 0.f;
+  uint32_t* counters = nullptr;  // [sequences of the step x hv], zero before the first call (it stays so)
+};
+bool gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
                    float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int num_seqs,
                    int hk, int hv, int dk, int dv, cudaStream_t s, const StateHistory* hist = nullptr,
-                   int long_from = 0, const char* serves = "gdn.decode", bool decode_smem = false);
+                   int long_from = 0, const char* serves = "gdn.decode", bool decode_smem = false,
+                   const GatedNormFuse* norm = nullptr);
+// The DeltaNet input projection mixed[T, N] = x[T, K] w^T (bf16 weights, the GEMV of gemm_bf16)
+// with gdn_conv of its first conv_dim rows (channels) run by the threads that finish them: the two
+// steps' results and bits in one launch. False, with nothing launched, outside the GEMV's sizes
+// (T up to gemv_max_tokens), for a conv kernel size other than 4, or under injected faults.
+bool gdn_in_proj_conv(const bf16_t* x, const bf16_t* w, float* mixed, int T, int N, int K, const float* conv_w,
+                      float* conv_state, const int32_t* seq_start, const int32_t* state_slot, float* u, int num_seqs,
+                      int conv_dim, int kc, const StateHistory* hist, int gemv_max_tokens, cudaStream_t s);
 // Key head dims the register-tiled kernel of gdn_recurrent has an instance for (16, 32, 64, 128);
 // gdn_recurrent runs gdn_recurrent_smem for the others.
 bool gdn_recurrent_covers(int dk);
@@ -319,6 +360,7 @@ struct DeviceExperts {
 struct MoeGroupScratch {
   int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
   int32_t *tiles = nullptr, *num_tiles = nullptr;
+  int32_t* done = nullptr;  // moe_route's count of finished blocks (zero when the scratch is made)
 };
 // Counting sort of the P = T*K pairs by expert (ids < 0 left out); with tile_tokens > 0 also the work tiles
 // (expert, first sorted pair, count <= tile_tokens), at most min(E, P) + P / tile_tokens of them.
@@ -377,15 +419,20 @@ int moe_fp4_small_pairs_per_expert();  // the above, or FATHOM_MOE_FP4_SMALL_PAI
 // weight (pair_out: [T*K, hidden]), then the combine (left to the caller, moe_combine_pairs,
 // when y is null). `g` needs tiles for T*K pairs. `plan`: the kernel variants (default: the
 // fixed rule).
+// `grouped`: g already holds the pairs grouped with moe_fp4_tile_tokens's tiles (moe_route).
 void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
-                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan = {});
+                     int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan = {},
+                     bool grouped = false);
+// The tokens of a work tile moe_experts_fp4 groups T tokens' pairs into (over ex.num experts).
+int moe_fp4_tile_tokens(const PackedExperts& ex, int T, int K, const MoeFp4Plan& plan);
 inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pairs / 8 + 1; }
 // The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of
 // moe_group_scratch_ints(pairs, E) elements.
 inline int64_t moe_group_scratch_ints(int pairs, int E) {
-  return int64_t(pairs) + 2 * E + 3 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
+  return int64_t(pairs) + 2 * E + 4 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
 }
+// `buf` must be zeroed before the first moe_route on it (the caller's allocation does it).
 inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   MoeGroupScratch g;
   g.sorted_pairs = buf;
@@ -393,9 +440,15 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   g.active = g.expert_start + E + 1;
   g.num_active = g.active + E;
   g.num_tiles = g.num_active + 1;
-  g.tiles = g.num_tiles + 1;
+  g.done = g.num_tiles + 1;
+  g.tiles = g.done + 1;
   return g;
 }
+// The routing of a decode-sized MoE step in one launch: logits = x router^T (fp32, the GEMV of
+// linear_f32, so the same bits), moe_topk, then moe_group_pairs with tile_tokens. False, with
+// nothing launched, past the GEMV's sizes (T > kGemvMaxTokens) or without g.done.
+bool moe_route(const float* router, const float* x, float* logits, int T, int E, int H, int K, bool renorm,
+               int32_t* topk_ids, float* topk_w, const MoeGroupScratch& g, int tile_tokens, cudaStream_t s);
 // Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp),
 // chosen per call by a MoeFp4Plan (kernel_plan.h) so that the tuner and a benchmark can run them all.
 int moe_fp4_small_variants();

@@ -91,7 +91,7 @@ struct AttentionRig {
     dpos = &buffers.input("positions", pos), dseq = &buffers.input("sequence of token", seq_of_token);
     dtables = &buffers.input("block tables", tables);
     out = &buffers.output("out", size_t(T) * h.nh * h.d * 2);
-    splits = std::min(16, std::max(1, (longest + 511) / 512));  // as the runner's memory plan
+    splits = kAttentionDecodeSplits;  // as the runner's memory plan
     const size_t parts = size_t(T) * h.nh * splits;
     pm = &buffers.scratch("split maxima", parts * 4), pl = &buffers.scratch("split sums", parts * 4);
     pacc = &buffers.scratch("split partials", parts * h.d * 4);

@@ -36,7 +36,7 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   xn = b16(T * H);
   xn32 = f32(T * H);
   // Split-K decode attention: up to kSplitTokens query tokens, one split per 512 keys (max 16).
-  split.splits = std::min(16, std::max(1, (limits.max_seq_len + 511) / 512));
+  split.splits = kAttentionDecodeSplits;
   part_m = f32(int64_t(kSplitTokens) * nh * split.splits);
   part_l = f32(int64_t(kSplitTokens) * nh * split.splits);
   part_acc = f32(int64_t(kSplitTokens) * nh * split.splits * d);
@@ -58,6 +58,8 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   if (linear_layers > 0 && gdn_chunked_supported(dk, dv) && T >= kGdnChunkedMinTokens)
     gdn_scratch = DeviceBuffer(gdn_chunked_scratch_bytes(int(T), kGdnChunkedMinTokens, hk, hv, dk));
   normed = b16(T * std::max(hv * dv, nh * d));
+  gdn_norm_counters = DeviceBuffer(size_t(std::max<int64_t>(T * hv, 1)) * 4);  // a step has at most T sequences
+  FATHOM_CUDA_CHECK(cudaMemset(gdn_norm_counters.data(), 0, gdn_norm_counters.bytes()));
   const int E = std::max(1, cfg.num_experts), I = std::max(1, cfg.moe_intermediate_size);
   router_logits = f32(T * E);
   router_x3 = b16(T * 3 * H);
@@ -65,6 +67,7 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   topk_w = f32(T * K);
   pair_h = b16(int64_t(limits.pairs) * I);
   group_buf = DeviceBuffer(size_t(moe_group_scratch_ints(limits.pairs, E)) * 4);
+  FATHOM_CUDA_CHECK(cudaMemset(group_buf.data(), 0, group_buf.bytes()));  // moe_route's count starts at zero
   group = moe_group_scratch(group_buf.as<int32_t>(), limits.pairs, E);
   pair_out = f32(int64_t(limits.pairs) * H);
   const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});

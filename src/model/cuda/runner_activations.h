@@ -34,6 +34,9 @@ struct Activations {
   // Gated DeltaNet: [qkv | z | b | a] projections, convolution output, core output, gated norm,
   // and the chunked kernel's per-chunk products (prefill-sized steps only).
   DeviceBuffer mixed, zbuf, bbuf, abuf, ubuf, core, normed, gdn_scratch;
+  // The recurrent kernel's per-(sequence, head) counts for the gated norm it runs (zeroed here;
+  // every launch leaves them zero).
+  DeviceBuffer gdn_norm_counters;
   // MoE: router logits (and its split bf16 input), top-k, the pairs' hidden and output rows.
   DeviceBuffer router_logits, router_x3, topk_ids, topk_w, pair_h, pair_out, group_buf;
   MoeGroupScratch group;

@@ -271,6 +271,14 @@ struct CudaRunner::Impl {
 
   void run_layers(const Plan& p);
 
+  // A MoE layer's combine left to the next layer's input norm (combine_add_rms_norm): set by
+  // moe_block when run_layers allows it (defer_combine: a layer other than the last, no
+  // collective between), taken by the next decoder_layer. delta is not written meanwhile.
+  bool defer_combine = false, combine_pending = false;
+  MoeCombineRows pending_combine;
+  // x += the layer output (delta, or the pending combine), then the input norm into xn.
+  void add_input_norm(const DevLayer& l, int T);
+
   void attention_block(const DevLayer& l, const Plan& p);
 
   // Attention over the paged cache, by the plan's runs: prefill runs on the tensor-core prefill

@@ -2,9 +2,28 @@
 // DeltaNet, MLP or MoE), the final norm and lm_head, and the MTP draft layer's step.
 #include "model/cuda/runner_impl.h"
 
+#include <cstdlib>
+#include <string_view>
+#include <utility>
+
 #include "kernels/cuda/backend_switches.h"
 
 namespace fathom::cuda {
+namespace {
+
+// The decode-step fusions (issue 32): router + top-k + grouping in one launch, the conv as the
+// DeltaNet projection's epilogue, the gated norm in the recurrent kernel, the MoE combine in the
+// next layer's input norm; each has the bits of the launches it replaces. All of them apply to
+// steps of at most kGemvMaxTokens tokens; FATHOM_DECODE_FUSION=0 turns them off (A/B runs).
+bool decode_fusion(int T) {
+  static const bool on = [] {
+    const char* v = std::getenv("FATHOM_DECODE_FUSION");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on && T <= kGemvMaxTokens;
+}
+
+}  // namespace
 
 // One decoder layer on the residual stream x: input norm (fused with adding the previous
 // layer's output `delta`, unless `first`), the mixer, post norm, the MLP or MoE; the layer's
@@ -17,10 +36,11 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
   float* X = act.x.as<float>();
   float* D = act.delta.as<float>();
   bf16_t* XN = act.xn.as<bf16_t>();
-  {
+  if (first) {
     Scope sc(profiler, "norm");
-    if (first) rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
-    else add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, s);
+    rms_norm(X, l.input_norm, XN, nullptr, T, H, eps, zc, s);
+  } else {
+    add_input_norm(l, T);
   }
   if (l.type == LayerType::FullAttention) attention_block(l, p);
   else gdn_block(l, p);
@@ -37,6 +57,23 @@ void CudaRunner::Impl::decoder_layer(const DevLayer& l, const Plan& p, bool firs
   reduce_partial(D, T);
 }
 
+void CudaRunner::Impl::add_input_norm(const DevLayer& l, int T) {
+  Scope sc(profiler, "norm");
+  const int H = cfg.hidden_size;
+  const float eps = float(cfg.rms_norm_eps);
+  const bool zc = cfg.norm_zero_centered;
+  float* X = act.x.as<float>();
+  float* D = act.delta.as<float>();
+  bf16_t* XN = act.xn.as<bf16_t>();
+  const bool pending = std::exchange(combine_pending, false);
+  if (pending && combine_add_rms_norm(X, pending_combine, l.input_norm, XN, T, H, eps, zc, stream)) return;
+  if (pending) {
+    const MoeCombineRows& c = pending_combine;
+    moe_combine_pairs(c.pair_out, D, T, c.K, H, c.shared, c.shared_gate, c.gate_ld, stream, c.topk_ids);
+  }
+  add_rms_norm(X, D, l.input_norm, XN, T, H, eps, zc, stream);
+}
+
 void CudaRunner::Impl::run_layers(const Plan& p) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, T = p.T;
@@ -46,7 +83,11 @@ void CudaRunner::Impl::run_layers(const Plan& p) {
     Scope sc(profiler, "embedding");
     embedding(dmeta.ids, w.embed, X, T, H, s, sampling.last_token.as<int32_t>());
   }
-  for (size_t li = 0; li < w.layers.size(); ++li) decoder_layer(w.layers[li], p, /*first=*/li == 0);
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    defer_combine = decode_fusion(p.T) && !comm && li + 1 < w.layers.size();
+    decoder_layer(w.layers[li], p, /*first=*/li == 0);
+  }
+  defer_combine = false;
   Scope sc(profiler, "norm");
   add_inplace(X, D, int64_t(T) * H, s);
 }
@@ -129,14 +170,24 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
   const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, kc = cfg.linear_conv_kernel_dim;
   const int conv_dim = cfg.linear_conv_dim();
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
+  float* cs = states.conv(l.linear_index);
+  float* rs = states.rec(l.linear_index);
+  const StateHistory h = hist_step ? states.layer_history(l.linear_index, dmeta.keep_hist) : StateHistory{};
   // Projections: one fused GEMM ([qkv | z | b | a] per row) or four.
   const float *mix_p, *z_p, *b_p, *a_p;
   int64_t mix_ld, z_ld, ba_ld;
+  bool conv_done = false;
   {
     Scope sc(profiler, "gdn.proj");
     if (l.gdn_in.out > 0) {
       const int64_t W = l.gdn_in.out;
-      linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
+      // At decode sizes the conv of the q/k/v rows runs as the projection's epilogue.
+      const DeviceLinear& in = l.gdn_in;
+      conv_done = decode_fusion(T) && !in.is_fp8() && !in.is_fp4() && in.bf16 &&
+                  gdn_in_proj_conv(act.xn.as<bf16_t>(), in.bf16, act.mixed.as<float>(), T, in.out, in.in, l.conv_w, cs,
+                                   dmeta.seq_start, dmeta.state_slot, act.ubuf.as<float>(), p.S, conv_dim, kc,
+                                   hist_step ? &h : nullptr, opt.kernels.gemv_max_tokens, s);
+      if (!conv_done) linear(l.gdn_in, act.xn.as<bf16_t>(), act.mixed.array<float>(), T, dq, s, opt.kernels);
       mix_p = act.mixed.as<float>();
       z_p = mix_p + conv_dim;
       b_p = z_p + int64_t(hv) * dv;
@@ -167,11 +218,9 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       }
     }
   }
+  bool normed = false;
   {
-    float* cs = states.conv(l.linear_index);
-    float* rs = states.rec(l.linear_index);
-    const StateHistory h = hist_step ? states.layer_history(l.linear_index, dmeta.keep_hist) : StateHistory{};
-    {
+    if (!conv_done) {
       Scope sc(profiler, "gdn.conv");
       gdn_conv(mix_p, mix_ld, l.conv_w, cs, dmeta.seq_start, dmeta.state_slot, act.ubuf.as<float>(), p.S, conv_dim, kc,
                s, hist_step ? &h : nullptr, p.max_seq_tokens);
@@ -184,17 +233,23 @@ void CudaRunner::Impl::gdn_block(const DevLayer& l, const Plan& p) {
       const bool chunked = prefill && opt.kernels.gdn_chunked && act.gdn_scratch.bytes() > 0;
       const int long_from = chunked ? kGdnChunkedMinTokens : 0;
       Scope sc(profiler, "gdn.recurrent");
-      gdn_recurrent(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
-                    act.core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr, long_from,
-                    prefill ? kGdnPrefillOp : kGdnDecodeOp, opt.kernels.gdn_decode_smem);
+      // The gated norm rides on the recurrent kernel where it can.
+      const GatedNormFuse fuse{z_p, z_ld, l.gnorm, act.normed.as<bf16_t>(), float(cfg.rms_norm_eps),
+                               act.gdn_norm_counters.as<uint32_t>()};
+      normed = gdn_recurrent(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start,
+                             dmeta.state_slot, act.core.as<float>(), p.S, hk, hv, dk, dv, s, hist_step ? &h : nullptr,
+                             long_from, prefill ? kGdnPrefillOp : kGdnDecodeOp, opt.kernels.gdn_decode_smem,
+                             decode_fusion(T) ? &fuse : nullptr);
       if (long_from > 0)
         gdn_chunked(act.ubuf.as<float>(), b_p, a_p, ba_ld, l.a_log, l.dt_bias, rs, dmeta.seq_start, dmeta.state_slot,
                     act.core.as<float>(), p.S, hk, hv, dk, dv, long_from, T, p.max_seq_tokens,
                     act.gdn_scratch.array<uint8_t>(), s);
     }
-    Scope sc(profiler, "gdn.norm");
-    gated_rms_norm(act.core.as<float>(), z_p, z_ld, hv, l.gnorm, act.normed.as<bf16_t>(), T * hv, dv,
-                   float(cfg.rms_norm_eps), s);
+    if (!normed) {
+      Scope sc(profiler, "gdn.norm");
+      gated_rms_norm(act.core.as<float>(), z_p, z_ld, hv, l.gnorm, act.normed.as<bf16_t>(), T * hv, dv,
+                     float(cfg.rms_norm_eps), s);
+    }
   }
   {
     Scope sc(profiler, "gdn.proj");
@@ -258,15 +313,25 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   const float* shared_gate = nullptr;
   int64_t gate_ld = 1;
   if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
+  bool grouped = false;  // the packed experts' pairs grouped by moe_route
   {
     Scope sc(profiler, "moe.router");
-    if (router_split(l, T)) {  // router_x3 from the norm before the block
-      gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s, opt.kernels.gemv_max_tokens);
-    } else {
-      linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
+    // Decode sizes: router, top-k and the experts' grouping in one launch.
+    if (decode_fusion(T) && l.packed && !tp.expert_parallel && !router_split(l, T))
+      grouped = moe_route(l.router.f32, act.xn32.as<float>(), act.router_logits.as<float>(), T, E, H, K,
+                          cfg.norm_topk_prob, act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.group,
+                          moe_fp4_tile_tokens(l.pexperts, T, K, opt.kernels.moe), s);
+    if (!grouped) {
+      if (router_split(l, T)) {  // router_x3 from the norm before the block
+        gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s,
+                  opt.kernels.gemv_max_tokens);
+      } else {
+        linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
+      }
+      moe_topk(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T, E, K,
+               cfg.norm_topk_prob, s);
+      if (tp.expert_parallel) moe_localize_ids(act.topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
     }
-    moe_topk(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T, E, K, cfg.norm_topk_prob, s);
-    if (tp.expert_parallel) moe_localize_ids(act.topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
   }
   const int32_t* skip_ids = tp.expert_parallel ? act.topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
   if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
@@ -274,12 +339,19 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
     moe_experts_fp4(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
-                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s, opt.kernels.moe);
+                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s, opt.kernels.moe,
+                    grouped);
     if (overlap) {
       FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
       FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
     }
-    moe_combine_pairs(act.pair_out.as<float>(), D, T, K, H, shared, shared_gate, gate_ld, s, skip_ids);
+    const MoeCombineRows combine{act.pair_out.as<float>(), K, shared, shared_gate, gate_ld, skip_ids};
+    if (defer_combine) {
+      pending_combine = combine;
+      combine_pending = true;
+    } else {
+      moe_combine_pairs(combine.pair_out, D, T, K, H, shared, shared_gate, gate_ld, s, skip_ids);
+    }
   } else if (T * K <= pair_limit) {
     // Writes D, shared expert included; grouping pays off once experts repeat.
     moe_experts_decode(l.experts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
