@@ -26,9 +26,9 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-RunResult run(const std::string& args) {
+RunResult run(const std::string& args, const std::string& env = "") {
   RunResult r;
-  const std::string cmd = quote(FATHOM_BINARY) + " " + args;
+  const std::string cmd = (env.empty() ? "" : env + " ") + quote(FATHOM_BINARY) + " " + args;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -228,6 +228,31 @@ TEST(Inspect, TensorParallelPlan) {
   r = run("inspect " + cfg + " --tp 0 2>&1");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.out, HasSubstr("--tensor-parallel-size"));
+}
+
+// --backends on a machine without a GPU (CUDA_VISIBLE_DEVICES empty: the same everywhere): the
+// model's ops, their step-size buckets and candidates, what `fathom tune` would verify.
+TEST(Inspect, BackendsWithoutAGpuListTheRegistry) {
+#ifdef FATHOM_BINARY_HAS_CUDA
+  const std::string cfg = quote(std::string(FATHOM_SOURCE_DIR) + "/configs/qwen3.5-35b-a3b.json");
+  RunResult r = run("inspect " + cfg + " --backends 2>&1 </dev/null", "CUDA_VISIBLE_DEVICES=");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("no usable CUDA GPU"));
+  EXPECT_THAT(r.out, HasSubstr("kernels built for sm_"));
+  for (const char* line : {"gemm.bf16 (steps of up to", "moe.fp4.decode (", "attention.decode (", "gdn.decode (",
+                           "sampling ("})
+    EXPECT_THAT(r.out, HasSubstr(line));
+  EXPECT_THAT(r.out, HasSubstr("tensor-core, cuda-core"));
+  EXPECT_THAT(r.out, HasSubstr("d7 (gate 8w/u2/b1 down 8w/u1/b1)"));
+  // A dense model has no MoE ops.
+  const std::string dense = quote((fs::path(FATHOM_FIXTURES_DIR) / "qwen3_dense").string());
+  r = run("inspect " + dense + " --backends 2>&1", "CUDA_VISIBLE_DEVICES=");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("moe.fp4")));
+  EXPECT_THAT(r.out, HasSubstr("gemm.bf16"));
+#else
+  GTEST_SKIP() << "this build has no CUDA engine";
+#endif
 }
 
 }  // namespace

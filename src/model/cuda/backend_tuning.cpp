@@ -57,6 +57,24 @@ std::vector<std::string> gpu_facts() {
   return f;
 }
 
+// One line per op: its buckets, then each candidate with its longer name. Candidates are host
+// descriptions only (no CUDA call), so this runs without a GPU.
+std::vector<std::string> registry_lines(const std::vector<TunableOp>& ops) {
+  std::vector<std::string> out;
+  for (const TunableOp& op : ops) {
+    std::string line = "  " + op.op + " (steps of up to";
+    for (size_t i = 0; i < op.buckets.size(); ++i) line += (i ? ", " : " ") + std::to_string(op.buckets[i]);
+    line += std::string(op.consistent ? "; one bit class for all sizes" : "") + "):";
+    for (size_t i = 0; i < op.candidates.size(); ++i) {
+      const std::string& c = op.candidates[i];
+      const std::string longer = op.describe ? op.describe(c) : "";
+      line += (i ? ", " : " ") + c + (longer.empty() ? "" : " (" + longer + ")");
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -140,6 +158,7 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& 
   const std::vector<std::string> gpu = gpu_facts();
   if (gpu.empty()) {
     res.note = "no usable CUDA GPU";
+    res.registry = registry_lines(model_ops(cfg, nvfp4, fp8));
     return res;
   }
   res.gpu = gpu[0] + " (sm " + gpu[1] + ", driver " + gpu[2] + ", CUDA runtime " + gpu[3] + ")";
@@ -208,6 +227,14 @@ TuneResult tune_and_apply(const ModelConfig& cfg, bool nvfp4, const TuneOptions&
 }
 
 std::vector<std::string> describe_backends(const TuneResult& r) {
+  if (!r.tuned && !r.registry.empty()) {
+    std::vector<std::string> out = {"backends: " + r.note + ". What `fathom tune` verifies and times on a GPU for this "
+                                    "model (op, step-size buckets, candidates), kernels built for " FATHOM_CUDA_TARGETS
+                                    "; on SM120 (a 99 KB shared-memory profile) a candidate that needs more fails its "
+                                    "check and is not chosen:"};
+    out.insert(out.end(), r.registry.begin(), r.registry.end());
+    return out;
+  }
   if (!r.tuned) return {"backends: " + r.note};
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f s", r.seconds);

@@ -40,6 +40,9 @@ struct TuneResult {
   std::vector<BackendCheck> checks;  // candidate: "op/candidate"
   std::vector<BackendChoice> choices;
   std::map<std::string, std::string> names;  // "op/candidate" -> a longer name, where it has one
+  // Without a GPU: the model's ops, their step-size buckets and candidates (what a GPU run would
+  // verify), one line each, for planning (`fathom inspect --backends`).
+  std::vector<std::string> registry;
   bool from_cache = false;
   std::string cache_file;
   double seconds = 0;
