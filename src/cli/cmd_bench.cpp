@@ -123,6 +123,8 @@ struct ModelShape {
   double expert_params = 0;      // one routed expert (gate+up+down)
   double expert_bytes = 0;       // one routed expert in its storage format
   double dense_bytes = 0;        // non-expert weights read per step (bf16), incl. lm_head and norms
+  // dense_params by part (all layers): DeltaNet and attention projections, routers, shared experts.
+  double linear_proj_params = 0, attn_proj_params = 0, router_params = 0, shared_params = 0;
   int moe_layers = 0, attn_layers = 0, linear_layers = 0;
 };
 
@@ -134,20 +136,21 @@ ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     if (c.layer_types[i] == LayerType::FullAttention) {
       s.attn_layers++;
-      s.dense_params += H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H;
+      s.attn_proj_params += H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H;
     } else {
       s.linear_layers++;
-      s.dense_params += H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H;
+      s.linear_proj_params += H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H;
     }
     if (c.is_moe_layer(i)) {
       s.moe_layers++;
-      s.dense_params += H * c.num_experts + 3 * H * c.shared_expert_intermediate_size + H;
+      s.router_params += H * c.num_experts;
+      s.shared_params += 3 * H * c.shared_expert_intermediate_size + H;
     } else {
       s.dense_params += 3 * H * c.intermediate_size;
     }
   }
   s.lm_head_params = H * c.vocab_size;
-  s.dense_params += s.lm_head_params;
+  s.dense_params += s.linear_proj_params + s.attn_proj_params + s.router_params + s.shared_params + s.lm_head_params;
   s.dense_bytes = 2 * s.dense_params;
   s.expert_params = 3.0 * H * c.moe_intermediate_size;
   s.expert_bytes = nvfp4_experts ? s.expert_params * (0.5 + 1.0 / 16) : 2 * s.expert_params;
@@ -173,18 +176,16 @@ StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, doubl
 // the groups that move little (norms, conv, embedding) are left out.
 std::map<std::string, double> decode_op_bytes(const ModelConfig& c, const ModelShape& s, int batch, double ctx,
                                               KvCacheDtype kv_dtype) {
-  const double H = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const double hk = c.linear_num_key_heads, hv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
-               dv = c.linear_value_head_dim, E = c.num_experts, K = c.num_experts_per_tok;
+  const double E = c.num_experts, K = c.num_experts_per_tok;
   const double touched = E > 0 ? E * (1 - std::pow(1 - K / E, batch)) : 0;
-  const double state = hv * dk * dv * 4;
+  const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
   std::map<std::string, double> b;
-  b["gdn.proj"] = 2.0 * s.linear_layers * (H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H);
-  b["attn.proj"] = 2.0 * s.attn_layers * (H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H);
+  b["gdn.proj"] = 2.0 * s.linear_proj_params;
+  b["attn.proj"] = 2.0 * s.attn_proj_params;
   b["attn.core"] = batch * ctx * double(c.kv_bytes_per_token_per_layer(kv_dtype)) * s.attn_layers;
   b["gdn.recurrent"] = 2.0 * batch * state * s.linear_layers;
-  b["moe.router"] = 2.0 * s.moe_layers * H * E;
-  b["moe.shared"] = 2.0 * s.moe_layers * (3 * H * c.shared_expert_intermediate_size + H);
+  b["moe.router"] = 2.0 * s.router_params;
+  b["moe.shared"] = 2.0 * s.shared_params;
   b["moe.experts"] = s.moe_layers * touched * s.expert_bytes;
   b["lm_head"] = 2.0 * s.lm_head_params;
   return b;

@@ -82,15 +82,11 @@ bool gdn_in_proj_conv(const bf16_t* x, const bf16_t* w, float* mixed, int T, int
   const ConvEpilogue ep{{mixed, N}, conv_w, conv_state, seq_start, state_slot, u, conv_dim, num_seqs,
                         hist ? *hist : StateHistory{}};
   const int G = gemv_warps_per_row<bf16_t>(N, K);
-  auto run = [&](auto kernel, int R) {
-    const int rows_per_block = kGemvBlock / 32 / G * R;
-    launch(kernel, (N + rows_per_block - 1) / rows_per_block, kGemvBlock, 0, s, w, x, ep, T, N, K, G);
-  };
-  // gemv.cu's token buckets, so the rows have the plain GEMV's bits.
-  if (T <= 1) run(gdn_in_proj_conv_kernel<1, 1>, 1);
-  else if (T <= 2) run(gdn_in_proj_conv_kernel<2, 2>, 2);
-  else if (T <= 4) run(gdn_in_proj_conv_kernel<4, 4>, 4);
-  else run(gdn_in_proj_conv_kernel<8, 4>, 4);
+  for_gemv_bucket(T, [&](auto b) {
+    using B = decltype(b);
+    launch(gdn_in_proj_conv_kernel<B::kMaxT, B::kRows>, gemv_blocks(N, G, B::kRows), kGemvBlock, 0, s, w, x, ep, T,
+           N, K, G);
+  });
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;
 }

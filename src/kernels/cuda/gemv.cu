@@ -17,20 +17,13 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_kernel(const W* __restrict__ 
   gemv_block<W, MAX_T, R>(w, x, GemvStoreRows{y, N}, T, N, K, G);
 }
 
-template <typename W, int MAX_T, int R>
-void launch_rows(const W* x, const W* w, float* y, int T, int N, int K, int G, cudaStream_t s) {
-  const int rows_per_block = kGemvBlock / 32 / G * R;
-  launch(gemv_kernel<W, MAX_T, R>, (N + rows_per_block - 1) / rows_per_block, kGemvBlock, 0, s, w, x, y, T, N, K, G);
-}
-
 template <typename W>
 void launch_gemv(const W* x, const W* w, float* y, int T, int N, int K, cudaStream_t s) {
   const int G = gemv_warps_per_row<W>(N, K);
-  if (T <= 1) launch_rows<W, 1, 1>(x, w, y, T, N, K, G, s);
-  else if (T <= 2) launch_rows<W, 2, 2>(x, w, y, T, N, K, G, s);
-  else if (T <= 4) launch_rows<W, 4, 4>(x, w, y, T, N, K, G, s);
-  else launch_rows<W, 8, 4>(x, w, y, T, N, K, G, s);
-  static_assert(kGemvMaxTokens <= 8);
+  for_gemv_bucket(T, [&](auto b) {
+    using B = decltype(b);
+    launch(gemv_kernel<W, B::kMaxT, B::kRows>, gemv_blocks(N, G, B::kRows), kGemvBlock, 0, s, w, x, y, T, N, K, G);
+  });
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -169,6 +169,27 @@ __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __r
       }
 }
 
+// The GEMV's token buckets: fn(GemvBucket<MAX_T, R>{}) for a step of T <= kGemvMaxTokens tokens.
+// Every kernel built on gemv_block launches through them (with gemv_blocks' grid), so its rows
+// have the plain GEMV's bits.
+template <int MAX_T, int R>
+struct GemvBucket {
+  static constexpr int kMaxT = MAX_T, kRows = R;
+};
+template <class Fn>
+void for_gemv_bucket(int T, Fn&& fn) {
+  static_assert(kGemvMaxTokens <= 8);
+  if (T <= 1) fn(GemvBucket<1, 1>{});
+  else if (T <= 2) fn(GemvBucket<2, 2>{});
+  else if (T <= 4) fn(GemvBucket<4, 4>{});
+  else fn(GemvBucket<8, 4>{});
+}
+// Blocks of a launch over N rows, G warps a row, R rows a warp group.
+inline int gemv_blocks(int N, int G, int R) {
+  const int rows_per_block = kGemvBlock / 32 / G * R;
+  return (N + rows_per_block - 1) / rows_per_block;
+}
+
 // Warps per row, from N and K only (so per-row sums never depend on T): enough rows x warps to
 // fill the GPU (about 4K warps), while every lane still gets two or more 16-byte loads.
 template <typename W>

@@ -446,16 +446,11 @@ bool moe_route(const float* router, const float* x, float* logits, int T, int E,
       !is_aligned(x, 16) || g.done == nullptr)
     return false;
   const int G = gemv_warps_per_row<float>(E, H);
-  auto run = [&](auto kernel, int R) {
-    const int rows_per_block = kGemvBlock / 32 / G * R;
-    launch(kernel, (E + rows_per_block - 1) / rows_per_block, kGemvBlock, 0, s, router, x, logits, T, E, H, G, K, renorm,
-           topk_ids, topk_w, g, tile_tokens);
-  };
-  // The GEMV's token buckets (gemv.cu's launch_gemv), so the logits have its bits.
-  if (T <= 1) run(moe_route_kernel<1, 1>, 1);
-  else if (T <= 2) run(moe_route_kernel<2, 2>, 2);
-  else if (T <= 4) run(moe_route_kernel<4, 4>, 4);
-  else run(moe_route_kernel<8, 4>, 4);
+  for_gemv_bucket(T, [&](auto b) {  // the GEMV's buckets, so the logits have linear_f32's bits
+    using B = decltype(b);
+    launch(moe_route_kernel<B::kMaxT, B::kRows>, gemv_blocks(E, G, B::kRows), kGemvBlock, 0, s, router, x, logits, T, E,
+           H, G, K, renorm, topk_ids, topk_w, g, tile_tokens);
+  });
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;
 }
