@@ -193,8 +193,9 @@ inline constexpr int kMaxCombineSplits = 1024;  // key splits the combine merges
 // Split-K decode attention: a token's keys go to ceil(n / splits) keys a split, at least
 // kMinSplitKeys (short contexts use fewer splits; the rest are empty), over kAttentionDecodeSplits
 // splits whatever the step's size or the longest context, so a token's result never depends on
-// the other tokens of its step. 16 splits x >= 128 keys: the fastest of 4..128 splits at one and
-// eight 4K-context tokens (bench/decode_ops_bench.cpp, docs/perf.md issue 32).
+// the other tokens of its step. 16 splits x >= 128 keys: the fastest of 4..128 splits at eight
+// 4K-context tokens, 20 against 16 us for 32 splits at one (bench/decode_ops_bench.cpp, docs/perf.md
+// issue 32).
 inline constexpr int kAttentionDecodeSplits = 16;
 inline constexpr int kMinSplitKeys = 128;
 struct AttentionSplit {
