@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|decode|fused]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8synth|decode|fused]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -252,6 +252,52 @@ for what in "${@:-all}"; do
         wait_healthy 18621 $SRV && grep -E "KV cache" "$OUT/fp8serve_${name}_bf16kv.log" | tail -2 | sed "s/^/bf16 KV: /"
         kill $SRV; wait $SRV
       done
+      rm -rf /tmp/synth ;;
+    fp8experts)
+      # Issue 31: FP8 routed experts kept FP8 (packed for the tensor-core expert kernels, block
+      # scales applied to fp32 partial sums): the kernels against a double host product and the
+      # engine against the CPU engine, memcheck; `fathom bench` on the 35B shape with NVFP4, FP8
+      # and BF16 experts; the 122B-A10B with FP8 experts on one GPU (fp8synth: from disk).
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 240 "$BIN/test_cuda" \
+        --gtest_filter="${FP8X_FILTER:-CudaMoe*:*CudaFixture*:*CudaW8A8*:*CudaLoad*}" > "$OUT/fp8x_tests.log" 2>&1
+      echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|max row error|Expected|Which" "$OUT/fp8x_tests.log" | head -70
+      # The 122B with FP8 experts and FP8 dense projections (as Qwen's FP8 release): 124 GB of
+      # weights, so batches up to 8 (a sequence's DeltaNet state is 156 MB there).
+      for spec in "qwen3.5-35b-a3b nvfp4 bf16 1,8,64" "qwen3.5-35b-a3b fp8 bf16 1,8,64" "qwen3.5-35b-a3b bf16 bf16 1,8,64" \
+                  "qwen3.5-122b-a10b fp8 fp8 1,8"; do
+        read -r name experts dense batches <<< "$spec"
+        [ -n "${FP8X_ONLY:-}" ] && [ "$name $experts" != "$FP8X_ONLY" ] && continue
+        timeout 400 "$BIN/fathom" bench configs/$name.json --load-format dummy --dummy-experts $experts \
+          --dummy-dense $dense --batch $batches --input-len 4096 --output-len 64 --profile \
+          --json-out "$OUT/fp8x_${name}_$experts.json" \
+          > "$OUT/fp8x_${name}_$experts.log" 2>&1
+        echo "== $name $experts"; grep -E "^(prefill|decode|weights|device)|rror|moe.experts" "$OUT/fp8x_${name}_$experts.log" | head -12
+      done
+      timeout ${FP8X_MEMCHECK_S:-180} compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 \
+        "$BIN/test_cuda" --gtest_filter='CudaMoePacked.*:CudaMoeFp8.*' > "$OUT/fp8x_memcheck.log" 2>&1
+      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8x_memcheck.log" | tail -1)"; grep -E "OK \]" "$OUT/fp8x_memcheck.log" ;;
+    fp8synth)
+      # Issue 31: the synthetic Qwen3.6-35B-A3B-FP8 (block FP8 everywhere, FP8 experts packed at
+      # load) written at full size, loaded and served from disk with `fathom serve` defaults.
+      rm -rf /tmp/synth
+      t0=$(date +%s)
+      python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/synth --format fp8-block --jobs 12 \
+        2>&1 | tail -2
+      echo "synthetic checkpoint written in $(( $(date +%s) - t0 )) s"
+      "$BIN/fathom" inspect /tmp/synth 2>&1 | grep -E "quantization|^  |kv cache|weights" | head -20 | tee "$OUT/fp8x_inspect.log"
+      sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+      timeout 200 "$BIN/fathom" bench /tmp/synth --load-only 2>&1 | grep -E "^load" | tee "$OUT/fp8x_load.log"
+      timeout 300 "$BIN/fathom" bench /tmp/synth --batch 1,64 --input-len 4096 --output-len 64 2>&1 \
+        | grep -E "^(prefill|decode|weights)|rror" | tee "$OUT/fp8x_bench_disk.log"
+      "$BIN/fathom" serve /tmp/synth --port 18640 > "$OUT/fp8x_serve.log" 2>&1 &
+      SRV=$!
+      if wait_healthy 18640 $SRV; then
+        timeout 240 python3 tools/serve_check.py --url http://127.0.0.1:18640 --long-prompt 8192 --long-output 128 \
+          2>&1 | tail -8 | tee "$OUT/fp8x_serve_check.log"
+        bench_serve 18640 fp8x_serve_c1 --input-len 512 --concurrency 1 --num-prompts 6
+      fi
+      kill $SRV; wait $SRV 2>/dev/null
+      grep -E "KV cache|loaded|RSS|error" "$OUT/fp8x_serve.log" | tail -6
       rm -rf /tmp/synth ;;
     fused)
       # Issue 32: the fused decode kernels against the chains they replace (bit for bit), under

@@ -42,6 +42,7 @@ struct BenchArgs {
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false, load_only = false;
   std::string dummy_dense = "bf16";
+  std::string dummy_experts = "nvfp4";
   BackendOptions backends;
   std::string spec_steps, spec_batches = "1,32";  // speculative verify-cost section (empty: skip)
   std::string spec_algorithm;                     // also generate end to end with this drafter
@@ -128,7 +129,8 @@ struct ModelShape {
   int moe_layers = 0, attn_layers = 0, linear_layers = 0;
 };
 
-ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
+// expert_format: "nvfp4", "fp8" or "bf16" (the bytes a routed expert weight takes).
+ModelShape shape_of(const ModelConfig& c, const std::string& expert_format) {
   ModelShape s;
   const double H = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const double hk = c.linear_num_key_heads, hv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
@@ -153,7 +155,9 @@ ModelShape shape_of(const ModelConfig& c, bool nvfp4_experts) {
   s.dense_params += s.linear_proj_params + s.attn_proj_params + s.router_params + s.shared_params + s.lm_head_params;
   s.dense_bytes = 2 * s.dense_params;
   s.expert_params = 3.0 * H * c.moe_intermediate_size;
-  s.expert_bytes = nvfp4_experts ? s.expert_params * (0.5 + 1.0 / 16) : 2 * s.expert_params;
+  s.expert_bytes = expert_format == "nvfp4" ? s.expert_params * (0.5 + 1.0 / 16)
+                   : expert_format == "fp8" ? s.expert_params * (1.0 + 4.0 / (16 * 64))  // + slab scales
+                                            : 2 * s.expert_params;
   return s;
 }
 
@@ -240,6 +244,7 @@ struct Bench {
   const BenchArgs& a;
   ModelConfig cfg;
   bool dummy = false, nvfp4 = false, fp8 = false;  // the model's NVFP4 experts, FP8 dense linears
+  std::string expert_format = "bf16";               // the routed experts': nvfp4, fp8 or bf16
   KvCacheDtype kv_dtype = KvCacheDtype::Bf16;  // --kv-cache-dtype resolved (dummy weights: scales 1)
   std::vector<int> batches, spec_ks, spec_bs;  // decode batch sizes; speculative K and batch sizes
   std::string device_name;
@@ -300,7 +305,11 @@ void read_model(Bench& b) {
   b.spec_bs = parse_list(a.spec_batches);
   if (!b.spec_ks.empty() && b.dummy) b.cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
   FATHOM_CHECK(b.spec_ks.empty() || b.cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
-  b.nvfp4 = b.dummy ? !a.bf16_experts && b.cfg.num_experts > 0 : stores_nvfp4_experts(a.model, b.cfg);
+  b.nvfp4 = b.dummy ? !a.bf16_experts && a.dummy_experts == "nvfp4" && b.cfg.num_experts > 0
+                    : stores_nvfp4_experts(a.model, b.cfg);
+  b.expert_format = b.nvfp4 ? "nvfp4"
+                    : b.dummy ? (a.bf16_experts ? "bf16" : a.dummy_experts)
+                              : (QuantConfig::load(a.model, cfg_text).declares_fp8() ? "fp8" : "bf16");
   b.fp8 = b.dummy ? a.dummy_dense == "fp8" : QuantConfig::load(a.model, cfg_text).declares_fp8();
   b.batches = parse_list(a.batches);
   b.kv_dtype = resolve_kv_cache_dtype(
@@ -308,7 +317,7 @@ void read_model(Bench& b) {
   const ModelConfig& cfg = b.cfg;
   std::printf("fathom bench: %s, %d layers (%d full attention, %d linear attention), %s experts, %s dense, %s KV cache, %s\n",
               cfg.architecture.c_str(), cfg.num_hidden_layers, cfg.num_full_attention_layers(),
-              cfg.num_linear_attention_layers(), b.nvfp4 ? "NVFP4" : "BF16",
+              cfg.num_linear_attention_layers(), b.expert_format == "nvfp4" ? "NVFP4" : b.expert_format == "fp8" ? "FP8" : "BF16",
               b.dummy ? (a.dummy_dense == "fp8" ? "FP8 W8A8" : "BF16") : "stored", kv_cache_dtype_name(b.kv_dtype),
               b.dummy ? "dummy weights" : ("weights of " + a.model).c_str());
 }
@@ -353,6 +362,7 @@ cuda::CudaRunnerOptions runner_options(const Bench& b) {
   opt.kv_cache_tokens = int64_t(max_batch + 1) * opt.max_seq_len;
   opt.cuda_graphs = !a.no_graphs;
   opt.dummy_fp8_dense = b.dummy && b.fp8;
+  opt.dummy_fp8_experts = b.dummy && b.expert_format == "fp8";
   if (!b.spec_ks.empty()) {
     const int kmax = *std::max_element(b.spec_ks.begin(), b.spec_ks.end());
     const int bmax = *std::max_element(b.spec_bs.begin(), b.spec_bs.end());
@@ -640,10 +650,10 @@ void run_bench(const BenchArgs& a) {
   const nlohmann::json load_report = load_runner(b);
   if (!b.dummy && a.load_only) return;
   print_footprint(b);
-  b.shape = shape_of(b.cfg, b.nvfp4);
+  b.shape = shape_of(b.cfg, b.expert_format);
   b.report = {{"model", b.cfg.architecture}, {"layers", b.cfg.num_hidden_layers},
               {"device", b.device_name}, {"copy_tbs", b.ceil.copy_tbs}, {"gemm_tflops", b.ceil.gemm_tflops},
-              {"nvfp4_experts", b.nvfp4}, {"kv_cache_dtype", kv_cache_dtype_name(b.kv_dtype)}, {"input_len", a.input_len}, {"output_len", a.output_len},
+              {"nvfp4_experts", b.nvfp4}, {"expert_format", b.expert_format}, {"kv_cache_dtype", kv_cache_dtype_name(b.kv_dtype)}, {"input_len", a.input_len}, {"output_len", a.output_len},
               {"load", load_report}, {"backends", backends_report}};
   bench_prefill(b);
   b.report["decode"] = nlohmann::json::array();
@@ -684,6 +694,10 @@ CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--profile", args->profile, "Per-op time breakdown (CUDA events)");
   add_backend_options(sub, args->backends, /*allow_none=*/true);
   sub->add_flag("--bf16-experts", args->bf16_experts, "Dummy routed experts in BF16 instead of NVFP4");
+  sub->add_option("--dummy-experts", args->dummy_experts,
+                  "Dummy routed experts: nvfp4 (the NVFP4 releases), fp8 (Qwen's FP8 releases, 128 x 128 blocks) "
+                  "or bf16")
+      ->check(CLI::IsMember({"nvfp4", "fp8", "bf16"}));
   sub->add_option("--dummy-dense", args->dummy_dense,
                   "Dummy attention, DeltaNet and shared-expert projections: bf16 (the NVFP4 release) or fp8 "
                   "(FP8 W8A8 per tensor, the NVFP4-V2 release)")

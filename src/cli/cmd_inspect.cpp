@@ -42,7 +42,8 @@ void print_parallel_plan(const InspectOptions& o) {
   po.weight_format = o.weight_format;
   if (po.weight_format == "auto") {  // a checkpoint's quantization config, else BF16
     const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
-    po.weight_format = fathom::QuantConfig::load(dir, text).declares_nvfp4() ? "nvfp4" : "bf16";
+    const fathom::QuantConfig quant = fathom::QuantConfig::load(dir, text);
+    po.weight_format = quant.declares_nvfp4() ? "nvfp4" : quant.declares_fp8() ? "fp8" : "bf16";
   }
   po.gpu_memory_bytes = o.gpu_memory_gb * 1e9;
   po.gpu_memory_utilization = o.gpu_memory_utilization;
@@ -94,8 +95,9 @@ fathom::cli::CommandRegistrar reg([](CLI::App& app) {
   sub->add_flag("--enable-expert-parallel", opts->expert_parallel,
                 "With --tensor-parallel-size: routed experts whole, split by expert over the GPUs");
   sub->add_option("--weight-format", opts->weight_format,
-                  "auto (the checkpoint's quantization config), bf16, or nvfp4 (experts NVFP4 as the ModelOpt releases)")
-      ->check(CLI::IsMember({"auto", "bf16", "nvfp4"}))
+                  "auto (the checkpoint's quantization config), bf16, nvfp4 (experts NVFP4 as the ModelOpt releases) "
+                  "or fp8 (Qwen's FP8 releases)")
+      ->check(CLI::IsMember({"auto", "bf16", "nvfp4", "fp8"}))
       ->capture_default_str();
   sub->add_option("--gpu-memory-gb", opts->gpu_memory_gb, "Memory of one GPU in GB (1e9 bytes): 141 for an H200")
       ->capture_default_str();

@@ -58,6 +58,7 @@ class WeightLoader {
       case WeightFormat::FP8:
         lw.quantized = lw.fp8 = true;
         lw.fp8_block = f.fp8.scaling == Fp8Scaling::Block;
+        lw.fp8_per_row = f.fp8.scaling == Fp8Scaling::PerChannel;
         lw.w = read_fp8_linear(ckpt_, module, out, in, f.fp8);
         lw.input_scale = f.fp8.input_scale;
         break;

@@ -20,8 +20,9 @@ struct LinearWeight {
   int out = 0, in = 0;
   std::vector<float> w;
   bool quantized = false;
-  bool fp8 = false;  // stored FP8 (the CUDA engine keeps routed experts of this kind in bf16)
+  bool fp8 = false;        // stored FP8
   bool fp8_block = false;  // FP8 with 128 x 128 block scales
+  bool fp8_per_row = false;  // FP8 with a scale per row (the CUDA engine keeps routed experts of this kind in bf16)
   float input_scale = 0.f;
   std::vector<uint8_t> fp4;        // [out, in/2] packed E2M1 (keep_nvfp4 only)
   std::vector<uint8_t> fp4_scale;  // [out, in/16] E4M3

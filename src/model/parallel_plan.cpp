@@ -11,6 +11,7 @@ namespace {
 
 constexpr double kBf16 = 2.0;
 constexpr double kNvfp4 = 0.5 + 1.0 / 16.0;  // a 4-bit code, and an e4m3 scale per 16 weights
+constexpr double kFp8 = 1.0;                 // an E4M3 code (block scales: 4 bytes per 16,384 weights)
 constexpr double kRuntimeReserve = 1.5e9;    // CUDA graphs, cuBLASLt workspaces (as the runner keeps)
 
 std::string gb(double bytes) {
@@ -24,22 +25,26 @@ std::string gb(double bytes) {
 ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
   const int N = o.tensor_parallel_size;
   FATHOM_CHECK(N >= 1, "--tensor-parallel-size must be at least 1, got ", N);
-  FATHOM_CHECK(o.weight_format == "bf16" || o.weight_format == "nvfp4", "--weight-format must be bf16 or nvfp4, got '",
-               o.weight_format, "'");
+  FATHOM_CHECK(o.weight_format == "bf16" || o.weight_format == "nvfp4" || o.weight_format == "fp8",
+               "--weight-format must be bf16, nvfp4 or fp8, got '", o.weight_format, "'");
   ParallelPlan p;
   p.options = o;
   // The loader's own rules (model/tensor_split.h); counts below are rank 0's when they hold.
   p.problems = tensor_split_problems(c, N, o.expert_parallel);
   const double H = c.hidden_size, d = c.head_dim;
-  const double expert_bpw = o.weight_format == "nvfp4" ? kNvfp4 : kBf16;
+  // nvfp4: the NVFP4 releases (experts NVFP4, other projections BF16); fp8: Qwen's FP8 releases
+  // (every projection FP8 but DeltaNet's b and a, the routers and the shared expert's gate).
+  const bool fp8 = o.weight_format == "fp8";
+  const double expert_bpw = o.weight_format == "nvfp4" ? kNvfp4 : fp8 ? kFp8 : kBf16;
+  const double proj_bpw = fp8 ? kFp8 : kBf16;
 
   // Attention: q heads split; K/V heads split while there are enough, then one a GPU.
   p.q_heads = c.num_attention_heads / N;
   p.kv_heads_replicated = c.num_key_value_heads > 0 && c.num_key_value_heads < N;
   p.kv_heads = c.num_key_value_heads >= N ? c.num_key_value_heads / N : 1;
   const double q_rows = double(c.num_attention_heads) * d * (c.attn_output_gate ? 2 : 1) / N;
-  const double attention_layer = (q_rows + 2.0 * p.kv_heads * d) * H * kBf16   // q, k, v
-                                 + H * c.num_attention_heads * d / N * kBf16  // o
+  const double attention_layer = (q_rows + 2.0 * p.kv_heads * d) * H * proj_bpw   // q, k, v
+                                 + H * c.num_attention_heads * d / N * proj_bpw  // o
                                  + 2 * d * kBf16;                              // q and k norms
 
   // Gated DeltaNet: value heads split, key heads split or replicated like K/V heads, with their
@@ -52,9 +57,10 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
   rank.linear_num_value_heads = p.linear_value_heads;
   const double dv = c.linear_value_head_dim;
   const double conv_dim = rank.linear_conv_dim();
-  const double linear_layer = (conv_dim + p.linear_value_heads * dv + 2.0 * p.linear_value_heads) * H * kBf16  // qkv, z, b, a
-                              + conv_dim * c.linear_conv_kernel_dim * kBf16                                 // conv1d
-                              + H * p.linear_value_heads * dv * kBf16                                       // out
+  const double linear_layer = (conv_dim + p.linear_value_heads * dv) * H * proj_bpw  // qkv, z
+                              + 2.0 * p.linear_value_heads * H * kBf16                // b, a
+                              + conv_dim * c.linear_conv_kernel_dim * kBf16           // conv1d
+                              + H * p.linear_value_heads * dv * proj_bpw              // out
                               + 2.0 * p.linear_value_heads * 4 + dv * kBf16;  // A_log, dt_bias, norm
 
   // Routed experts: by columns (TP) or whole experts (EP); the shared expert by columns.
@@ -63,7 +69,7 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
   const double routed = routed_all / N;
   const double shared = 3.0 * c.shared_expert_intermediate_size * H * expert_bpw / N + H * kBf16;  // + its gate
   const double router = double(c.num_experts) * H * kBf16;
-  const double dense_mlp = 3.0 * c.intermediate_size * H * kBf16 / N;
+  const double dense_mlp = 3.0 * c.intermediate_size * H * proj_bpw / N;
   const double norms = 2 * H * kBf16;
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -82,10 +88,12 @@ ParallelPlan plan_parallel(const ModelConfig& c, const ParallelOptions& o) {
   // lm_head by vocabulary (tied: this GPU's rows of the embedding, no extra bytes).
   const double table = double(c.vocab_size) * H * kBf16;
   p.embedding_bytes = table + (c.tie_word_embeddings ? 0 : table / N);
-  // MTP: fc over [embedding | hidden], its norms, one full-attention MoE layer, all BF16.
+  // MTP: fc over [embedding | hidden], its norms, one full-attention MoE layer, BF16 (FP8 in
+  // Qwen's FP8 releases).
   if (c.mtp_num_hidden_layers > 0) {
-    const double mtp_moe = c.num_experts > 0 ? double(c.num_experts) * 3 * c.moe_intermediate_size * H * kBf16 / N +
-                                                   3.0 * c.shared_expert_intermediate_size * H * kBf16 / N + router + H * kBf16
+    const double mtp_bpw = fp8 ? kFp8 : kBf16;
+    const double mtp_moe = c.num_experts > 0 ? double(c.num_experts) * 3 * c.moe_intermediate_size * H * mtp_bpw / N +
+                                                   3.0 * c.shared_expert_intermediate_size * H * mtp_bpw / N + router + H * kBf16
                                              : dense_mlp;
     p.mtp_bytes = c.mtp_num_hidden_layers * (2 * H * H * kBf16 / N + 4 * H * kBf16 + attention_layer + mtp_moe + norms);
   }

@@ -31,6 +31,7 @@ LinearWeight take_rows(const LinearWeight& w, const std::vector<IndexRange>& ran
   out.quantized = w.quantized;
   out.fp8 = w.fp8;
   out.fp8_block = w.fp8_block;
+  out.fp8_per_row = w.fp8_per_row;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   for (const IndexRange& r : ranges) {
@@ -60,6 +61,7 @@ LinearWeight take_columns(const LinearWeight& w, IndexRange cols) {
   out.quantized = w.quantized;
   out.fp8 = w.fp8;
   out.fp8_block = w.fp8_block;
+  out.fp8_per_row = w.fp8_per_row;
   out.input_scale = w.input_scale;
   out.fp4_global = w.fp4_global;
   if (!w.w.empty()) {

@@ -1,5 +1,5 @@
-// The tensor-core NVFP4 expert kernels (src/kernels/cuda/moe_fp4.cu) against a double-precision
-// host product of the same NVFP4 weights, and their batch invariance.
+// The tensor-core expert kernels on packed NVFP4 and FP8 weights (src/kernels/cuda/moe_packed.cu)
+// against a double-precision host product of the same quantized weights, and their batch invariance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,12 +26,16 @@ using cuda::MoeFp4Rig;
 using MoeCase = cuda::MoeFp4Shape;
 using cuda::moe_row_error;
 
-TEST(CudaMoeFp4, MatchesHostReference) {
-  // The fixtures' shape (k of down = 32, padded to a 64-wide slab), a mid shape, and 397B's widths
-  // with few experts (host memory for the reference).
-  for (const MoeCase mc : {MoeCase{8, 2, 64, 32}, MoeCase{16, 4, 256, 128}, MoeCase{4, 2, 4096, 1024}}) {
+// Both packed formats: NVFP4 (per-16 e4m3 scales, a global scale) and FP8 with 128 x 128 block
+// scales (Qwen's FP8 releases), every decode and prefill variant.
+void expect_matches_host_reference(cuda::PackedFormat format) {
+  // The fixtures' shape (k of down = 32, padded to a 64-wide slab), a mid shape, uneven widths
+  // (rows and k not multiples of the 16 x 64 slab or the 128 x 128 scale block), and 397B's
+  // widths with few experts (host memory for the reference).
+  for (const MoeCase mc : {MoeCase{8, 2, 64, 32}, MoeCase{16, 4, 256, 128}, MoeCase{6, 3, 208, 336},
+                           MoeCase{4, 2, 4096, 1024}}) {
     const int max_T = 150;
-    MoeFp4Rig rig(mc, max_T, 7);
+    MoeFp4Rig rig(mc, max_T, 7, true, format);
     for (const int T : {1, 5, 64, 150}) {  // decode kernels up to kMoeFp4SmallT, prefill kernels above
      const bool small = T <= cuda::kMoeFp4SmallT;
      for (int v = 0; v < (small ? cuda::moe_fp4_small_variants() : cuda::moe_fp4_large_variants()); ++v) {
@@ -51,14 +55,19 @@ TEST(CudaMoeFp4, MatchesHostReference) {
   }
 }
 
+TEST(CudaMoeFp4, MatchesHostReference) { expect_matches_host_reference(cuda::PackedFormat::Nvfp4); }
+TEST(CudaMoeFp8, MatchesHostReference) { expect_matches_host_reference(cuda::PackedFormat::Fp8); }
+
 // A token's output has the same bits whatever the other tokens of the step, for every step up to
 // kMoeFp4SmallT tokens (decode and speculative verify steps).
-TEST(CudaMoeFp4, DecodeStepsAreBatchInvariant) {
-  MoeFp4Rig rig(MoeCase{32, 8, 512, 256}, cuda::kMoeFp4SmallT, 11);
-  const std::vector<float> full = rig.run(cuda::kMoeFp4SmallT);
-  for (const int T : {1, 2, 5, 17}) {
-    const std::vector<float> y = rig.run(T);
-    ASSERT_EQ(std::memcmp(y.data(), full.data(), y.size() * 4), 0) << "T=" << T;
+TEST(CudaMoePacked, DecodeStepsAreBatchInvariant) {
+  for (const cuda::PackedFormat format : {cuda::PackedFormat::Nvfp4, cuda::PackedFormat::Fp8}) {
+    MoeFp4Rig rig(MoeCase{32, 8, 512, 256}, cuda::kMoeFp4SmallT, 11, true, format);
+    const std::vector<float> full = rig.run(cuda::kMoeFp4SmallT);
+    for (const int T : {1, 2, 5, 17}) {
+      const std::vector<float> y = rig.run(T);
+      ASSERT_EQ(std::memcmp(y.data(), full.data(), y.size() * 4), 0) << "T=" << T << " fp8 " << (format == cuda::PackedFormat::Fp8);
+    }
   }
 }
 
@@ -126,7 +135,7 @@ TEST(CudaRouter, NormWritesTheSplit) {
 TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
   const int E = 512, K = 10, H = 4096, I = 1024, reps = 21;
   std::vector<cuda::DeviceBuffer> store;
-  std::vector<cuda::PackedFp4> g, u, d;
+  std::vector<cuda::PackedMatrix> g, u, d;
   cuda::DeviceBuffer stage(size_t(H) * I / 2 + size_t(H) * I / 16 + 256);
   uint64_t seed = 1;
   auto make = [&](int rows, int k) {
@@ -143,7 +152,7 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
   for (int e = 0; e < E; ++e) g.push_back(make(I, H)), u.push_back(make(I, H)), d.push_back(make(H, I));
   auto tg = cuda::DeviceBuffer::from_host(g), tu = cuda::DeviceBuffer::from_host(u);
   auto td = cuda::DeviceBuffer::from_host(d);
-  cuda::PackedExperts ex{E, I, H, tg.as<cuda::PackedFp4>(), tu.as<cuda::PackedFp4>(), td.as<cuda::PackedFp4>()};
+  cuda::PackedExperts ex{E, I, H, tg.as<cuda::PackedMatrix>(), tu.as<cuda::PackedMatrix>(), td.as<cuda::PackedMatrix>()};
   const int T_max = 4096, P_max = T_max * K;
   std::mt19937 rng(5);
   std::vector<int32_t> ids(size_t(reps) * P_max);
@@ -202,7 +211,7 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
     for (int v = 0; v < variants; ++v) {
       const cuda::MoeFp4Plan plan = small ? cuda::MoeFp4Plan::decode_variant(v) : cuda::MoeFp4Plan::prefill_variant(v);
       const double ms = median_ms([&](int r) {
-        cuda::moe_experts_fp4(ex, dx.as<cuda::bf16_t>(), dids.as<int32_t>() + size_t(r) * P_max, dw.as<float>(),
+        cuda::moe_experts_packed(ex, dx.as<cuda::bf16_t>(), dids.as<int32_t>() + size_t(r) * P_max, dw.as<float>(),
                               h.as<cuda::bf16_t>(), po.as<float>(), y.as<float>(), T, K, nullptr, nullptr, 1, gs,
                               nullptr, plan);
       });

@@ -43,6 +43,20 @@ TEST(ParallelPlan, OneGpuHoldsTheCheckpointsWeights) {
   }
 }
 
+// Qwen's FP8 layout (every projection E4M3 but DeltaNet's b and a, routers and gates): N = 1
+// against the bytes the block-FP8 fixture stores, less its vision tower (bf16, not loaded), its
+// block scales (4 bytes a matrix here, a 1/4,096 share at real widths) and fp32 vectors.
+TEST(ParallelPlan, OneGpuHoldsTheFp8CheckpointsWeights) {
+  const fs::path dir = fixtures_dir() / "qwen35_moe_fp8_block";
+  const ModelConfig c = ModelConfig::load(dir);
+  const ModelSummary s = summarize_checkpoint(dir);
+  const double stored = double(s.total_bytes) - 2.0 * double(s.params_vision) -
+                        double(s.bytes_by_dtype.count("F32") ? s.bytes_by_dtype.at("F32") : 0);
+  const ParallelPlan p = plan(c, 1, false, "fp8");
+  EXPECT_NEAR(p.weight_bytes / stored, 1.0, 5e-3) << p.weight_bytes << " vs " << stored;
+  EXPECT_LT(p.weight_bytes, plan(c, 1).weight_bytes * 0.7);  // against the same model in BF16
+}
+
 TEST(ParallelPlan, SplitsDivideAndReplicateAsDocumented) {
   const ModelConfig c = ModelConfig::parse(read_text_file(fs::path(FATHOM_SOURCE_DIR) / "configs/qwen3.5-397b-a17b.json"),
                                            "", "qwen3.5-397b-a17b.json");

@@ -24,8 +24,8 @@ float e2m1_value(int code) {
 
 }  // namespace
 
-MoeFp4Rig::HostFp4 MoeFp4Rig::random_fp4(int rows, int k, bool keep_values) {
-  HostFp4 m;
+MoeFp4Rig::HostMatrix MoeFp4Rig::random_fp4(int rows, int k, bool keep_values) {
+  HostMatrix m;
   m.rows = rows;
   m.k = k;
   m.codes.resize(size_t(rows) * k / 2);
@@ -53,9 +53,51 @@ MoeFp4Rig::HostFp4 MoeFp4Rig::random_fp4(int rows, int k, bool keep_values) {
   return m;
 }
 
-MoeFp4Rig::DeviceFp4 MoeFp4Rig::pack(const HostFp4& m) {
-  DeviceFp4 d;
+// Random E4M3 codes (every value but NaN) and 128 x 128 block scales spread over two decades,
+// as Qwen's FP8 releases store them.
+MoeFp4Rig::HostMatrix MoeFp4Rig::random_fp8(int rows, int k, bool keep_values) {
+  HostMatrix m;
+  m.rows = rows;
+  m.k = k;
+  m.codes.resize(size_t(rows) * k);
+  uint64_t state = rng_() | (uint64_t(rng_()) << 32) | 1;
+  for (size_t i = 0; i < m.codes.size(); i += 8) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    for (size_t j = 0; j < 8 && i + j < m.codes.size(); ++j) {
+      const uint8_t b = uint8_t(state >> (8 * j));
+      m.codes[i + j] = (b & 0x7F) == 0x7F ? uint8_t(b - 1) : b;
+    }
+  }
+  const int br = (rows + 127) / 128, bc = (k + 127) / 128;
+  std::uniform_real_distribution<float> exponent(-9.f, -5.f);
+  m.block_scales.resize(size_t(br) * bc);
+  for (float& s : m.block_scales) s = std::exp2(exponent(rng_));
+  if (keep_values) {
+    m.w.resize(size_t(rows) * k);
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < k; ++i)
+        m.w[size_t(r) * k + i] = e4m3_value(m.codes[size_t(r) * k + i]) * m.block_scales[size_t(r / 128) * bc + i / 128];
+  }
+  return m;
+}
+
+MoeFp4Rig::DeviceMatrix MoeFp4Rig::pack(const HostMatrix& m, PackedFormat format) {
+  DeviceMatrix d;
   auto src_codes = DeviceBuffer::from_host(m.codes);
+  if (format == PackedFormat::Fp8) {
+    // The slab scales: the block scale over each 16-row x 64-k slab.
+    const int row_tiles = (m.rows + kPackedTileRows - 1) / kPackedTileRows;
+    const int k_slabs = (m.k + kPackedSlabK - 1) / kPackedSlabK, bc = (m.k + 127) / 128;
+    std::vector<float> slab(size_t(row_tiles) * k_slabs);
+    for (int rt = 0; rt < row_tiles; ++rt)
+      for (int ks = 0; ks < k_slabs; ++ks)
+        slab[size_t(rt) * k_slabs + ks] = m.block_scales[size_t(rt * kPackedTileRows / 128) * bc + ks * kPackedSlabK / 128];
+    d.scales = DeviceBuffer::from_host(slab);
+    d.codes = DeviceBuffer(size_t(packed_fp8_code_bytes(m.rows, m.k)));
+    d.desc = pack_fp8(src_codes.as<uint8_t>(), d.scales.as<float>(), m.rows, m.k, d.codes.as<uint8_t>(), nullptr);
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    return d;
+  }
   auto src_scales = DeviceBuffer::from_host(m.scales);
   d.codes = DeviceBuffer(size_t(packed_fp4_code_bytes(m.rows, m.k)));
   d.scales = DeviceBuffer(size_t(packed_fp4_scale_bytes(m.rows, m.k)));
@@ -65,14 +107,16 @@ MoeFp4Rig::DeviceFp4 MoeFp4Rig::pack(const HostFp4& m) {
   return d;
 }
 
-MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference)
+MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference, PackedFormat format)
     : shape_(shape), max_T_(max_tokens), rng_(seed), has_reference_(reference) {
   const MoeFp4Shape& c = shape_;
-  std::vector<PackedFp4> g, u, d;
+  std::vector<PackedMatrix> g, u, d;
+  auto random = [&](int rows, int k) {
+    return format == PackedFormat::Fp8 ? random_fp8(rows, k, reference) : random_fp4(rows, k, reference);
+  };
   for (int e = 0; e < c.E; ++e) {
-    std::array<HostFp4, 3> m = {random_fp4(c.I, c.H, reference), random_fp4(c.I, c.H, reference),
-                                random_fp4(c.H, c.I, reference)};
-    for (int j = 0; j < 3; ++j) dev_.push_back(pack(m[size_t(j)]));
+    std::array<HostMatrix, 3> m = {random(c.I, c.H), random(c.I, c.H), random(c.H, c.I)};
+    for (int j = 0; j < 3; ++j) dev_.push_back(pack(m[size_t(j)], format));
     g.push_back(dev_[dev_.size() - 3].desc);
     u.push_back(dev_[dev_.size() - 2].desc);
     d.push_back(dev_[dev_.size() - 1].desc);
@@ -84,9 +128,10 @@ MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bo
   ex_.num = c.E;
   ex_.inter = c.I;
   ex_.hidden = c.H;
-  ex_.gate = tables_[0].as<PackedFp4>();
-  ex_.up = tables_[1].as<PackedFp4>();
-  ex_.down = tables_[2].as<PackedFp4>();
+  ex_.gate = tables_[0].as<PackedMatrix>();
+  ex_.up = tables_[1].as<PackedMatrix>();
+  ex_.down = tables_[2].as<PackedMatrix>();
+  ex_.format = format;
   // Inputs for max_T tokens: bf16 activations, distinct experts per token, positive weights.
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> uw(0.05f, 1.f);
@@ -113,7 +158,7 @@ MoeFp4Rig::MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bo
 
 void MoeFp4Rig::launch(int T, cudaStream_t s) {
   FATHOM_CHECK(T > 0 && T <= max_T_, "MoeFp4Rig: ", T, " tokens of ", max_T_);
-  moe_experts_fp4(ex_, dx_.as<bf16_t>(), dids_.as<int32_t>(), dw_.as<float>(), h_.as<bf16_t>(), pair_out_.as<float>(),
+  moe_experts_packed(ex_, dx_.as<bf16_t>(), dids_.as<int32_t>(), dw_.as<float>(), h_.as<bf16_t>(), pair_out_.as<float>(),
                   y_.as<float>(), T, shape_.K, nullptr, nullptr, 1, group_, s, plan);
 }
 

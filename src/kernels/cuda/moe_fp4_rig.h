@@ -1,5 +1,5 @@
-// A test rig for the NVFP4 expert kernels (moe_fp4.cu): random NVFP4 experts of a given shape
-// packed on the device, random routed tokens, the kernels' output, and a double-precision host
+// A test rig for the packed expert kernels (moe_packed.cu): random NVFP4 or block-scaled FP8
+// experts of a given shape packed on the device, random routed tokens, the kernels' output, and a double-precision host
 // reference of a token's output from the exact dequantized weights. The kernel tests and the
 // backend verification of `fathom tune` (model/cuda/backend_tuning.h) check the kernels with it.
 #pragma once
@@ -23,7 +23,8 @@ class MoeFp4Rig {
  public:
   // Inputs for up to max_tokens tokens, each routed to K distinct experts. With `reference`
   // false the exact weights are not kept on the host (timing only: reference() is unavailable).
-  MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference = true);
+  MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference = true,
+            PackedFormat format = PackedFormat::Nvfp4);
 
   // Launches the kernels for the first T tokens (no wait); output() reads them back.
   void launch(int T, cudaStream_t s = nullptr);
@@ -40,26 +41,28 @@ class MoeFp4Rig {
   MoeFp4Plan plan;  // the kernel variants launch() runs (default: the fixed rule)
 
  private:
-  struct HostFp4 {
+  struct HostMatrix {
     int rows = 0, k = 0;
-    std::vector<uint8_t> codes, scales;
+    std::vector<uint8_t> codes, scales;  // NVFP4 codes and e4m3 scales, or E4M3 codes
+    std::vector<float> block_scales;     // FP8: [ceil(rows / 128)][ceil(k / 128)]
     float global = 0.02f;
     std::vector<float> w;  // [rows, k] exact (code x scale x global), when kept
   };
-  struct DeviceFp4 {
+  struct DeviceMatrix {
     DeviceBuffer codes, scales;
-    PackedFp4 desc;
+    PackedMatrix desc;
   };
-  HostFp4 random_fp4(int rows, int k, bool keep_values);
-  static DeviceFp4 pack(const HostFp4& m);
+  HostMatrix random_fp4(int rows, int k, bool keep_values);
+  HostMatrix random_fp8(int rows, int k, bool keep_values);
+  static DeviceMatrix pack(const HostMatrix& m, PackedFormat format);
   std::vector<double> compute_reference(int t) const;
 
   MoeFp4Shape shape_;
   int max_T_;
   std::mt19937 rng_;
   bool has_reference_;
-  std::vector<std::array<HostFp4, 3>> host_;
-  std::vector<DeviceFp4> dev_;
+  std::vector<std::array<HostMatrix, 3>> host_;
+  std::vector<DeviceMatrix> dev_;
   DeviceBuffer tables_[3];
   PackedExperts ex_;
   std::vector<uint16_t> x_;

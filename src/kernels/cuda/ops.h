@@ -383,16 +383,22 @@ void moe_experts_decode(const DeviceExperts& ex, const bf16_t* x, const int32_t*
                         bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared,
                         const float* shared_gate, int64_t gate_ld, cudaStream_t s,
                         const MoeGroupScratch* group = nullptr);
-// ---- NVFP4 experts on tensor cores (moe_fp4.cu)
-// An NVFP4 matrix [rows, k] repacked so that mma.sync reads it straight from memory: slabs of 16
-// rows x 64 k, 512 bytes of E2M1 codes each (lane l of a warp loads bytes 16l..16l+15: its A
-// fragments for the slab's four k16 steps) and 64 bytes of scales (2 per lane). Rows are padded
-// to 16 and k to 64 with zero codes. Scales are stored as 8-bit exponent/mantissa bytes that turn
-// into bf16 with one shift and add (e4m3 subnormals included).
-struct PackedFp4 {
-  const uint8_t* codes = nullptr;    // [row_tiles][k_slabs][512]
-  const uint16_t* scales = nullptr;  // [row_tiles][k_slabs][32]
-  float global = 1.f;                // the per-tensor scale times 2^8 (the packed scales carry 2^-8)
+// ---- Routed experts on packed NVFP4 or FP8 weights, on tensor cores (moe_packed.cu)
+// A quantized matrix [rows, k] repacked at load (moe_pack.cu) so that mma.sync reads it straight
+// from memory: slabs of 16 rows x 64 k; lane l of a warp loads its A fragments for the slab's four
+// k16 steps with one 16-byte load (NVFP4: 512 bytes of E2M1 codes a slab) or two (FP8: 1,024 bytes
+// of E4M3 codes). Rows are padded to 16 and k to 64 with zero codes.
+//  - NVFP4: 64 bytes of scales a slab (2 per lane), stored as 8-bit exponent/mantissa bytes that
+//    turn into bf16 with one shift and add (e4m3 subnormals included).
+//  - FP8: one fp32 scale a slab (`slab_scales`), applied to the slab's fp32 partial sums, so a
+//    128 x 128 block scale (Qwen's FP8 releases) or a per-tensor scale stays exact (no bf16
+//    rounding of code x scale); the codes are exact in bf16.
+constexpr int kPackedTileRows = 16, kPackedSlabK = 64;
+struct PackedMatrix {
+  const uint8_t* codes = nullptr;         // NVFP4 [row_tiles][k_slabs][512]; FP8 [row_tiles][k_slabs][1024]
+  const uint16_t* scales = nullptr;       // NVFP4: [row_tiles][k_slabs][32]
+  const float* slab_scales = nullptr;     // FP8: [row_tiles][k_slabs]
+  float global = 1.f;                     // NVFP4: the per-tensor scale times 2^8 (the packed scales carry 2^-8)
   int rows = 0, k = 0, row_tiles = 0, k_slabs = 0;
 };
 // Bytes of the packed codes and scales of a [rows, k] matrix.
@@ -400,13 +406,22 @@ int64_t packed_fp4_code_bytes(int rows, int k);
 int64_t packed_fp4_scale_bytes(int rows, int k);
 // Repacks codes [rows, k/2] (element 2i in the low nibble) and e4m3 scales [rows, k/16] into
 // dst_codes / dst_scales; returns the descriptor (global = fp4_global * 2^8).
-PackedFp4 pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global, int rows, int k, uint8_t* dst_codes,
-                   uint16_t* dst_scales, cudaStream_t s);
+PackedMatrix pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global, int rows, int k, uint8_t* dst_codes,
+                      uint16_t* dst_scales, cudaStream_t s);
+// Bytes of the packed E4M3 codes of a [rows, k] matrix, and its number of slab scales.
+int64_t packed_fp8_code_bytes(int rows, int k);
+int64_t packed_fp8_slab_scales(int rows, int k);
+// Repacks E4M3 codes [rows, k] into dst_codes; `slab_scales` ([row_tiles][k_slabs] fp32, the
+// caller's, on the device) go into the descriptor as they are.
+PackedMatrix pack_fp8(const uint8_t* codes, const float* slab_scales, int rows, int k, uint8_t* dst_codes,
+                      cudaStream_t s);
+enum class PackedFormat : uint8_t { Nvfp4, Fp8 };
 struct PackedExperts {
   int num = 0, inter = 0, hidden = 0;
-  const PackedFp4* gate = nullptr;  // device arrays of `num` descriptors
-  const PackedFp4* up = nullptr;
-  const PackedFp4* down = nullptr;
+  const PackedMatrix* gate = nullptr;  // device arrays of `num` descriptors
+  const PackedMatrix* up = nullptr;
+  const PackedMatrix* down = nullptr;
+  PackedFormat format = PackedFormat::Nvfp4;
 };
 // Steps of at most this many tokens, or with at most kMoeFp4SmallPairsPerExpert (token, expert)
 // pairs per expert on average, run the decode-shaped kernels (8-token tiles, k split over warps);
@@ -415,17 +430,18 @@ struct PackedExperts {
 constexpr int kMoeFp4SmallT = 64;
 constexpr int kMoeFp4SmallPairsPerExpert = 8;
 int moe_fp4_small_pairs_per_expert();  // the above, or FATHOM_MOE_FP4_SMALL_PAIRS
-// The routed experts of moe_experts_decode on packed NVFP4 weights: pairs grouped by expert on
+// The routed experts of moe_experts_decode on packed NVFP4 or FP8 weights (both formats run the
+// same kernel variants, MoeFp4Plan and the tuner's "moe.fp4.*" ops included): pairs grouped by expert on
 // the device, gate/up GEMM with SwiGLU fused (h: bf16 [T*K, inter]), down GEMM times the routing
 // weight (pair_out: [T*K, hidden]), then the combine (left to the caller, moe_combine_pairs,
 // when y is null). `g` needs tiles for T*K pairs. `plan`: the kernel variants (default: the
 // fixed rule).
 // `grouped`: g already holds the pairs grouped with moe_fp4_tile_tokens's tiles (moe_route).
-void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
+void moe_experts_packed(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
                      int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan = {},
                      bool grouped = false);
-// The tokens of a work tile moe_experts_fp4 groups T tokens' pairs into (over ex.num experts).
+// The tokens of a work tile moe_experts_packed groups T tokens' pairs into (over ex.num experts).
 int moe_fp4_tile_tokens(const PackedExperts& ex, int T, int K, const MoeFp4Plan& plan);
 inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pairs / 8 + 1; }
 // The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of

@@ -78,7 +78,7 @@ class MoeBoundsRig {
     // One source of random codes and scales, repacked into each matrix's guarded weights.
     const int64_t most = std::max(int64_t(c.I) * c.H, int64_t(c.H) * c.I);
     DeviceBuffer src_codes(size_t(most / 2)), src_scales(size_t(most / 16));
-    std::vector<PackedFp4> tables[3];
+    std::vector<PackedMatrix> tables[3];
     const char* kind[3] = {"gate", "up", "down"};
     for (int e = 0; e < c.E; ++e)
       for (int j = 0; j < 3; ++j) {
@@ -94,9 +94,9 @@ class MoeBoundsRig {
       }
     FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // the sources go when this returns
     ex_.num = c.E, ex_.inter = c.I, ex_.hidden = c.H;
-    ex_.gate = fixed_.weights("gate table", tables[0]).as<PackedFp4>();
-    ex_.up = fixed_.weights("up table", tables[1]).as<PackedFp4>();
-    ex_.down = fixed_.weights("down table", tables[2]).as<PackedFp4>();
+    ex_.gate = fixed_.weights("gate table", tables[0]).as<PackedMatrix>();
+    ex_.up = fixed_.weights("up table", tables[1]).as<PackedMatrix>();
+    ex_.down = fixed_.weights("down table", tables[2]).as<PackedMatrix>();
     x_ = fixed_.input("x", size_t(max_T_) * c.H * 2).as<bf16_t>();
     fill_random_bf16(x_, int64_t(max_T_) * c.H, 1.f, 17, nullptr);
     // Each token routed to K distinct experts, with positive weights.
@@ -123,7 +123,7 @@ class MoeBoundsRig {
     const GuardedBuffer& h = step.scratch("h", size_t(P) * c.I * 2);
     const GuardedBuffer& pair_out = step.output("pair outputs", size_t(P) * c.H * 4);
     const GuardedBuffer& y = step.output("y", size_t(T) * c.H * 4);
-    moe_experts_fp4(ex_, x_, ids_, w_, h.as<bf16_t>(), pair_out.as<float>(), y.as<float>(), T, c.K, nullptr, nullptr,
+    moe_experts_packed(ex_, x_, ids_, w_, h.as<bf16_t>(), pair_out.as<float>(), y.as<float>(), T, c.K, nullptr, nullptr,
                     1, moe_group_scratch(group.as<int32_t>(), P, c.E), nullptr, plan);
     return bounds_failure(op, cand, count_of(T, "token"), {&fixed_, &step});
   }

@@ -68,7 +68,7 @@ std::unique_ptr<CudaRunner> CudaRunner::dummy(const ModelConfig& cfg, const Cuda
   impl->init_device();
   WeightBuilder build(impl->cfg, impl->stream, impl->w);
   build.split = impl->tp;
-  build.dummy(nvfp4_experts, opt.load_mtp, seed, opt.dummy_fp8_dense);
+  build.dummy(nvfp4_experts, opt.load_mtp, seed, opt.dummy_fp8_dense, opt.dummy_fp8_experts);
   impl->allocate_runtime();
   impl->log_generic_kernels();
   impl->start_up_graphs();

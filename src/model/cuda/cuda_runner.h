@@ -38,6 +38,7 @@ struct CudaRunnerOptions {
   // Dummy weights only: attention, DeltaNet and shared-expert projections in FP8 W8A8 per tensor,
   // as the NVFP4-V2 release stores them (else bf16).
   bool dummy_fp8_dense = false;
+  bool dummy_fp8_experts = false;  // dummy weights only: routed experts in FP8 (Qwen's FP8 releases)
   // W8A8 FP8 linears quantize their activations as the checkpoint says (the default); off, they
   // run weight-only (tests compare with the CPU engine's weight-only run).
   bool fp8_activation_quantization = true;

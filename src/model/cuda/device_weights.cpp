@@ -50,27 +50,27 @@ DeviceExperts WeightBuilder::upload_expert_table(DevLayer& l) {
 
 // NVFP4 experts are repacked (pack_fp4) from a staging buffer into the weight slabs, so they
 // take no more memory than the checkpoint's layout.
-uint8_t* WeightBuilder::stage_for(int out, int in) {
-  const size_t bytes = size_t(out) * in / 2 + size_t(out) * in / 16 + 256;
+uint8_t* WeightBuilder::stage_for(int out, int in, bool fp8) {
+  const size_t bytes = fp8 ? size_t(out) * in : size_t(out) * in / 2 + size_t(out) * in / 16 + 256;
   if (pack_stage.bytes() < bytes) pack_stage = DeviceBuffer(bytes);
   return pack_stage.as<uint8_t>();
 }
 
-PackedFp4 WeightBuilder::pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in) {
+PackedMatrix WeightBuilder::pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in) {
   uint8_t* q = alloc_weight<uint8_t>(packed_fp4_code_bytes(out, in), true);
   uint16_t* sc = alloc_weight<uint16_t>(packed_fp4_scale_bytes(out, in) / 2, true);
   return pack_fp4(codes, scales, global, out, in, q, sc, stream);
 }
 
-PackedExperts WeightBuilder::upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
-                                  const std::vector<PackedFp4>& d) {
+PackedExperts WeightBuilder::upload_packed_table(const std::vector<PackedMatrix>& g, const std::vector<PackedMatrix>& u,
+                                  const std::vector<PackedMatrix>& d) {
   PackedExperts ex;
   ex.num = int(g.size());
   ex.inter = ex.num ? g[0].rows : 0;
   ex.hidden = cfg.hidden_size;
-  auto table = [&](const std::vector<PackedFp4>& v) {
-    PackedFp4* p = alloc_weight<PackedFp4>(int64_t(v.size()), false);
-    FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(PackedFp4), cudaMemcpyHostToDevice));
+  auto table = [&](const std::vector<PackedMatrix>& v) {
+    PackedMatrix* p = alloc_weight<PackedMatrix>(int64_t(v.size()), false);
+    FATHOM_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(PackedMatrix), cudaMemcpyHostToDevice));
     return p;
   };
   ex.gate = table(g);

@@ -41,7 +41,7 @@ struct DevLayer {
   DeviceLinear router3;  // the router split into bf16 [hi | lo | hi] columns (prefill on tensor cores)
   DeviceExperts experts;                             // device descriptor arrays (bf16 experts)
   std::vector<DeviceLinear> ex_gate, ex_up, ex_down;  // host copies (prefill path)
-  bool packed = false;                               // NVFP4 experts, repacked for the tensor-core kernels
+  bool packed = false;                               // NVFP4 or FP8 experts, repacked for the tensor-core kernels
   PackedExperts pexperts;
   bool has_shared = false;
   DeviceLinear s_gate, s_up, s_down, s_gate_logit;
@@ -99,8 +99,9 @@ class WeightBuilder {
   // Every tensor the model needs (and the MTP layer's when `load_mtp`), streamed to the device.
   void from_checkpoint(const Checkpoint& ckpt, bool load_mtp);
   void from_host(const ModelWeights& host);
-  // fp8_dense: the NVFP4-V2 layout's FP8 W8A8 attention, DeltaNet and shared-expert projections.
-  void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed, bool fp8_dense = false);
+  // fp8_dense: the NVFP4-V2 layout's FP8 W8A8 attention, DeltaNet and shared-expert projections;
+  // fp8_experts: routed experts in FP8 (Qwen's FP8 releases), packed.
+  void dummy(bool nvfp4_experts, bool load_mtp, uint64_t seed, bool fp8_dense = false, bool fp8_experts = false);
 
   // A tensor-parallel rank's slice (model/tensor_split.h; whole by default). from_checkpoint
   // streams only it (cfg is then the whole model's); dummy() takes its lm_head rows and experts
@@ -133,10 +134,10 @@ class WeightBuilder {
   DeviceExperts upload_expert_table(DevLayer& l);
   // NVFP4 experts are repacked (pack_fp4) from a device staging buffer into the weight slabs, so
   // they take no more memory than the checkpoint's layout.
-  uint8_t* stage_for(int out, int in);
-  PackedFp4 pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in);
-  PackedExperts upload_packed_table(const std::vector<PackedFp4>& g, const std::vector<PackedFp4>& u,
-                                    const std::vector<PackedFp4>& d);
+  uint8_t* stage_for(int out, int in, bool fp8 = false);  // NVFP4 codes and scales, or FP8 codes
+  PackedMatrix pack_staged(const uint8_t* codes, const uint8_t* scales, float global, int out, int in);
+  PackedExperts upload_packed_table(const std::vector<PackedMatrix>& g, const std::vector<PackedMatrix>& u,
+                                    const std::vector<PackedMatrix>& d);
   // The tensor-core expert kernels need every matrix in NVFP4 (k a multiple of 16, which also
   // keeps the bf16 activation rows 16-byte aligned).
   static bool can_pack(int I, int H) { return I % 16 == 0 && H % 16 == 0; }
@@ -146,7 +147,7 @@ class WeightBuilder {
   DeviceLinear upload_linear_f32(const LinearWeight& lw);
   static std::optional<LinearWeight> concat_rows(std::initializer_list<const LinearWeight*> parts);
   static LinearWeight pad_rows(LinearWeight lw);
-  PackedFp4 upload_packed(const LinearWeight& lw);
+  PackedMatrix upload_packed(const LinearWeight& lw);
   DevLayer upload_layer(const LayerWeights& lw);
 
   // from_checkpoint
@@ -194,8 +195,11 @@ class WeightBuilder {
                             bool expert);
 
   DeviceLinear stored_router(const LinearSpec& router);
-  // Per-expert NVFP4 matrices, read in parallel into a ring of device stages and repacked there.
-  void stream_packed_experts(const MoeTensors& t, DevLayer& l);
+  // Per-expert NVFP4 or FP8 matrices, read in parallel into a ring of device stages and repacked there.
+  void stream_packed_experts(const MoeTensors& t, DevLayer& l, PackedFormat format);
+  bool packable_fp8_expert(const std::string& module, int rows, int in, IndexRange kept_rows,
+                           IndexRange kept_cols) const;
+  const float* fp8_slab_scales(const std::string& module, int rows, int in, IndexRange kept_rows, IndexRange kept_cols);
   std::vector<float> small_f32(const std::string& tensor, const std::vector<int64_t>& shape);
   std::vector<float> small_f32(const TensorSpec& t);
   DevLayer stream_layer(const LayerTensors& t);
@@ -208,9 +212,11 @@ class WeightBuilder {
   DeviceLinear dummy_linear(int out, int in, bool fp4, bool expert);
   DeviceLinear dummy_fp8_linear(int out, int in);  // per-tensor W8A8
   const float* dummy_f32(int64_t n, float v);
-  PackedFp4 dummy_packed(int out, int in);
+  PackedMatrix dummy_packed(int out, int in);
+  PackedMatrix dummy_packed_fp8(int out, int in);
   DevLayer dummy_layer(const LayerTensors& t, bool nvfp4_experts);
   bool dummy_fp8 = false;
+  bool dummy_fp8_experts = false;
 
   ModelConfig cfg;
   cudaStream_t stream;

@@ -53,7 +53,7 @@ const float* WeightBuilder::dummy_f32(int64_t n, float v) {
   return p;
 }
 
-PackedFp4 WeightBuilder::dummy_packed(int out, int in) {
+PackedMatrix WeightBuilder::dummy_packed(int out, int in) {
   uint8_t* st = stage_for(out, in);
   const int64_t code_bytes = int64_t(out) * in / 2;
   uint8_t* st_scales = st + (code_bytes + 255) / 256 * 256;
@@ -61,9 +61,20 @@ PackedFp4 WeightBuilder::dummy_packed(int out, int in) {
   return pack_staged(st, st_scales, global, out, in);  // stream-ordered reuse of the stage
 }
 
-void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed, bool fp8_dense) {
+// Random E4M3 codes of |v| < 2 (never NaN) and one slab scale for the whole matrix, packed.
+PackedMatrix WeightBuilder::dummy_packed_fp8(int out, int in) {
+  uint8_t* st = stage_for(out, in, /*fp8=*/true);
+  fill_random_bytes(st, int64_t(out) * in, seed++, 0xbf, 0, stream);
+  const int64_t n = packed_fp8_slab_scales(out, in);
+  float* scales = alloc_weight<float>(n, true);
+  fill_f32(scales, n, 0.8f / std::sqrt(float(in)), stream);
+  return pack_fp8(st, scales, out, in, alloc_weight<uint8_t>(packed_fp8_code_bytes(out, in), true), stream);
+}
+
+void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed, bool fp8_dense, bool fp8_experts) {
   seed = first_seed;
   dummy_fp8 = fp8_dense;
+  dummy_fp8_experts = fp8_experts;
   const ModelTensors t = model_tensors(cfg);
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
@@ -89,7 +100,7 @@ void WeightBuilder::dummy(bool nvfp4_experts, bool load_mtp, uint64_t first_seed
 }
 
 // Dense projections are bf16 (fused the way the streamed loader fuses bf16 ones); routed experts
-// NVFP4 when asked, repacked for the tensor-core kernels where their shape allows.
+// NVFP4 or FP8 when asked, repacked for the tensor-core kernels where their shape allows.
 DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   const int H = cfg.hidden_size;
   const float norm_w = cfg.norm_zero_centered ? 0.f : 1.f;
@@ -138,15 +149,17 @@ DevLayer WeightBuilder::dummy_layer(const LayerTensors& t, bool nvfp4_experts) {
   l.router.in = H;
   l.router.f32 = r;
   l.router3 = split_router(l.router);
-  if (nvfp4_experts && can_pack(I, H)) {
-    std::vector<PackedFp4> g, u, dn;
+  if ((nvfp4_experts || dummy_fp8_experts) && can_pack(I, H)) {
+    std::vector<PackedMatrix> g, u, dn;
+    auto make = [&](int out, int in) { return dummy_fp8_experts ? dummy_packed_fp8(out, in) : dummy_packed(out, in); };
     for (int e2 = 0; e2 < split.experts.size(); ++e2) {
-      g.push_back(dummy_packed(I, H));
-      u.push_back(dummy_packed(I, H));
-      dn.push_back(dummy_packed(H, I));
+      g.push_back(make(I, H));
+      u.push_back(make(I, H));
+      dn.push_back(make(H, I));
     }
     l.packed = true;
     l.pexperts = upload_packed_table(g, u, dn);
+    if (dummy_fp8_experts) l.pexperts.format = PackedFormat::Fp8;
   } else {
     for (int e2 = 0; e2 < split.experts.size(); ++e2) {
       l.ex_gate.push_back(dummy_linear(I, H, nvfp4_experts, true));

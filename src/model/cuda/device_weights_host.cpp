@@ -59,12 +59,12 @@ LinearWeight WeightBuilder::pad_rows(LinearWeight lw) {
   return lw;
 }
 
-PackedFp4 WeightBuilder::upload_packed(const LinearWeight& lw) {
+PackedMatrix WeightBuilder::upload_packed(const LinearWeight& lw) {
   uint8_t* st = stage_for(lw.out, lw.in);
   uint8_t* st_scales = st + (lw.fp4.size() + 255) / 256 * 256;
   FATHOM_CUDA_CHECK(cudaMemcpy(st, lw.fp4.data(), lw.fp4.size(), cudaMemcpyHostToDevice));
   FATHOM_CUDA_CHECK(cudaMemcpy(st_scales, lw.fp4_scale.data(), lw.fp4_scale.size(), cudaMemcpyHostToDevice));
-  const PackedFp4 p = pack_staged(st, st_scales, lw.fp4_global, lw.out, lw.in);
+  const PackedMatrix p = pack_staged(st, st_scales, lw.fp4_global, lw.out, lw.in);
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stage is reused by the next matrix
   return p;
 }
@@ -138,7 +138,7 @@ DevLayer WeightBuilder::upload_layer(const LayerWeights& lw) {
       all_fp4 = all_fp4 && !e.gate.fp4.empty() && !e.up.fp4.empty() && !e.down.fp4.empty() &&
                 can_pack(e.gate.out, e.gate.in);
     if (all_fp4) {
-      std::vector<PackedFp4> g, u, d;
+      std::vector<PackedMatrix> g, u, d;
       for (const MlpWeights& e : lw.moe.experts) {
         g.push_back(upload_packed(e.gate));
         u.push_back(upload_packed(e.up));

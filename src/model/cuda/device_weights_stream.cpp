@@ -107,7 +107,8 @@ DeviceLinear WeightBuilder::stored_rows(const std::string& module, const std::ve
   int out = 0;
   for (const IndexRange& r : rows) out += r.size();
   const ModuleFormat f = format_of(module, stored_out, in);
-  // FP8 routed experts run on the bf16 expert kernels: dequantized at load.
+  // FP8 routed experts the packed kernels do not take (per-row scales) run on the bf16 expert
+  // kernels: dequantized at load.
   if (f.weight == WeightFormat::FP8 && !expert) return fp8_rows(module, f, rows, stored_out, in, expert);
   if (f.weight != WeightFormat::NVFP4) {
     std::vector<RowPart> parts;
@@ -197,27 +198,33 @@ DeviceLinear WeightBuilder::stored_router(const LinearSpec& r) {
 }
 
 // Expert matrices are small (0.6 MB at 35B, 2.3 MB at 397B): one at a time, reading would wait
-// on every repack. Codes and scales of up to kStageRing matrices go to a ring of device stages,
-// read by all the streamer's readers at once; then the loader's stream repacks them (after
+// on every repack. Codes (and NVFP4 scales) of up to kStageRing matrices go to a ring of device
+// stages, read by all the streamer's readers at once; then the loader's stream repacks them (after
 // fence) and the ring is refilled only after that (fence_back).
-void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l) {
+void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l, PackedFormat format) {
+  const bool fp8 = format == PackedFormat::Fp8;
   const int E = split.experts.size(), I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   // A tensor-parallel rank keeps rows [c0, c1) of gate/up (contiguous in the file) and those
   // columns of down (staged whole, then copied out before the repack).
   const IndexRange cols = split.expert_columns;
   const int Ic = cols.size();
-  FATHOM_CHECK(cols.begin % 16 == 0 && cols.end % 16 == 0, "NVFP4 experts split on 16-column blocks; [", cols.begin,
+  FATHOM_CHECK(cols.begin % 16 == 0 && cols.end % 16 == 0, "packed experts split on 16-column blocks; [", cols.begin,
                ", ", cols.end, ") does not");
   auto round = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t code_bytes = round(size_t(I) * H / 2), scale_bytes = round(size_t(I) * H / 16);
-  const size_t cut_bytes = Ic < I ? round(size_t(Ic) * H / 2) + round(size_t(Ic) * H / 16) : 0;
+  // Bytes of n codes, and of their NVFP4 scales (FP8's slab scales are made on the host).
+  auto code_bytes_of = [&](int64_t n) { return size_t(fp8 ? n : n / 2); };
+  auto scale_bytes_of = [&](int64_t n) { return fp8 ? size_t(0) : size_t(n / 16); };
+  const size_t code_bytes = round(code_bytes_of(int64_t(I) * H)), scale_bytes = round(scale_bytes_of(int64_t(I) * H));
+  const size_t cut_bytes =
+      Ic < I ? round(code_bytes_of(int64_t(Ic) * H)) + round(scale_bytes_of(int64_t(Ic) * H)) : 0;
   const size_t slot = code_bytes + scale_bytes + cut_bytes;
   if (pack_ring.bytes() < slot * kStageRing) pack_ring = DeviceBuffer(slot * kStageRing);
-  std::vector<PackedFp4> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
+  std::vector<PackedMatrix> g(static_cast<size_t>(E)), u(static_cast<size_t>(E)), d(static_cast<size_t>(E));
   struct Pending {
-    PackedFp4* out;
+    PackedMatrix* out;
     int rows, cols;
-    float global;
+    float global;             // NVFP4
+    const float* slab_scales;  // FP8, on the device
     uint8_t *codes, *scales;
     const uint8_t *full_codes = nullptr, *full_scales = nullptr;  // down of a column-split rank
     int full_cols = 0, col0 = 0;
@@ -227,14 +234,20 @@ void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l) {
     st->fence();
     for (const Pending& p : pending) {
       if (p.full_codes) {
-        FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.codes, size_t(p.cols) / 2, p.full_codes + p.col0 / 2,
-                                            size_t(p.full_cols) / 2, size_t(p.cols) / 2, size_t(p.rows),
+        FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.codes, code_bytes_of(p.cols), p.full_codes + code_bytes_of(p.col0),
+                                            code_bytes_of(p.full_cols), code_bytes_of(p.cols), size_t(p.rows),
                                             cudaMemcpyDeviceToDevice, stream));
-        FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.scales, size_t(p.cols) / 16, p.full_scales + p.col0 / 16,
-                                            size_t(p.full_cols) / 16, size_t(p.cols) / 16, size_t(p.rows),
-                                            cudaMemcpyDeviceToDevice, stream));
+        if (!fp8)
+          FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(p.scales, size_t(p.cols) / 16, p.full_scales + p.col0 / 16,
+                                              size_t(p.full_cols) / 16, size_t(p.cols) / 16, size_t(p.rows),
+                                              cudaMemcpyDeviceToDevice, stream));
       }
-      *p.out = pack_staged(p.codes, p.scales, p.global, p.rows, p.cols);
+      if (fp8) {
+        uint8_t* q = alloc_weight<uint8_t>(packed_fp8_code_bytes(p.rows, p.cols), true);
+        *p.out = pack_fp8(p.codes, p.slab_scales, p.rows, p.cols, q, stream);
+      } else {
+        *p.out = pack_staged(p.codes, p.scales, p.global, p.rows, p.cols);
+      }
     }
     st->fence_back();
     pending.clear();
@@ -246,27 +259,77 @@ void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l) {
                                    std::tuple{m.down.module, &d[size_t(e)], true}}) {
       if (int(pending.size()) == kStageRing) flush();
       uint8_t* base = pack_ring.as<uint8_t>() + pending.size() * slot;
-      const float global = check_nvfp4_linear(st->checkpoint(), name, down ? H : I, down ? I : H);
-      if (!down) {  // rows [c0, c1)
-        st->copy(name + ".weight", base, uint64_t(cols.begin) * H / 2, uint64_t(Ic) * H / 2);
-        st->copy_scales(name + ".weight_scale", base + code_bytes, uint64_t(cols.begin) * H / 16, uint64_t(Ic) * H / 16);
-        pending.push_back(Pending{out, Ic, H, global, base, base + code_bytes});
-      } else if (Ic == I) {
-        st->copy(name + ".weight", base);
-        st->copy_scales(name + ".weight_scale", base + code_bytes);
-        pending.push_back(Pending{out, H, I, global, base, base + code_bytes});
-      } else {  // whole matrix staged, columns [c0, c1) cut into the slot's tail
-        st->copy(name + ".weight", base);
-        st->copy_scales(name + ".weight_scale", base + code_bytes);
-        uint8_t* cut = base + code_bytes + scale_bytes;
-        pending.push_back(Pending{out, H, Ic, global, cut, cut + round(size_t(Ic) * H / 2), base, base + code_bytes, I,
-                                  cols.begin});
+      const int rows = down ? H : I, in = down ? I : H;  // stored
+      Pending p{out, down ? H : Ic, down ? Ic : H, 1.f, nullptr, base, base + code_bytes};
+      if (fp8) {
+        p.slab_scales = fp8_slab_scales(name, rows, in, down ? IndexRange{0, H} : cols, down ? cols : IndexRange{0, I});
+      } else {
+        p.global = check_nvfp4_linear(st->checkpoint(), name, rows, in);
       }
+      auto copy_whole = [&] {
+        st->copy(name + ".weight", base);
+        if (!fp8) st->copy_scales(name + ".weight_scale", base + code_bytes);
+      };
+      if (!down) {  // rows [c0, c1)
+        st->copy(name + ".weight", base, code_bytes_of(int64_t(cols.begin) * H), code_bytes_of(int64_t(Ic) * H));
+        if (!fp8)
+          st->copy_scales(name + ".weight_scale", base + code_bytes, uint64_t(cols.begin) * H / 16,
+                          uint64_t(Ic) * H / 16);
+      } else if (Ic == I) {
+        copy_whole();
+      } else {  // whole matrix staged, columns [c0, c1) cut into the slot's tail
+        copy_whole();
+        uint8_t* cut = base + code_bytes + scale_bytes;
+        p.full_codes = base;
+        p.full_scales = base + code_bytes;
+        p.codes = cut;
+        p.scales = cut + round(code_bytes_of(int64_t(Ic) * H));
+        p.full_cols = I;
+        p.col0 = cols.begin;
+      }
+      pending.push_back(p);
     }
   }
   flush();
   l.packed = true;
   l.pexperts = upload_packed_table(g, u, d);
+  l.pexperts.format = format;
+}
+
+// FP8 routed experts the packed kernels take: per-tensor or 128 x 128 block scales (a slab of 16
+// rows x 64 k inside one block, so this rank's rows and columns start on a block), codes in a
+// 16-wide k. W8A8 experts run weight-only there, as they do on the bf16 expert kernels.
+static bool packable_fp8(const ModuleFormat& f, IndexRange kept_rows, IndexRange kept_cols) {
+  if (f.weight != WeightFormat::FP8 || kept_rows.size() % 16 != 0 || kept_cols.size() % 16 != 0) return false;
+  if (f.fp8.scaling == Fp8Scaling::PerTensor) return true;
+  return f.fp8.scaling == Fp8Scaling::Block && f.fp8.block[0] == kFp8BlockSize && f.fp8.block[1] == kFp8BlockSize &&
+         kept_rows.begin % kFp8BlockSize == 0 && kept_cols.begin % kFp8BlockSize == 0;
+}
+
+bool WeightBuilder::packable_fp8_expert(const std::string& module, int rows, int in, IndexRange kept_rows,
+                                        IndexRange kept_cols) const {
+  return packable_fp8(format_of(module, rows, in), kept_rows, kept_cols);
+}
+
+// The slab scales of rows kept_rows x columns kept_cols of an FP8 [rows, in] expert matrix: the
+// scale over each 16 x 64 slab (uploaded; the packed kernels apply them to fp32 partial sums).
+const float* WeightBuilder::fp8_slab_scales(const std::string& module, int rows, int in, IndexRange kept_rows,
+                                            IndexRange kept_cols) {
+  const ModuleFormat f = format_of(module, rows, in);
+  FATHOM_CHECK(packable_fp8(f, kept_rows, kept_cols), "FP8 routed expert '", module, "' is ",
+               f.label(st->checkpoint(), module),
+               ", unlike its layer's first expert (FP8 per tensor or in 128 x 128 blocks, split on a block)");
+  const int row_tiles = (kept_rows.size() + kPackedTileRows - 1) / kPackedTileRows;
+  const int k_slabs = (kept_cols.size() + kPackedSlabK - 1) / kPackedSlabK;
+  std::vector<float> s(size_t(row_tiles) * k_slabs);
+  for (int rt = 0; rt < row_tiles; ++rt)
+    for (int ks = 0; ks < k_slabs; ++ks)
+      s[size_t(rt) * k_slabs + ks] =
+          f.fp8.at(kept_rows.begin + rt * kPackedTileRows, kept_cols.begin + ks * kPackedSlabK, in);
+  const float* dev = alloc_weight<float>(int64_t(s.size()), true);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(dev), s.data(), s.size() * 4, cudaMemcpyHostToDevice, stream));
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `s` goes
+  return dev;
 }
 
 void WeightBuilder::stream_attention(DevLayer& l, const AttentionTensors& t) {
@@ -409,8 +472,15 @@ void WeightBuilder::stream_moe(DevLayer& l, const MoeTensors& t) {
       const MlpTensors m = t.expert(e);
       for (const LinearSpec* part : {&m.gate, &m.up, &m.down}) all_fp4 = all_fp4 && stored_fp4(part->module);
     }
-    if (all_fp4) {
-      stream_packed_experts(t, l);
+    // FP8 experts are packed when the layer's first expert is (every expert's scales are checked
+    // as they are read): half the memory of the bf16 kernels' copy, exact scales.
+    const MlpTensors first = t.expert(split.experts.begin);
+    const bool fp8 = !all_fp4 && E > 0 &&
+                     packable_fp8_expert(first.gate.module, I, H, cols, {0, H}) &&
+                     packable_fp8_expert(first.up.module, I, H, cols, {0, H}) &&
+                     packable_fp8_expert(first.down.module, H, I, {0, H}, cols);
+    if (all_fp4 || fp8) {
+      stream_packed_experts(t, l, fp8 ? PackedFormat::Fp8 : PackedFormat::Nvfp4);
     } else {
       for (int e = split.experts.begin; e < split.experts.begin + E; ++e) {
         const MlpTensors m = t.expert(e);

@@ -338,7 +338,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   Scope sc(profiler, "moe.experts");
   const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
-    moe_experts_fp4(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
+    moe_experts_packed(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
                     act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s, opt.kernels.moe,
                     grouped);
     if (overlap) {

@@ -1,8 +1,9 @@
-// Routed experts on NVFP4 weights with tensor cores (mma.sync m16n8k16, bf16 in, fp32 out),
-// for every batch size. The weights are the mma's A operand (16 output rows x 16 k) and the
-// tokens its N dimension, so each weight is decoded once per tile of tokens instead of once per
-// token. The weights are repacked at load (pack_fp4) so that one 16-byte load gives a lane its
-// A fragments for 64 k, and the codes become bf16 with a mask, a shift and one bf16 multiply.
+// Routed experts on packed NVFP4 or FP8 weights with tensor cores (mma.sync m16n8k16, bf16 in,
+// fp32 out), for every batch size. The weights are the mma's A operand (16 output rows x 16 k)
+// and the tokens its N dimension, so each weight is decoded once per tile of tokens instead of
+// once per token. The weights are repacked at load (moe_pack.cu) so that one 16-byte load gives a
+// lane its A fragments for 64 k (two for FP8), and the codes become bf16 with masks, shifts and
+// one bf16 multiply. A format (Nvfp4Slabs, Fp8Slabs) is what the kernels are templated on.
 //
 // k order: the mma sums over its 16 "logical" k of a step in an order of its own, so any
 // permutation of k shared by A and B gives the same product. Lane (g, c) of a slab holds logical
@@ -26,69 +27,9 @@
 namespace fathom::cuda {
 namespace {
 
-constexpr int kSlabK = 64;     // k per slab
-constexpr int kTileRows = 16;  // rows per slab (the mma's M)
+constexpr int kSlabK = kPackedSlabK;        // k per slab
+constexpr int kTileRows = kPackedTileRows;  // rows per slab (the mma's M)
 constexpr int kSmallTile = 8;  // tokens per tile of the decode kernel (the mma's N)
-
-// ---- packing
-
-// e4m3 scale -> byte b with bf16 bits (b << 4) + (224 << 7) = scale * 2^118: 5 exponent bits
-// (floor(log2 scale) + 21) and the 3 mantissa bits after the leading one, so e4m3 subnormals
-// (down to 2^-9) stay exact. Zero scales give 0 (their codes are zeroed by the caller).
-__device__ uint32_t scale_byte(uint8_t e) {
-  const int E = (e >> 3) & 0xF, M = e & 7;
-  if (E == 0 && M == 0) return 0;
-  int log2s, mant;
-  if (E == 0) {  // subnormal: M/8 * 2^-6
-    const int top = 31 - __clz(M);
-    log2s = top - 9;
-    mant = (M << (3 - top)) & 7;
-  } else if (E == 15 && M == 7) {  // NaN: no real checkpoint has it; read as the largest value
-    log2s = 8, mant = 6;
-  } else {
-    log2s = E - 7, mant = M;
-  }
-  return uint32_t(((log2s + 21) << 3) | mant);
-}
-
-// Nibble p of a step's 32-bit word holds A element a[p < 4 ? 2p : 2(p-4)+1]: the decoder turns
-// nibbles (p, p+4) into the bf16 pair of fragment register 3 - (its shift / 4), see decode_step.
-__global__ void pack_fp4_kernel(const uint8_t* codes, const uint8_t* scales, int rows, int k, int k_slabs,
-                                int64_t lanes, uint4* dst_codes, uint16_t* dst_scales) {
-  pdl_prologue();
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= lanes) return;
-  const int lane = int(i & 31);
-  const int64_t slab = i >> 5;
-  const int rt = int(slab / k_slabs), ks = int(slab % k_slabs);
-  const int g = lane >> 2, c = lane & 3;
-  const int kb = ks * 4 + c;  // the lane's block of 16 k
-  const int row_lo = rt * kTileRows + g, row_hi = row_lo + 8;
-  auto scale_at = [&](int row) -> uint8_t {
-    return row < rows && kb * 16 < k ? scales[int64_t(row) * (k / 16) + kb] : uint8_t(0);
-  };
-  const uint8_t e_lo = scale_at(row_lo), e_hi = scale_at(row_hi);
-  uint32_t words[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const int ai = p < 4 ? 2 * p : 2 * (p - 4) + 1;  // A element a0..a7
-      const bool hi = (ai >> 1) & 1;                    // a2, a3, a6, a7: row g + 8
-      const int row = hi ? row_hi : row_lo;
-      const uint8_t e = hi ? e_hi : e_lo;
-      const int kk = ks * kSlabK + 16 * c + 4 * j + (ai & 1) + 2 * (ai >> 2);
-      uint32_t nib = 0;
-      if (row < rows && kk < k && (e & 0x7F) != 0)
-        nib = (codes[int64_t(row) * (k / 2) + kk / 2] >> ((kk & 1) * 4)) & 0xF;
-      word |= nib << (4 * p);
-    }
-    words[j] = word;
-  }
-  dst_codes[i] = make_uint4(words[0], words[1], words[2], words[3]);
-  dst_scales[i] = uint16_t(scale_byte(e_lo) | (scale_byte(e_hi) << 8));
-}
 
 // ---- decoding and the mma
 
@@ -134,6 +75,52 @@ __device__ __forceinline__ void mma_slab(const uint32_t (&a)[4][4], uint4 xa, ui
   mma_bf16(acc, a[3], xb.z, xb.w);
 }
 
+// E4M3 bytes 0 and 2 (lo) or 1 and 3 (hi) of a word as a bf16 pair of value * 2^-120: the sign
+// to bit 15, exponent and mantissa to bits 4-10 (e4m3 subnormals become bf16 subnormals).
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t w) { return ((w << 8) & 0x80008000u) | ((w << 4) & 0x07F007F0u); }
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t w) { return (w & 0x80008000u) | ((w >> 4) & 0x07F007F0u); }
+constexpr uint32_t kBf16x2Pow120 = 0x7B807B80u;  // 2^120 in both halves: the codes' exact values
+
+// The two formats as the kernels see them: kWords 16-byte code loads a lane and slab; NVFP4 has
+// a scale word a lane (decoded into A), FP8 a scale a slab (applied to the slab's fp32 sums).
+struct Nvfp4Slabs {
+  static constexpr int kWords = 1;
+  static constexpr bool kSlabScale = false;
+  __device__ static void decode(const uint4 (&w)[1], uint32_t lane_scale, uint32_t (&a)[4][4]) {
+    decode_slab(w[0], lane_scale, a);
+  }
+};
+struct Fp8Slabs {
+  static constexpr int kWords = 2;
+  static constexpr bool kSlabScale = true;
+  __device__ static void step(uint32_t w0, uint32_t w1, uint32_t (&a)[4]) {
+    a[0] = mul_bf16x2(e4m3x2_lo(w0), kBf16x2Pow120);  // a0, a1: row g
+    a[1] = mul_bf16x2(e4m3x2_hi(w0), kBf16x2Pow120);  // a2, a3: row g + 8
+    a[2] = mul_bf16x2(e4m3x2_lo(w1), kBf16x2Pow120);  // a4, a5: row g
+    a[3] = mul_bf16x2(e4m3x2_hi(w1), kBf16x2Pow120);  // a6, a7: row g + 8
+  }
+  __device__ static void decode(const uint4 (&w)[2], uint32_t, uint32_t (&a)[4][4]) {
+    step(w[0].x, w[0].y, a[0]);
+    step(w[0].z, w[0].w, a[1]);
+    step(w[1].x, w[1].y, a[2]);
+    step(w[1].z, w[1].w, a[3]);
+  }
+};
+
+// acc += the slab's product, times its scale for FP8 (fp32 partial sums of the slab first).
+template <class F>
+__device__ __forceinline__ void accumulate_slab(const uint32_t (&a)[4][4], uint4 xa, uint4 xb, float slab_scale,
+                                                float (&acc)[4]) {
+  if constexpr (F::kSlabScale) {
+    float p[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_slab(a, xa, xb, p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = fmaf(p[i], slab_scale, acc[i]);
+  } else {
+    mma_slab(a, xa, xb, acc);
+  }
+}
+
 struct MoeFp4Args {
   PackedExperts ex;
   const bf16_t* x;  // gate/up: token rows [T, hidden]; down: h rows [T*K, inter]
@@ -152,25 +139,33 @@ struct MoeFp4Args {
 struct WarpRows {
   const uint4* q0;
   const uint4* q1;
-  const uint16_t* s0;
+  const uint16_t* s0;  // NVFP4: the lane's scale words
   const uint16_t* s1;
+  const float* f0;     // FP8: the row tile's slab scales
+  const float* f1;
   bool ok0, ok1;
 };
 
-template <bool kGateUp>
+template <class F, bool kGateUp>
 __device__ __forceinline__ WarpRows warp_rows(const MoeFp4Args& a, int e, int rt0, int lane) {
-  const PackedFp4& A0 = kGateUp ? a.ex.gate[e] : a.ex.down[e];
-  const PackedFp4& A1 = kGateUp ? a.ex.up[e] : a.ex.down[e];
+  const PackedMatrix& A0 = kGateUp ? a.ex.gate[e] : a.ex.down[e];
+  const PackedMatrix& A1 = kGateUp ? a.ex.up[e] : a.ex.down[e];
   const int rt1 = kGateUp ? rt0 : rt0 + 1;
   WarpRows w;
   w.ok0 = rt0 < A0.row_tiles;
   w.ok1 = rt1 < A1.row_tiles;
-  const int64_t o0 = (int64_t(w.ok0 ? rt0 : 0) * A0.k_slabs) * 32 + lane;
-  const int64_t o1 = (int64_t(w.ok1 ? rt1 : 0) * A1.k_slabs) * 32 + lane;
-  w.q0 = reinterpret_cast<const uint4*>(A0.codes) + o0;
-  w.q1 = reinterpret_cast<const uint4*>(A1.codes) + o1;
-  w.s0 = A0.scales + o0;
-  w.s1 = A1.scales + o1;
+  const int64_t t0 = int64_t(w.ok0 ? rt0 : 0) * A0.k_slabs, t1 = int64_t(w.ok1 ? rt1 : 0) * A1.k_slabs;
+  w.q0 = reinterpret_cast<const uint4*>(A0.codes) + t0 * 32 * F::kWords + lane;
+  w.q1 = reinterpret_cast<const uint4*>(A1.codes) + t1 * 32 * F::kWords + lane;
+  w.s0 = w.s1 = nullptr;
+  w.f0 = w.f1 = nullptr;
+  if constexpr (F::kSlabScale) {
+    w.f0 = A0.slab_scales + t0;
+    w.f1 = A1.slab_scales + t1;
+  } else {
+    w.s0 = A0.scales + t0 * 32 + lane;
+    w.s1 = A1.scales + t1 * 32 + lane;
+  }
   return w;
 }
 
@@ -181,7 +176,7 @@ __device__ __forceinline__ void store_tile(const MoeFp4Args& a, int e, int rt0, 
                                            const int32_t* pairs, const float v0[4], const float v1[4], int lane) {
   const int g = lane >> 2, c = lane & 3;
   if (kGateUp) {
-    const PackedFp4& G = a.ex.gate[e];
+    const PackedMatrix& G = a.ex.gate[e];
     const float gg = G.global, gu = a.ex.up[e].global;
     const int I = a.ex.inter;
 #pragma unroll
@@ -193,7 +188,7 @@ __device__ __forceinline__ void store_tile(const MoeFp4Args& a, int e, int rt0, 
       }
     }
   } else {
-    const PackedFp4& D = a.ex.down[e];
+    const PackedMatrix& D = a.ex.down[e];
     const float gd = D.global;
     const int H = a.ex.hidden;
 #pragma unroll
@@ -212,15 +207,15 @@ __device__ __forceinline__ void store_tile(const MoeFp4Args& a, int e, int rt0, 
 // ---- decode-shaped kernel: a block = one pair of row tiles x one tile of <= 8 tokens; its W
 // warps split k (warp w takes slabs w, w+W, ...) and their sums are added in warp order, so the
 // result of a token depends only on the shapes and W. Each warp has U slabs of loads in flight.
-template <bool kGateUp, int W, int U, int kMinBlocks>
-__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_small_kernel(MoeFp4Args a) {
+template <class F, bool kGateUp, int W, int U, int kMinBlocks>
+__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(MoeFp4Args a) {
   pdl_prologue();
   if (int(blockIdx.y) >= *a.num_tiles) return;
   const int* td = a.tiles + 4 * blockIdx.y;
   const int e = td[0], begin = td[1], count = td[2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int rt0 = kGateUp ? blockIdx.x : 2 * blockIdx.x;
-  const WarpRows w = warp_rows<kGateUp>(a, e, rt0, lane);
+  const WarpRows w = warp_rows<F, kGateUp>(a, e, rt0, lane);
   const int KS = (kGateUp ? a.ex.gate[e] : a.ex.down[e]).k_slabs;
   const int k = kGateUp ? a.ex.hidden : a.ex.inter;
   const int32_t* pairs = a.sorted_pairs + begin;
@@ -232,17 +227,32 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_small_kernel(MoeFp
   }
   float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  constexpr int NW = F::kWords;
   for (int base = warp; base < KS; base += W * U) {
-    uint4 w0[U], w1[U], xa[U], xb[U];
-    uint32_t s0[U], s1[U];
+    uint4 w0[U][NW], w1[U][NW], xa[U], xb[U];
+    uint32_t s0[U], s1[U];  // NVFP4: the lane's scale words
+    float f0[U], f1[U];     // FP8: the slab's scales
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ks = base + W * u;
-      w0[u] = w1[u] = xa[u] = xb[u] = zero;
+#pragma unroll
+      for (int i = 0; i < NW; ++i) w0[u][i] = w1[u][i] = zero;
+      xa[u] = xb[u] = zero;
       s0[u] = s1[u] = 0;
+      f0[u] = f1[u] = 0.f;
       if (ks < KS) {
-        if (w.ok0) w0[u] = load_stream(w.q0 + ks * 32), s0[u] = w.s0[ks * 32];
-        if (w.ok1) w1[u] = load_stream(w.q1 + ks * 32), s1[u] = w.s1[ks * 32];
+        if (w.ok0) {
+#pragma unroll
+          for (int i = 0; i < NW; ++i) w0[u][i] = load_stream(w.q0 + (ks * NW + i) * 32);
+          if constexpr (F::kSlabScale) f0[u] = w.f0[ks];
+          else s0[u] = w.s0[ks * 32];
+        }
+        if (w.ok1) {
+#pragma unroll
+          for (int i = 0; i < NW; ++i) w1[u][i] = load_stream(w.q1 + (ks * NW + i) * 32);
+          if constexpr (F::kSlabScale) f1[u] = w.f1[ks];
+          else s1[u] = w.s1[ks * 32];
+        }
         const int kx = ks * kSlabK + 16 * c;
         if (col_ok && kx < k) {
           xa[u] = *reinterpret_cast<const uint4*>(xrow + kx);
@@ -253,10 +263,10 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_small_kernel(MoeFp
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       uint32_t A[4][4];
-      decode_slab(w0[u], s0[u], A);
-      mma_slab(A, xa[u], xb[u], acc0);
-      decode_slab(w1[u], s1[u], A);
-      mma_slab(A, xa[u], xb[u], acc1);
+      F::decode(w0[u], s0[u], A);
+      accumulate_slab<F>(A, xa[u], xb[u], f0[u], acc0);
+      F::decode(w1[u], s1[u], A);
+      accumulate_slab<F>(A, xa[u], xb[u], f1[u], acc1);
     }
   }
   __shared__ float red[W][8][32];
@@ -281,20 +291,22 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_small_kernel(MoeFp
 // and scales, so the loads of slab ks + kStages - 1 are in flight while slab ks is computed.
 constexpr int kChunks = kSlabK * 2 / 16;  // 16-byte chunks per token row of a slab
 
-// One pipeline stage: the token tile and, per warp, 2 x 32 lanes x 16 B of codes and 2 x 64 B of scales.
-template <int W, int NT>
+// One pipeline stage: the token tile and, per warp, 2 x 32 lanes x 16 B (FP8: 32 B) of codes and
+// (NVFP4) 2 x 64 B of scales; FP8's slab scales are read from global memory (L1) by each warp.
+template <class F, int W, int NT>
 struct LargeStage {
   uint4 x[NT * 8 * kChunks];
-  uint4 codes[W][2][32];
-  uint4 scales[W][2][4];
+  uint4 codes[W][2][32 * F::kWords];
+  uint4 scales[W][2][F::kSlabScale ? 1 : 4];
 };
-template <int W, int kStages, int NT>
-constexpr size_t large_smem_bytes() { return sizeof(LargeStage<W, NT>) * kStages; }
+template <class F, int W, int kStages, int NT>
+constexpr size_t large_smem_bytes() { return sizeof(LargeStage<F, W, NT>) * kStages; }
 
 // NT n8 tiles of tokens per block: each decoded weight serves NT mma (the decode, not the
 // tensor cores, bounds this kernel: docs/perf.md, v8).
-template <bool kGateUp, int W, int kStages, int NT, int kMinBlocks = 1>
-__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp4Args a) {
+template <class F, bool kGateUp, int W, int kStages, int NT, int kMinBlocks = 1>
+__global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_large_kernel(MoeFp4Args a) {
+  constexpr int NW = F::kWords;
   constexpr int kTile = NT * 8;
   pdl_prologue();
   if (int(blockIdx.y) >= *a.num_tiles) return;
@@ -302,13 +314,13 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp
   const int e = td[0], begin = td[1], count = td[2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int rt0 = kGateUp ? blockIdx.x * W + warp : 2 * (blockIdx.x * W + warp);
-  const WarpRows w = warp_rows<kGateUp>(a, e, rt0, lane);
+  const WarpRows w = warp_rows<F, kGateUp>(a, e, rt0, lane);
   const int KS = (kGateUp ? a.ex.gate[e] : a.ex.down[e]).k_slabs;
   const int k = kGateUp ? a.ex.hidden : a.ex.inter;
   const int32_t* pairs = a.sorted_pairs + begin;
 
   extern __shared__ uint4 smem_raw[];
-  LargeStage<W, NT>* stage = reinterpret_cast<LargeStage<W, NT>*>(smem_raw);
+  LargeStage<F, W, NT>* stage = reinterpret_cast<LargeStage<F, W, NT>*>(smem_raw);
   __shared__ int64_t xrow[kTile];
   for (int col = threadIdx.x; col < kTile; col += W * 32) {
     int64_t r = -1;
@@ -320,8 +332,9 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp
   }
   __syncthreads();
   // The lane's scale source: lanes 0-3 copy tile 0's 64 bytes, lanes 4-7 tile 1's.
-  const uint4* scale_src = lane < 8 ? reinterpret_cast<const uint4*>((lane < 4 ? w.s0 : w.s1) - lane) + (lane & 3)
-                                    : nullptr;
+  const uint4* scale_src = !F::kSlabScale && lane < 8
+                               ? reinterpret_cast<const uint4*>((lane < 4 ? w.s0 : w.s1) - lane) + (lane & 3)
+                               : nullptr;
   const bool scale_ok = lane < 4 ? w.ok0 : w.ok1;
   // The token tile's loads: thread i copies chunk (i % 8) of rows i / 8 + r * kRowsPerPass, so its
   // source rows and shared-memory slots are fixed for the whole k loop (worked out once here).
@@ -337,17 +350,21 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp
     slot[r] = n * kChunks + (ch ^ (n & 7));
   }
   auto load_stage = [&](int ks, int buf) {
-    LargeStage<W, NT>& st = stage[buf];
+    LargeStage<F, W, NT>& st = stage[buf];
     const bool in_k = ks * kSlabK + ch * 8 < k;
 #pragma unroll
     for (int r = 0; r < kPasses; ++r) {
       if (src[r] && in_k) cp_async16(smem_addr(&st.x[slot[r]]), src[r] + ks * kSlabK);
       else st.x[slot[r]] = make_uint4(0, 0, 0, 0);
     }
-    if (w.ok0) cp_async16(smem_addr(&st.codes[warp][0][lane]), w.q0 + ks * 32);
-    if (w.ok1) cp_async16(smem_addr(&st.codes[warp][1][lane]), w.q1 + ks * 32);
-    if (lane < 8 && scale_ok)  // 64 bytes of scales a slab
-      cp_async16(smem_addr(&st.scales[warp][lane >> 2][lane & 3]), scale_src + ks * 4);
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      if (w.ok0) cp_async16(smem_addr(&st.codes[warp][0][i * 32 + lane]), w.q0 + (ks * NW + i) * 32);
+      if (w.ok1) cp_async16(smem_addr(&st.codes[warp][1][i * 32 + lane]), w.q1 + (ks * NW + i) * 32);
+    }
+    if constexpr (!F::kSlabScale)
+      if (lane < 8 && scale_ok)  // 64 bytes of scales a slab
+        cp_async16(smem_addr(&st.scales[warp][lane >> 2][lane & 3]), scale_src + ks * 4);
   };
 
   const int n_tiles = (count + 7) / 8;  // n8 tiles holding tokens (warp-uniform)
@@ -364,38 +381,85 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_fp4_large_kernel(MoeFp
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
   for (int ks = 0; ks < KS; ++ks) {
+    float f0 = 0.f, f1 = 0.f;  // FP8: the slab's scales (issued before the wait)
+    if constexpr (F::kSlabScale) {
+      if (w.ok0) f0 = w.f0[ks];
+      if (w.ok1) f1 = w.f1[ks];
+    }
     cp_async_wait<kStages - 2>();
     __syncthreads();  // slab ks has landed for every thread; slab ks-1's buffer is free
     if (ks + kStages - 1 < KS) load_stage(ks + kStages - 1, (ks + kStages - 1) % kStages);
     cp_async_commit();
-    const LargeStage<W, NT>& st = stage[ks % kStages];
-    const uint4 cw0 = w.ok0 ? st.codes[warp][0][lane] : zero, cw1 = w.ok1 ? st.codes[warp][1][lane] : zero;
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(&st.scales[warp][0][0]);
-    uint32_t A0[4][4], A1[4][4];
-    decode_slab(cw0, w.ok0 ? sc[lane] : 0u, A0);
-    decode_slab(cw1, w.ok1 ? sc[32 + lane] : 0u, A1);
-    // Groups of 4 n8 tiles without a branch per tile, k steps outer: consecutive mma go to
-    // different accumulators, so they need not wait for each other (each accumulator still
-    // sums its k steps in order). Tiles past `count` hold zero tokens.
+    const LargeStage<F, W, NT>& st = stage[ks % kStages];
+    uint4 cw0[NW], cw1[NW];
 #pragma unroll
-    for (int t0 = 0; t0 < NT; t0 += 4) {
-      if (t0 < n_tiles) {
-        uint4 xa[4], xb[4];
+    for (int i = 0; i < NW; ++i) {
+      cw0[i] = w.ok0 ? st.codes[warp][0][i * 32 + lane] : zero;
+      cw1[i] = w.ok1 ? st.codes[warp][1][i * 32 + lane] : zero;
+    }
+    // The 4 n8 tiles from t0 on, as the mma's B fragments (tiles past `count` hold zero tokens).
+    auto tile_group = [&](int t0, uint4 (&xa)[4], uint4 (&xb)[4]) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int n = (t0 + i) * 8 + g;
-          xa[i] = st.x[n * kChunks + ((2 * c) ^ g)];
-          xb[i] = st.x[n * kChunks + ((2 * c + 1) ^ g)];
-        }
+      for (int i = 0; i < 4; ++i) {
+        const int n = (t0 + i) * 8 + g;
+        xa[i] = st.x[n * kChunks + ((2 * c) ^ g)];
+        xb[i] = st.x[n * kChunks + ((2 * c + 1) ^ g)];
+      }
+    };
+    if constexpr (F::kSlabScale) {
+      // One operand at a time (FP8's A fragments and the slab's partial sums take twice the
+      // registers): a group's partial sums, then times the slab's scale into the accumulators.
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+      for (int op = 0; op < 2; ++op) {
+        uint32_t A[4][4];
+        F::decode(op == 0 ? cw0 : cw1, 0u, A);
+        const float f = op == 0 ? f0 : f1;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint4& xv = j < 2 ? xa[i] : xb[i];
-            const uint32_t b0 = (j & 1) ? xv.z : xv.x, b1 = (j & 1) ? xv.w : xv.y;
-            mma_bf16(acc0[t0 + i], A0[j], b0, b1);
-            mma_bf16(acc1[t0 + i], A1[j], b0, b1);
+        for (int t0 = 0; t0 < NT; t0 += 4) {
+          if (t0 < n_tiles) {
+            uint4 xa[4], xb[4];
+            tile_group(t0, xa, xb);
+            float p[4][4] = {};
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const uint4& xv = j < 2 ? xa[i] : xb[i];
+                mma_bf16(p[i], A[j], (j & 1) ? xv.z : xv.x, (j & 1) ? xv.w : xv.y);
+              }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                float& d = op == 0 ? acc0[t0 + i][r] : acc1[t0 + i][r];
+                d = fmaf(p[i][r], f, d);
+              }
           }
+        }
+      }
+    } else {
+      const uint16_t* sc = reinterpret_cast<const uint16_t*>(&st.scales[warp][0][0]);
+      uint32_t A0[4][4], A1[4][4];
+      F::decode(cw0, w.ok0 ? sc[lane] : 0u, A0);
+      F::decode(cw1, w.ok1 ? sc[32 + lane] : 0u, A1);
+      // Groups of 4 n8 tiles without a branch per tile, k steps outer: consecutive mma go to
+      // different accumulators, so they need not wait for each other (each accumulator still
+      // sums its k steps in order).
+#pragma unroll
+      for (int t0 = 0; t0 < NT; t0 += 4) {
+        if (t0 < n_tiles) {
+          uint4 xa[4], xb[4];
+          tile_group(t0, xa, xb);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint4& xv = j < 2 ? xa[i] : xb[i];
+              const uint32_t b0 = (j & 1) ? xv.z : xv.x, b1 = (j & 1) ? xv.w : xv.y;
+              mma_bf16(acc0[t0 + i], A0[j], b0, b1);
+              mma_bf16(acc1[t0 + i], A1[j], b0, b1);
+            }
+        }
       }
     }
   }
@@ -413,24 +477,27 @@ struct SmallVariant {
   SmallShape gate_shape, down_shape;
   SmallKernel gate_up, down;
 };
-template <int W, int U, int B>
-constexpr SmallKernel gate_up_kernel = moe_fp4_small_kernel<true, W, U, B>;
-template <int W, int U, int B>
-constexpr SmallKernel down_kernel = moe_fp4_small_kernel<false, W, U, B>;
+template <class F, int W, int U, int B>
+constexpr SmallKernel gate_up_kernel = moe_packed_small_kernel<F, true, W, U, B>;
+template <class F, int W, int U, int B>
+constexpr SmallKernel down_kernel = moe_packed_small_kernel<F, false, W, U, B>;
 // (warps, unroll, min blocks per SM) of the gate/up and of the down kernel. By default
 // (kAutoVariant) steps of up to 2 tokens run kFewTokensVariant and longer ones
 // kManyTokensVariant, the fastest on the H200 at those sizes (docs/perf.md, v8). Both split k
 // over 4 warps the same way, so a token's output bits do not depend on which of the two ran.
-constexpr SmallVariant kSmallVariants[] = {
-    {{4, 2, 1}, {4, 2, 1}, gate_up_kernel<4, 2, 1>, down_kernel<4, 2, 1>},
-    {{4, 4, 1}, {4, 4, 1}, gate_up_kernel<4, 4, 1>, down_kernel<4, 4, 1>},
-    {{4, 2, 1}, {8, 1, 1}, gate_up_kernel<4, 2, 1>, down_kernel<8, 1, 1>},
-    {{4, 2, 1}, {16, 1, 1}, gate_up_kernel<4, 2, 1>, down_kernel<16, 1, 1>},
-    {{4, 2, 6}, {4, 2, 6}, gate_up_kernel<4, 2, 6>, down_kernel<4, 2, 6>},
-    {{4, 2, 8}, {4, 2, 8}, gate_up_kernel<4, 2, 8>, down_kernel<4, 2, 8>},
-    {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<4, 1, 8>, down_kernel<4, 1, 8>},
-    {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<8, 2, 1>, down_kernel<8, 1, 1>},
+// The same shapes for both formats (one plan and one tuned choice apply to either).
+template <class F>
+constexpr SmallVariant kSmallVariantsOf[] = {
+    {{4, 2, 1}, {4, 2, 1}, gate_up_kernel<F, 4, 2, 1>, down_kernel<F, 4, 2, 1>},
+    {{4, 4, 1}, {4, 4, 1}, gate_up_kernel<F, 4, 4, 1>, down_kernel<F, 4, 4, 1>},
+    {{4, 2, 1}, {8, 1, 1}, gate_up_kernel<F, 4, 2, 1>, down_kernel<F, 8, 1, 1>},
+    {{4, 2, 1}, {16, 1, 1}, gate_up_kernel<F, 4, 2, 1>, down_kernel<F, 16, 1, 1>},
+    {{4, 2, 6}, {4, 2, 6}, gate_up_kernel<F, 4, 2, 6>, down_kernel<F, 4, 2, 6>},
+    {{4, 2, 8}, {4, 2, 8}, gate_up_kernel<F, 4, 2, 8>, down_kernel<F, 4, 2, 8>},
+    {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<F, 4, 1, 8>, down_kernel<F, 4, 1, 8>},
+    {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<F, 8, 2, 1>, down_kernel<F, 8, 1, 1>},
 };
+constexpr const SmallVariant (&kSmallVariants)[8] = kSmallVariantsOf<Nvfp4Slabs>;  // shapes and names
 constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
 int small_variant_for(const MoeFp4Plan& plan, int T) {
   if (plan.small_variant >= 0) return plan.small_variant;
@@ -440,9 +507,10 @@ int small_variant_for(const MoeFp4Plan& plan, int T) {
   return T <= 2 ? kFewTokensVariant : kManyTokensVariant;
 }
 
+template <class F>
 void launch_small(int variant, MoeFp4Args a, dim3 gate_grid, dim3 down_grid, const bf16_t* h, int inter,
                   cudaStream_t s) {
-  const SmallVariant& v = kSmallVariants[variant];
+  const SmallVariant& v = kSmallVariantsOf<F>[variant];
   launch(v.gate_up, gate_grid, v.gate_shape.warps * 32, 0, s, a);
   FATHOM_CUDA_LAUNCH_CHECK();
   a.x = h;
@@ -457,20 +525,30 @@ struct LargeVariant {
   SmallKernel gate_up, down;
   size_t smem;
 };
-template <int W, int S, int NT, int B = 1>
+template <class F, int W, int S, int NT, int B = 1>
 constexpr LargeVariant large_variant() {
-  return {W, S, NT * 8, B, W, 2 * W, moe_fp4_large_kernel<true, W, S, NT, B>, moe_fp4_large_kernel<false, W, S, NT, B>,
-          large_smem_bytes<W, S, NT>()};
+  return {W,
+          S,
+          NT * 8,
+          B,
+          W,
+          2 * W,
+          moe_packed_large_kernel<F, true, W, S, NT, B>,
+          moe_packed_large_kernel<F, false, W, S, NT, B>,
+          large_smem_bytes<F, W, S, NT>()};
 }
 // The first is the default: capped at 128 registers so 4 blocks fit an SM, 211 against 197
 // TFLOP/s uncapped at 4,096 tokens (docs/perf.md, v8). 128-token tiles, as 2 or 1 row tiles a
 // warp, measured slower: fewer warps fit.
-constexpr LargeVariant kLargeVariants[] = {large_variant<4, 3, 8, 4>(), large_variant<4, 3, 8>(),
-                                           large_variant<4, 4, 8>(), large_variant<8, 3, 8>()};
+template <class F>
+constexpr LargeVariant kLargeVariantsOf[] = {large_variant<F, 4, 3, 8, 4>(), large_variant<F, 4, 3, 8>(),
+                                             large_variant<F, 4, 4, 8>(), large_variant<F, 8, 3, 8>()};
+constexpr const LargeVariant (&kLargeVariants)[4] = kLargeVariantsOf<Nvfp4Slabs>;  // shapes, names, tile sizes
 
+template <class F>
 void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int max_tiles, const bf16_t* h, int inter,
                   cudaStream_t s) {
-  const LargeVariant& v = kLargeVariants[variant];
+  const LargeVariant& v = kLargeVariantsOf<F>[variant];
   allow_dynamic_smem(reinterpret_cast<const void*>(v.gate_up), int(v.smem));
   allow_dynamic_smem(reinterpret_cast<const void*>(v.down), int(v.smem));
   launch(v.gate_up, dim3((gate_tiles + v.gate_rows_tiles - 1) / v.gate_rows_tiles, max_tiles), v.warps * 32, v.smem, s,
@@ -512,32 +590,6 @@ std::string moe_fp4_small_variant_name(int v) {
   return "gate " + name(kSmallVariants[v].gate_shape) + " down " + name(kSmallVariants[v].down_shape);
 }
 
-int64_t packed_fp4_code_bytes(int rows, int k) {
-  return int64_t((rows + kTileRows - 1) / kTileRows) * ((k + kSlabK - 1) / kSlabK) * 512;
-}
-int64_t packed_fp4_scale_bytes(int rows, int k) {
-  return int64_t((rows + kTileRows - 1) / kTileRows) * ((k + kSlabK - 1) / kSlabK) * 64;
-}
-
-PackedFp4 pack_fp4(const uint8_t* codes, const uint8_t* scales, float fp4_global, int rows, int k, uint8_t* dst_codes,
-                   uint16_t* dst_scales, cudaStream_t s) {
-  FATHOM_CHECK(k % 16 == 0 && rows > 0, "pack_fp4: NVFP4 matrix [", rows, ", ", k, "] needs k divisible by 16");
-  FATHOM_CHECK(reinterpret_cast<uintptr_t>(dst_codes) % 16 == 0, "pack_fp4: codes must be 16-byte aligned");
-  PackedFp4 p;
-  p.rows = rows;
-  p.k = k;
-  p.row_tiles = (rows + kTileRows - 1) / kTileRows;
-  p.k_slabs = (k + kSlabK - 1) / kSlabK;
-  p.codes = dst_codes;
-  p.scales = dst_scales;
-  p.global = fp4_global * 256.f;
-  const int64_t lanes = int64_t(p.row_tiles) * p.k_slabs * 32;
-  launch(pack_fp4_kernel, int((lanes + 255) / 256), 256, 0, s, codes, scales, rows, k, p.k_slabs, lanes,
-         reinterpret_cast<uint4*>(dst_codes), dst_scales);
-  FATHOM_CUDA_LAUNCH_CHECK();
-  return p;
-}
-
 // FATHOM_MOE_FP4_SMALL_PAIRS=n: average pairs per expert up to which steps longer than
 // kMoeFp4SmallT still run the decode-shaped kernels (0: by T alone).
 int moe_fp4_small_pairs_per_expert() {
@@ -561,11 +613,11 @@ int moe_fp4_tile_tokens(const PackedExperts& ex, int T, int K, const MoeFp4Plan&
   return small_tiles(ex, T, K) ? kSmallTile : kLargeVariants[plan.large_variant].tile_tokens;
 }
 
-void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
+void moe_experts_packed(const PackedExperts& ex, const bf16_t* x, const int32_t* topk_ids, const float* topk_w,
                      bf16_t* h, float* pair_out, float* y, int T, int K, const float* shared, const float* shared_gate,
                      int64_t gate_ld, const MoeGroupScratch& g, cudaStream_t s, const MoeFp4Plan& plan, bool grouped) {
   if (T == 0) return;
-  FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_fp4: hidden ", ex.hidden, " and inter ",
+  FATHOM_CHECK(ex.hidden % 8 == 0 && ex.inter % 8 == 0, "moe_experts_packed: hidden ", ex.hidden, " and inter ",
                ex.inter, " must be multiples of 8");
   const int P = T * K;
   const bool small = small_tiles(ex, T, K);
@@ -576,10 +628,13 @@ void moe_experts_fp4(const PackedExperts& ex, const bf16_t* x, const int32_t* to
   MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};
   const int variant = small ? small_variant_for(plan, T) : plan.large_variant;
   FATHOM_CHECK(!small || (variant >= 0 && variant < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", variant);
+  const bool fp8 = ex.format == PackedFormat::Fp8;
+  const dim3 gate_grid(gate_tiles, max_tiles), down_grid((down_tiles + 1) / 2, max_tiles);
   if (small) {
-    launch_small(variant, a, dim3(gate_tiles, max_tiles), dim3((down_tiles + 1) / 2, max_tiles), h, ex.inter, s);
+    (fp8 ? launch_small<Fp8Slabs> : launch_small<Nvfp4Slabs>)(variant, a, gate_grid, down_grid, h, ex.inter, s);
   } else {
-    launch_large(variant, a, gate_tiles, down_tiles, max_tiles, h, ex.inter, s);
+    (fp8 ? launch_large<Fp8Slabs> : launch_large<Nvfp4Slabs>)(variant, a, gate_tiles, down_tiles, max_tiles, h,
+                                                               ex.inter, s);
   }
   if (backend_faults_enabled())  // the variant's name is built only when faults are injected
     inject_backend_fault(small ? kMoeFp4DecodeOp : kMoeFp4PrefillOp,
