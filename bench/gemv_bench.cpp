@@ -1,7 +1,7 @@
 // Decode-GEMV bandwidth on the GPU (issue 31): the bf16 GEMV, the FP8 GEMVs (W8A8 on tensor cores,
-// weight-only on CUDA cores) and a device-to-device copy as the ceiling, measured in one run at
-// the 397B shape's dense widths. Each product cycles over enough weight copies that none stays in
-// L2; times are medians of 7 runs of 50 launches each.
+// weight-only on CUDA cores with per-row or 128 x 128 block scales) and a device-to-device copy as
+// the ceiling, measured in one run at the 397B shape's dense widths. Each product cycles over
+// enough weight copies that none stays in L2; times are medians of 7 runs of 50 launches each.
 // usage: gemv_bench [tokens...]   (default 1 8)
 #include <cuda_runtime.h>
 
@@ -68,10 +68,12 @@ int main(int argc, char** argv) {
     int tail;  // bf16 rows of the same input beside it in V2 checkpoints
   };
   // Qwen3.5-397B-A17B: DeltaNet [qkv | z] and out, attention [q (gated) | k | v] and o, the shared
-  // expert's [gate | up] and down.
+  // expert's [gate | up] and down; then two of the 35B's.
   const Shape shapes[] = {{"gdn qkvz", 20480, 4096, 128}, {"gdn out", 4096, 8192, 0},
                           {"attn qkv", 17408, 4096, 0},  {"attn o", 4096, 8192, 0},
-                          {"shared gate|up", 2048, 4096, 1}, {"shared down", 4096, 1024, 0}};
+                          {"shared gate|up", 2048, 4096, 1}, {"shared down", 4096, 1024, 0},
+                          // Qwen3.5-35B-A3B's (hidden 2048): DeltaNet [qkv | z] and out.
+                          {"35B gdn qkvz", 12288, 2048, 64}, {"35B gdn out", 2048, 4096, 0}};
   for (const Shape& sh : shapes) {
     const size_t elems = size_t(sh.n) * sh.k;
     std::vector<DeviceBuffer> w8, w16;
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
       w16.emplace_back(elems * 2);
       FATHOM_CUDA_CHECK(cudaMemset(w16.back().data(), 0x3f, elems * 2));
     }
+    // Per-row scales, or block scales (fewer): ones either way.
     DeviceBuffer scales(size_t(sh.n) * 4);
     std::vector<float> ones(size_t(sh.n), 1.f);
     FATHOM_CUDA_CHECK(cudaMemcpy(scales.data(), ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
@@ -92,13 +95,14 @@ int main(int argc, char** argv) {
       report(tag + " bf16", double(elems) * 2, median_ms([&](int c) {
                gemm_bf16(x.as<bf16_t>(), w16[c].as<bf16_t>(), y.as<float>(), T, sh.n, sh.k, nullptr, 16);
              }), ceiling);
-      for (int mode = 0; mode < 2; ++mode) {
+      const char* mode_names[] = {" fp8 W8A8", " fp8 weight-only", " fp8 weight-only block"};
+      for (int mode = 0; mode < 3; ++mode) {
         DeviceLinear lin;
         lin.out = sh.n, lin.in = sh.k;
-        lin.fp8_scaling = Fp8Scaling::PerChannel;
+        lin.fp8_scaling = mode == 2 ? Fp8Scaling::Block : Fp8Scaling::PerChannel;
         lin.fp8_scales = scales.as<float>();
         lin.fp8_input_scale = mode == 0 ? 0.5f : 0.f;
-        report(tag + (mode == 0 ? " fp8 W8A8" : " fp8 weight-only"), double(elems), median_ms([&](int c) {
+        report(tag + mode_names[mode], double(elems), median_ms([&](int c) {
                  lin.fp8 = w8[c].as<uint8_t>();
                  fp8_gemv(lin, x.as<bf16_t>(), y.as<float>(), T, nullptr);
                }), ceiling);

@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8synth|decode|fused]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -276,6 +276,17 @@ for what in "${@:-all}"; do
       timeout ${FP8X_MEMCHECK_S:-180} compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 \
         "$BIN/test_cuda" --gtest_filter='CudaMoePacked.*:CudaMoeFp8.*' > "$OUT/fp8x_memcheck.log" 2>&1
       echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8x_memcheck.log" | tail -1)"; grep -E "OK \]" "$OUT/fp8x_memcheck.log" ;;
+    fp8gemv)
+      # Issue 31: the FP8 GEMVs against the exact reference at every scaling and step size, the
+      # fixtures against the CPU engine, memcheck, then decode-GEMV bandwidth at the 397B widths
+      # (gemv_bench: W8A8, weight-only per row and in 128 x 128 blocks).
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 240 "$BIN/test_cuda" \
+        --gtest_filter='CudaFp8Linear.*:*CudaFixture*:*CudaW8A8*:*Fp8*' > "$OUT/fp8gemv_tests.log" 2>&1
+      echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|Expected|Which|error" "$OUT/fp8gemv_tests.log" | head -60
+      timeout 200 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='CudaFp8Linear.*' > "$OUT/fp8gemv_memcheck.log" 2>&1
+      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8gemv_memcheck.log" | tail -1)"
+      timeout 200 "$BIN/gemv_bench" ${GEMV_TOKENS:-1 2 4 8} 2>&1 | tee "$OUT/fp8gemv_bench.log" ;;
     fp8synth)
       # Issue 31: the synthetic Qwen3.6-35B-A3B-FP8 (block FP8 everywhere, FP8 experts packed at
       # load) written at full size, loaded and served from disk with `fathom serve` defaults.
@@ -287,8 +298,10 @@ for what in "${@:-all}"; do
       "$BIN/fathom" inspect /tmp/synth 2>&1 | grep -E "quantization|^  |kv cache|weights" | head -20 | tee "$OUT/fp8x_inspect.log"
       sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
       timeout 200 "$BIN/fathom" bench /tmp/synth --load-only 2>&1 | grep -E "^load" | tee "$OUT/fp8x_load.log"
-      timeout 300 "$BIN/fathom" bench /tmp/synth --batch 1,64 --input-len 4096 --output-len 64 2>&1 \
-        | grep -E "^(prefill|decode|weights)|rror" | tee "$OUT/fp8x_bench_disk.log"
+      timeout 300 "$BIN/fathom" bench /tmp/synth --batch 1,64 --input-len 4096 --output-len 64 ${SYNTH_PROFILE:-} \
+        > "$OUT/fp8x_bench_disk.log" 2>&1
+      grep -E "^(prefill|decode|weights)|rror" "$OUT/fp8x_bench_disk.log"
+      [ -n "${SYNTH_ONLY_BENCH:-}" ] && { rm -rf /tmp/synth; continue; }
       "$BIN/fathom" serve /tmp/synth --port 18640 > "$OUT/fp8x_serve.log" 2>&1 &
       SRV=$!
       if wait_healthy 18640 $SRV; then

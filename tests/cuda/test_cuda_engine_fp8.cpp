@@ -4,13 +4,15 @@
 // per-layer k_scale / v_scale added (tests/model/kv_scaled_checkpoint.h), so the scales are read
 // by the streamed loader and applied on both sides. The cache codes are the same on both sides
 // unless a value lands within rounding noise of an E4M3 rounding boundary, so the tolerances are
-// test_cuda_engine.cpp's tight ones. And the KV capacity at a given memory share doubles.
+// test_cuda_engine.cpp's tight ones. And the KV capacity at a given memory share doubles; a
+// prefix snapshot restores the E4M3 cache bit for bit; MTP speculation stays lossless on it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "model/kv_scaled_checkpoint.h"
 #include "model/model_runner.h"
 #include "engine_compare.h"
+#include "runtime/offline_generate.h"
 #include "runtime/sampler.h"
 
 namespace fathom {
@@ -111,8 +114,83 @@ TEST_P(CudaKvFp8, CapacityDoubles) {
   EXPECT_NEAR(double(fp8.share_tokens) / double(bf16.share_tokens), 2.0, 0.1);
 }
 
+// Prefix caching with an E4M3 cache: a sequence started from a snapshot of another's 48-token
+// prefix (its KV codes and linear-attention states copied) continues exactly as a sequence that
+// prefilled the same prefix itself, in the same chunks: the tail's logits and four greedy steps
+// equal bit for bit.
+TEST_P(CudaKvFp8, SnapshotRestoresTheCacheBitForBit) {
+  cuda::CudaRunnerOptions opt;
+  opt.kv_cache_dtype = KvCacheDtype::Fp8E4M3;
+  opt.kv_cache_tokens = 4096;
+  opt.snapshot_slots = 2;
+  opt.snapshot_tokens = 256;
+  auto gpu = cuda::CudaRunner::from_checkpoint((fixtures_dir() / GetParam()).string(), opt);
+  ASSERT_TRUE(gpu->supports_snapshots());
+  const int V = gpu->config().vocab_size;
+  const std::vector<int32_t> prefix = random_prompt(48, V, 31), tail = random_prompt(10, V, 32);
+  // Prefill `tokens` into s (all rows), then `steps` greedy decode steps: the logits of all.
+  auto continue_with = [&](SequenceId s, const std::vector<int32_t>& tokens, int steps) {
+    ForwardStep st{s, tokens, true};
+    ForwardOutput o = gpu->forward(std::span<const ForwardStep>(&st, 1));
+    std::vector<float> logits = o.logits;
+    for (int i = 0; i < steps; ++i) {
+      const float* last = logits.data() + logits.size() - size_t(V);
+      const int32_t next = int32_t(std::max_element(last, last + V) - last);
+      ForwardStep d{s, std::span<const int32_t>(&next, 1), false};
+      const ForwardOutput od = gpu->forward(std::span<const ForwardStep>(&d, 1));
+      logits.insert(logits.end(), od.logits.begin(), od.logits.end());
+    }
+    return logits;
+  };
+  const SequenceId a = gpu->add_sequence();
+  continue_with(a, prefix, 0);
+  const int64_t snap = gpu->save_snapshot(a);
+  ASSERT_GT(snap, 0);
+  const SequenceId from_snapshot = gpu->add_sequence_from(snap);
+  EXPECT_EQ(gpu->length(from_snapshot), int64_t(prefix.size()));
+  const std::vector<float> got = continue_with(from_snapshot, tail, 4);
+  const SequenceId fresh = gpu->add_sequence();
+  continue_with(fresh, prefix, 0);
+  const std::vector<float> want = continue_with(fresh, tail, 4);
+  ASSERT_EQ(got.size(), want.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << got.size() << " logits";
+  std::printf("  %s: %zu logits after a restored fp8 snapshot, %zu differ\n", GetParam().c_str(), got.size(), differ);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvFp8, ::testing::Values("qwen35_moe", "qwen3_dense"),
                          [](const auto& info) { return info.param; });
+
+// MTP speculative decoding with an E4M3 cache (the MTP layer's KV in it too): greedy outputs
+// equal plain greedy outputs of the same engine token for token, K = 1 to 3.
+TEST(CudaKvFp8Speculative, MtpIsLossless) {
+  EngineOptions eo;
+  eo.kv_cache_dtype = "fp8";
+  eo.max_model_len = 1024;
+  eo.num_kv_blocks = 256;
+  auto runner = open_model((fixtures_dir() / "qwen35_moe").string(), "cuda", /*with_mtp=*/true, eo);
+  ASSERT_EQ(runner->kv_cache_dtype(), KvCacheDtype::Fp8E4M3);
+  const int V = runner->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(5, V, 41), random_prompt(17, V, 42),
+                                                     random_prompt(40, V, 43)};
+  GenerateOptions opt;
+  opt.max_new_tokens = 48;
+  const auto plain = generate_batch(*runner, prompts, opt);
+  for (int k = 1; k <= 3; ++k) {
+    SpecOptions spec;
+    spec.algorithm = SpecAlgorithm::Mtp;
+    spec.num_steps = k;
+    spec.adaptive = false;
+    const auto got = generate_batch(*runner, prompts, opt, spec);
+    int64_t drafted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].token_ids, plain[i].token_ids) << "K=" << k << " prompt " << i;
+      drafted += got[i].spec.draft_tokens;
+    }
+    EXPECT_GT(drafted, 0) << "K=" << k;
+  }
+}
 
 }  // namespace
 }  // namespace fathom

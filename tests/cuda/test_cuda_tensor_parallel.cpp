@@ -195,37 +195,42 @@ TEST_P(CudaTensorParallelFixture, OneRankNcclEqualsPlainEngine) {
 // (rank configs, sliced weights, all-reduces, the lm_head gather, expert-parallel routing) runs.
 class CudaSplit : public ::testing::TestWithParam<std::string> {};
 
+// With a bf16 and with an E4M3 KV cache (each rank's slice of the K/V heads in it).
 TEST_P(CudaSplit, TwoRanksOnOneGpuMatchWhole) {
   const std::string dir = fixture(GetParam()).string();
-  cuda::CudaRunnerOptions opt;
-  auto whole = cuda::CudaRunner::from_checkpoint(dir, opt);
-  const RunResult want = run(*whole, 8);
-  whole.reset();
-  const auto [lo, hi] = std::minmax_element(want.logits.begin(), want.logits.end());
-  const int V = 512;
-  opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
-  for (bool ep : {false, true}) {
-    cuda::ParallelGroup group{2, {0, 0}, cuda::Collectives::OneShot, ep};
-    auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, group);
-    ASSERT_EQ(split->config().vocab_size, V);
-    const RunResult got = run(*split, 8);
-    ASSERT_EQ(got.logits.size(), want.logits.size());
-    std::vector<double> rows;
-    for (size_t r = 0; r < want.logits.size() / V; ++r) {
-      double e = 0;
-      for (int v = 0; v < V; ++v) e = std::max(e, double(std::fabs(got.logits[r * V + v] - want.logits[r * V + v])));
-      rows.push_back(e / double(*hi - *lo));
+  for (const KvCacheDtype kv : {KvCacheDtype::Bf16, KvCacheDtype::Fp8E4M3}) {
+    cuda::CudaRunnerOptions opt;
+    opt.kv_cache_dtype = kv;
+    auto whole = cuda::CudaRunner::from_checkpoint(dir, opt);
+    const RunResult want = run(*whole, 8);
+    whole.reset();
+    const auto [lo, hi] = std::minmax_element(want.logits.begin(), want.logits.end());
+    const int V = 512;
+    opt.cuda_graphs = false;  // ranks sharing a GPU (peer_communicator.h)
+    for (bool ep : {false, true}) {
+      cuda::ParallelGroup group{2, {0, 0}, cuda::Collectives::OneShot, ep};
+      auto split = cuda::TensorParallelRunner::from_checkpoint(dir, opt, group);
+      ASSERT_EQ(split->config().vocab_size, V);
+      EXPECT_EQ(split->kv_cache_dtype(), kv);
+      const RunResult got = run(*split, 8);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      std::vector<double> rows;
+      for (size_t r = 0; r < want.logits.size() / V; ++r) {
+        double e = 0;
+        for (int v = 0; v < V; ++v) e = std::max(e, double(std::fabs(got.logits[r * V + v] - want.logits[r * V + v])));
+        rows.push_back(e / double(*hi - *lo));
+      }
+      std::sort(rows.begin(), rows.end());
+      size_t same = 0;
+      for (; same < want.greedy.size() && want.greedy[same] == got.greedy[same]; ++same) {}
+      std::printf("  %s, 2 ranks on one GPU (%s, %s KV): row error median %.2e, max %.2e of the spread; greedy "
+                  "equal for %zu of %zu\n",
+                  GetParam().c_str(), ep ? "experts by expert" : "experts by column", kv_cache_dtype_name(kv),
+                  rows[rows.size() / 2], rows.back(), same, want.greedy.size());
+      EXPECT_LT(rows[rows.size() / 2], 5e-3);  // the engine tests' bounds against the bf16-emulating CPU
+      EXPECT_LT(rows.back(), 5e-2);
+      EXPECT_GE(same, want.greedy.size() / 2);
     }
-    std::sort(rows.begin(), rows.end());
-    size_t same = 0;
-    for (; same < want.greedy.size() && want.greedy[same] == got.greedy[same]; ++same) {}
-    std::printf("  %s, 2 ranks on one GPU (%s): row error median %.2e, max %.2e of the spread; greedy equal for "
-                "%zu of %zu\n",
-                GetParam().c_str(), ep ? "experts by expert" : "experts by column", rows[rows.size() / 2],
-                rows.back(), same, want.greedy.size());
-    EXPECT_LT(rows[rows.size() / 2], 5e-3);  // the engine tests' bounds against the bf16-emulating CPU
-    EXPECT_LT(rows.back(), 5e-2);
-    EXPECT_GE(same, want.greedy.size() / 2);
   }
 }
 
