@@ -123,37 +123,52 @@ struct ModelShape {
   double lm_head_params = 0;
   double expert_params = 0;      // one routed expert (gate+up+down)
   double expert_bytes = 0;       // one routed expert in its storage format
-  double dense_bytes = 0;        // non-expert weights read per step (bf16), incl. lm_head and norms
-  // dense_params by part (all layers): DeltaNet and attention projections, routers, shared experts.
+  double dense_bytes = 0;        // non-expert weights read per step as stored on the device, incl. lm_head
+  // dense_params by part (all layers): DeltaNet and attention projections, routers, shared experts;
+  // and their bytes on the device (FP8 projections 1 a weight; the routers fp32; the rest bf16).
   double linear_proj_params = 0, attn_proj_params = 0, router_params = 0, shared_params = 0;
+  double linear_proj_bytes = 0, attn_proj_bytes = 0, router_bytes = 0, shared_bytes = 0;
   int moe_layers = 0, attn_layers = 0, linear_layers = 0;
 };
 
-// expert_format: "nvfp4", "fp8" or "bf16" (the bytes a routed expert weight takes).
-ModelShape shape_of(const ModelConfig& c, const std::string& expert_format) {
+// expert_format: "nvfp4", "fp8" or "bf16" (the bytes a routed expert weight takes); fp8_dense: the
+// attention, DeltaNet, shared-expert and dense MLP projections in FP8 (NVFP4-V2, Qwen's FP8
+// releases), DeltaNet's b and a and the shared expert's gate logit in bf16 there too.
+ModelShape shape_of(const ModelConfig& c, const std::string& expert_format, bool fp8_dense) {
   ModelShape s;
+  const double proj = fp8_dense ? 1.0 : 2.0;
+  double mlp_bytes = 0;
   const double H = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const double hk = c.linear_num_key_heads, hv = c.linear_num_value_heads, dk = c.linear_key_head_dim,
                dv = c.linear_value_head_dim;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     if (c.layer_types[i] == LayerType::FullAttention) {
       s.attn_layers++;
-      s.attn_proj_params += H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H;
+      const double p = H * nh * d * (c.attn_output_gate ? 2 : 1) + 2 * H * nkv * d + nh * d * H;
+      s.attn_proj_params += p;
+      s.attn_proj_bytes += proj * p;
     } else {
       s.linear_layers++;
-      s.linear_proj_params += H * (2 * hk * dk + hv * dv) + H * hv * dv + 2 * H * hv + hv * dv * H;
+      const double p = H * (2 * hk * dk + hv * dv) + H * hv * dv + hv * dv * H;  // [qkv | z], out
+      s.linear_proj_params += p + 2 * H * hv;
+      s.linear_proj_bytes += proj * p + 2.0 * 2 * H * hv;  // + bf16 [b | a]
     }
     if (c.is_moe_layer(i)) {
       s.moe_layers++;
       s.router_params += H * c.num_experts;
-      s.shared_params += 3 * H * c.shared_expert_intermediate_size + H;
+      s.router_bytes += 4.0 * H * c.num_experts;
+      const double p = 3 * H * c.shared_expert_intermediate_size;
+      s.shared_params += p + H;
+      s.shared_bytes += proj * p + 2.0 * H;  // + the bf16 gate logit
     } else {
       s.dense_params += 3 * H * c.intermediate_size;
+      mlp_bytes += proj * 3 * H * c.intermediate_size;
     }
   }
   s.lm_head_params = H * c.vocab_size;
   s.dense_params += s.linear_proj_params + s.attn_proj_params + s.router_params + s.shared_params + s.lm_head_params;
-  s.dense_bytes = 2 * s.dense_params;
+  s.dense_bytes = mlp_bytes + s.linear_proj_bytes + s.attn_proj_bytes + s.router_bytes + s.shared_bytes +
+                  2.0 * s.lm_head_params;
   s.expert_params = 3.0 * H * c.moe_intermediate_size;
   s.expert_bytes = expert_format == "nvfp4" ? s.expert_params * (0.5 + 1.0 / 16)
                    : expert_format == "fp8" ? s.expert_params * (1.0 + 4.0 / (16 * 64))  // + slab scales
@@ -175,8 +190,8 @@ StepCost decode_cost(const ModelConfig& c, const ModelShape& s, int batch, doubl
   return k;
 }
 
-// decode_cost's bytes by the profiler's op groups (the same model: dense weights counted as
-// bf16, the experts a batch touches, K+V of the context, the DeltaNet states read and written);
+// decode_cost's bytes by the profiler's op groups (the same model: dense weights as stored, the
+// experts a batch touches, K+V of the context, the DeltaNet states read and written);
 // the groups that move little (norms, conv, embedding) are left out.
 std::map<std::string, double> decode_op_bytes(const ModelConfig& c, const ModelShape& s, int batch, double ctx,
                                               KvCacheDtype kv_dtype) {
@@ -184,12 +199,12 @@ std::map<std::string, double> decode_op_bytes(const ModelConfig& c, const ModelS
   const double touched = E > 0 ? E * (1 - std::pow(1 - K / E, batch)) : 0;
   const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
   std::map<std::string, double> b;
-  b["gdn.proj"] = 2.0 * s.linear_proj_params;
-  b["attn.proj"] = 2.0 * s.attn_proj_params;
+  b["gdn.proj"] = s.linear_proj_bytes;
+  b["attn.proj"] = s.attn_proj_bytes;
   b["attn.core"] = batch * ctx * double(c.kv_bytes_per_token_per_layer(kv_dtype)) * s.attn_layers;
   b["gdn.recurrent"] = 2.0 * batch * state * s.linear_layers;
-  b["moe.router"] = 2.0 * s.router_params;
-  b["moe.shared"] = 2.0 * s.shared_params;
+  b["moe.router"] = s.router_bytes;
+  b["moe.shared"] = s.shared_bytes;
   b["moe.experts"] = s.moe_layers * touched * s.expert_bytes;
   b["lm_head"] = 2.0 * s.lm_head_params;
   return b;
@@ -650,7 +665,7 @@ void run_bench(const BenchArgs& a) {
   const nlohmann::json load_report = load_runner(b);
   if (!b.dummy && a.load_only) return;
   print_footprint(b);
-  b.shape = shape_of(b.cfg, b.expert_format);
+  b.shape = shape_of(b.cfg, b.expert_format, b.fp8);
   b.report = {{"model", b.cfg.architecture}, {"layers", b.cfg.num_hidden_layers},
               {"device", b.device_name}, {"copy_tbs", b.ceil.copy_tbs}, {"gemm_tflops", b.ceil.gemm_tflops},
               {"nvfp4_experts", b.nvfp4}, {"expert_format", b.expert_format}, {"kv_cache_dtype", kv_cache_dtype_name(b.kv_dtype)}, {"input_len", a.input_len}, {"output_len", a.output_len},
