@@ -181,8 +181,11 @@ class WeightBuilder {
   DeviceLinear bf16_row_parts(const std::vector<RowPart>& parts, int in, int total_rows, bool expert);
   // Row blocks of FP8 linears with the same input in one FP8 matrix with a scale per row (their
   // per-tensor or per-row scales), zero rows up to total_rows: when every part is FP8 per tensor
-  // or per row, all W8A8 with one input scale or all weight-only. Empty (out == 0) otherwise.
+  // or per row, all W8A8 with one input scale or all weight-only; or with 128 x 128 block scales
+  // when every part starts on a block (fp8_block_row_parts). Empty (out == 0) otherwise.
   DeviceLinear fp8_row_parts(const std::vector<RowPart>& parts, int in, int total_rows);
+  DeviceLinear fp8_block_row_parts(const std::vector<RowPart>& parts, const std::vector<ModuleFormat>& formats, int in,
+                                   int total_rows);
   DeviceLinear stored_linear(const std::string& module, int out, int in, bool expert);
   // Rows `rows` (in order) of a stored [stored_out, in] linear, bf16 or NVFP4.
   DeviceLinear stored_rows(const std::string& module, const std::vector<IndexRange>& rows, int stored_out, int in,

@@ -122,13 +122,14 @@ DeviceLinear WeightBuilder::fp8_columns(const std::string& module, const ModuleF
 
 DeviceLinear WeightBuilder::fp8_row_parts(const std::vector<RowPart>& parts, int in, int total_rows) {
   std::vector<ModuleFormat> formats;
-  for (const RowPart& part : parts) {
-    formats.push_back(format_of(part.module, part.stored_rows, in));
-    const ModuleFormat& f = formats.back();
+  for (const RowPart& part : parts) formats.push_back(format_of(part.module, part.stored_rows, in));
+  if (std::all_of(formats.begin(), formats.end(),
+                  [](const ModuleFormat& f) { return f.weight == WeightFormat::FP8 && f.fp8.scaling == Fp8Scaling::Block; }))
+    return fp8_block_row_parts(parts, formats, in, total_rows);
+  for (const ModuleFormat& f : formats)
     if (f.weight != WeightFormat::FP8 || f.fp8.scaling == Fp8Scaling::Block || f.w8a8() != formats[0].w8a8() ||
         f.fp8.input_scale != formats[0].fp8.input_scale || in % 16 != 0)
       return {};
-  }
   DeviceLinear d;
   d.out = total_rows;
   d.in = in;
@@ -150,6 +151,41 @@ DeviceLinear WeightBuilder::fp8_row_parts(const std::vector<RowPart>& parts, int
   d.fp8_scaling = Fp8Scaling::PerChannel;
   d.fp8_scales = upload_f32(row_scales);
   d.fp8_input_scale = fp8_weight_only ? 0.f : formats[0].fp8.input_scale;
+  return d;
+}
+
+// Block-scaled parts (Qwen's FP8 releases: q, k, v; [qkv | z]; the shared expert's gate and up) in
+// one matrix when each starts on a 128-row block of its own tensor and of the result (every part
+// but the last a whole number of blocks): the result's block-scale rows are the parts' in order.
+DeviceLinear WeightBuilder::fp8_block_row_parts(const std::vector<RowPart>& parts,
+                                                const std::vector<ModuleFormat>& formats, int in, int total_rows) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Fp8Scales& f = formats[i].fp8;
+    const bool last = i + 1 == parts.size();
+    if (f.block[0] != kFp8BlockSize || f.block[1] != kFp8BlockSize || f.input_scale != 0.f || in % 16 != 0 ||
+        parts[i].row0 % kFp8BlockSize != 0 || (!last && parts[i].rows % kFp8BlockSize != 0))
+      return {};
+  }
+  DeviceLinear d;
+  d.out = total_rows;
+  d.in = in;
+  uint8_t* codes = alloc_weight<uint8_t>(int64_t(total_rows) * in, false);
+  const int64_t kblocks = ceil_div(in, kFp8BlockSize);
+  std::vector<float> scales;
+  int64_t row = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const RowPart& part = parts[i];
+    st->copy(part.module + ".weight", codes + row * in, uint64_t(part.row0) * in, uint64_t(part.rows) * in);
+    const std::vector<float> rows = rows_of(formats[i].fp8.scales, kblocks,
+                                            {{int(part.row0 / kFp8BlockSize), int(ceil_div(part.row0 + part.rows, kFp8BlockSize))}});
+    scales.insert(scales.end(), rows.begin(), rows.end());
+    row += part.rows;
+  }
+  if (row < total_rows) FATHOM_CUDA_CHECK(cudaMemsetAsync(codes + row * in, 0, size_t(total_rows - row) * in, stream));
+  scales.resize(size_t(ceil_div(total_rows, kFp8BlockSize) * kblocks), 1.f);  // blocks of zero rows
+  d.fp8 = codes;
+  d.fp8_scaling = Fp8Scaling::Block;
+  d.fp8_scales = upload_f32(scales);
   return d;
 }
 

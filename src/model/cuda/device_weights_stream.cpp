@@ -262,7 +262,11 @@ void WeightBuilder::stream_packed_experts(const MoeTensors& t, DevLayer& l, Pack
       const int rows = down ? H : I, in = down ? I : H;  // stored
       Pending p{out, down ? H : Ic, down ? Ic : H, 1.f, nullptr, base, base + code_bytes};
       if (fp8) {
-        p.slab_scales = fp8_slab_scales(name, rows, in, down ? IndexRange{0, H} : cols, down ? cols : IndexRange{0, I});
+        // The packed matrix is rows kept_rows x columns kept_cols of the stored one.
+        const IndexRange kept_rows = down ? IndexRange{0, H} : cols, kept_cols = down ? cols : IndexRange{0, H};
+        FATHOM_CHECK(kept_rows.size() == p.rows && kept_cols.size() == p.cols, "FP8 expert '", name, "': slab scales for [",
+                     kept_rows.size(), ", ", kept_cols.size(), "] but a packed matrix of [", p.rows, ", ", p.cols, "]");
+        p.slab_scales = fp8_slab_scales(name, rows, in, kept_rows, kept_cols);
       } else {
         p.global = check_nvfp4_linear(st->checkpoint(), name, rows, in);
       }
