@@ -312,10 +312,12 @@ TEST(CudaFp8Linear, DequantizeMatchesHost) {
 // the shared expert's gate logit) in one launch at GEMV sizes. The FP8 rows have the bits of
 // fp8_gemv alone; the bf16 rows match a double-precision reference, have the same bits at every
 // step size, and nothing past either output is written. Past the GEMV, two linears.
+// W8A8 (V2's per-row scaled projections) and weight-only with block scales (Qwen's FP8 releases).
 TEST(CudaFp8Linear, PairWithBf16TailMatchesSeparateProducts) {
   constexpr int kMaxT = 20;
+  for (const Mode mode : {Mode::PerChannelW8A8, Mode::Block})
   for (const auto& [n, k, tail_n] : {std::tuple{96, 256, 1}, std::tuple{130, 400, 130}, std::tuple{1000, 4096, 128}}) {
-    const Fp8Matrix m = random_fp8(n, k, Mode::PerChannelW8A8, uint32_t(n + k));
+    const Fp8Matrix m = random_fp8(n, k, mode, uint32_t(n + k));
     const std::vector<uint16_t> xb = random_x(kMaxT, k, 21), tb = random_x(tail_n, k, 22);
     auto x = cuda::DeviceBuffer::from_host(xb);
     auto tw = cuda::DeviceBuffer::from_host(tb);
@@ -338,7 +340,8 @@ TEST(CudaFp8Linear, PairWithBf16TailMatchesSeparateProducts) {
       const std::vector<float> got = download_f32(y, size_t(T) * n + kGuard),
                                want = download_f32(alone, size_t(T) * n),
                                got_tail = download_f32(ty, size_t(T) * tail_n + kGuard);
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "FP8 rows, T=" << T << " N=" << n;
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+          << name_of(mode) << " FP8 rows, T=" << T << " N=" << n;
       double worst = 0;
       for (int t = 0; t < T; ++t)
         for (int r = 0; r < tail_n; ++r) {
@@ -350,7 +353,7 @@ TEST(CudaFp8Linear, PairWithBf16TailMatchesSeparateProducts) {
           const double g = got_tail[size_t(t) * tail_n + r];
           worst = std::max(worst, std::isfinite(g) ? std::fabs(g - ref) / std::max(mag, 1e-30) : 1e30);
         }
-      EXPECT_LT(worst, 1e-5) << "bf16 tail, T=" << T << " rows=" << tail_n;
+      EXPECT_LT(worst, 1e-5) << name_of(mode) << " bf16 tail, T=" << T << " rows=" << tail_n;
       const uint32_t* gb = reinterpret_cast<const uint32_t*>(got.data());
       const uint32_t* tbits = reinterpret_cast<const uint32_t*>(got_tail.data());
       for (size_t i = 0; i < kGuard; ++i) {

@@ -26,6 +26,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_gemv_mma.h"
+#include "kernels/cuda/fp8_gemv_tail.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace fathom::cuda {
@@ -90,63 +91,6 @@ __device__ __forceinline__ void mma_e4m3(uint32_t a0, uint32_t a1, uint32_t a2, 
 #endif
 }
 
-// One bf16 tail row per block (DeltaNet's [b | a], the shared expert's gate logit, beside the
-// FP8 rows in V2 checkpoints: one launch instead of two): the 8 warps split K, each lane keeps
-// up to kTailLoads 16-byte loads in flight, fp32 sums in an order fixed by K (lane strides, the
-// butterfly, then the warps in order), so a row's bits do not depend on T.
-constexpr int kTailLoads = 4;
-
-template <int kMaxT>
-__device__ void tail_row(const MmaArgs& a, float (&part)[kWarps][kRows][kMaxT]) {
-  const int T = a.T, K = a.K, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x - a.fp8_blocks;
-  const int span = (K + kWarps * 256 - 1) / (kWarps * 256) * 256;  // whole 256-element lane strides
-  const int kb = warp * span, ke = min(K, kb + span);
-  const bf16_t* w = a.tail_w + int64_t(row) * K;
-  float acc[kMaxT] = {};
-  uint4 wv[kTailLoads];
-  auto load = [&](int k0) {
-#pragma unroll
-    for (int i = 0; i < kTailLoads; ++i) {
-      const int k = k0 + i * 256 + lane * 8;
-      wv[i] = k < ke ? load_stream(w + k) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  load(kb);  // weights: before waiting for the kernel that writes x
-  pdl_prologue();
-  for (int k0 = kb; k0 < ke; k0 += kTailLoads * 256) {
-    if (k0 > kb) load(k0);
-#pragma unroll
-    for (int i = 0; i < kTailLoads; ++i) {
-      const int k = k0 + i * 256 + lane * 8;
-      if (k >= ke) break;
-      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
-#pragma unroll
-      for (int t = 0; t < kMaxT; ++t) {
-        if (t >= T) break;
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(t) * K + k));
-        const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[t] = fmaf(__uint_as_float(ww[e] << 16), __uint_as_float(xw[e] << 16), acc[t]);
-          acc[t] = fmaf(__uint_as_float(ww[e] & 0xffff0000u), __uint_as_float(xw[e] & 0xffff0000u), acc[t]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxT; ++t) acc[t] = warp_sum(acc[t]);
-  if (lane == 0)
-#pragma unroll
-    for (int t = 0; t < kMaxT; ++t) part[warp][0][t] = acc[t];
-  __syncthreads();
-  if (warp == 0 && lane < T) {
-    float sum = 0.f;
-    for (int i = 0; i < kWarps; ++i) sum += part[i][0][lane];
-    a.tail_y[int64_t(lane) * a.tail_n + row] = sum;
-  }
-}
-
 // The step's activations quantized once per block into shared memory: T rows of K codes.
 __device__ void quantize_to_shared(const MmaArgs& a, uint8_t* xs) {
   const int chunks = a.K / kLaneBytes;
@@ -163,7 +107,9 @@ template <int MAX_T, bool BLOCK, bool XS>
 __global__ void __launch_bounds__(kBlock) fp8_gemv_mma_kernel(MmaArgs a) {
   __shared__ float part[kWarps][kRows][MAX_T];
   extern __shared__ __align__(16) uint8_t xs[];
-  if (int(blockIdx.x) >= a.fp8_blocks) return tail_row<MAX_T>(a, part);
+  if (int(blockIdx.x) >= a.fp8_blocks)
+    return bf16_tail_row<kWarps, MAX_T>({a.x, a.tail_w, a.tail_y, a.T, a.K, a.tail_n, a.fp8_blocks}, &part[0][0][0],
+                                        kRows * MAX_T);
   const int T = a.T, N = a.N, K = a.K, G = a.G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int group = warp / G, slice = warp % G;

@@ -23,6 +23,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_gemv_mma.h"
+#include "kernels/cuda/fp8_gemv_tail.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -40,6 +41,10 @@ struct Fp8GemvArgs {
   const bf16_t* x;       // [T, K]
   float* y;              // [T, N]
   int T, N, K, G;
+  int fp8_blocks;        // the blocks of the FP8 rows; a bf16 tail's rows follow, one block each
+  const bf16_t* tail_w;  // [tail_n, K] bf16 rows of the same input (or null)
+  float* tail_y;         // [T, tail_n]
+  int tail_n;
 };
 
 // Two E4M3 codes (the low byte first) as floats: one cvt.f16x2.e4m3x2, then exact widenings.
@@ -103,6 +108,9 @@ __device__ __forceinline__ void chunk_fma(const float* w, const float* x, float 
 template <int MAX_T, int R, int U, bool BLOCK>
 __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
   __shared__ float part[kBlock / 32][R][MAX_T];
+  if (int(blockIdx.x) >= a.fp8_blocks)
+    return bf16_tail_row<kBlock / 32, MAX_T>({a.x, a.tail_w, a.tail_y, a.T, a.K, a.tail_n, a.fp8_blocks},
+                                             &part[0][0][0], R * MAX_T);
   const int T = a.T, N = a.N, K = a.K, G = a.G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / G, g = warp % G;
@@ -195,9 +203,10 @@ __global__ void __launch_bounds__(kBlock) fp8_gemv_kernel(Fp8GemvArgs a) {
 }
 
 template <int MAX_T, int R, int U>
-void launch_rows(const Fp8GemvArgs& a, bool block, cudaStream_t s) {
+void launch_rows(Fp8GemvArgs a, bool block, cudaStream_t s) {
   const int rows_per_block = kBlock / 32 / a.G * R;
-  const int grid = (a.N + rows_per_block - 1) / rows_per_block;
+  a.fp8_blocks = (a.N + rows_per_block - 1) / rows_per_block;
+  const int grid = a.fp8_blocks + a.tail_n;
   if (block) launch(fp8_gemv_kernel<MAX_T, R, U, true>, grid, kBlock, 0, s, a);
   else launch(fp8_gemv_kernel<MAX_T, R, U, false>, grid, kBlock, 0, s, a);
 }
@@ -294,7 +303,8 @@ void fp8_scale_columns(float* y, const float* scales, float scale, int T, int N,
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
-void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s) {
+void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s, const DeviceLinear* tail,
+              float* tail_y) {
   FATHOM_CHECK(w.is_fp8(), "fp8_gemv needs FP8 weights");
   FATHOM_CHECK(T >= 1 && T <= kFp8GemvMaxTokens, "fp8_gemv handles 1..", kFp8GemvMaxTokens, " tokens, got ", T);
   FATHOM_CHECK(w.in > 0 && w.in % kChunk == 0 && w.out > 0, "fp8_gemv needs in_features % 16 == 0, got [", w.out,
@@ -305,7 +315,7 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
   if (w.is_w8a8()) {
     static const bool mma = fp8_gemv_w8a8_supported();
     FATHOM_CHECK(mma, "W8A8 FP8 linears need E4M3 tensor cores (SM89 or later)");
-    fp8_gemv_w8a8(w, x, y, T, s);
+    fp8_gemv_w8a8(w, x, y, T, s, tail, tail_y);
     return;
   }
   Fp8GemvArgs a{};
@@ -313,6 +323,12 @@ void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStrea
   a.scales = w.fp8_scaling == Fp8Scaling::PerTensor ? nullptr : w.fp8_scales;
   a.scale = w.fp8_scale;
   a.x = x, a.y = y, a.T = T, a.N = w.out, a.K = w.in;
+  if (tail != nullptr) {
+    FATHOM_CHECK(tail->bf16 != nullptr && tail->in == w.in && tail->out > 0 && tail_y != nullptr &&
+                     is_aligned(tail->bf16, 16),
+                 "fp8_gemv: the tail must be aligned bf16 rows of the same input (", w.in, " columns)");
+    a.tail_w = tail->bf16, a.tail_y = tail_y, a.tail_n = tail->out;
+  }
   // Warps per row group, from N and K only (so a row's sum never depends on T): enough warps to
   // cover the GPU, while each lane keeps two or more 16-byte loads of its range.
   int G = 1;

@@ -212,9 +212,10 @@ int64_t linear_scratch_elems(const DeviceLinear& w, int64_t max_tokens) {
 
 void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
                  DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan) {
-  const bool one_launch = main.is_w8a8() && main.fp8_scaling != Fp8Scaling::Block && tail.bf16 != nullptr &&
-                          tail.in == main.in && is_aligned(tail.bf16, 16) && is_aligned(x, 16) &&
-                          T <= std::min(kFp8GemvMaxTokens, plan.fp8_gemv_max_tokens);
+  // (W8A8 GEMVs take no block scales; the weight-only one takes every scaling.)
+  const bool one_launch = main.is_fp8() && !(main.is_w8a8() && main.fp8_scaling == Fp8Scaling::Block) &&
+                          tail.bf16 != nullptr && tail.in == main.in && is_aligned(tail.bf16, 16) &&
+                          is_aligned(x, 16) && main.in % 16 == 0 && T <= std::min(kFp8GemvMaxTokens, plan.fp8_gemv_max_tokens);
   if (!one_launch || T <= 0) {
     linear(main, x, y, T, scratch, s, plan);
     linear(tail, x, tail_y, T, scratch, s, plan);
@@ -223,7 +224,7 @@ void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_
   FATHOM_CHECK(int64_t(T) * main.out <= y.size && int64_t(T) * tail.out <= tail_y.size, "linear_pair: ", T,
                " tokens x (", main.out, " + ", tail.out, ") outputs do not fit outputs of ", y.size, " and ",
                tail_y.size, " floats");
-  fp8_gemv_w8a8(main, x, y.data, T, s, &tail, tail_y.data);
+  fp8_gemv(main, x, y.data, T, s, &tail, tail_y.data);
   inject_backend_fault(kGemmFp8Op, kGemv, y.data, size_t(T) * main.out * sizeof(float), s);
 }
 

@@ -62,8 +62,7 @@ __global__ void pack_fp4_kernel(const uint8_t* codes, const uint8_t* scales, int
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= lanes) return;
   const SlabLane L = slab_lane(i, k_slabs);
-  const int64_t slab = L.slab;
-  const int lane = L.lane, rt = L.rt, ks = L.ks, g = L.g, c = L.c;
+  const int rt = L.rt, ks = L.ks, g = L.g, c = L.c;
   const int kb = ks * 4 + c;  // the lane's block of 16 k
   const int row_lo = rt * kTileRows + g, row_hi = row_lo + 8;
   auto scale_at = [&](int row) -> uint8_t {

@@ -112,9 +112,9 @@ bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, in
 // y has fewer than T*N elements or a needed scratch is smaller (linear_scratch_elems).
 void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T, DeviceArray<bf16_t> scratch,
             cudaStream_t s, const KernelPlan& plan);
-// linear(main, x, y) and linear(tail, x, tail_y): where `main` is W8A8 FP8 and `tail` bf16 rows
-// of the same input (NVIDIA's V2 layout keeps DeltaNet's [b | a] and the shared expert's gate
-// logit in bf16 beside FP8 projections), steps of FP8-GEMV size compute both in one launch.
+// linear(main, x, y) and linear(tail, x, tail_y): where `main` is FP8 and `tail` bf16 rows of the
+// same input (the FP8 releases keep DeltaNet's [b | a] and the shared expert's gate logit in bf16
+// beside FP8 projections), steps of FP8-GEMV size compute both in one launch.
 void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
                  DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan);
 // bf16 product: the GEMV up to gemv_max_tokens tokens (the plan's), else cuBLASLt.
@@ -130,8 +130,10 @@ void nvfp4_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStr
 
 // FP8 weights. T <= kFp8GemvMaxTokens tokens, in_features a multiple of 16: one pass over the
 // E4M3 weights, weight-only on CUDA cores (fp8_linear.cu), W8A8 on tensor cores with the
-// activations quantized as fp8_quantize rounds them (fp8_gemv_mma.cu).
-void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s);
+// activations quantized as fp8_quantize rounds them (fp8_gemv_mma.cu). With a `tail` (bf16 rows of
+// the same input) also tail_y[T, tail.out] = x tail^T in the same launch (fp8_gemv_tail.cuh).
+void fp8_gemv(const DeviceLinear& w, const bf16_t* x, float* y, int T, cudaStream_t s,
+              const DeviceLinear* tail = nullptr, float* tail_y = nullptr);
 // out [out, in] bf16 = the dequantized weight (the W8A16 path of larger steps); without
 // with_scales the E4M3 values alone (exact in bf16), for the scales to multiply the product.
 void fp8_dequantize(const DeviceLinear& w, bf16_t* out, cudaStream_t s, bool with_scales = true);
