@@ -38,7 +38,8 @@ void HybridModel::linear(const float* x, const LinearWeight& w, float* y, int64_
   // The CUDA engine rounds weight-only quantized weights to bf16 where it dequantizes them: NVFP4
   // and block-FP8 linears for batches above its GEMVs, per-row FP8 routed experts at load. Per-tensor
   // and per-row FP8 linears and per-tensor and block FP8 routed experts stay exact there (E4M3 codes
-  // are exact in bf16; the scales multiply fp32 products).
+  // are exact in bf16; the scales multiply fp32 products; a tensor-parallel split of block-FP8
+  // experts off their 128-row blocks falls back to the rounded bf16 copy, not emulated here).
   const bool gpu_rounds = routed ? w.fp8_per_row : n > 16 && (!w.fp8 || w.fp8_block);
   if (bf16_activations_ && w.quantized && !w8a8 && gpu_rounds) {
     std::vector<float> rounded(w.w);
