@@ -65,6 +65,9 @@ void add_api_options(CLI::App* sub, ServeOptions& a) {
                   "Require 'Authorization: Bearer KEY' on /v1, or 'x-api-key: KEY' on /v1/messages (default: $FATHOM_API_KEY)");
   sub->add_option("--chat-template", api.chat_template, "Chat template file to use instead of the model's (.jinja or tokenizer_config.json)");
   sub->add_option("--reasoning-parser", api.reasoning_parser, "Split <think>...</think> into reasoning_content (qwen3)");
+  sub->add_option("--responses-store-size", api.responses_store_size,
+                  "/v1/responses: the most recent responses kept for previous_response_id (0: none; the field is then refused)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--tool-call-parser", api.tool_call_parser,
                   "How the model writes tool calls: qwen3_coder (Qwen3.5, Qwen3-Coder XML) or hermes (Qwen3 JSON)");
   sub->add_flag("--enable-auto-tool-choice", api.enable_auto_tool_choice,

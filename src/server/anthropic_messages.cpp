@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "server/json_fields.h"
 #include "server/request_parser.h"
 
 namespace fathom::server {
@@ -10,31 +11,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError{400, msg, param, "invalid_value"}; }
-
-// Refuses any key of `obj` outside `allowed`, naming it (`where` says which object).
-void only_keys(const json& obj, const std::set<std::string>& allowed, const std::string& where) {
-  for (auto it = obj.begin(); it != obj.end(); ++it)
-    if (!allowed.count(it.key()))
-      bad(it.key(), "unsupported field '" + it.key() + "' in " + where + " (see docs/api.md)");
-}
-
-// A block's "type" ("" when missing or not a string: refused by the caller as unknown).
-std::string type_of(const json& block) {
-  const auto it = block.find("type");
-  return it != block.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
-const json& object_at(const json& j, const std::string& where) {
-  if (!j.is_object()) bad(where, where + " must be an object");
-  return j;
-}
-
-std::string string_at(const json& obj, const char* key, const std::string& where) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || !it->is_string()) bad(key, where + "." + key + " must be a string");
-  return it->get<std::string>();
-}
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { bad_field(param, msg); }
 
 // A string, or a list of text blocks joined (system prompts, tool results). cache_control is
 // accepted: prefix caching is automatic here.

@@ -1,6 +1,7 @@
 #include "server/anthropic_stream.h"
 
 #include "server/anthropic_messages.h"
+#include "server/chat_sse.h"
 
 namespace fathom::server {
 
@@ -19,19 +20,7 @@ std::string AnthropicStream::start() {
 }
 
 std::string AnthropicStream::feed(std::string_view sse) {
-  std::string out;
-  size_t pos = 0;
-  while (pos < sse.size()) {
-    size_t end = sse.find("\n\n", pos);
-    if (end == std::string_view::npos) end = sse.size();
-    std::string_view ev = sse.substr(pos, end - pos);
-    pos = end + 2;
-    if (ev.rfind("data: ", 0) != 0) continue;
-    ev.remove_prefix(6);
-    if (ev == "[DONE]") continue;
-    out += on_chunk(json::parse(ev));
-  }
-  return out;
+  return map_chat_chunks(sse, [this](const json& chunk) { return on_chunk(chunk); });
 }
 
 std::string AnthropicStream::open(Block kind, json block) {

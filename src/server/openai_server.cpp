@@ -1,4 +1,4 @@
-#include "server/openai_server.h"
+#include "server/anthropic_messages.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,13 +15,15 @@
 #include "grammar/compiler.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
-#include "server/anthropic_messages.h"
 #include "server/anthropic_stream.h"
 #include "server/api_key.h"
 #include "server/completion_job.h"
 #include "server/http_server.h"
+#include "server/openai_responses.h"
+#include "server/openai_server.h"
 #include "server/protocol.h"
 #include "server/request_parser.h"
+#include "server/responses_stream.h"
 #include "server/server_info.h"
 #include "server/version.h"
 #include "tokenizer/tokenizer.h"
@@ -66,6 +68,12 @@ struct Flight {
   bool anthropic = false;
   std::string message_id;
   std::unique_ptr<AnthropicStream> events;
+  // /v1/responses: answered as a Response (its events when streaming); kept for
+  // previous_response_id when `store`.
+  bool responses = false, store = false;
+  int64_t created_at = 0;
+  nlohmann::ordered_json echo;
+  std::unique_ptr<ResponsesStream> response_events;
 
   void finish() {
     done = true;
@@ -103,6 +111,9 @@ class OpenAIServer {
   void handle_generate(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat);
   void handle_messages(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);  // Anthropic's
   void handle_count_tokens(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);
+  void handle_responses(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex);  // OpenAI's Responses
+  // The Response object of a finished non-streamed flight (and the conversation stored).
+  nlohmann::ordered_json finish_response(Flight& f);
   // Runs `parse` (which makes the flight's job), submits the request and starts draining it;
   // an error answers at once in the flight's protocol.
   void launch(const std::shared_ptr<Flight>& f, const std::function<ParsedRequest()>& parse);
@@ -120,6 +131,7 @@ class OpenAIServer {
   RequestContext ctx_;
   std::optional<ToolCallFormat> tool_format_;  // --tool-call-parser
   std::unique_ptr<grammar::GrammarCompiler> grammars_;  // structured output (with a tokenizer)
+  std::unique_ptr<ResponseStore> responses_;           // /v1/responses' previous_response_id
   std::atomic<int> in_flight_{0};  // before http_: its exchanges' flights count down in it
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<HttpServer> http_;
@@ -212,6 +224,37 @@ void OpenAIServer::handle_messages(const HttpRequest& req, const std::shared_ptr
   });
 }
 
+// The Responses request runs as the chat request it translates to; drain() makes the Response.
+void OpenAIServer::handle_responses(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  auto f = std::make_shared<Flight>();
+  f->ex = ex;
+  f->responses = true;
+  f->message_id = random_id("resp_");
+  f->created_at = int64_t(std::time(nullptr));
+  launch(f, [&] {
+    ResponsesRequest rr = translate_responses_request(req.body, *responses_);
+    ParsedRequest pr = parse_request(dump(rr.chat_body), true, ctx_);
+    f->job = std::make_unique<CompletionJob>(pr, f->message_id, name_, opts_.api.reasoning_parser == "qwen3",
+                                             tok_.get(), tool_format_, [] { return random_id("call_"); });
+    f->echo = std::move(rr.echo);
+    f->store = rr.store;
+    if (rr.stream)
+      f->response_events = std::make_unique<ResponsesStream>(
+          responses_object(f->message_id, f->created_at, name_, f->echo, "in_progress", json::array(), nullptr),
+          [](const char* prefix) { return random_id(prefix); });
+    return pr;
+  });
+}
+
+json OpenAIServer::finish_response(Flight& f) {
+  const json& chat = f.job->response();
+  json output = responses_output(chat, [](const char* prefix) { return random_id(prefix); });
+  const bool incomplete = chat.at("choices").at(0).value("finish_reason", "") == "length";
+  if (f.store) responses_->put(f.message_id, responses_conversation(f.echo, output));
+  return responses_object(f.message_id, f.created_at, name_, f.echo, incomplete ? "incomplete" : "completed",
+                          std::move(output), responses_usage(chat.at("usage")));
+}
+
 // The prompt /v1/messages would run, rendered and tokenized: {"input_tokens": n}.
 void OpenAIServer::handle_count_tokens(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
   try {
@@ -262,7 +305,10 @@ void OpenAIServer::drain(Flight& f) {
   if (f.done) return;
   CompletionJob& job = *f.job;
   // /v1/messages streams Anthropic's events made from the chat chunks.
-  auto sse = [&f](std::string chat_chunks) { return f.events ? f.events->feed(chat_chunks) : chat_chunks; };
+  // /v1/responses streams the Responses events made from them.
+  auto sse = [&f](std::string chat_chunks) {
+    return f.events ? f.events->feed(chat_chunks) : f.response_events ? f.response_events->feed(chat_chunks) : chat_chunks;
+  };
   try {
     if (!f.started) {
       f.started = true;
@@ -270,7 +316,7 @@ void OpenAIServer::drain(Flight& f) {
         HttpHeaders h = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
         h.insert(h.end(), f.headers.begin(), f.headers.end());
         f.ex->begin_stream(200, "text/event-stream", std::move(h));
-        std::string s = f.events ? f.events->start() : std::string();  // message_start first
+        std::string s = f.events ? f.events->start() : f.response_events ? f.response_events->start() : std::string();
         s += sse(job.sse_start());
         if (!s.empty()) f.ex->write(std::move(s));
       }
@@ -285,6 +331,11 @@ void OpenAIServer::drain(Flight& f) {
     if (job.stream()) {
       std::string tail = sse(job.sse_end());  // before finish(): it carries the usage
       if (f.events) tail += f.events->finish();
+      if (f.response_events) {
+        tail += f.response_events->finish();
+        if (f.store && f.response_events->completed())
+          responses_->put(f.message_id, responses_conversation(f.echo, f.response_events->output()));
+      }
       f.ex->write(std::move(tail));
       f.ex->end_stream();
     } else if (!job.error().empty()) {
@@ -292,7 +343,9 @@ void OpenAIServer::drain(Flight& f) {
     } else if (job.aborted() && stopping_) {
       f.ex->respond(error_response(ApiError{503, "the server is shutting down", "", "service_unavailable"}, f.anthropic));
     } else {
-      const json body = f.anthropic ? anthropic_message(job.response(), f.message_id) : job.response();
+      const json body = f.anthropic   ? anthropic_message(job.response(), f.message_id)
+                        : f.responses ? finish_response(f)
+                                      : job.response();
       f.ex->respond(HttpResponse{200, "application/json", dump(body), f.headers});
     }
   } catch (const std::exception& e) {  // assembling the response failed: this request alone ends
@@ -302,7 +355,11 @@ void OpenAIServer::drain(Flight& f) {
     engine_->abort(f.group);
     const ApiError err{500, std::string("internal error: ") + e.what(), "", "internal_error"};
     if (job.stream()) {
-      f.ex->write(f.events ? anthropic_event(anthropic_error_json(err)) : "data: " + dump(error_json(err)) + "\n\ndata: [DONE]\n\n");
+      if (f.events) f.ex->write(anthropic_event(anthropic_error_json(err)));
+      else if (f.response_events)
+        f.ex->write("event: error\ndata: " + dump(json{{"type", "error"}, {"code", "server_error"}, {"message", err.message},
+                                                       {"param", nullptr}, {"sequence_number", 0}}) + "\n\n");
+      else f.ex->write("data: " + dump(error_json(err)) + "\n\ndata: [DONE]\n\n");
       f.ex->end_stream();
     } else {
       f.ex->respond(error_response(err, f.anthropic));
@@ -344,6 +401,9 @@ void OpenAIServer::setup_routes() {
   });
   http_->route("POST", "/v1/chat/completions", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_generate(req, ex, true);
+  });
+  http_->route("POST", "/v1/responses", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    handle_responses(req, ex);
   });
   http_->route("POST", "/v1/messages", [this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
     handle_messages(req, ex);
@@ -460,6 +520,7 @@ void OpenAIServer::load_grammars(const std::vector<int32_t>& end_token_ids, int6
 
 void OpenAIServer::load() {
   name_ = opts_.api.served_model_name.empty() ? opts_.model : opts_.api.served_model_name;
+  responses_ = std::make_unique<ResponseStore>(size_t(opts_.api.responses_store_size));
   load_output_parsers();
   if (!opts_.api.skip_tokenizer_init) load_tokenizer();
   const SpecOptions spec = speculative_options(opts_);

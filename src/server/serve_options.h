@@ -28,6 +28,8 @@ struct ApiOptions {
   // X-Fathom-Structured-Output-Warning header names them) instead of a 400.
   bool structured_output_best_effort = false;
   bool enable_fault_injection = false;  // tests: the "fathom_fault" request field
+  // /v1/responses: how many responses previous_response_id can continue (the most recent; 0: none).
+  int64_t responses_store_size = 1024;
 };
 
 struct ServeOptions {

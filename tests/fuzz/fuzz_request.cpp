@@ -1,5 +1,5 @@
 // libFuzzer target: arbitrary bytes as the body of /v1/chat/completions, /v1/completions,
-// /v1/messages (and count_tokens) and /detokenize,
+// /v1/messages (and count_tokens), /v1/responses and /detokenize,
 // through the whole request path before the engine: JSON with the nesting limit, field checks,
 // message sanitizing, JSON -> template values, rendering with a real chat template (Qwen3's,
 // from the tiny fixture model), tokenizing, length checks. Only ApiError (a 4xx for the client)
@@ -12,6 +12,7 @@
 
 #include "chat/chat_template.h"
 #include "server/anthropic_messages.h"
+#include "server/openai_responses.h"
 #include "server/request_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,6 +57,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const fathom::server::ApiError& e) {
       if (e.status < 400 || e.status >= 500) __builtin_trap();
     }
+  }
+  // /v1/responses: the body translated (with a store holding one conversation), then run as chat.
+  static fathom::server::ResponseStore store(2);
+  static const bool seeded = (store.put("resp_a", nlohmann::ordered_json::array({{{"role", "user"}, {"content", "hi"}}})), true);
+  (void)seeded;
+  try {
+    const auto rr = fathom::server::translate_responses_request(body, store);
+    (void)fathom::server::parse_request(rr.chat_body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), true, c.ctx);
+  } catch (const fathom::server::ApiError& e) {
+    if (e.status < 400 || e.status >= 500) __builtin_trap();
   }
   try {
     (void)fathom::server::parse_detokenize_request(body, c.ctx);

@@ -47,6 +47,32 @@ def sse_events(resp):
     raise AssertionError("the stream ended without [DONE]")
 
 
+def named_events(url, body, headers=None):
+    """The (event name, data) pairs of a streamed response whose events are named ("event: X" then
+    "data: {...}", as Anthropic's and OpenAI's Responses streams are), each data's type its name."""
+    import requests
+    r = requests.post(url, json=body, headers=headers or {}, stream=True, timeout=60)
+    assert r.status_code == 200, r.text
+    out, name = [], None
+    for line in r.iter_lines():
+        if line.startswith(b"event: "):
+            name = line[7:].decode()
+        elif line.startswith(b"data: "):
+            data = json.loads(line[6:])
+            assert data["type"] == name, (name, data)
+            out.append((name, data))
+    return out
+
+
+def error_of(fn, error_type):
+    """The `error_type` exception `fn()` raises (an SDK's status error); fails when it raises none."""
+    try:
+        fn()
+    except error_type as e:
+        return e
+    raise AssertionError("no error")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,8 @@ import sys
 import anthropic
 import requests
 
-from server_util import Server, check, summary
+import server_util
+from server_util import Server, check, named_events, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "fathom-tiny-moe")
@@ -31,25 +32,11 @@ TOOLS = [{"name": "get_weather", "description": "Weather of a city",
 
 def raw_events(srv, body):
     """The (event name, data) pairs of a streamed /v1/messages response, checked as SSE."""
-    r = requests.post(srv.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, stream=True, timeout=60)
-    assert r.status_code == 200, r.text
-    out, name = [], None
-    for line in r.iter_lines():
-        if line.startswith(b"event: "):
-            name = line[7:].decode()
-        elif line.startswith(b"data: "):
-            data = json.loads(line[6:])
-            assert data["type"] == name, (name, data)
-            out.append((name, data))
-    return out
+    return named_events(srv.url + "/v1/messages", body, {"x-api-key": KEY})
 
 
 def error_of(fn):
-    try:
-        fn()
-    except anthropic.APIStatusError as e:
-        return e
-    raise AssertionError("no error")
+    return server_util.error_of(fn, anthropic.APIStatusError)
 
 
 def main():
