@@ -1,4 +1,4 @@
-#include "server/anthropic_messages.h"
+#include "server/openai_server.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,12 +15,12 @@
 #include "grammar/compiler.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
+#include "server/anthropic_messages.h"
 #include "server/anthropic_stream.h"
 #include "server/api_key.h"
 #include "server/completion_job.h"
 #include "server/http_server.h"
 #include "server/openai_responses.h"
-#include "server/openai_server.h"
 #include "server/protocol.h"
 #include "server/request_parser.h"
 #include "server/responses_stream.h"
