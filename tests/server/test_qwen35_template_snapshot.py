@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`fathom serve --chat-template` with the real Qwen3.5 chat template (a snapshot in ../shared, which
 the repository must not copy) on the tiny fixture: the template opens thinking in the prompt, so
-the reasoning parser sends the output to reasoning_content; streaming equals non-streaming.
+the reasoning parser sends the output to reasoning_content; streaming equals non-streaming; the
+Anthropic and Responses APIs render their conversations as the chat messages they stand for.
 Registered by ctest only where ../shared exists.
 
 Run by ctest as: python3 test_qwen35_template_snapshot.py --fathom BIN --shared SHARED --fixtures FIXTURES_DIR
@@ -78,6 +79,31 @@ def qwen35_template_checks(args, model, name, hf):
                     "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]}}]})
             assert n == t.json()["count"], (n, t.text)
             assert n > len(hf.encode("Sunny Paris get_weather", add_special_tokens=False).ids)
+        _()
+
+        @check("Qwen3.5 template: /v1/responses as the chat request (reasoning item, function-call items rendered alike)")
+        def _():
+            msgs = [{"role": "user", "content": "What is the capital of France?"}]
+            r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0)
+            x = cl.responses.create(model=name, input=msgs, max_output_tokens=8, temperature=0)
+            assert x.output[0].type == "reasoning", x.output
+            assert x.output[0].content[0].text == r.choices[0].message.model_extra["reasoning_content"], (x, r)
+            tool = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+            items = msgs + [
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Look it up."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}]
+            chat = msgs + [
+                {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+            y = cl.responses.create(model=name, input=items, tools=[tool], tool_choice="auto", max_output_tokens=2)
+            t = requests.post(srv.url + "/tokenize", timeout=30, json={
+                "messages": chat, "add_generation_prompt": True, "tools": [{"type": "function", "function": {
+                    k: v for k, v in tool.items() if k != "type"}}]})
+            assert y.usage.input_tokens == t.json()["count"], (y.usage, t.text)
         _()
     finally:
         srv.stop()
