@@ -7,6 +7,8 @@ back as a function_call_output item; text.format json_schema gives JSON the sche
 continues a stored conversation (store false, unknown ids and a server without a store are
 refused); malformed requests get OpenAI's error shape naming the field and the server keeps serving.
 
+The text, streaming and function-call checks run on the random fixture (qwen35_moe) too.
+
 Run by ctest as: python3 test_openai_responses.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
@@ -219,6 +221,38 @@ def main():
             assert oc.responses.create(model=name, input="still here", max_output_tokens=2).output_text
         _()
         assert srv.alive()
+    finally:
+        srv.stop()
+
+    # The random fixture (tests/fixtures/qwen35_moe, its own template): the same answers as chat,
+    # streamed or not, and a forced call's round trip.
+    srv = Server(args.fathom, os.path.join(args.fixtures, "qwen35_moe"), "--tool-call-parser", "hermes",
+                 "--enable-auto-tool-choice")
+    try:
+        @check("random fixture: text, streaming and a function call round trip as chat gives them")
+        def _():
+            oc = srv.client()
+            name = oc.models.list().data[0].id
+            chat = oc.chat.completions.create(model=name, messages=MSGS, max_tokens=12, temperature=0)
+            r = oc.responses.create(model=name, input=MSGS, max_output_tokens=12, temperature=0)
+            assert r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+            evs = raw_events(srv, {"model": name, "input": MSGS, "max_output_tokens": 12, "temperature": 0,
+                                   "stream": True})
+            assert "".join(d["delta"] for n, d in evs if n == "response.output_text.delta") == r.output_text
+            # (Random weights write strings until the limit: the city is one of two.)
+            tools = [{**TOOLS[0], "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                                                 "required": ["city"]}}]
+            forced = {"type": "function", "name": "get_weather"}
+            f = oc.responses.create(model=name, input=MSGS, tools=tools, tool_choice=forced, max_output_tokens=48,
+                                    temperature=0)
+            call = [o for o in f.output if o.type == "function_call"][0]
+            assert json.loads(call.arguments)["city"] in ("Paris", "Oslo"), call
+            back = MSGS + [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                           {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}]
+            after = oc.responses.create(model=name, input=back, tools=tools, tool_choice="none", max_output_tokens=8,
+                                        temperature=0)
+            assert [o.type for o in after.output] == ["message"], after.output
+        _()
     finally:
         srv.stop()
 
