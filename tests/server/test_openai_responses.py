@@ -7,7 +7,8 @@ back as a function_call_output item; text.format json_schema gives JSON the sche
 continues a stored conversation (store false, unknown ids and a server without a store are
 refused); malformed requests get OpenAI's error shape naming the field and the server keeps serving.
 
-The text, streaming and function-call checks run on the random fixture (qwen35_moe) too.
+Text, streaming, a function-call round trip, text.format and reasoning run on the random fixture
+(qwen35_moe) too.
 
 Run by ctest as: python3 test_openai_responses.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -227,9 +228,9 @@ def main():
     # The random fixture (tests/fixtures/qwen35_moe, its own template): the same answers as chat,
     # streamed or not, and a forced call's round trip.
     srv = Server(args.fathom, os.path.join(args.fixtures, "qwen35_moe"), "--tool-call-parser", "hermes",
-                 "--enable-auto-tool-choice")
+                 "--enable-auto-tool-choice", "--reasoning-parser", "qwen3")
     try:
-        @check("random fixture: text, streaming and a function call round trip as chat gives them")
+        @check("random fixture: text, streaming, a function call round trip, text.format and reasoning as chat gives them")
         def _():
             oc = srv.client()
             name = oc.models.list().data[0].id
@@ -252,6 +253,21 @@ def main():
             after = oc.responses.create(model=name, input=back, tools=tools, tool_choice="none", max_output_tokens=8,
                                         temperature=0)
             assert [o.type for o in after.output] == ["message"], after.output
+            schema = {"type": "object", "properties": {"deep": {"type": "boolean"}, "sea": {"enum": ["north", "red"]}},
+                      "required": ["deep", "sea"], "additionalProperties": False}
+            j = oc.responses.create(model=name, input=MSGS, max_output_tokens=64, temperature=0,
+                                    text={"format": {"type": "json_schema", "name": "s", "schema": schema}})
+            jsonschema.validate(json.loads(j.output_text), schema)
+            think = oc.chat.completions.create(model=name, messages=MSGS, max_tokens=12, temperature=0,
+                                               extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+            x = oc.responses.create(model=name, input=MSGS, max_output_tokens=12, temperature=0,
+                                    reasoning={"effort": "high"})
+            # The fixture's template does not open thinking: whatever chat splits off, the Response does
+            # too (the real Qwen3.5 template's split: test_qwen35_template_snapshot.py).
+            reasoning = think.choices[0].message.model_extra.get("reasoning_content")
+            got = [o.content[0].text for o in x.output if o.type == "reasoning"]
+            assert got == ([reasoning] if reasoning else []), (x, think)
+            assert x.output_text == (think.choices[0].message.content or ""), (x, think)
         _()
     finally:
         srv.stop()
