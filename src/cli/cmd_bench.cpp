@@ -320,11 +320,13 @@ void read_model(Bench& b) {
   b.spec_bs = parse_list(a.spec_batches);
   if (!b.spec_ks.empty() && b.dummy) b.cfg.mtp_num_hidden_layers = 1;  // a dummy MTP layer for the draft cost
   FATHOM_CHECK(b.spec_ks.empty() || b.cfg.mtp_num_hidden_layers > 0, a.model, " has no MTP layer to draft with");
-  b.nvfp4 = b.dummy ? !a.bf16_experts && a.dummy_experts == "nvfp4" && b.cfg.num_experts > 0
-                    : stores_nvfp4_experts(a.model, b.cfg);
-  b.expert_format = b.nvfp4 ? "nvfp4"
-                    : b.dummy ? (a.bf16_experts ? "bf16" : a.dummy_experts)
-                              : (QuantConfig::load(a.model, cfg_text).declares_fp8() ? "fp8" : "bf16");
+  if (b.dummy)
+    b.expert_format = a.bf16_experts || b.cfg.num_experts == 0 ? "bf16" : a.dummy_experts;
+  else
+    b.expert_format = stores_nvfp4_experts(a.model, b.cfg)                  ? "nvfp4"
+                      : QuantConfig::load(a.model, cfg_text).declares_fp8() ? "fp8"
+                                                                            : "bf16";
+  b.nvfp4 = b.expert_format == "nvfp4";
   b.fp8 = b.dummy ? a.dummy_dense == "fp8" : QuantConfig::load(a.model, cfg_text).declares_fp8();
   b.batches = parse_list(a.batches);
   b.kv_dtype = resolve_kv_cache_dtype(

@@ -226,7 +226,7 @@ ResponsesRequest translate_responses_request(std::string_view text, ResponseStor
     prev = *p;
   }
   for (const auto& m : translate_input(body["input"])) messages.push_back(m);
-  out.echo["conversation_messages"] = messages;  // without the instructions: they do not carry over
+  out.conversation = messages;
   json with_system = json::array();
   json instructions = nullptr;
   if (auto it = body.find("instructions"); it != body.end() && !it->is_null()) {
@@ -322,14 +322,12 @@ json responses_object(const std::string& id, int64_t created_at, const std::stri
   r["incomplete_details"] = status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json();
   r["model"] = model;
   r["output"] = std::move(output);
-  for (auto it = echo.begin(); it != echo.end(); ++it)
-    if (it.key() != "conversation_messages") r[it.key()] = it.value();
+  for (auto it = echo.begin(); it != echo.end(); ++it) r[it.key()] = it.value();
   r["usage"] = usage;
   return r;
 }
 
-json responses_conversation(const json& echo, const json& output) {
-  json messages = echo.value("conversation_messages", json::array());
+json responses_conversation(json messages, const json& output) {
   json turn = {{"role", "assistant"}, {"content", ""}};
   json calls = json::array();
   for (const auto& item : output) {

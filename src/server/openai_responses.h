@@ -38,9 +38,10 @@ class ResponseStore {
 
 struct ResponsesRequest {
   nlohmann::ordered_json chat_body;  // the /v1/chat/completions body it stands for
-  // The request fields a Response object repeats, and under "conversation_messages" the
-  // conversation so far without the instructions (what the store keeps with the response).
-  nlohmann::ordered_json echo;
+  nlohmann::ordered_json echo;          // the request fields a Response object repeats
+  // The conversation so far as chat messages, without the instructions (they do not carry over
+  // to a later turn): what the store keeps with the response.
+  nlohmann::ordered_json conversation;
   bool stream = false, store = true;
 };
 
@@ -59,9 +60,9 @@ nlohmann::ordered_json responses_object(const std::string& id, int64_t created_a
                                         const nlohmann::ordered_json& echo, const std::string& status,
                                         nlohmann::ordered_json output, const nlohmann::ordered_json& usage);
 
-// The conversation after a response: the request's (echo's conversation_messages) and the
-// response's output items as the assistant's turn (what a later previous_response_id starts from).
-nlohmann::ordered_json responses_conversation(const nlohmann::ordered_json& echo, const nlohmann::ordered_json& output);
+// The conversation after a response: the request's and the response's output items as the
+// assistant's turn (what a later previous_response_id starts from).
+nlohmann::ordered_json responses_conversation(nlohmann::ordered_json conversation, const nlohmann::ordered_json& output);
 
 // Chat usage ({prompt_tokens, completion_tokens}) in the Responses shape.
 nlohmann::ordered_json responses_usage(const nlohmann::ordered_json& chat_usage);

@@ -72,7 +72,7 @@ struct Flight {
   // previous_response_id when `store`.
   bool responses = false, store = false;
   int64_t created_at = 0;
-  nlohmann::ordered_json echo;
+  nlohmann::ordered_json echo, conversation;  // ResponsesRequest's
   std::unique_ptr<ResponsesStream> response_events;
 
   void finish() {
@@ -237,6 +237,7 @@ void OpenAIServer::handle_responses(const HttpRequest& req, const std::shared_pt
     f->job = std::make_unique<CompletionJob>(pr, f->message_id, name_, opts_.api.reasoning_parser == "qwen3",
                                              tok_.get(), tool_format_, [] { return random_id("call_"); });
     f->echo = std::move(rr.echo);
+    f->conversation = std::move(rr.conversation);
     f->store = rr.store;
     if (rr.stream)
       f->response_events = std::make_unique<ResponsesStream>(
@@ -250,7 +251,7 @@ json OpenAIServer::finish_response(Flight& f) {
   const json& chat = f.job->response();
   json output = responses_output(chat, [](const char* prefix) { return random_id(prefix); });
   const bool incomplete = chat.at("choices").at(0).value("finish_reason", "") == "length";
-  if (f.store) responses_->put(f.message_id, responses_conversation(f.echo, output));
+  if (f.store) responses_->put(f.message_id, responses_conversation(f.conversation, output));
   return responses_object(f.message_id, f.created_at, name_, f.echo, incomplete ? "incomplete" : "completed",
                           std::move(output), responses_usage(chat.at("usage")));
 }
@@ -334,7 +335,7 @@ void OpenAIServer::drain(Flight& f) {
       if (f.response_events) {
         tail += f.response_events->finish();
         if (f.store && f.response_events->completed())
-          responses_->put(f.message_id, responses_conversation(f.echo, f.response_events->output()));
+          responses_->put(f.message_id, responses_conversation(f.conversation, f.response_events->output()));
       }
       f.ex->write(std::move(tail));
       f.ex->end_stream();
