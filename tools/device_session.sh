@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -352,6 +352,42 @@ for what in "${@:-all}"; do
         bench_serve 18630 decode_serve_c64 --input-len 512 --concurrency 64 --num-prompts 192
       fi
       kill $SRV; wait $SRV 2>/dev/null ;;
+    deep|deepbench)
+      # Issue 32, second session: one-token attention with several K/V tiles in flight (the deep
+      # form, FATHOM_ATTENTION_DEEP=0 turns it off) and the expert decode variants as chosen by
+      # graph-timed tuning. First the kernels' tests and memcheck, the attention kernel alone with
+      # and without the deep form, then `fathom bench` before (deep off, the fixed kernel rules)
+      # and after (defaults) on the sizes in DEEP_SPECS.
+      if [ $what = deep ]; then
+        FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 420 "$BIN/test_cuda" \
+          --gtest_filter='*CudaAttention*:*CudaMoe*:*CudaFusedDecode*:*CudaKv*:*Speculative*:*CudaFixture*' \
+          > "$OUT/deep_tests.log" 2>&1
+        echo "tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/deep_tests.log" | tail -12
+        for deep in 0 1; do
+          FATHOM_ATTENTION_DEEP=$deep timeout 120 "$BIN/test_cuda" --gtest_filter='CudaAttentionDecode.Speed' 2>&1 \
+            | grep -vE "^\[|^Note|^$" | sed "s/^/deep=$deep: /" | tee -a "$OUT/deep_attention_speed.log"
+        done
+        timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+          --gtest_filter='CudaAttentionDecode.MatchesSplitKernel:CudaMoePacked.*:CudaMoeFp8.*' > "$OUT/deep_memcheck.log" 2>&1
+        echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/deep_memcheck.log" | tail -1)"
+        grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Invalid" "$OUT/deep_memcheck.log" | head -6
+      fi
+      for spec in ${DEEP_SPECS:-"qwen3.5-35b-a3b:bf16"}; do
+        IFS=: read -r name dense layers <<< "$spec"
+        extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+        # before: the binary of the previous commit (fathom_old, carried beside the new one);
+        # after; after without the deep attention form (batch 1 only: what each change gave).
+        for form in before after nodeep; do
+          bin=$BIN/fathom env= batch=${DEEP_BATCH:-1,8,64} prof=
+          [ $form = before ] && bin=$BIN/fathom_old
+          [ $form = after ] && prof=${DEEP_PROFILE-}
+          [ $form = nodeep ] && env="FATHOM_ATTENTION_DEEP=0" && batch=1
+          log="$OUT/deep_${name}_${dense}_$form.log"
+          env $env timeout 300 "$bin" bench configs/$name.json --load-format dummy --dummy-dense $dense $extra \
+            --batch $batch --input-len 4096 --output-len 64 $prof > "$log" 2>&1
+          echo "== $name $dense $extra $form"; grep -E "^(decode|prefill)|moe.fp4.decode, steps of up to (1|2|8|64):|rror" "$log" | head -12
+        done
+      done ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

@@ -10,6 +10,13 @@
 // computed, K of the next tile while O += P V is). Warp w owns keys 16w..16w+15 of every tile
 // and keeps its own online softmax (max, sum, 16 x d accumulator) in registers; the four are
 // merged in shared memory at the end into the split's partial.
+//
+// Small grids (a one-token step: 32 blocks on 132 SMs) wait on memory, not on the SMs: the
+// deep form keeps K and V of kDeepStages tiles in flight per block (one block an SM), instead
+// of one K or V tile. Both forms add the same products in the same order: the same bits.
+
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/backend_switches.h"
@@ -50,10 +57,13 @@ __device__ __forceinline__ void load_group_q(bf16_t* tile, const float* q, int t
   }
 }
 
-// Q, K and V tiles; the merge buffer ([kWarps][kRows][D + kMergePad] fp32) reuses them at the end.
-template <int D>
+constexpr int kDeepStages = 3;  // K/V tile pairs in flight per block in the deep form
+
+// Q, K and V tiles (the deep form: kDeepStages pairs); the merge buffer ([kWarps][kRows][D +
+// kMergePad] fp32) reuses them at the end.
+template <int D, bool kDeep>
 constexpr int decode_smem_bytes() {
-  return (kRows + 2 * kTileK) * D * int(sizeof(bf16_t));
+  return (kRows + 2 * kTileK * (kDeep ? kDeepStages : 1)) * D * int(sizeof(bf16_t));
 }
 
 // Blocks per SM the register budget is sized for (the accumulator is D/2 registers per lane):
@@ -64,17 +74,60 @@ constexpr int kBlocksAtD256 = 2;
 #else
 constexpr int kBlocksAtD256 = 3;
 #endif
-template <int D>
+template <int D, bool kDeep>
 constexpr int decode_min_blocks() {
-  return D == 256 ? kBlocksAtD256 : 4;
+  return kDeep ? 1 : D == 256 ? kBlocksAtD256 : 4;
+}
+
+// The warp's 16 keys of a tile: S = Q K^T, masked past `end`, the online softmax step, and P as
+// a bf16 A fragment for P V.
+template <int D>
+__device__ __forceinline__ void warp_scores(const LaneTileAddress<D>& q_addr, const LaneTileAddress<D>& k_addr,
+                                            uint32_t k_offset, int key0, int end, int c, float (&m)[2], float (&l)[2],
+                                            float (&o)[D / 8][4], uint32_t (&pf)[4]) {
+  float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4], b[4];
+    ldmatrix_x4(a, q_addr.at(0, 2 * kk));
+    ldmatrix_x4(b, k_addr.at(0, 2 * kk) + k_offset);
+    mma_bf16(s[0], a, b[0], b[1]);
+    mma_bf16(s[1], a, b[2], b[3]);
+  }
+  if (key0 + kWarpKeys > end) {  // tail of the range: keys past `end` are zero rows, masked
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + 2 * c + (e & 1) >= end) s[j][e] = -INFINITY;
+  }
+  online_softmax_step(s, m, l, o);
+  // The accumulator of the 16 keys (n-tiles 0, 1) is the A fragment of P.
+  pf[0] = pack_bf16(s[0][0], s[0][1]);
+  pf[1] = pack_bf16(s[0][2], s[0][3]);
+  pf[2] = pack_bf16(s[1][0], s[1][1]);
+  pf[3] = pack_bf16(s[1][2], s[1][3]);
+}
+
+// O += P V for the warp's 16 keys (V rows at the Q lanes' addresses plus `v_offset`).
+template <int D>
+__device__ __forceinline__ void warp_pv(const LaneTileAddress<D>& qv_addr, uint32_t v_offset, const uint32_t (&pf)[4],
+                                        float (&o)[D / 8][4]) {
+#pragma unroll
+  for (int dn = 0; dn < D / 8; dn += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, qv_addr.at(0, dn) + v_offset);
+    mma_bf16(o[dn], pf, b[0], b[1]);
+    mma_bf16(o[dn + 1], pf, b[2], b[3]);
+  }
 }
 
 // Grid (T, nh / rows, splits). Block (t, y, s): q heads y*rows .. y*rows + rows - 1 (all of KV head
 // y*rows / group), keys of the s-th range; writes their partials (natural-log max, sum, accumulator).
 // CacheT: bf16_t, or e4m3_t (tiles converted to bf16 as they load; k_scale joins q's scale,
 // v_scale multiplies the partial accumulator).
-template <int D, class CacheT>
-__global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
+template <int D, class CacheT, bool kDeep>
+__global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
     paged_attention_decode_kernel(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
                                   float v_scale, const int32_t* pos, const int32_t* seq_of_token,
                                   const int32_t* block_tables, int max_blocks, int block_size, int nh, int nkv,
@@ -84,7 +137,8 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   bf16_t* sq = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sk = sq + kRows * D;
   bf16_t* sv = sk + kTileK * D;
-  __shared__ int32_t slots[2][kTileK];  // of the tile being loaded and of the next one
+  // Of the tile being loaded and of the next one (the deep form: of each stage's tile).
+  __shared__ int32_t slots[kDeep ? kDeepStages : 2][kTileK];
   __shared__ float warp_m[kWarps][kRows], warp_l[kWarps][kRows], warp_scale[kWarps][kRows];
 
   const int t = blockIdx.x, h0 = blockIdx.y * rows, kvh = h0 / group;
@@ -125,60 +179,72 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 over the warp's keys (log2 domain)
   float l[2] = {0.f, 0.f};              // this lane's part of the running sums (quad-reduced at the end)
 
-  if (tiles > 0) {
-    load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sk, k_cache, slots[0], nkv, kvh);
-    cp_async_commit();
-  }
-  for (int it = 0; it < tiles; ++it) {
-    const int first = begin + it * kTileK;
-    cp_async_wait_all();
-    __syncthreads();  // K(it) is in; every warp is done with V(it-1) and slots[(it+1)%2]
-    load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sv, v_cache, slots[it & 1], nkv, kvh);
-    cp_async_commit();
-    if (it + 1 < tiles) compute_slots<kTileK>(slots[(it + 1) & 1], table, block_size, first + kTileK, end - 1);
-
-    const bool active = first + wkey < end;  // the warp has a key in this tile (only the last one has gaps)
-    uint32_t pf[4];                          // P of the warp's 16 keys as a bf16 A fragment
-    if (active) {
-      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  if constexpr (kDeep) {
+    // Stage i holds K then V of tile i % kDeepStages; tiles it + 1 .. it + kDeepStages - 1 load
+    // while tile it is computed.
+    constexpr uint32_t kStageBytes = 2 * kTileK * D * sizeof(bf16_t);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4], b[4];
-        ldmatrix_x4(a, qv_addr.at(0, 2 * kk));
-        ldmatrix_x4(b, k_addr.at(0, 2 * kk));
-        mma_bf16(s[0], a, b[0], b[1]);
-        mma_bf16(s[1], a, b[2], b[3]);
+    for (int st = 1; st < kDeepStages; ++st)
+      if (st < tiles) compute_slots<kTileK>(slots[st], table, block_size, begin + st * kTileK, end - 1);
+    __syncthreads();
+#pragma unroll
+    for (int st = 0; st < kDeepStages - 1; ++st) {
+      if (st < tiles) {
+        bf16_t* stage = sk + st * 2 * kTileK * D;
+        load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(stage, k_cache, slots[st], nkv, kvh);
+        load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(stage + kTileK * D, v_cache, slots[st], nkv, kvh);
       }
-      if (first + wkey + kWarpKeys > end) {  // tail of the range: keys past `end` are zero rows, masked
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (first + wkey + j * 8 + 2 * c + (e & 1) >= end) s[j][e] = -INFINITY;
-      }
-      online_softmax_step(s, m, l, o);
-      // The accumulator of the 16 keys (n-tiles 0, 1) is the A fragment of P.
-      pf[0] = pack_bf16(s[0][0], s[0][1]);
-      pf[1] = pack_bf16(s[0][2], s[0][3]);
-      pf[2] = pack_bf16(s[1][0], s[1][1]);
-      pf[3] = pack_bf16(s[1][2], s[1][3]);
-    }
-
-    cp_async_wait_all();
-    __syncthreads();  // V(it) is in; every warp is done with K(it); slots of tile it+1 are written
-    if (it + 1 < tiles) {
-      load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sk, k_cache, slots[(it + 1) & 1], nkv, kvh);
       cp_async_commit();
     }
-
-    if (active) {
-#pragma unroll
-      for (int dn = 0; dn < D / 8; dn += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, qv_addr.at(0, dn) + v_offset);
-        mma_bf16(o[dn], pf, b[0], b[1]);
-        mma_bf16(o[dn + 1], pf, b[2], b[3]);
+    for (int it = 0; it < tiles; ++it) {
+      // Tile it + kDeepStages - 1 into the stage freed by tile it - 1 (every warp is done with it
+      // after the barrier below), then tile it's copies are waited for.
+      const int next = it + kDeepStages - 1, ns = next % kDeepStages;
+      if (next < tiles) {
+        bf16_t* stage = sk + ns * 2 * kTileK * D;
+        load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(stage, k_cache, slots[ns], nkv, kvh);
+        load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(stage + kTileK * D, v_cache, slots[ns], nkv, kvh);
       }
+      cp_async_commit();
+      cp_async_wait<kDeepStages - 1>();
+      __syncthreads();  // tile it has landed for every thread
+      const int first = begin + it * kTileK;
+      // Tile it's slots were read when its copies were issued: the entry takes tile it + kDeepStages'.
+      if (it + kDeepStages < tiles)
+        compute_slots<kTileK>(slots[it % kDeepStages], table, block_size, first + kDeepStages * kTileK, end - 1);
+      const uint32_t offset = (it % kDeepStages) * kStageBytes;
+      if (first + wkey < end) {
+        uint32_t pf[4];
+        warp_scores<D>(qv_addr, k_addr, offset, first + wkey, end, c, m, l, o, pf);
+        warp_pv<D>(qv_addr, v_offset + offset, pf, o);
+      }
+      __syncthreads();  // every warp is done with tile it's stage (refilled next), its slots are written
+    }
+    cp_async_wait<0>();
+  } else {
+    if (tiles > 0) {
+      load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sk, k_cache, slots[0], nkv, kvh);
+      cp_async_commit();
+    }
+    for (int it = 0; it < tiles; ++it) {
+      const int first = begin + it * kTileK;
+      cp_async_wait_all();
+      __syncthreads();  // K(it) is in; every warp is done with V(it-1) and slots[(it+1)%2]
+      load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sv, v_cache, slots[it & 1], nkv, kvh);
+      cp_async_commit();
+      if (it + 1 < tiles) compute_slots<kTileK>(slots[(it + 1) & 1], table, block_size, first + kTileK, end - 1);
+
+      const bool active = first + wkey < end;  // the warp has a key in this tile (only the last one has gaps)
+      uint32_t pf[4];                          // P of the warp's 16 keys as a bf16 A fragment
+      if (active) warp_scores<D>(qv_addr, k_addr, 0, first + wkey, end, c, m, l, o, pf);
+
+      cp_async_wait_all();
+      __syncthreads();  // V(it) is in; every warp is done with K(it); slots of tile it+1 are written
+      if (it + 1 < tiles) {
+        load_kv_tile<D, kThreads, kTileK, kCopyUnroll>(sk, k_cache, slots[(it + 1) & 1], nkv, kvh);
+        cp_async_commit();
+      }
+      if (active) warp_pv<D>(qv_addr, v_offset, pf, o);
     }
   }
 
@@ -238,20 +304,53 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   }
 }
 
+// The deep form where a block per SM is enough for the grid (kDeepStages K/V pairs need the
+// shared memory of several shallow blocks); FATHOM_ATTENTION_DEEP=0 turns it off (A/B runs). The
+// E4M3 cache's copies are synchronous loads, which a deeper ring would not overlap.
+bool deep_decode_for(const dim3& grid) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FATHOM_ATTENTION_DEEP");
+    return !v || std::string(v) != "0";
+  }();
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    FATHOM_CUDA_CHECK(cudaGetDevice(&dev));
+    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  return enabled && int64_t(grid.x) * grid.y * grid.z <= sms;
+}
+
+template <int D, class CacheT, bool kDeep>
+void launch_decode_form(const dim3& grid, const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
+                        float v_scale, const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables,
+                        int max_blocks, int block_size, int nh, int nkv, int group, int rows,
+                        const AttentionSplit& split, cudaStream_t s) {
+  constexpr int smem = decode_smem_bytes<D, kDeep>();
+  static_assert(kWarps * kRows * (D + kMergePad) * int(sizeof(float)) <= decode_smem_bytes<D, false>(),
+                "the merge buffer must fit in the tiles' shared memory");
+  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_decode_kernel<D, CacheT, kDeep>), smem);
+  launch(paged_attention_decode_kernel<D, CacheT, kDeep>, grid, kThreads, smem, s, q, k_cache, v_cache, k_scale,
+         v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, nh, nkv, group, rows, split.part_m,
+         split.part_l, split.part_acc);
+  FATHOM_CUDA_LAUNCH_CHECK();
+}
+
 template <int D, class CacheT>
 void launch_decode(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale, float v_scale,
                    const int32_t* pos, const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
                    int block_size, int T, int nh, int nkv, int group, int rows, const AttentionSplit& split,
                    cudaStream_t s) {
-  constexpr int smem = decode_smem_bytes<D>();
-  static_assert(kWarps * kRows * (D + kMergePad) * int(sizeof(float)) <= decode_smem_bytes<D>(),
-                "the merge buffer must fit in the tiles' shared memory");
-  allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_decode_kernel<D, CacheT>), smem);
   const dim3 grid(T, nh / rows, split.splits);
-  launch(paged_attention_decode_kernel<D, CacheT>, grid, kThreads, smem, s, q, k_cache, v_cache, k_scale, v_scale, pos,
-         seq_of_token, block_tables, max_blocks, block_size, nh, nkv, group, rows, split.part_m, split.part_l,
-         split.part_acc);
-  FATHOM_CUDA_LAUNCH_CHECK();
+  if constexpr (!kIsE4m3Cache<CacheT>) {
+    if (deep_decode_for(grid)) {
+      launch_decode_form<D, CacheT, true>(grid, q, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables,
+                                          max_blocks, block_size, nh, nkv, group, rows, split, s);
+      return;
+    }
+  }
+  launch_decode_form<D, CacheT, false>(grid, q, k_cache, v_cache, k_scale, v_scale, pos, seq_of_token, block_tables,
+                                       max_blocks, block_size, nh, nkv, group, rows, split, s);
 }
 
 template <class CacheT>

@@ -26,14 +26,17 @@ class MoeFp4Rig {
   MoeFp4Rig(const MoeFp4Shape& shape, int max_tokens, uint32_t seed, bool reference = true,
             PackedFormat format = PackedFormat::Nvfp4);
 
-  // Launches the kernels for the first T tokens (no wait); output() reads them back.
-  void launch(int T, cudaStream_t s = nullptr);
+  // Launches the kernels for T tokens from token `first` on (no wait); output() reads the
+  // first T tokens' results back.
+  void launch(int T, cudaStream_t s = nullptr, int first = 0);
   std::vector<float> output(int T) const;  // [T, H], after a wait
   std::vector<float> run(int T) {
     launch(T);
     return output(T);
   }
-  // Median milliseconds of `reps` launches for T tokens (CUDA events).
+  // Median milliseconds of `reps` launches for T tokens (CUDA events). Decode sizes (up to
+  // kMoeFp4SmallT tokens) run as a graph of consecutive steps over different tokens, so each
+  // reads other experts' weights from memory (not the last call's from L2) without host gaps.
   double time_ms(int T, int reps);
   // Host reference of token t: h rounded to bf16 as the kernels store it (cached).
   const std::vector<double>& reference(int t);

@@ -207,12 +207,29 @@ __device__ __forceinline__ void store_tile(const MoeFp4Args& a, int e, int rt0, 
 // ---- decode-shaped kernel: a block = one pair of row tiles x one tile of <= 8 tokens; its W
 // warps split k (warp w takes slabs w, w+W, ...) and their sums are added in warp order, so the
 // result of a token depends only on the shapes and W. Each warp has U slabs of loads in flight.
+//
+// The down kernel issues its first U slabs' weight loads before waiting for the gate/up kernel
+// (programmatic dependent launch): only h comes from that kernel. The routing it reads was
+// written before: the gate/up kernel's blocks each waited for their predecessor before letting
+// this kernel start (pdl_prologue waits, then triggers), so the down weights stream while the
+// gate/up kernel finishes.
+template <class F, int U>
+struct SlabLoads {
+  uint4 w0[U][F::kWords], w1[U][F::kWords];
+  uint32_t s0[U], s1[U];  // NVFP4: the lane's scale words
+  float f0[U], f1[U];     // FP8: the slabs' scales
+};
+
 template <class F, bool kGateUp, int W, int U, int kMinBlocks>
 __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(MoeFp4Args a) {
-  pdl_prologue();
-  if (int(blockIdx.y) >= *a.num_tiles) return;
+  if constexpr (kGateUp) pdl_prologue();
+  // The tile is read beside the tile count, not after it (one dependent load fewer before the
+  // weights stream; the grid's rows never pass the tile buffer, and a tile past the count is
+  // not used).
+  const int num_tiles = *a.num_tiles;
   const int* td = a.tiles + 4 * blockIdx.y;
   const int e = td[0], begin = td[1], count = td[2];
+  if (int(blockIdx.y) >= num_tiles) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int rt0 = kGateUp ? blockIdx.x : 2 * blockIdx.x;
   const WarpRows w = warp_rows<F, kGateUp>(a, e, rt0, lane);
@@ -220,53 +237,58 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(Mo
   const int k = kGateUp ? a.ex.hidden : a.ex.inter;
   const int32_t* pairs = a.sorted_pairs + begin;
   const bool col_ok = g < count;
-  const bf16_t* xrow = nullptr;
-  if (col_ok) {
-    const int p = pairs[g];
-    xrow = a.x + int64_t(kGateUp ? p / a.K : p) * a.x_ld;
-  }
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  const int64_t x_offset = col_ok ? int64_t(kGateUp ? pairs[g] / a.K : pairs[g]) * a.x_ld : 0;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   constexpr int NW = F::kWords;
-  for (int base = warp; base < KS; base += W * U) {
-    uint4 w0[U][NW], w1[U][NW], xa[U], xb[U];
-    uint32_t s0[U], s1[U];  // NVFP4: the lane's scale words
-    float f0[U], f1[U];     // FP8: the slab's scales
+  SlabLoads<F, U> L;
+  // The weights (and scales) of slabs base, base + W, ... (U of them; zeros past KS).
+  auto load_weights = [&](int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ks = base + W * u;
 #pragma unroll
-      for (int i = 0; i < NW; ++i) w0[u][i] = w1[u][i] = zero;
-      xa[u] = xb[u] = zero;
-      s0[u] = s1[u] = 0;
-      f0[u] = f1[u] = 0.f;
+      for (int i = 0; i < NW; ++i) L.w0[u][i] = L.w1[u][i] = zero;
+      L.s0[u] = L.s1[u] = 0;
+      L.f0[u] = L.f1[u] = 0.f;
       if (ks < KS) {
         if (w.ok0) {
 #pragma unroll
-          for (int i = 0; i < NW; ++i) w0[u][i] = load_stream(w.q0 + (ks * NW + i) * 32);
-          if constexpr (F::kSlabScale) f0[u] = w.f0[ks];
-          else s0[u] = w.s0[ks * 32];
+          for (int i = 0; i < NW; ++i) L.w0[u][i] = load_stream(w.q0 + (ks * NW + i) * 32);
+          if constexpr (F::kSlabScale) L.f0[u] = w.f0[ks];
+          else L.s0[u] = w.s0[ks * 32];
         }
         if (w.ok1) {
 #pragma unroll
-          for (int i = 0; i < NW; ++i) w1[u][i] = load_stream(w.q1 + (ks * NW + i) * 32);
-          if constexpr (F::kSlabScale) f1[u] = w.f1[ks];
-          else s1[u] = w.s1[ks * 32];
+          for (int i = 0; i < NW; ++i) L.w1[u][i] = load_stream(w.q1 + (ks * NW + i) * 32);
+          if constexpr (F::kSlabScale) L.f1[u] = w.f1[ks];
+          else L.s1[u] = w.s1[ks * 32];
         }
-        const int kx = ks * kSlabK + 16 * c;
-        if (col_ok && kx < k) {
-          xa[u] = *reinterpret_cast<const uint4*>(xrow + kx);
-          xb[u] = *reinterpret_cast<const uint4*>(xrow + kx + 8);
-        }
+      }
+    }
+  };
+  load_weights(warp);
+  if constexpr (!kGateUp) pdl_prologue();
+  const bf16_t* xrow = a.x + x_offset;
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int base = warp; base < KS; base += W * U) {
+    if (base != warp) load_weights(base);
+    uint4 xa[U], xb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      xa[u] = xb[u] = zero;
+      const int ks = base + W * u, kx = ks * kSlabK + 16 * c;
+      if (ks < KS && col_ok && kx < k) {
+        xa[u] = *reinterpret_cast<const uint4*>(xrow + kx);
+        xb[u] = *reinterpret_cast<const uint4*>(xrow + kx + 8);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       uint32_t A[4][4];
-      F::decode(w0[u], s0[u], A);
-      accumulate_slab<F>(A, xa[u], xb[u], f0[u], acc0);
-      F::decode(w1[u], s1[u], A);
-      accumulate_slab<F>(A, xa[u], xb[u], f1[u], acc1);
+      F::decode(L.w0[u], L.s0[u], A);
+      accumulate_slab<F>(A, xa[u], xb[u], L.f0[u], acc0);
+      F::decode(L.w1[u], L.s1[u], A);
+      accumulate_slab<F>(A, xa[u], xb[u], L.f1[u], acc1);
     }
   }
   __shared__ float red[W][8][32];
@@ -497,6 +519,8 @@ constexpr SmallVariant kSmallVariantsOf[] = {
     {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<F, 4, 1, 8>, down_kernel<F, 4, 1, 8>},
     {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<F, 8, 2, 1>, down_kernel<F, 8, 1, 1>},
 };
+// (Gate/up with 8 slabs a warp in flight, one round trip at the 35B's widths, was measured and
+// never chosen: docs/perf.md, issue 32's second session.)
 constexpr const SmallVariant (&kSmallVariants)[8] = kSmallVariantsOf<Nvfp4Slabs>;  // shapes and names
 constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
 int small_variant_for(const MoeFp4Plan& plan, int T) {

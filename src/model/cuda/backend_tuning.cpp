@@ -18,8 +18,9 @@ namespace fathom::cuda {
 namespace {
 
 // Bumped when the checks or the candidates change meaning: older cache entries no longer match
-// (3: every check guards its buffers against out-of-bounds writes).
-constexpr const char* kTuneVersion = "3";
+// (3: every check guards its buffers against out-of-bounds writes; 4: the expert decode
+// candidates timed as graphs of steps over other experts each).
+constexpr const char* kTuneVersion = "4";
 
 std::vector<TunableOp> model_ops(const ModelConfig& cfg, bool nvfp4, bool fp8) {
   std::vector<TunableOp> ops;
