@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
                                   float v_scale, const int32_t* pos, const int32_t* seq_of_token,
                                   const int32_t* block_tables, int max_blocks, int block_size, int nh, int nkv,
                                   int group, int rows, float* part_m, float* part_l, float* part_acc) {
-  pdl_prologue();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16_t* sq = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sk = sq + kRows * D;
@@ -149,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
   const int begin = min(n, split * chunk), end = min(n, begin + chunk);
   const int tiles = (end - begin + kTileK - 1) / kTileK;
   if (tiles == 0) {  // an empty range: the combine reads only its max (skipped)
+    pdl_prologue();
     for (int r = threadIdx.x; r < rows; r += kThreads) part_m[(int64_t(t) * nh + h0 + r) * splits + split] = -INFINITY;
     return;
   }
@@ -161,8 +161,16 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
   // Scores come out pre-multiplied by log2(e)/sqrt(d), so the softmax uses exp2.
   float q_scale = rsqrtf(float(D)) * kLog2e;
   if constexpr (kIsE4m3Cache<CacheT>) q_scale *= k_scale;
+  // The block table lookups go out before waiting for the kernel that writes q (programmatic
+  // dependent launch): positions and tables are the step's, written before the kernels that
+  // precede this one, which are done once it starts.
+  compute_slots<kTileK>(slots[0], table, block_size, begin, end - 1);
+  if constexpr (kDeep)
+#pragma unroll
+    for (int st = 1; st < kDeepStages; ++st)
+      if (st < tiles) compute_slots<kTileK>(slots[st], table, block_size, begin + st * kTileK, end - 1);
+  pdl_prologue();
   load_group_q<D>(sq, q, t, h0, rows, nh, q_scale);
-  if (tiles > 0) compute_slots<kTileK>(slots[0], table, block_size, begin, end - 1);
   __syncthreads();
 
   // Fragment addresses: A of Q (rows lane%16, chunk bit lane/16), B of K (the warp's keys lane%8 +
@@ -183,10 +191,6 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
     // Stage i holds K then V of tile i % kDeepStages; tiles it + 1 .. it + kDeepStages - 1 load
     // while tile it is computed.
     constexpr uint32_t kStageBytes = 2 * kTileK * D * sizeof(bf16_t);
-#pragma unroll
-    for (int st = 1; st < kDeepStages; ++st)
-      if (st < tiles) compute_slots<kTileK>(slots[st], table, block_size, begin + st * kTileK, end - 1);
-    __syncthreads();
 #pragma unroll
     for (int st = 0; st < kDeepStages - 1; ++st) {
       if (st < tiles) {

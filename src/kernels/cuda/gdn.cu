@@ -283,10 +283,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
     float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
     bool vec16, StateHistory hs, int long_from, int fault, GatedNormFuse gn) {
-  pdl_prologue();
-  // Fault injection (backend_switches.h): the step's token count is on the device only, so the
-  // kernel itself writes NaN or wrong values, an illegal address, or just past its output (oob).
-  if (fault == int(BackendFault::Crash)) *reinterpret_cast<volatile float*>(uintptr_t(64)) = 1.f;
   constexpr int F = DK / 16;  // float4s of the column per lane
   __shared__ GdnStage<DK> sm;
   const int g = (threadIdx.x & 31) >> 3, col = (threadIdx.x >> 5) * 8 + (threadIdx.x & 7);
@@ -294,20 +290,26 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
   const int v = c0 + col;
   const bool active = v < dv;
   const int key_dim = hk * DK, j = h / (hv / hk);
+  // The step's metadata and the state are not the previous kernel's (programmatic dependent
+  // launch: the kernels before it are done once it lets this one start), so the state column's
+  // loads go out before the wait; only u, b and a come from it.
   const int t_begin = seq_start[s], t_end = seq_start[s + 1];
   if (long_from > 0 && t_end - t_begin >= long_from) return;  // gdn_chunked takes it
+  // This lane's rows of column v, from row 4g (inactive lanes of a partial slice hold zeros).
+  const int64_t lane_offset = int64_t(4 * g) * dv + v;
+  float S[4 * F] = {};
+  float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv + lane_offset;
+  if (active) gdn_load_column<F>(S, st, dv);
+  pdl_prologue();
+  // Fault injection (backend_switches.h): the step's token count is on the device only, so the
+  // kernel itself writes NaN or wrong values, an illegal address, or just past its output (oob).
+  if (fault == int(BackendFault::Crash)) *reinterpret_cast<volatile float*>(uintptr_t(64)) = 1.f;
   // oob: 64 bytes just past the step's output (seq_start[num_seqs] tokens), from each sequence run here.
   if (fault == int(BackendFault::Oob) && blockIdx.x == 0 && h == 0 && threadIdx.x < 16)
     out[int64_t(seq_start[gridDim.z]) * hv * dv + threadIdx.x] = 0.747f;
   const GdnSources src{u, b, a, 2 * int64_t(key_dim) + int64_t(hv) * dv, ba_ld, j * DK, key_dim + j * DK,
                        2 * key_dim + h * dv + c0, min(kGdnCols, dv - c0), h, vec16};
   if (t_begin < t_end) gdn_stage_chunk<DK>(sm, 0, src, t_begin, min(kGdnChunk, t_end - t_begin));
-
-  // This lane's rows of column v, from row 4g (inactive lanes of a partial slice hold zeros).
-  const int64_t lane_offset = int64_t(4 * g) * dv + v;
-  float S[4 * F] = {};
-  float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv + lane_offset;
-  if (active) gdn_load_column<F>(S, st, dv);
   // History entry i of this head: the state after i tokens of the step.
   float* keep = hs.recurrent && hs.keep[s]
                     ? hs.recurrent + (int64_t(state_slot[s]) * hs.entries * hv + h) * DK * dv + lane_offset
