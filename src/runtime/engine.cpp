@@ -50,6 +50,8 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec,
                                          cfg.max_chunk_tokens > 0 ? cfg.max_chunk_tokens : cfg.max_num_batched_tokens);
+  fused_rounds_ = cfg.spec.algorithm == SpecAlgorithm::Mtp && cfg.spec.num_steps == 1 &&
+                  runner_->supports_fused_mtp_round() && fused_mtp_rounds_enabled();
   if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
@@ -184,10 +186,11 @@ void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const 
 }
 
 // Drafts for every running sequence that is decoding (all its tokens but the last consumed),
-// capped so the round can neither overshoot max_tokens nor the context.
+// capped so the round can neither overshoot max_tokens nor the context. A sequence whose last
+// round was fused drafts the token that round's MTP row made (engine_mtp_round.cpp).
 void Engine::propose_drafts() {
   std::vector<DraftRequest> reqs;
-  std::vector<Request*> who;
+  std::vector<Request*> who, fused;
   for (auto& [r, up] : live_) {
     r->drafts.clear();
     if (r->status != RequestStatus::Running || !r->seq || r->num_output() == 0 ||
@@ -196,12 +199,21 @@ void Engine::propose_drafts() {
     const int64_t room = std::min<int64_t>(r->spec.params.max_tokens - r->num_output() - 1,
                                            cfg_.max_model_len - int64_t(r->tokens.size()));
     const int k = int(std::clamp<int64_t>(room, 0, spec_->max_drafts()));
+    if (r->next_draft >= 0 && !spec_->retired(r->seq)) {
+      if (spec_->draft_budget(r->seq, k) > 0) r->drafts.assign(1, r->next_draft);
+      fused.push_back(r);
+      continue;
+    }
+    r->next_draft = -1;
     reqs.push_back(DraftRequest{r->seq, r->tokens, k, {}});
     who.push_back(r);
   }
-  if (reqs.empty()) return;
   const int limit = spec_->options().disable_by_batch_size;
-  if (limit > 0 && int(reqs.size()) >= limit) return;
+  if (limit > 0 && int(reqs.size() + fused.size()) >= limit) {
+    for (Request* r : fused) r->drafts.clear();
+    return;
+  }
+  if (reqs.empty()) return;
   spec_->propose(reqs);
   for (size_t i = 0; i < who.size(); ++i) who[i]->drafts = std::move(reqs[i].drafts);
 }
@@ -247,12 +259,22 @@ bool Engine::step() {
     if (p->seq && spec_) spec_->release(p->seq);
     if (p->seq) runner_->remove_sequence(p->seq);
     p->seq = 0;
+    p->next_draft = -1;
   }
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.preemptions += plan.preempted.size();
   }
   if (plan.chunks.empty()) return false;
+  for (const ScheduledChunk& c : plan.chunks) {  // a budget-cut chunk verifies fewer drafts
+    Request* r = c.req;
+    const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
+    r->drafts.resize(size_t(std::clamp<int64_t>(c.num_tokens - pending, 0, int64_t(r->drafts.size()))));
+  }
+  if (fused_round_possible(plan)) {
+    run_fused_round(plan);
+    return true;
+  }
 
   const bool need_hidden = spec_ && spec_->needs_hidden();
   std::vector<ForwardStep> steps;
@@ -262,9 +284,6 @@ bool Engine::step() {
     Request* r = c.req;
     start_sequence(*r);
     len_before.push_back(r->num_computed);
-    // A budget-cut chunk verifies fewer drafts.
-    const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
-    r->drafts.resize(size_t(std::clamp<int64_t>(c.num_tokens - pending, 0, int64_t(r->drafts.size()))));
     if (!r->drafts.empty()) {
       r->step_tokens.assign(1, r->tokens.back());
       r->step_tokens.insert(r->step_tokens.end(), r->drafts.begin(), r->drafts.end());

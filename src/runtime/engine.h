@@ -88,8 +88,12 @@ struct EngineMetrics {
   Histogram e2e{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}};
   Histogram queue{{0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 60}};
   SpecStats spec;  // speculative decoding, all sequences
+  uint64_t spec_fused_rounds = 0;  // verification steps run with their MTP draft in one launch
   uint64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
 };
+
+// Whether fused greedy MTP rounds may run (FATHOM_FUSED_MTP=0: never; engine_mtp_round.cpp).
+bool fused_mtp_rounds_enabled();
 
 class Engine {
  public:
@@ -137,6 +141,13 @@ class Engine {
   bool step();  // one scheduled forward; false when idle
   void drain_inbox();
   void propose_drafts();
+  // Fused greedy MTP rounds (engine_mtp_round.cpp): a step whose sequences are all plain greedy
+  // decodes with their MTP layer caught up runs the verify and the next draft in one launch
+  // (ModelRunner::forward_verify_draft), with no draft step of its own.
+  bool fused_round_eligible(const Request& r) const;  // greedy, no logits processing
+  bool fused_round_possible(const SchedulerOutput& plan) const;
+  void run_fused_round(const SchedulerOutput& plan);
+  void finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now);
   // Output processing (engine_output.cpp).
   // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
   // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
@@ -234,6 +245,7 @@ class Engine {
   const uint32_t* grammar_mask(const Request& r, int64_t vocab);
   SamplingRows sampling_rows_;
   bool overlap_ = false;
+  bool fused_rounds_ = false;  // MTP with one draft a round on a runner that fuses the round
   InflightStep inflight_;
   std::unordered_multimap<uint64_t, Request*> by_group_;
 

@@ -114,6 +114,9 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     counter("spec_decode_num_drafts_total", "Verification rounds that had at least one draft.", uint64_t(sp.draft_rounds));
     counter("spec_decode_num_draft_tokens_total", "Draft tokens verified.", uint64_t(sp.draft_tokens));
     counter("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", uint64_t(sp.accepted_tokens));
+    counter("spec_decode_fused_rounds_total",
+            "Verification steps that ran the next MTP draft in the same launch (greedy, one draft a round).",
+            metrics_.spec_fused_rounds);
     auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
       os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";
       for (size_t i = 0; i < sp.drafted_at.size(); ++i)

@@ -211,6 +211,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   const int64_t first_row = res.row_begin()[i], rows = step.all_rows ? n : 1;
   const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
   r.num_computed += n;
+  r.next_draft = -1;  // the MTP layer is behind again (the rows below queue for it)
   // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
   auto observe = [&](int64_t count) {
     if (need_hidden)

@@ -137,6 +137,9 @@ struct Request {
   int state_slot = -1;               // linear-attention state slot
   std::vector<int32_t> drafts;       // speculative drafts to verify after the pending token this step
   std::vector<int32_t> step_tokens;  // [pending token, drafts...]: the tokens fed in a verify step
+  // Fused MTP rounds (engine_mtp_round.cpp): the draft the last round's MTP row made for the
+  // pending token's successor (-1: none; the next round then drafts through the speculator).
+  int32_t next_draft = -1;
   SequenceId seq = 0;                // engine sequence, 0 when none
   RequestStatus status = RequestStatus::Waiting;
   int num_preemptions = 0;

@@ -132,6 +132,15 @@ void Speculator::propose(std::span<DraftRequest> batch) {
     if (int(r.drafts.size()) > r.max_drafts) r.drafts.resize(size_t(r.max_drafts));
 }
 
+int Speculator::draft_budget(SequenceId seq, int max_drafts) {
+  return std::max(0, std::min(max_drafts, policy_.next(state(seq).length)));
+}
+
+bool Speculator::retired(SequenceId seq) const {
+  auto it = seqs_.find(seq);
+  return it != seqs_.end() && it->second.length.retired;
+}
+
 void Speculator::record(SequenceId seq, int drafted, int accepted) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

@@ -63,6 +63,11 @@ class Speculator {
 
   // Fills each request's drafts: at most min(max_drafts, the sequence's adaptive length) tokens.
   void propose(std::span<DraftRequest> batch);
+  // Drafts `seq` may verify this round by its adaptive length, at most max_drafts, for drafts
+  // made elsewhere (a fused MTP round's); call once per round, as propose() does.
+  int draft_budget(SequenceId seq, int max_drafts);
+  // Whether `seq` stopped drafting for good (its acceptance was too low).
+  bool retired(SequenceId seq) const;
   // The verification of `seq`'s round: `drafted` drafts, `accepted` of them accepted (adapts
   // the sequence's draft length; a released sequence is ignored).
   void record(SequenceId seq, int drafted, int accepted);

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Speculative decoding as a user of the server gets it (issue 34): `fathom serve` plain against
+MTP drafts, one request at a time, on prompts cut from held-out documents.
+
+Each mode is one server process (the same flags otherwise); every pass sends each prompt as a
+`/v1/completions` request (token ids, `ignore_eos`, `--new-tokens` tokens, seeded when sampled) and
+waits for it before the next (with --concurrency C, C clients do so at once). tok/s = completion tokens over the requests' wall time at the client
+(prefill, HTTP and decode: what a user sees), the median over `--repeats` passes. Greedy outputs
+must equal plain decoding's one request at a time; with several at once a step's batch may change
+a near-tied greedy choice (the GEMMs past the batch-invariant GEMV sizes), so the report counts
+the outputs that differ and the passes of one mode that differ from its first. The acceptance and
+the fused rounds come from the server's /metrics.
+
+Modes: plain; mtp1 (one draft a round, fused rounds on greedy steps); mtp1-unfused (the same with
+FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp2, mtp3.
+
+usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
+                     [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]
+                     [--concurrency 1]
+                     [--modes plain mtp1 mtp1-unfused] [--log-dir DIR] [--json-out F]
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import serve_proc  # noqa: E402
+from spec_text import prompts_from  # noqa: E402
+
+MODES = {
+    "plain": ([], {}),
+    "mtp1": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"], {}),
+    "mtp1-unfused": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"],
+                     {"FATHOM_FUSED_MTP": "0"}),
+    "mtp2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "2", "--no-speculative-adaptive"], {}),
+    "mtp3": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "3", "--no-speculative-adaptive"], {}),
+}
+
+
+def metric(text, name):
+    m = re.search(r"^" + re.escape(name) + r"(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def request(a, prompt, temp, i):
+    return {"prompt": prompt, "max_tokens": a.new_tokens, "temperature": temp, "ignore_eos": True, "seed": 1000 + i}
+
+
+def run_mode(a, mode, prompts):
+    flags, env_extra = MODES[mode]
+    env = dict(os.environ, **env_extra)
+    log = os.path.join(a.log_dir, f"serve_{mode}.log")
+    out = {}
+    with serve_proc.serving(a.fathom, a.model, ["--device", a.device, *flags], env, log) as port:
+        serve_proc.post(port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})  # warm-up
+        for temp in a.temperatures:
+            rates, texts, unstable = [], None, 0
+            for rep in range(a.repeats):
+                if a.concurrency == 1:
+                    tokens, seconds, these = 0, 0.0, []
+                    for i, p in enumerate(prompts):
+                        t0 = time.perf_counter()
+                        r = serve_proc.post(port, "/v1/completions", request(a, p, temp, i))
+                        seconds += time.perf_counter() - t0
+                        tokens += r["usage"]["completion_tokens"]
+                        these.append(r["choices"][0]["text"])
+                else:  # `concurrency` clients, each sending the prompts in turn, `concurrency` x prompts in all
+                    jobs = [(c, i) for c in range(a.concurrency) for i in range(len(prompts))]
+                    t0 = time.perf_counter()
+                    with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
+                        outs = list(pool.map(lambda j: serve_proc.post(port, "/v1/completions",
+                                                                       request(a, prompts[j[1]], temp, j[1])), jobs))
+                    seconds = time.perf_counter() - t0
+                    tokens = sum(r["usage"]["completion_tokens"] for r in outs)
+                    these = [r["choices"][0]["text"] for r in outs]
+                rates.append(tokens / seconds)
+                if texts is None:
+                    texts = these
+                elif these != texts:  # batch composition changed a greedy choice (a near tie)
+                    unstable += 1
+            out[temp] = {"tok_s": statistics.median(rates), "passes": rates, "texts": texts, "unstable": unstable}
+        m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        out["metrics"] = {k: metric(m, "fathom:" + k) for k in (
+            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+            "spec_decode_fused_rounds_total", "spec_decode_mean_accepted_length")}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fathom", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--heldout", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="clients at once, each sending every prompt (tok/s over the pass's wall time)")
+    ap.add_argument("--modes", nargs="+", default=["plain", "mtp1", "mtp1-unfused"])
+    ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--json-out")
+    a = ap.parse_args()
+    prompts, _ = prompts_from(a.heldout, os.path.join(a.model, "tokenizer.json"), a.prompts, a.prompt_tokens)
+    results = {mode: run_mode(a, mode, prompts) for mode in a.modes}
+    base = results.get("plain")
+    print(f"{len(prompts)} prompts of {a.prompt_tokens} tokens, {a.new_tokens} new tokens, "
+          f"{'one request at a time' if a.concurrency == 1 else f'{a.concurrency} clients at once'}, "
+          f"medians of {a.repeats} passes")
+    lossless = True
+    for temp in a.temperatures:
+        print(f"temperature {temp}:")
+        for mode, r in results.items():
+            rate = r[temp]["tok_s"]
+            line = f"  {mode:13s} {rate:9.1f} tok/s"
+            if base:
+                line += f"  {rate / base[temp]['tok_s']:.3f}x"
+            line += f"  passes {[round(x, 1) for x in r[temp]['passes']]}"
+            met = r["metrics"]
+            drafts = met["spec_decode_num_draft_tokens_total"]
+            if mode != "plain":
+                acc = met["spec_decode_num_accepted_tokens_total"] / drafts if drafts else 0.0
+                line += f"  acceptance {acc:.3f} (whole run), fused rounds {met['spec_decode_fused_rounds_total']:.0f}"
+            if temp == 0 and base and mode != "plain":
+                differ = sum(x != y for x, y in zip(r[temp]["texts"], base[temp]["texts"]))
+                lossless = lossless and (differ == 0 or a.concurrency > 1)
+                line += "  outputs equal plain" if differ == 0 else f"  {differ} of {len(r[temp]['texts'])} outputs differ"
+            if temp == 0 and r[temp]["unstable"]:
+                line += f"  ({r[temp]['unstable']} passes differ from its first)"
+            print(line)
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({m: {str(k): v for k, v in r.items()} for m, r in results.items()}, f, indent=1)
+    return 0 if lossless else 1
+
+if __name__ == "__main__":
+    sys.exit(main())
