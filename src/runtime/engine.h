@@ -174,6 +174,7 @@ class Engine {
   // The rest of a step for one sequence: sampling, draft verification, streaming, bookkeeping.
   void finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                     Clock::time_point now);
+  void record_round(Request& r, int drafted, int accepted);  // a decode round's statistics
   // Ends `r` alone with finish reason "error" (counted by `stage` in /metrics).
   void fail_request(Request& r, const std::string& stage, const std::string& what);
   void flush(Request& r, bool finished, const std::string& reason);  // streams r.pending

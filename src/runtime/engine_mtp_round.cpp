@@ -90,13 +90,7 @@ void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t
     reason = process_token(r, int64_t(r.tokens.size()), token, nullptr, now);
     if (d < nd && !hit) break;
   }
-  ++r.decode_steps;
-  {
-    std::lock_guard<std::mutex> l(metrics_mu_);
-    metrics_.spec.record(nd, accepted);
-  }
-  r.spec_stats.record(nd, accepted);
-  spec_->record(seq, nd, accepted);
+  record_round(r, nd, accepted);
   if (!reason.empty()) {
     finish(r, reason);  // frees r
     return;

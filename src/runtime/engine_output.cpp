@@ -199,6 +199,19 @@ void Engine::fail_request(Request& r, const std::string& stage, const std::strin
   finish(r, "error");
 }
 
+// A decode round of r: its step count and, when drafting, the acceptance statistics (before the
+// final event) and the draft length.
+void Engine::record_round(Request& r, int drafted, int accepted) {
+  ++r.decode_steps;
+  if (!spec_) return;
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    metrics_.spec.record(drafted, accepted);
+  }
+  r.spec_stats.record(drafted, accepted);
+  spec_->record(r.seq, drafted, accepted);
+}
+
 // Samples (and verifies drafts) from one sequence's rows of a forward, streams what it produced,
 // and keeps the engine's count of consumed tokens equal to the runner's.
 void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
@@ -234,15 +247,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
         process_token(r, int64_t(r.tokens.size()), acc.token, r.spec.params.logprobs >= 0 ? &lp : nullptr, now);
     if (d < nd && !acc.accepted) break;
   }
-  if (decode_round) ++r.decode_steps;
-  if (spec_ && decode_round) {  // acceptance statistics (before the final event) and draft length
-    {
-      std::lock_guard<std::mutex> l(metrics_mu_);
-      metrics_.spec.record(nd, accepted);
-    }
-    r.spec_stats.record(nd, accepted);
-    spec_->record(seq, nd, accepted);
-  }
+  if (decode_round) record_round(r, nd, accepted);
   if (!finish_reason.empty()) {
     finish(r, finish_reason);  // frees r
     return;

@@ -1,6 +1,7 @@
 // Speculative decoding inside the serving engine (continuous batching) on the CPU engine:
 // greedy outputs equal the plain engine's token for token, with requests arriving while others
-// decode, chunked prefill, budget-cut drafts, penalties, stop tokens, min_tokens and preemption;
+// decode, chunked prefill, budget-cut drafts, penalties, stop tokens, min_tokens and preemption,
+// also in fused greedy MTP rounds;
 // sampled outputs keep the exact target distribution; /metrics reports the acceptance.
 #include <gtest/gtest.h>
 
@@ -130,8 +131,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineSpecTest,
                            return std::string(info.param.fixture) + "_" + spec_algorithm_name(info.param.algorithm);
                          });
 
-// Preemption by recompute under a tight KV budget drops a sequence's drafts and MTP state; the
-// outputs stay those of the plain engine.
+// Preemption by recompute under a tight KV budget drops a sequence's drafts and MTP state (at
+// K = 1 also its fused round's next draft); the outputs stay those of the plain engine.
 TEST(EngineSpec, PreemptionKeepsOutputs) {
   auto probe = load_runner("qwen35_moe_mtp_oracle");
   ASSERT_TRUE(probe);
@@ -142,15 +143,82 @@ TEST(EngineSpec, PreemptionKeepsOutputs) {
   cfg.max_model_len = 128;
   cfg.num_kv_blocks = 14;  // 224 tokens for 6 sequences of 60 to 95: preemptions
   const auto plain = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs);
-  cfg.spec.algorithm = SpecAlgorithm::Mtp;
-  cfg.spec.num_steps = 3;
-  std::string m;
-  const auto got = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs, &m);
-  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(got[i].ids, plain[i].ids) << "job " << i;
-  const double preemptions = metric(m, "fathom:num_preemptions_total");
-  std::printf("  preemptions %.0f, acceptance %.3f\n", preemptions, metric(m, "fathom:spec_decode_draft_acceptance_rate"));
-  EXPECT_GT(preemptions, 0);
+  for (int k : {1, 3}) {
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = k;
+    std::string m;
+    const auto got = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs, &m);
+    for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(got[i].ids, plain[i].ids) << "K=" << k << " job " << i;
+    const double preemptions = metric(m, "fathom:num_preemptions_total");
+    std::printf("  K=%d: preemptions %.0f, acceptance %.3f, fused rounds %.0f\n", k, preemptions,
+                metric(m, "fathom:spec_decode_draft_acceptance_rate"), metric(m, "fathom:spec_decode_fused_rounds_total"));
+    EXPECT_GT(preemptions, 0) << "K=" << k;
+    if (k == 1) EXPECT_GT(metric(m, "fathom:spec_decode_fused_rounds_total"), 0);
+  }
 }
+
+// Fused greedy MTP rounds (runtime/engine_mtp_round.cpp: one draft a round, every sequence of
+// the step a plain greedy decode): outputs equal the plain engine's token for token while fused
+// rounds run, for greedy jobs alone and beside jobs the fused round cannot take (penalties,
+// min_tokens before it is reached: those steps run unfused), with a stop token inside the run,
+// chunked prefill and budget-cut drafts, at a fixed and the adaptive draft length.
+class FusedMtpTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FusedMtpTest, GreedyLosslessWhileRoundsFuse) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe && probe->has_mtp()) << GetParam() << " with its MTP layer missing";
+  ASSERT_TRUE(probe->supports_fused_mtp_round());
+  const int V = probe->config().vocab_size;
+  const int lens[] = {5, 17, 40, 3, 24, 9};
+  const int max_tokens[] = {20, 33, 7, 1, 25, 18};
+  std::vector<Job> greedy;
+  for (int i = 0; i < 6; ++i) greedy.push_back(greedy_job(lens[i], V, 900 + uint32_t(i), max_tokens[i]));
+  std::vector<Job> mixed = greedy;
+  Job pen = greedy[2];
+  pen.params.max_tokens = 24;
+  pen.params.sampling.repetition_penalty = 1.3f;
+  mixed.push_back(pen);
+  Job mt = greedy[4];
+  mt.params.min_tokens = 6;
+  mixed.push_back(mt);
+
+  for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill and budget-cut drafts
+    for (const std::vector<Job>* jobs : {&greedy, &mixed}) {
+      const bool is_mixed = jobs == &mixed;
+      const auto first = run_engine(load_runner(GetParam()), base_config(budget), *jobs);
+      // Job 0 stops at its 4th token; the min_tokens job's 3rd token is a stop id it must ignore.
+      std::vector<Job> run = *jobs;
+      run[0].params.stop_token_ids = {first[0].ids[3]};
+      if (is_mixed) run.back().params.stop_token_ids = {first.back().ids[2]};
+      const auto plain = run_engine(load_runner(GetParam()), base_config(budget), run);
+      ASSERT_EQ(plain[0].reason, "stop");
+      for (bool adaptive : {false, true}) {
+        EngineConfig cfg = base_config(budget);
+        cfg.spec.algorithm = SpecAlgorithm::Mtp;
+        cfg.spec.num_steps = 1;
+        cfg.spec.adaptive = adaptive;
+        std::string m;
+        const auto got = run_engine(load_runner(GetParam()), cfg, run, &m);
+        const std::string what = std::string(GetParam()) + (is_mixed ? " mixed" : " greedy") + " budget " +
+                                 std::to_string(budget) + (adaptive ? " adaptive" : "");
+        for (size_t i = 0; i < run.size(); ++i) {
+          EXPECT_EQ(got[i].ids, plain[i].ids) << what << " job " << i;
+          EXPECT_EQ(got[i].reason, plain[i].reason) << what << " job " << i;
+        }
+        const double fused = metric(m, "fathom:spec_decode_fused_rounds_total");
+        std::printf("  %s: %.0f fused rounds, %.0f drafts, %.0f accepted\n", what.c_str(), fused,
+                    metric(m, "fathom:spec_decode_num_draft_tokens_total"),
+                    metric(m, "fathom:spec_decode_num_accepted_tokens_total"));
+        // Adaptive: where drafts fail (the random fixture) sequences retire their drafting, fused
+        // rounds included, so only the fixed length must have fused.
+        if (!adaptive) EXPECT_GT(fused, 0) << what;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FusedMtpTest, ::testing::Values("qwen35_moe", "qwen35_moe_mtp_oracle"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // --speculative-disable-by-batch-size: steps with that many decoding sequences verify no drafts
 // (outputs unchanged); below it, drafting goes on.
