@@ -254,6 +254,7 @@ void CompletionJob::stream_forced(Choice& c, const std::string& d_content, bool 
       if (!c.content.empty()) delta["content"] = c.content;
       return;
     }
+    if (parsed.empty()) return;  // cut inside the first call: nothing to send
     calls = tool_calls_json(parsed, /*indexed=*/true);
     c.forced_id = cut ? "" : parsed.front().id;  // cut: finish_reason stays "length"
   }

@@ -156,9 +156,10 @@ size_t skip_space(std::string_view s, size_t i) {
 
 std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view s, bool allow_cut, bool* cut) {
   std::vector<ForcedCall> calls;
-  // The complete calls of a list cut short, or not a list of calls at all.
+  // The complete calls of a list cut short (none when the first was cut), or not a list of
+  // calls at all.
   auto broken = [&]() -> std::optional<std::vector<ForcedCall>> {
-    if (!allow_cut || calls.empty()) return std::nullopt;
+    if (!allow_cut) return std::nullopt;
     if (cut) *cut = true;
     return calls;
   };

@@ -31,7 +31,7 @@ struct ForcedCall {
 // The calls in a tool_choice "required" output (a JSON list of {"name", "parameters"} objects),
 // read without re-serializing: numbers stay as written (a JSON number may not fit a double).
 // nullopt when the text is not such a list. allow_cut: a list cut short (by max_tokens) gives its
-// complete calls (the cut one dropped), and *cut is set; nullopt still when none is complete.
+// complete calls (the cut one dropped; none when the first call was cut), and *cut is set.
 std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view text, bool allow_cut = false,
                                                           bool* cut = nullptr);
 

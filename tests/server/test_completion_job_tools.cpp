@@ -148,6 +148,32 @@ TEST(CompletionJobTools, RequiredCallsCutByLengthKeepTheCompleteOnes) {
     EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(finish, "length");
   }
+  // Cut inside the first call: no calls and no content (not the partial list as text).
+  const std::string first = R"([{"name": "get_weather", "parameters": {"ci)";
+  for (bool stream : {false, true}) {
+    ParsedRequest req = chat_request(stream);
+    req.tool_choice = ParsedRequest::ToolChoice::Required;
+    CompletionJob job(req, "chatcmpl-1", "m", false, nullptr, std::nullopt, seeded_tool_call_ids(7));
+    std::vector<std::string> chunks = feed(job, first, 16, "length");
+    ASSERT_TRUE(job.done());
+    if (!stream) {
+      const json ch = job.response()["choices"][0];
+      EXPECT_TRUE(ch["message"]["content"].is_null()) << ch.dump();
+      EXPECT_TRUE(ch["message"]["tool_calls"].empty()) << ch.dump();
+      EXPECT_EQ(ch["finish_reason"], "length");
+    } else {
+      json finish;
+      for (const std::string& chunk : chunks)
+        for (size_t at = 0; (at = chunk.find("data: {", at)) != std::string::npos; ++at) {
+          const json d = json::parse(chunk.substr(at + 6, chunk.find("\n\n", at) - at - 6))["choices"];
+          if (d.empty()) continue;
+          EXPECT_FALSE(d[0]["delta"].contains("content") && !d[0]["delta"]["content"].is_null()) << chunk;
+          EXPECT_FALSE(d[0]["delta"].contains("tool_calls")) << chunk;
+          finish = d[0]["finish_reason"];
+        }
+      EXPECT_EQ(finish, "length");
+    }
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 /v1/chat/completions answers with text, the same text `fathom chat` prints for the same message
 (both greedy, through the model's own chat template), streaming gives the same text, and the
 answer reads as words (mostly letters and spaces, nothing the tokenizer could not decode); with
---tool-call-parser hermes --enable-auto-tool-choice, requests with tools get well-formed responses.
+--tool-call-parser hermes --enable-auto-tool-choice, requests with tools get well-formed responses;
+tool_choice "required" cut by max_tokens anywhere gives the calls completed before the cut (none
+inside the first), never the partial list as text, whole and streamed.
 
 Run by ctest as: python3 test_default_model_serve.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -78,6 +80,45 @@ def main():
             none = cl.chat.completions.create(model=name, messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
                                               temperature=0)
             assert none.choices[0].finish_reason in ("stop", "length") and not none.choices[0].message.tool_calls
+        _()
+
+        @check("tool_choice required cut by max_tokens: the complete calls, never the partial list as text")
+        def _():
+            tools = [{"type": "function", "function": {"name": n, "description": d, "parameters": {
+                "type": "object", "properties": {p: {"type": "string"}}, "required": [p]}}}
+                     for n, d, p in (("get_weather", "Weather of a city", "city"), ("get_time", "Time in a zone", "zone"))]
+            q = [{"role": "user", "content": "What is the weather in Paris and the time in Tokyo?"}]
+
+            def ask(max_tokens, stream=False):
+                return cl.chat.completions.create(model=name, messages=q, tools=tools, tool_choice="required",
+                                                  max_tokens=max_tokens, temperature=0, stream=stream)
+
+            def calls_of(msg):
+                return [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]
+
+            full = ask(160)
+            want = calls_of(full.choices[0].message)
+            assert want, full
+            complete = set()
+            for m in range(1, full.usage.completion_tokens, 5):
+                c = ask(m).choices[0]
+                got = calls_of(c.message)
+                assert c.finish_reason == "length", (m, c)
+                assert c.message.content is None, (m, c.message.content)
+                assert got == want[:len(got)], (m, got, want)
+                complete.add(len(got))
+            # Cuts inside the first call (no calls) and after complete ones were both seen.
+            assert 0 in complete and max(complete) >= 1, complete
+            m = next(m for m in range(1, full.usage.completion_tokens) if calls_of(ask(m).choices[0].message))
+            streamed, finish = [], None
+            for ch in ask(m, stream=True):
+                for c in ch.choices:
+                    assert not c.delta.content, c.delta
+                    for t in c.delta.tool_calls or []:
+                        streamed.append((t.function.name, t.function.arguments))
+                    finish = c.finish_reason or finish
+            assert streamed == calls_of(ask(m).choices[0].message) and finish == "length", (streamed, finish)
+            print(f"  {len(want)} calls in {full.usage.completion_tokens} tokens; cuts kept {sorted(complete)} calls")
         _()
     finally:
         srv.stop()

@@ -72,8 +72,11 @@ TEST(StructuredOutput, RequiredCallsCutByMaxTokensKeepTheCompleteOnes) {
   EXPECT_EQ((*calls)[0].arguments, R"({"a": 1})");
   EXPECT_FALSE(split_forced_calls(text));  // without allow_cut: not a list of calls
   cut = false;
-  EXPECT_FALSE(split_forced_calls(R"([{"name": "add", "parameters": {"a)", true, &cut));  // none complete
-  EXPECT_FALSE(cut);
+  const auto none = split_forced_calls(R"([{"name": "add", "parameters": {"a)", true, &cut);  // none complete
+  ASSERT_TRUE(none);
+  EXPECT_TRUE(none->empty());
+  EXPECT_TRUE(cut);
+  cut = false;
   const auto whole = split_forced_calls(R"([{"name": "add", "parameters": {}}])", true, &cut);
   ASSERT_TRUE(whole);
   EXPECT_FALSE(cut);
