@@ -111,6 +111,7 @@ std::string Matcher::state_key(const std::vector<uint32_t>& stacks) const {
 }
 
 void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words) {
+  if (pool_.set_bytes() > kMaxSetBytes) pool_.clear_sets();  // between walks: no set id is held
   const Vocabulary& v = vocab();
   const size_t n_words = v.mask_words();
   // Stacks sharing a parent form one group (one rule expansion): one lookup, one mask OR.
@@ -144,13 +145,16 @@ void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words)
 
 // Checks the context-dependent subtrees against the real stack: the states along the path to
 // each subtree root are shared with the previous root (preorder), and inside a subtree a dead
-// state skips the rest of it.
+// state skips the rest of it. States are the pool's set ids (memoized transitions).
 void Matcher::add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words) {
   const Vocabulary& v = vocab();
   const auto& trie = v.trie();
   const auto& sorted = v.sorted();
+  constexpr uint32_t kDead = StackPool::kEmptySet;
   if (depth_states_.empty()) depth_states_.resize(64);
-  depth_states_[0] = nodes;
+  set_scratch_.assign(nodes.begin(), nodes.end());
+  std::sort(set_scratch_.begin(), set_scratch_.end());
+  depth_states_[0] = pool_.intern_set(set_scratch_);
   const std::string* path = nullptr;  // a token whose prefix depth_states_[1..valid] follow
   size_t valid = 0;
   for (uint32_t root : roots) {
@@ -160,16 +164,16 @@ void Matcher::add_uncertain(const std::vector<uint32_t>& nodes, const std::vecto
     size_t d = 0;
     if (path)
       while (d < valid && d < top && (*path)[d] == s[d]) ++d;
-    for (; d < top && !depth_states_[d].empty(); ++d)
-      pool_.advance_set(depth_states_[d], static_cast<uint8_t>(s[d]), depth_states_[d + 1]);
+    for (; d < top && depth_states_[d] != kDead; ++d)
+      depth_states_[d + 1] = pool_.advance_set_id(depth_states_[d], static_cast<uint8_t>(s[d]));
     path = &s;
     valid = d;
-    if (d < top || depth_states_[top].empty()) continue;
+    if (d < top || depth_states_[top] == kDead) continue;
     for (uint32_t k = root, end = root + trie[root].subtree; k < end;) {
       const auto& nd = trie[k];
       if (depth_states_.size() <= nd.depth) depth_states_.resize(nd.depth + 1);
-      pool_.advance_set(depth_states_[nd.depth - 1], nd.byte, depth_states_[nd.depth]);
-      if (depth_states_[nd.depth].empty()) {
+      depth_states_[nd.depth] = pool_.advance_set_id(depth_states_[nd.depth - 1], nd.byte);
+      if (depth_states_[nd.depth] == kDead) {
         k += nd.subtree;
         continue;
       }

@@ -65,7 +65,10 @@ class Matcher {
   std::vector<Step> history_;
   std::vector<CachedMask> cache_;
   size_t cache_cap_, cache_next_ = 0;
-  std::vector<std::vector<uint32_t>> depth_states_;
+  // The pool's memoized stack sets may grow to this before a mask computation starts them afresh.
+  static constexpr size_t kMaxSetBytes = size_t(64) << 20;
+  std::vector<uint32_t> depth_states_;  // add_uncertain: the set id at each trie depth
+  std::vector<uint32_t> set_scratch_;
   std::vector<uint32_t> tmp_a_, tmp_b_;
   std::vector<std::array<uint32_t, 3>> tops_;  // (parent, position, node) of the state's stacks
   std::vector<uint32_t> group_pos_, group_nodes_;

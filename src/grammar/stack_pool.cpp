@@ -41,6 +41,7 @@ StackPool::StackPool(const Grammar& g) : g_(&g) {
     if (g.elems()[i].kind == Grammar::Kind::Bytes) top_sets_[i] = &g.sets()[g.elems()[i].arg];
   nodes_.push_back({~0u, ~0u});  // kAccept
   nodes_.push_back({~0u, ~0u});  // kSentinel
+  clear_sets();
 }
 
 uint32_t StackPool::make(uint32_t pos, uint32_t parent) {
@@ -116,6 +117,36 @@ void StackPool::advance_set(std::span<const uint32_t> in, uint8_t b, std::vector
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
   }
+}
+
+uint32_t StackPool::intern_set(std::span<const uint32_t> sorted_stacks) {
+  if (sorted_stacks.empty()) return kEmptySet;
+  std::string key(reinterpret_cast<const char*>(sorted_stacks.data()), sorted_stacks.size() * sizeof(uint32_t));
+  auto [it, fresh] = set_ids_.try_emplace(std::move(key), static_cast<uint32_t>(set_range_.size()));
+  if (fresh) {
+    set_range_.push_back((uint64_t{set_data_.size()} << 32) | sorted_stacks.size());
+    set_data_.insert(set_data_.end(), sorted_stacks.begin(), sorted_stacks.end());
+    set_sentinel_.push_back(std::binary_search(sorted_stacks.begin(), sorted_stacks.end(), kSentinel) ? 1 : 0);
+  }
+  return it->second;
+}
+
+uint32_t StackPool::advance_set_id(uint32_t id, uint8_t b) {
+  if (id == kEmptySet) return kEmptySet;
+  const uint64_t key = (uint64_t{id} << 8) | b;
+  if (const uint64_t* v = set_advance_.find(key)) return static_cast<uint32_t>(*v);
+  advance_set(set_stacks(id), b, set_scratch_);  // reads set_data_, appends nothing to it
+  const uint32_t next = intern_set(set_scratch_);
+  set_advance_.insert(key, next);
+  return next;
+}
+
+void StackPool::clear_sets() {
+  set_data_.clear();
+  set_range_.assign(1, 0);  // id 0: the empty set
+  set_sentinel_.assign(1, 0);
+  set_ids_.clear();
+  set_advance_ = U64Map();
 }
 
 std::vector<uint32_t> StackPool::start(uint32_t rule, uint32_t bottom) {

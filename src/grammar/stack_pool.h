@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -60,6 +62,21 @@ class StackPool {
   std::vector<uint32_t> start(uint32_t rule, uint32_t bottom);
   size_t size() const { return nodes_.size(); }
 
+  // Sets of stacks as ids with memoized byte transitions: a trie walk meets the same few (set,
+  // byte) pairs at most of its nodes, so each costs a lookup instead of a merge and sort (a DFA
+  // over the automaton's configurations, built as the walks need it). kEmptySet is the empty
+  // set. Ids stay valid until clear_sets(), which callers call between walks once set_bytes()
+  // passes their limit.
+  static constexpr uint32_t kEmptySet = 0;
+  uint32_t intern_set(std::span<const uint32_t> sorted_stacks);
+  std::span<const uint32_t> set_stacks(uint32_t id) const {
+    return {set_data_.data() + (set_range_[id] >> 32), static_cast<size_t>(set_range_[id] & 0xFFFFFFFF)};
+  }
+  bool set_has_sentinel(uint32_t id) const { return set_sentinel_[id] != 0; }  // a stack of it is kSentinel
+  uint32_t advance_set_id(uint32_t id, uint8_t b);  // the id of advance_set(set_stacks(id), b)
+  size_t set_bytes() const { return set_data_.size() * sizeof(uint32_t) + set_ids_.size() * 64; }
+  void clear_sets();
+
  private:
   struct Node {
     uint32_t pos, parent;
@@ -75,6 +92,12 @@ class StackPool {
   std::vector<uint32_t> mark_;  // closure visit marks by node, == gen_ when visited
   uint32_t gen_ = 0;
   std::vector<uint32_t> scratch_;
+  std::vector<uint32_t> set_data_;     // the interned sets, concatenated
+  std::vector<uint64_t> set_range_;    // per set id: offset << 32 | length in set_data_
+  std::vector<uint8_t> set_sentinel_;  // per set id: holds kSentinel
+  std::unordered_map<std::string, uint32_t> set_ids_;  // a set's bytes -> its id
+  U64Map set_advance_;                 // (id << 8 | byte) -> id
+  std::vector<uint32_t> set_scratch_;
 };
 
 }  // namespace fathom::grammar
