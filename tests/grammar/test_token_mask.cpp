@@ -61,7 +61,11 @@ TEST(GrammarTokenMask, CachedMaskEqualsBruteForce) {
       grammar_from_regex(R"((\w+ ){1,4}\d{3}-[a-f]+)"),
       grammar_from_gbnf("root ::= \"<\" tag \">\" [^<]* \"</\" tag \">\"\ntag ::= [a-z]+"),
       // Ambiguous: several stacks at once, and a recursive rule in a non-tail position.
-      grammar_from_gbnf("root ::= (\"a\" | \"ab\" | x)* \"b\" [ \n]?\nx ::= \"(\" root? \")\" | [a-z]{1,3}")};
+      grammar_from_gbnf("root ::= (\"a\" | \"ab\" | x)* \"b\" [ \n]?\nx ::= \"(\" root? \")\" | [a-z]{1,3}"),
+      // An unanchored pattern (an ECMA search): dozens of stacks in several groups at once.
+      grammar_from_json_schema(R"s({"type": "object", "properties": {"email": {"type": "string",
+          "pattern": "[a-z0-9._]+@[a-z]+\\.(com|org)"}, "zip": {"type": "string", "pattern": "[0-9]{3}"}},
+          "required": ["email", "zip"]})s")};
   uint64_t seed = 1;
   for (auto& g : grammars) {
     auto cg = CompiledGrammar::compile(g, small_vocab());
