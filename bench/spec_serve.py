@@ -31,7 +31,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import serve_proc  # noqa: E402
-from spec_text import prompts_from  # noqa: E402
+from spec_text import add_text_args, prompts_from  # noqa: E402
 
 MODES = {
     "plain": ([], {}),
@@ -94,15 +94,7 @@ def run_mode(a, mode, prompts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fathom", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--heldout", required=True)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--repeats", type=int, default=3)
+    add_text_args(ap, device="cuda", prompts=6, repeats=3)
     ap.add_argument("--concurrency", type=int, default=1,
                     help="clients at once, each sending every prompt (tok/s over the pass's wall time)")
     ap.add_argument("--modes", nargs="+", default=["plain", "mtp1", "mtp1-unfused"])

@@ -55,18 +55,23 @@ def modes(ks):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_text_args(ap, device, prompts, repeats):
+    """The arguments of a run over held-out prompts (this script's and spec_serve.py's)."""
     ap.add_argument("--fathom", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--heldout", required=True)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--device", default=device)
+    ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--repeats", type=int, default=repeats)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_text_args(ap, device="cpu", prompts=8, repeats=1)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json-out")
     a = ap.parse_args()
     prompts, tok = prompts_from(a.heldout, os.path.join(a.model, "tokenizer.json"), a.prompts, a.prompt_tokens)
