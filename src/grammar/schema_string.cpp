@@ -15,28 +15,38 @@ struct Format {
 };
 
 #define DAY31 "(0[1-9]|[12][0-9]|3[01])"
+// February 29 in leap years: divisible by 4 and not by 100 (last two digits 04, 08, 12, ... 96),
+// or by 400 (centuries 12, 16, 20, 24, ...).
+#define LEAP_YEAR "([1-9][0-9](0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26])00)"
 #define DATE                                                                                      \
   "([1-9][0-9]{3}-(0[13578]|1[02])-" DAY31 "|[1-9][0-9]{3}-(0[469]|11)-(0[1-9]|[12][0-9]|30)|[1-9][0-9]{3}-02-" \
-  "(0[1-9]|1[0-9]|2[0-8]))"
+  "(0[1-9]|1[0-9]|2[0-8])|" LEAP_YEAR "-02-29)"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define LABEL "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
 #define HOST "(" LABEL "\\.){0,4}[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
 #define OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 #define H16 "[0-9a-f]{1,4}"
+// RFC 3339 appendix A durations, numbers of up to 4 digits: P then a date part (days, months and
+// days, or years, months and days) with an optional time part, or a time part, or weeks.
+#define DUR_N "[0-9]{1,4}"
+#define DUR_TIME "T(" DUR_N "H(" DUR_N "M(" DUR_N "S)?)?|" DUR_N "M(" DUR_N "S)?|" DUR_N "S)"
+#define DURATION                                                                                  \
+  "P((" DUR_N "D|" DUR_N "M(" DUR_N "D)?|" DUR_N "Y(" DUR_N "M(" DUR_N "D)?)?)(" DUR_TIME ")?|" DUR_TIME \
+  "|" DUR_N "W)"
 
 const std::map<std::string, Format>& formats() {
   static const std::map<std::string, Format> kFormats = {
       {"date", {DATE, 10, 10}},
       {"time", {TIME, 9, 21}},
       {"date-time", {DATE "T" TIME, 20, 32}},
-      {"duration", {"P([0-9]{1,4}D|[0-9]{1,4}W|T[0-9]{1,4}[HMS]|[0-9]{1,4}Y([0-9]{1,4}M)?([0-9]{1,4}D)?)", 3, 15}},
+      {"duration", {DURATION, 3, 32}},
       {"email", {"[a-z0-9_+-]{1,20}(\\.[a-z0-9_+-]{1,20}){0,2}@" HOST, 3, -1}},
       {"hostname", {HOST, 1, -1}},
       {"ipv4", {OCTET "\\." OCTET "\\." OCTET "\\." OCTET, 7, 15}},
       {"ipv6", {"(" H16 ":){7}" H16 "|::|(" H16 ":){1,6}:" H16 "|::" H16, 2, 39}},
       {"uri", {"https?://" HOST "(:[1-9][0-9]{0,3})?(/[a-zA-Z0-9._~-]{0,20}){0,6}(\\?[a-z0-9_=&-]{0,40})?", 8, -1}},
       {"uri-reference", {"https?://" HOST "(/[a-zA-Z0-9._~-]{0,20}){0,6}", 8, -1}},
-      {"uuid", {"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", 36, 36}},
+      {"uuid", {"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", 36, 36}},
   };
   return kFormats;
 }
