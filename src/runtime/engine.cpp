@@ -209,8 +209,8 @@ void Engine::propose_drafts() {
     who.push_back(r);
   }
   const int limit = spec_->options().disable_by_batch_size;
-  if (limit > 0 && int(reqs.size() + fused.size()) >= limit) {
-    for (Request* r : fused) r->drafts.clear();
+  if (limit > 0 && int(reqs.size() + fused.size()) >= limit) {  // no drafts, no fused rounds
+    for (Request* r : fused) r->drafts.clear(), r->next_draft = -1;
     return;
   }
   if (reqs.empty()) return;

@@ -37,7 +37,10 @@ bool Engine::fused_round_possible(const SchedulerOutput& plan) const {
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.req;
     const bool decoding = r.seq && r.num_output() > 0 && r.num_computed == int64_t(r.tokens.size()) - 1;
-    if (!decoding || !fused_round_eligible(r) || c.num_tokens != 1 + int64_t(r.drafts.size()) ||
+    // Drafting this round, or keeping the next round's draft (a back-off round verifies none);
+    // a sequence that drafts nothing at all (retired, or over the batch-size limit) runs plain.
+    const bool drafting = !r.drafts.empty() || r.next_draft >= 0;
+    if (!decoding || !drafting || !fused_round_eligible(r) || c.num_tokens != 1 + int64_t(r.drafts.size()) ||
         runner_->mtp_length(r.seq) != r.num_computed)
       return false;
   }

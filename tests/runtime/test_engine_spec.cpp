@@ -228,21 +228,26 @@ TEST(EngineSpec, DisableByBatchSize) {
   std::vector<Job> jobs;
   for (int i = 0; i < 4; ++i) jobs.push_back(greedy_job(10 + i, probe->config().vocab_size, 700 + uint32_t(i), 20));
   const auto plain = run_engine(load_runner("qwen35_moe_mtp_oracle"), base_config(2048), jobs);
-  for (int limit : {1, 64}) {
-    EngineConfig cfg = base_config(2048);
-    cfg.spec.algorithm = SpecAlgorithm::Mtp;
-    cfg.spec.num_steps = 2;
-    cfg.spec.disable_by_batch_size = limit;
-    std::string m;
-    const auto got = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs, &m);
-    for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(got[i].ids, plain[i].ids) << "limit " << limit << " job " << i;
-    const double drafts = metric(m, "fathom:spec_decode_num_draft_tokens_total");
-    if (limit == 1) {
-      EXPECT_EQ(drafts, 0);
-    } else {
-      EXPECT_GT(drafts, 0);
+  for (int k : {1, 2})  // K = 1: fused rounds, which stop too
+    for (int limit : {1, 64}) {
+      EngineConfig cfg = base_config(2048);
+      cfg.spec.algorithm = SpecAlgorithm::Mtp;
+      cfg.spec.num_steps = k;
+      cfg.spec.disable_by_batch_size = limit;
+      std::string m;
+      const auto got = run_engine(load_runner("qwen35_moe_mtp_oracle"), cfg, jobs, &m);
+      for (size_t i = 0; i < jobs.size(); ++i)
+        EXPECT_EQ(got[i].ids, plain[i].ids) << "K=" << k << " limit " << limit << " job " << i;
+      const double drafts = metric(m, "fathom:spec_decode_num_draft_tokens_total");
+      const double fused = metric(m, "fathom:spec_decode_fused_rounds_total");
+      if (limit == 1) {
+        EXPECT_EQ(drafts, 0) << "K=" << k;
+        EXPECT_EQ(fused, 0) << "K=" << k;
+      } else {
+        EXPECT_GT(drafts, 0) << "K=" << k;
+        if (k == 1) EXPECT_GT(fused, 0);
+      }
     }
-  }
 }
 
 // /metrics on the oracle (drafts always right): per-position acceptance 1, mean accepted
