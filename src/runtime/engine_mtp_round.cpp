@@ -107,7 +107,7 @@ void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t
   }
   blocks_.shrink(r.block_table, r.num_computed);
   r.next_draft = out.draft[size_t(row + accepted)];
-  if (cfg_.spec.mtp_trace) cfg_.spec.mtp_trace->push_back({seq, r.num_computed - 1, r.next_draft});
+  spec_->trace_draft(seq, r.num_computed - 1, r.next_draft);
   r.drafts.clear();
 }
 

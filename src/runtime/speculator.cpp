@@ -141,6 +141,11 @@ bool Speculator::retired(SequenceId seq) const {
   return it != seqs_.end() && it->second.length.retired;
 }
 
+void Speculator::trace_draft(SequenceId seq, int64_t pos, int32_t draft) {
+  if (!opt_.mtp_trace || opt_.algorithm != SpecAlgorithm::Mtp) return;
+  static_cast<MtpDrafter*>(drafter_.get())->trace.push_back({seq, pos, draft});
+}
+
 void Speculator::record(SequenceId seq, int drafted, int accepted) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

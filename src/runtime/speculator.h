@@ -68,6 +68,9 @@ class Speculator {
   int draft_budget(SequenceId seq, int max_drafts);
   // Whether `seq` stopped drafting for good (its acceptance was too low).
   bool retired(SequenceId seq) const;
+  // A draft made outside the drafter (a fused MTP round's row at MTP position `pos`), traced with
+  // the drafter's own when SpecOptions::mtp_trace is set.
+  void trace_draft(SequenceId seq, int64_t pos, int32_t draft);
   // The verification of `seq`'s round: `drafted` drafts, `accepted` of them accepted (adapts
   // the sequence's draft length; a released sequence is ignored).
   void record(SequenceId seq, int drafted, int accepted);
