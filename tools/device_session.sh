@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -179,6 +179,28 @@ for what in "${@:-all}"; do
       start_server 18610 serve_nccl --max-num-seqs 64 --force-nccl && {
         bench_serve 18610 bench_serve_nccl --concurrency 64 --input-len 16 --num-prompts 128
         stop_server serve_nccl; } ;;
+    wgmma)
+      # Issue 33: the NVFP4 expert prefill GEMMs on wgmma (p4) beside the mma.sync kernels
+      # (p0-p3): every variant against the host reference, then each kernel's throughput at
+      # 1K-16K tokens of the 397B expert shape.
+      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaMoeFp4.*:CudaMoeFp8.*:CudaMoePacked.*' 2>&1 | tail -12 \
+        | tee "$OUT/wgmma_tests.log"
+      FATHOM_MOE_BENCH_T=1024,4096,16384 timeout 300 "$BIN/test_cuda" --gtest_also_run_disabled_tests \
+        --gtest_filter='*KernelThroughput*' 2>&1 | grep -E "T=|rror" | tee "$OUT/wgmma_kernels.log" ;;&
+    wgmma|wgmmabench)
+      # The engine's 4K prefill at the 397B (28 layers), 35B and 122B shapes with p0 and p4
+      # pinned, and as the tuner chooses (auto).
+      for cfg in ${WGMMA_CONFIGS:-397b-a17b:28 35b-a3b:40 122b-a10b:48}; do
+        for p in ${WGMMA_VARIANTS:-p0 p4 auto}; do
+          pin=(--moe-runner-backend "$p"); [ "$p" = auto ] && pin=()
+          timeout 300 "$BIN/fathom" bench "configs/qwen3.5-${cfg%%:*}.json" --load-format dummy --num-layers "${cfg##*:}" \
+            --batch 1 --input-len 4096 --output-len 8 "${pin[@]}" 2>&1 \
+            | grep -E "^(prefill|decode)|moe.fp4.prefill|rror" | sed "s/^/$cfg $p: /" | tee -a "$OUT/wgmma_bench.log"
+        done
+      done ;;
+    wgmmacheck)
+      timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
+        --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;
     ab)
       # Before and after a change that must not move the numbers (issue 30): the base build
       # (.devcarry/bin/fathom-base) and this one, alternated, on the 397B shape cut to 28 layers:

@@ -476,12 +476,14 @@ std::string moe_fp4_small_variant_name(int variant);
 int moe_fp4_large_variants();
 std::string moe_fp4_large_variant_name(int variant);
 // As backends (core/backend_selection.h): ops "moe.fp4.decode" (the decode-shaped kernels,
-// candidates "d0".."d7") and "moe.fp4.prefill" ("p0".."p3"); FATHOM_BACKEND_FAULT applies to them.
+// candidates "d0".."d7") and "moe.fp4.prefill" ("p0".."p4"); FATHOM_BACKEND_FAULT applies to them.
 inline constexpr const char* kMoeFp4DecodeOp = "moe.fp4.decode";
 inline constexpr const char* kMoeFp4PrefillOp = "moe.fp4.prefill";
 std::string moe_fp4_small_variant_id(int variant);
 std::string moe_fp4_large_variant_id(int variant);
 size_t moe_fp4_large_variant_smem(int variant);  // dynamic shared memory a block (the decode-shaped: static, small)
+bool moe_fp4_large_variant_needs_wgmma(int variant);  // p4: sm_90a's wgmma (moe_packed_wgmma.cu)
+bool moe_fp4_wgmma_available();  // this GPU runs them (SM90, a binary with sm_90a code)
 int moe_fp4_fixed_small_variant(int T);  // the fixed rule's decode variant for T tokens
 // Throws naming the variant when `plan` names one that does not exist.
 void check_moe_fp4_plan(const MoeFp4Plan& plan);

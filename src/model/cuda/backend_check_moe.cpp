@@ -1,6 +1,6 @@
 // The NVFP4 expert kernels as backends: op "moe.fp4.decode" (the decode-shaped kernels,
 // candidates d0..d7, bucketed by step tokens) and "moe.fp4.prefill" (the prefill-shaped ones,
-// p0..p3). Checked at the model's MoE widths against a double-precision host reference
+// p0..p4). Checked at the model's MoE widths against a double-precision host reference
 // (kernels/cuda/moe_fp4_rig.h; bound: the kernels' one rounding, bf16 h, 1e-2 of a row's largest
 // value); decode candidates must also be batch invariant. Before that, each bucket's step runs
 // once with every buffer guarded (MoeBoundsRig): a write outside any fails the bucket.
@@ -163,6 +163,8 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
                          " KB of shared memory a block, " + std::to_string(shared_memory_limit() / 1024) + " KB allowed" +
                          (sm120_profile() ? " (SM120 profile)" : ""),
                      0, kBound, "", nullptr);
+  if (!decode && moe_fp4_large_variant_needs_wgmma(v) && !moe_fp4_wgmma_available())
+    return checks_at(kPrefillBuckets, "unsupported: needs an SM90 GPU (wgmma, sm_90a code)", 0, kBound, "", nullptr);
   Rigs& r = rigs(s);
   const MoeFp4Plan plan = decode ? MoeFp4Plan::decode_variant(v) : MoeFp4Plan::prefill_variant(v);
   r.verify->plan = r.timing->plan = plan;
