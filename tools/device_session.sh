@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -197,6 +197,19 @@ for what in "${@:-all}"; do
             --batch 1 --input-len 4096 --output-len 8 "${pin[@]}" 2>&1 \
             | grep -E "^(prefill|decode)|moe.fp4.prefill|rror" | sed "s/^/$cfg $p: /" | tee -a "$OUT/wgmma_bench.log"
         done
+      done ;;
+    wgmmaserve)
+      # Issue 33: short prompts with each prefill kernel pinned (one variant serves every size):
+      # the engine's 512-token prefill and batch-64 decode, and the served path at concurrency 64
+      # (512-token prompts, 256 out, 256 requests).
+      for p in ${WGMMA_VARIANTS:-p0 p4}; do
+        timeout 300 "$BIN/fathom" bench configs/qwen3.5-397b-a17b.json --load-format dummy --num-layers 28 \
+          --batch 64 --input-len 512 --output-len 64 --moe-runner-backend "$p" 2>&1 \
+          | grep -E "^(prefill|decode)|rror" | sed "s/^/$p: /" | tee -a "$OUT/wgmma_serve.log"
+        start_server 18620 "serve_$p" --max-num-seqs 64 --moe-runner-backend "$p" || continue
+        bench_serve 18620 "bench_serve_$p" --input-len 512 --concurrency 64 --num-prompts 256 \
+          | sed "s/^/$p: /" | tee -a "$OUT/wgmma_serve.log"
+        stop_server "serve_$p"
       done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \

@@ -186,7 +186,8 @@ std::vector<BackendChoice> select_backends(const std::string& op, const std::vec
 
 std::vector<BackendChoice> select_backends_consistent(const std::string& op, const std::vector<BackendCheck>& checks,
                                                       BackendPolicy policy, const std::string& pinned,
-                                                      const std::function<std::string(int bucket)>& fixed) {
+                                                      const std::function<std::string(int bucket)>& fixed,
+                                                      bool per_token) {
   std::vector<int> buckets;
   for (const BackendCheck& c : checks)
     if (std::find(buckets.begin(), buckets.end(), c.bucket) == buckets.end()) buckets.push_back(c.bucket);
@@ -215,7 +216,7 @@ std::vector<BackendChoice> select_backends_consistent(const std::string& op, con
       for (const BackendCheck& c : cs)
         if (c.bucket == b && (fastest < 0 || c.ms < fastest)) fastest = c.ms;
       if (fastest < 0) covers = false;
-      else total += fastest;
+      else total += per_token ? fastest / std::max(b, 1) : fastest;
     }
     if (!covers) continue;
     if (best.empty() || total < best_ms) best = fp, best_ms = total;
@@ -230,7 +231,8 @@ std::vector<BackendChoice> select_backends_consistent(const std::string& op, con
   } else if (!best.empty()) {
     pool = classes[best];
     char buf[96];
-    std::snprintf(buf, sizeof buf, "fastest bit-consistent set of %zu verified (%.3f ms over the buckets)",
+    std::snprintf(buf, sizeof buf, per_token ? "fastest bit-consistent set of %zu verified (%.3g ms a token over the buckets)"
+                                             : "fastest bit-consistent set of %zu verified (%.3f ms over the buckets)",
                   classes.size(), best_ms);
     why = buf;
   } else {

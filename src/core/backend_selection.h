@@ -60,9 +60,12 @@ std::vector<BackendChoice> select_backends(const std::string& op, const std::vec
 // them at each bucket) take the least time over all buckets; the fixed rule's fingerprint under
 // BackendPolicy::Fixed when all its rule choices passed. When no fingerprint covers every bucket,
 // each bucket gets what select_backends gives it (its why says the set is not bit-consistent).
+// `per_token`: the time over the buckets is the sum of ms / bucket (every step size counts alike
+// per token) instead of the sum of ms, which the largest bucket dominates.
 std::vector<BackendChoice> select_backends_consistent(const std::string& op, const std::vector<BackendCheck>& checks,
                                                       BackendPolicy policy, const std::string& pinned,
-                                                      const std::function<std::string(int bucket)>& fixed);
+                                                      const std::function<std::string(int bucket)>& fixed,
+                                                      bool per_token = false);
 
 // Fault injection (tests): FATHOM_BACKEND_FAULT="op:candidate:nan|wrong|crash|oob[,...]" makes
 // that candidate's output NaN or wrong, abort the process, or write just past the end of its

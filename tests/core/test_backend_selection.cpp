@@ -217,6 +217,18 @@ TEST(BackendSelection, ConsistentSelectionKeepsOneFingerprint) {
   checks[3].passed = false;
   ch = select_backends_consistent("op", checks, BackendPolicy::Fixed, "", rule);
   EXPECT_EQ(ch[1].candidate, "c");
+  // Per token: x costs 1.0 / 1 + 2.0 / 8 = 1.25, y 0.9 / 1 + 4.0 / 8 = 1.4 (x); with c at 0.5 at
+  // bucket 1, y costs 1.0 and wins, though its sum of ms (4.5) is larger than x's (3.0).
+  checks[3].passed = true;
+  ch = select_backends_consistent("op", checks, BackendPolicy::VerifiedFastest, "", nullptr, true);
+  EXPECT_EQ(ch[0].candidate, "a");
+  checks[4].ms = 0.5;
+  ch = select_backends_consistent("op", checks, BackendPolicy::VerifiedFastest, "", nullptr, false);
+  EXPECT_EQ(ch[0].candidate, "a");  // by the sum of ms x still wins: 3.0 against 4.5
+  ch = select_backends_consistent("op", checks, BackendPolicy::VerifiedFastest, "", nullptr, true);
+  EXPECT_EQ(ch[0].candidate, "c");
+  EXPECT_EQ(ch[1].candidate, "c");
+  checks[4].ms = 0.9;
   // No class covers both buckets (a passes at 1 only, c at 8 only): each bucket its own, said so.
   for (auto& c : checks) c.passed = false;
   checks[0].passed = checks[5].passed = true;

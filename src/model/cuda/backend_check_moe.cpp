@@ -222,6 +222,9 @@ std::vector<TunableOp> moe_fp4_ops(const ModelConfig& cfg, bool nvfp4_experts) {
   for (int v = 0; v < moe_fp4_large_variants(); ++v) prefill.candidates.push_back(moe_fp4_large_variant_id(v));
   prefill.buckets = kPrefillBuckets;
   prefill.consistent = true;  // one prefill variant serves every size
+  // Per token: the wgmma kernel (p4) is faster at 4,096-token steps and slower at 512-1,024
+  // (docs/perf.md, issue 33); served steps are at most --max-num-batched-tokens (2,048 by default).
+  prefill.consistent_per_token = true;
   prefill.fixed = [](int) { return moe_fp4_large_variant_id(0); };
   prefill.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
     plan.moe.large_variant = std::atoi(choices.front().candidate.c_str() + 1);

@@ -27,6 +27,9 @@ struct TunableOp {
   // plain decode steps they stand for): without it, ops that apply a choice per bucket take the
   // fastest candidate at each (TuneOptions::speculative).
   bool per_bucket_without_speculation = false;
+  // With `consistent`: weigh the buckets per token (select_backends_consistent's per_token), so
+  // that a candidate fast only at the largest size does not win over the sizes served most.
+  bool consistent_per_token = false;
   std::function<std::string(int bucket)> fixed;  // the fixed rule's candidate
   std::string shapes;                   // the model shapes checked at (part of the cache key)
   // Child side: the candidate's checks at every bucket (BackendCheck::candidate is filled in by

@@ -208,7 +208,8 @@ TuneResult tune_backends(const ModelConfig& cfg, bool nvfp4, const TuneOptions& 
     const auto pin = opt.pinned.find(op.op);
     const std::string pinned = pin == opt.pinned.end() ? "" : pin->second;
     const bool consistent = op.consistent && (opt.speculative || !op.per_bucket_without_speculation);
-    for (const BackendChoice& c : consistent ? select_backends_consistent(op.op, mine, opt.policy, pinned, op.fixed)
+    for (const BackendChoice& c : consistent ? select_backends_consistent(op.op, mine, opt.policy, pinned, op.fixed,
+                                                                          op.consistent_per_token)
                                              : select_backends(op.op, mine, opt.policy, pinned, op.fixed))
       res.choices.push_back(c);
     if (op.describe)
