@@ -199,10 +199,6 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
     const int P = T * K;
     const double distinct = E * (1.0 - std::pow(1.0 - double(K) / E, T));
     const double bytes = distinct * expert_bytes;
-    const double group_ms = median_ms([&](int r) {
-      const int tile = T <= cuda::kMoeFp4SmallT ? 8 : 64;
-      cuda::moe_group_pairs(dids.as<int32_t>() + size_t(r) * P_max, P, E, gs, tile, nullptr);
-    });
     const double combine_ms = median_ms([&](int) {
       cuda::moe_combine_pairs(po.as<float>(), y.as<float>(), T, K, H, nullptr, nullptr, 1, nullptr);
     });
@@ -210,6 +206,10 @@ TEST(CudaMoeFp4Bench, DISABLED_KernelThroughput) {
     const int variants = small ? cuda::moe_fp4_small_variants() : cuda::moe_fp4_large_variants();
     for (int v = 0; v < variants; ++v) {
       const cuda::MoeFp4Plan plan = small ? cuda::MoeFp4Plan::decode_variant(v) : cuda::MoeFp4Plan::prefill_variant(v);
+      const int tile = cuda::moe_fp4_tile_tokens(ex, T, K, plan);  // the variant's own tiles (p4: 128 tokens)
+      const double group_ms = median_ms([&](int r) {
+        cuda::moe_group_pairs(dids.as<int32_t>() + size_t(r) * P_max, P, E, gs, tile, nullptr);
+      });
       const double ms = median_ms([&](int r) {
         cuda::moe_experts_packed(ex, dx.as<cuda::bf16_t>(), dids.as<int32_t>() + size_t(r) * P_max, dw.as<float>(),
                               h.as<cuda::bf16_t>(), po.as<float>(), y.as<float>(), T, K, nullptr, nullptr, 1, gs,
