@@ -21,11 +21,28 @@ struct Format {
 #define DATE                                                                                      \
   "([1-9][0-9]{3}-(0[13578]|1[02])-" DAY31 "|[1-9][0-9]{3}-(0[469]|11)-(0[1-9]|[12][0-9]|30)|[1-9][0-9]{3}-02-" \
   "(0[1-9]|1[0-9]|2[0-8])|" LEAP_YEAR "-02-29)"
-#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+// RFC 3339 takes T and Z in either case (5.6, note).
+#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define LABEL "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
 #define HOST "(" LABEL "\\.){0,4}[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
 #define OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-#define H16 "[0-9a-f]{1,4}"
+#define IPV4 OCTET "\\." OCTET "\\." OCTET "\\." OCTET
+#define H16 "[0-9a-fA-F]{1,4}"
+// RFC 3986's IPv6address: eight groups, "::" standing for one or more zero groups anywhere, the
+// last 32 bits optionally as an IPv4 address (what Python's ipaddress accepts, zones aside).
+#define LS32 "(" H16 ":" H16 "|" IPV4 ")"
+#define IPV6                                                                                       \
+  "((" H16 ":){6}" LS32 "|::(" H16 ":){5}" LS32 "|(" H16 ")?::(" H16 ":){4}" LS32 "|((" H16 ":)?" H16 \
+  ")?::(" H16 ":){3}" LS32 "|((" H16 ":){0,2}" H16 ")?::(" H16 ":){2}" LS32 "|((" H16 ":){0,3}" H16   \
+  ")?::" H16 ":" LS32 "|((" H16 ":){0,4}" H16 ")?::" LS32 "|((" H16 ":){0,5}" H16 ")?::" H16 "|((" H16 \
+  ":){0,6}" H16 ")?::)"
+// RFC 3986's URI: scheme ":" hier-part ["?" query] ["#" fragment], any scheme.
+#define PCT "%[0-9A-Fa-f][0-9A-Fa-f]"
+#define PCHAR "([A-Za-z0-9._~!$&'()*+,;=:@-]|" PCT ")"
+#define URI_HOST "(\\[(" IPV6 "|v[0-9A-Fa-f]+\\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\\]|([A-Za-z0-9._~!$&'()*+,;=-]|" PCT ")*)"
+#define URI_AUTHORITY "(([A-Za-z0-9._~!$&'()*+,;=:-]|" PCT ")*@)?" URI_HOST "(:[0-9]*)?"
+#define URI_HIER "(//" URI_AUTHORITY "(/" PCHAR "*)*|/(" PCHAR "+(/" PCHAR "*)*)?|" PCHAR "+(/" PCHAR "*)*)?"
+#define URI "[A-Za-z][A-Za-z0-9+.-]*:" URI_HIER "(\\?(" PCHAR "|[/?])*)?(#(" PCHAR "|[/?])*)?"
 // RFC 3339 appendix A durations, numbers of up to 4 digits: P then a date part (days, months and
 // days, or years, months and days) with an optional time part, or a time part, or weeks.
 #define DUR_N "[0-9]{1,4}"
@@ -38,13 +55,13 @@ const std::map<std::string, Format>& formats() {
   static const std::map<std::string, Format> kFormats = {
       {"date", {DATE, 10, 10}},
       {"time", {TIME, 9, 21}},
-      {"date-time", {DATE "T" TIME, 20, 32}},
+      {"date-time", {DATE "[Tt]" TIME, 20, 32}},
       {"duration", {DURATION, 3, 32}},
-      {"email", {"[a-z0-9_+-]{1,20}(\\.[a-z0-9_+-]{1,20}){0,2}@" HOST, 3, -1}},
+      {"email", {"[a-z0-9_+~-]{1,20}(\\.[a-z0-9_+~-]{1,20}){0,2}@(" HOST "|\\[" IPV4 "\\]|\\[IPv6:" IPV6 "\\])", 3, -1}},
       {"hostname", {HOST, 1, -1}},
-      {"ipv4", {OCTET "\\." OCTET "\\." OCTET "\\." OCTET, 7, 15}},
-      {"ipv6", {"(" H16 ":){7}" H16 "|::|(" H16 ":){1,6}:" H16 "|::" H16, 2, 39}},
-      {"uri", {"https?://" HOST "(:[1-9][0-9]{0,3})?(/[a-zA-Z0-9._~-]{0,20}){0,6}(\\?[a-z0-9_=&-]{0,40})?", 8, -1}},
+      {"ipv4", {IPV4, 7, 15}},
+      {"ipv6", {IPV6, 2, 45}},
+      {"uri", {URI, 2, -1}},
       {"uri-reference", {"https?://" HOST "(/[a-zA-Z0-9._~-]{0,20}){0,6}", 8, -1}},
       {"uuid", {"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", 36, 36}},
   };

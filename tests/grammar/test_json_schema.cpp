@@ -125,6 +125,21 @@ TEST(GrammarJsonSchema, FormatsAndPatterns) {
   auto ip = grammar_from_json_schema(R"({"format":"ipv4"})");
   EXPECT_TRUE(full_match(ip, R"("192.168.0.255")"));
   EXPECT_FALSE(full_match(ip, R"("256.1.1.1")"));
+  EXPECT_TRUE(full_match(date, R"("2024-02-28t13:05:00z")"));  // RFC 3339: T and Z in either case
+  // RFC 3986 URIs (any scheme) and IPv6 addresses: each case's verdict is Python jsonschema's.
+  auto uri = grammar_from_json_schema(R"({"type":"string","format":"uri"})");
+  for (const char* ok : {R"("mailto:John.Doe@example.com")", R"("urn:oasis:names:specification:docbook:dtd:xml:4.1.2")",
+                         R"("ldap://[2001:db8::7]/c=GB?objectClass?one")",
+                         R"("http://foo.bar/?q=Test%20URL-encoded%20stuff#frag")"})
+    EXPECT_TRUE(full_match(uri, ok)) << ok;
+  for (const char* bad : {R"("//foo.bar/?baz=qux#quux")", R"("http:// shouldfail.com")", R"("bar,baz:foo")",
+                          R"("http://a/%zz")"})
+    EXPECT_FALSE(full_match(uri, bad)) << bad;
+  auto ip6 = grammar_from_json_schema(R"({"type":"string","format":"ipv6"})");
+  for (const char* ok : {R"("::ffff:192.168.0.1")", R"("1:2:3:4:5:6:7::")", R"("::")", R"("::1:2:3:4:5:6:7")"})
+    EXPECT_TRUE(full_match(ip6, ok)) << ok;
+  for (const char* bad : {R"("1:2:3:4:5:6:7:8:9")", R"("12345::")", R"("1::2::3")", R"("::ffff:256.1.1.1")"})
+    EXPECT_FALSE(full_match(ip6, bad)) << bad;
   auto search = grammar_from_json_schema(R"({"type":"string","pattern":"ab+"})");  // a search, not a whole match
   EXPECT_TRUE(full_match(search, R"("xxabbby")"));
   EXPECT_FALSE(full_match(search, R"("xxa")"));
