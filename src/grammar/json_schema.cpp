@@ -1,6 +1,8 @@
 // JSON Schema to grammar: dispatch, $ref, allOf/anyOf/oneOf, if/then/else, not, enum/const.
 #include "grammar/json_schema.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -313,6 +315,47 @@ Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
   return compile_resolved(std::move(s), path, depth + 1);
 }
 
+Expr SchemaCompiler::value_expr(const Json& v) {
+  if (v.is_array()) {
+    std::vector<Expr> parts{Expr::literal("[")};
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) parts.insert(parts.end(), {Expr::literal(","), sp()});
+      parts.push_back(value_expr(v[i]));
+    }
+    parts.push_back(Expr::literal("]"));
+    return Expr::seq(std::move(parts));
+  }
+  if (v.is_object()) {
+    // Every order of up to 4 keys (24 orders); larger objects in their own order only.
+    std::vector<std::string> keys;
+    for (const auto& [k, x] : v.items()) keys.push_back(k);
+    std::vector<size_t> order(keys.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::vector<Expr> alts;
+    do {
+      std::vector<Expr> parts{Expr::literal("{")};
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (i > 0) parts.insert(parts.end(), {Expr::literal(","), sp()});
+        parts.insert(parts.end(), {Expr::literal(Json(keys[order[i]]).dump()), Expr::literal(":"), sp(),
+                                   value_expr(v[keys[order[i]]])});
+      }
+      parts.push_back(Expr::literal("}"));
+      alts.push_back(Expr::seq(std::move(parts)));
+    } while (keys.size() <= 4 && std::next_permutation(order.begin(), order.end()));
+    return alts.size() == 1 ? std::move(alts[0]) : Expr::alt(std::move(alts));
+  }
+  if (v.is_number()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= 9007199254740992.0) {  // exact in a double
+      const std::string n = v.is_number_float() ? Json(int64_t(d)).dump() : v.dump();
+      std::vector<Expr> alts{Expr::literal(n), Expr::literal(n + ".0")};
+      if (d == 0) alts.insert(alts.end(), {Expr::literal("-0"), Expr::literal("-0.0")});
+      return Expr::alt(std::move(alts));
+    }
+  }
+  return Expr::literal(v.dump());
+}
+
 Expr SchemaCompiler::compile_enum(const Json& s, const std::string& path) {
   Json values = s.contains("const") ? Json::array({s["const"]}) : s["enum"];
   if (!values.is_array()) refuse("enum", path, "must be an array");
@@ -322,7 +365,7 @@ Expr SchemaCompiler::compile_enum(const Json& s, const std::string& path) {
   Json rest = without(s, {"enum", "const"});
   std::vector<Expr> alts;
   for (const Json& v : values)
-    if (value_satisfies(v, rest)) alts.push_back(Expr::literal(v.dump()));
+    if (value_satisfies(v, rest)) alts.push_back(value_expr(v));
   if (alts.empty()) refuse(s.contains("const") ? "const" : "enum", path, "no value satisfies the other keywords");
   return Expr::alt(std::move(alts));
 }

@@ -94,6 +94,10 @@ class SchemaCompiler {
   Expr compile_conditional(const Json& s, const std::string& path, int depth);
   Expr compile_not(Json s, const std::string& path, int depth);
   Expr compile_enum(const Json& s, const std::string& path);
+  // A const / enum value as JSON text: containers with the grammar's optional space after ","
+  // and ":", the keys of a small object in any order, an integral number also as N.0 (and zero
+  // with a sign): the spellings JSON Schema counts as the same value.
+  static Expr value_expr(const Json& v);
 
   SchemaDoc doc_;
   SchemaOptions opts_;

@@ -140,6 +140,15 @@ TEST(GrammarJsonSchema, FormatsAndPatterns) {
     EXPECT_TRUE(full_match(ip6, ok)) << ok;
   for (const char* bad : {R"("1:2:3:4:5:6:7:8:9")", R"("12345::")", R"("1::2::3")", R"("::ffff:256.1.1.1")"})
     EXPECT_FALSE(full_match(ip6, bad)) << bad;
+  // enum/const: the same value in the spellings JSON Schema equates, and no other.
+  auto obj = grammar_from_json_schema(R"({"const":{"foo":"bar","baz":[1, 2.0]}})");
+  for (const char* ok : {R"({"foo":"bar","baz":[1,2.0]})", R"({"baz": [1.0, 2], "foo": "bar"})"})
+    EXPECT_TRUE(full_match(obj, ok)) << ok;
+  for (const char* bad : {R"({"foo":"bar"})", R"({"foo":"bar","baz":[1,2.5]})", R"({"foo":"bar","baz":[true,2]})"})
+    EXPECT_FALSE(full_match(obj, bad)) << bad;
+  auto zero = grammar_from_json_schema(R"({"enum":[0, "x"]})");
+  for (const char* ok : {"0", "0.0", "-0", "-0.0", R"("x")"}) EXPECT_TRUE(full_match(zero, ok)) << ok;
+  for (const char* bad : {"false", "0.5", "00"}) EXPECT_FALSE(full_match(zero, bad)) << bad;
   auto search = grammar_from_json_schema(R"({"type":"string","pattern":"ab+"})");  // a search, not a whole match
   EXPECT_TRUE(full_match(search, R"("xxabbby")"));
   EXPECT_FALSE(full_match(search, R"("xxa")"));
