@@ -1,5 +1,6 @@
-// Arrays: prefixItems then items, minItems/maxItems, contains (the first minContains items
-// match it) and uniqueItems (at most one item unless the items are distinct constants).
+// Arrays: prefixItems then items, minItems/maxItems, contains (minContains items anywhere, or
+// with prefixItems / maxItems the first minContains) and uniqueItems (at most one item unless
+// the items are distinct constants).
 #include "core/error.h"
 #include "grammar/schema_compiler.h"
 
@@ -47,6 +48,20 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     } else {
       max = max < 0 ? 1 : std::min(max, 1);
     }
+  }
+  // contains without prefixItems, maxItems or a larger minItems: the matching items anywhere,
+  // "[" (X ,)* M ( , (X ,)* M ){need - 1} ( , X)* "]" with X an item and M one that also matches
+  // `contains` (at least `need` of them, in any places).
+  if (need > 0 && prefix.empty() && max < 0 && min <= need && items != Json(false) && !s.value("uniqueItems", false)) {
+    Expr sep = Expr::seq({Expr::literal(","), sp()});
+    Expr x = as_rule("item", compile(items, path + "/items"));
+    Expr m = as_rule("match", compile(all_of(items, s["contains"]), path + "/contains"));
+    Expr skip = Expr::repeat(Expr::seq({x, sep}), 0, -1);
+    std::vector<Expr> parts{Expr::literal("["), skip, m};
+    for (int i = 1; i < need; ++i) parts.insert(parts.end(), {sep, skip, m});
+    parts.push_back(Expr::repeat(Expr::seq({sep, x}), 0, -1));
+    parts.push_back(Expr::literal("]"));
+    return Expr::seq(std::move(parts));
   }
   int positions = std::max(static_cast<int>(prefix.size()), need);
   if (max >= 0) positions = std::min(positions, max);

@@ -188,7 +188,14 @@ TEST(GrammarJsonSchema, ArraysAndOneOf) {
   EXPECT_FALSE(full_match(g, R"(["a",1,2])"));
   auto c = grammar_from_json_schema(R"({"type":"array","items":{"type":"integer"},"contains":{"minimum":10}})");
   EXPECT_TRUE(full_match(c, R"([12,1])"));
+  EXPECT_TRUE(full_match(c, R"([1, 2, 12, 3])"));  // the matching item anywhere
   EXPECT_FALSE(full_match(c, R"([])"));
+  EXPECT_FALSE(full_match(c, R"([1, 2, 3])"));
+  EXPECT_FALSE(full_match(c, R"([1, "x", 12])"));  // items still apply to every item
+  auto two = grammar_from_json_schema(R"({"type":"array","contains":{"const":1},"minContains":2})");
+  EXPECT_TRUE(full_match(two, R"([1, 2, 1])"));
+  EXPECT_TRUE(full_match(two, R"([2, 1, 3, 1, 1])"));
+  EXPECT_FALSE(full_match(two, R"([2, 1, 3])"));
   auto one = grammar_from_json_schema(R"({"oneOf":[{"type":["string","null"]},{"type":["number","null"]}]})");
   EXPECT_TRUE(full_match(one, R"("s")") && full_match(one, "1.5"));
   EXPECT_FALSE(full_match(one, "null"));  // valid under both branches, so not under oneOf
