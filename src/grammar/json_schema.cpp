@@ -17,16 +17,6 @@ namespace {
 
 constexpr int kMaxDepth = 64;  // nested $ref/allOf inlining (a $ref cycle without a value in between)
 
-Json without(Json s, std::initializer_list<const char*> keys) {
-  for (const char* k : keys) s.erase(k);
-  return s;
-}
-
-bool has_any(const Json& s, std::initializer_list<const char*> keys) {
-  for (const char* k : keys)
-    if (s.contains(k)) return true;
-  return false;
-}
 
 // A branch that no instance satisfies, by a shallow look (dropped from anyOf/oneOf/if).
 bool unsatisfiable(const Json& s) {

@@ -1,6 +1,9 @@
 // Arrays: prefixItems then items, minItems/maxItems, contains (minContains items anywhere, or
-// with prefixItems / maxItems the first minContains) and uniqueItems (at most one item unless
-// the items are distinct constants).
+// with prefixItems / maxItems the first minContains) and uniqueItems (items from up to 8
+// constants: any distinct ones; else at most one item unless the prefix items are distinct
+// constants).
+#include <algorithm>
+
 #include "core/error.h"
 #include "grammar/schema_compiler.h"
 
@@ -33,6 +36,26 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     need = count(s, "minContains", path, 1);
     if (s.contains("maxContains")) unsupported("maxContains", path, "only minContains is enforced");
     min = std::max(min, need);
+  }
+  if (s.value("uniqueItems", false) && prefix.empty() && need == 0) {
+    // Items from a small set of constants (an enum, a const, booleans): distinct values enforced.
+    const std::string ip = path + "/items";
+    const Json it = flatten(norm(items, ip), ip);
+    std::vector<Json> vals;
+    if (it.is_object() && (it.contains("enum") || it.contains("const")) &&
+        !has_any(it, {"anyOf", "oneOf", "not", "if", "allOf"})) {
+      const Json all = it.contains("const") ? Json::array({it["const"]}) : it["enum"];
+      const Json rest = without(it, {"enum", "const"});
+      if (all.is_array())
+        for (const Json& v : all)
+          if (value_satisfies(v, rest) && std::find(vals.begin(), vals.end(), v) == vals.end()) vals.push_back(v);
+    } else if (it == Json{{"type", "boolean"}}) {
+      vals = {Json(false), Json(true)};
+    }
+    if (!vals.empty() && vals.size() <= kMaxUniqueValues) {
+      if (min > static_cast<int>(vals.size())) refuse("minItems", path, "more unique items than the items' values");
+      return unique_values(vals, min, max);
+    }
   }
   if (s.value("uniqueItems", false)) {
     bool distinct = true;  // distinct constant prefix items and nothing after them are unique
@@ -93,6 +116,28 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     tail = as_rule("items", i < min ? std::move(step) : Expr::alt({std::move(step), Expr::empty()}));
   }
   return Expr::seq({Expr::literal("["), tail, Expr::literal("]")});
+}
+
+Expr SchemaCompiler::unique_values(const std::vector<Json>& vals, int min, int max) {
+  const size_t n = vals.size();
+  const int top = max < 0 ? static_cast<int>(n) : std::min(max, static_cast<int>(n));
+  std::vector<uint32_t> rule(size_t(1) << n);
+  for (uint32_t& r : rule) r = new_rule("unique");
+  for (size_t used = 0; used < rule.size(); ++used) {
+    const int size = __builtin_popcountll(used);
+    std::vector<Expr> alts;
+    if (size >= min) alts.push_back(Expr::literal("]"));
+    if (size < top)
+      for (size_t i = 0; i < n; ++i)
+        if (!(used >> i & 1)) {
+          std::vector<Expr> step;
+          if (size > 0) step.insert(step.end(), {Expr::literal(","), sp()});
+          step.insert(step.end(), {value_expr(vals[i]), Expr::ref(rule[used | size_t(1) << i])});
+          alts.push_back(Expr::seq(std::move(step)));
+        }
+    define(rule[used], alts.size() == 1 ? std::move(alts[0]) : Expr::alt(std::move(alts)));
+  }
+  return Expr::seq({Expr::literal("["), Expr::ref(rule[0])});
 }
 
 }  // namespace fathom::grammar::schema

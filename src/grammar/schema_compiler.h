@@ -8,6 +8,7 @@
 // of it (property order, no exponent under numeric bounds, ...), documented in json_schema.h.
 // What has no sound subset is refused, naming the keyword and its JSON pointer.
 #pragma once
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -73,6 +74,10 @@ class SchemaCompiler {
   Expr compile_string(const Json& s, const std::string& path);
   Expr compile_object(const Json& s, const std::string& path);
   Expr compile_array(const Json& s, const std::string& path);
+  // Arrays of distinct values out of `vals` (at most kMaxUniqueValues of them): a rule per set of
+  // values used so far, the array closing once min and growing while below max.
+  Expr unique_values(const std::vector<Json>& vals, int min, int max);
+  static constexpr size_t kMaxUniqueValues = 8;
 
   // A JSON string whose content matches the regex (JSON Schema `pattern` semantics: a search).
   Expr pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole);
@@ -110,6 +115,17 @@ class SchemaCompiler {
 // never_both(gen, other) (a SchemaCompiler member, for $ref): true when instances generated from
 // `gen` (objects carry only the properties it declares unless it allows others) can never be
 // valid under `other`. Conservative: false when unsure.
+
+// `s` without the keywords `keys`; whether `s` has any of them.
+inline Json without(Json s, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) s.erase(k);
+  return s;
+}
+inline bool has_any(const Json& s, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (s.contains(k)) return true;
+  return false;
+}
 
 // Whether a value (of `enum`/`const`) satisfies the keywords of `s`; `unsure` is the answer
 // when a keyword cannot be checked here (false to keep only values known valid).

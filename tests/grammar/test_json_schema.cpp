@@ -201,6 +201,15 @@ TEST(GrammarJsonSchema, ArraysAndOneOf) {
   EXPECT_FALSE(full_match(one, "null"));  // valid under both branches, so not under oneOf
   auto uniq = grammar_from_json_schema(R"({"type":"array","uniqueItems":true})");
   EXPECT_FALSE(full_match(uniq, "[1,1]"));
+  // Items from a few constants: any distinct ones, in any order, within minItems/maxItems.
+  auto tags = grammar_from_json_schema(
+      R"({"type":"array","items":{"enum":["a","b","c",1]},"uniqueItems":true,"maxItems":3})");
+  for (const char* ok : {"[]", R"(["c", "a"])", R"([1, "b", "a"])", R"(["a",1.0])"}) EXPECT_TRUE(full_match(tags, ok)) << ok;
+  for (const char* bad : {R"(["a", "a"])", R"(["a", "b", "c", 1])", R"(["d"])", R"([1, 1.0])"})
+    EXPECT_FALSE(full_match(tags, bad)) << bad;
+  auto flags = grammar_from_json_schema(R"({"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":2})");
+  EXPECT_TRUE(full_match(flags, "[false, true]") && full_match(flags, "[true, false]"));
+  EXPECT_FALSE(full_match(flags, "[true]") || full_match(flags, "[true, true]"));
 }
 
 }  // namespace
