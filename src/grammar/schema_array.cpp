@@ -121,10 +121,13 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
 Expr SchemaCompiler::unique_values(const std::vector<Json>& vals, int min, int max) {
   const size_t n = vals.size();
   const int top = max < 0 ? static_cast<int>(n) : std::min(max, static_cast<int>(n));
+  // Rules only for the sets an array can reach (at most `top` values).
   std::vector<uint32_t> rule(size_t(1) << n);
-  for (uint32_t& r : rule) r = new_rule("unique");
+  for (size_t used = 0; used < rule.size(); ++used)
+    if (__builtin_popcountll(used) <= top) rule[used] = new_rule("unique");
   for (size_t used = 0; used < rule.size(); ++used) {
     const int size = __builtin_popcountll(used);
+    if (size > top) continue;
     std::vector<Expr> alts;
     if (size >= min) alts.push_back(Expr::literal("]"));
     if (size < top)

@@ -50,6 +50,31 @@ Job greedy_job(int len, int vocab, uint32_t seed, int max_tokens) {
   return j;
 }
 
+// Six greedy requests of mixed prompt lengths and budgets (one of a single token), seeded from
+// `seed`.
+std::vector<Job> mixed_greedy_jobs(int vocab, uint32_t seed) {
+  const int lens[] = {5, 17, 40, 3, 24, 9};
+  const int max_tokens[] = {20, 33, 7, 1, 25, 18};
+  std::vector<Job> jobs;
+  for (int i = 0; i < 6; ++i) jobs.push_back(greedy_job(lens[i], vocab, seed + uint32_t(i), max_tokens[i]));
+  return jobs;
+}
+
+// `base` with a repetition penalty (and `frequency`) for 24 tokens: the target distribution at
+// each draft row includes the drafts accepted before it.
+Job penalized(Job base, float frequency) {
+  base.params.max_tokens = 24;
+  base.params.sampling.repetition_penalty = 1.3f;
+  base.params.sampling.frequency_penalty = frequency;
+  return base;
+}
+
+// `base` with min_tokens 6 (stop ids before it are masked).
+Job with_min_tokens(Job base) {
+  base.params.min_tokens = 6;
+  return base;
+}
+
 EngineConfig base_config(int64_t budget) {
   EngineConfig c;
   c.max_num_seqs = 8;
@@ -70,24 +95,14 @@ TEST_P(EngineSpecTest, GreedyLosslessInContinuousBatching) {
   auto probe = load_runner(c.fixture);
   ASSERT_TRUE(probe) << c.fixture << " missing";
   const int V = probe->config().vocab_size;
-  std::vector<Job> jobs;
-  const int lens[] = {5, 17, 40, 3, 24, 9};
-  const int max_tokens[] = {20, 33, 7, 1, 25, 18};
-  for (int i = 0; i < 6; ++i) jobs.push_back(greedy_job(lens[i], V, 100 + uint32_t(i), max_tokens[i]));
+  std::vector<Job> jobs = mixed_greedy_jobs(V, 100);
   // A prompt that repeats itself, so n-gram drafts are proposed and partly accepted.
   Job rep = jobs[1];
   rep.prompt.insert(rep.prompt.end(), jobs[1].prompt.begin(), jobs[1].prompt.end());
   jobs.push_back(rep);
-  // Penalties: the target distribution at each draft row includes the drafts accepted before it.
-  Job pen = jobs[2];
-  pen.params.max_tokens = 24;
-  pen.params.sampling.repetition_penalty = 1.3f;
-  pen.params.sampling.frequency_penalty = 0.4f;
-  jobs.push_back(pen);
+  jobs.push_back(penalized(jobs[2], 0.4f));
   // min_tokens with stop ids taken from the plain run below.
-  Job mt = jobs[4];
-  mt.params.min_tokens = 6;
-  jobs.push_back(mt);
+  jobs.push_back(with_min_tokens(jobs[4]));
 
   for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill and budget-cut drafts
     const auto plain = run_engine(load_runner(c.fixture), base_config(budget), jobs);
@@ -169,18 +184,10 @@ TEST_P(FusedMtpTest, GreedyLosslessWhileRoundsFuse) {
   ASSERT_TRUE(probe && probe->has_mtp()) << GetParam() << " with its MTP layer missing";
   ASSERT_TRUE(probe->supports_fused_mtp_round());
   const int V = probe->config().vocab_size;
-  const int lens[] = {5, 17, 40, 3, 24, 9};
-  const int max_tokens[] = {20, 33, 7, 1, 25, 18};
-  std::vector<Job> greedy;
-  for (int i = 0; i < 6; ++i) greedy.push_back(greedy_job(lens[i], V, 900 + uint32_t(i), max_tokens[i]));
+  std::vector<Job> greedy = mixed_greedy_jobs(V, 900);
   std::vector<Job> mixed = greedy;
-  Job pen = greedy[2];
-  pen.params.max_tokens = 24;
-  pen.params.sampling.repetition_penalty = 1.3f;
-  mixed.push_back(pen);
-  Job mt = greedy[4];
-  mt.params.min_tokens = 6;
-  mixed.push_back(mt);
+  mixed.push_back(penalized(greedy[2], 0.f));
+  mixed.push_back(with_min_tokens(greedy[4]));
 
   for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill and budget-cut drafts
     for (const std::vector<Job>* jobs : {&greedy, &mixed}) {

@@ -3,6 +3,7 @@
 // "tool_calls"; the streamed pieces assemble to the whole response's calls and content.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -125,16 +126,23 @@ TEST(CompletionJobTools, StreamedChunksAssembleToTheWholeResponse) {
 // tool_choice "required" cut by max_tokens: the complete calls come back as tool_calls, the cut
 // one is dropped, and finish_reason stays "length" (whole response and stream alike).
 TEST(CompletionJobTools, RequiredCallsCutByLengthKeepTheCompleteOnes) {
-  const std::string cut = R"([{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters": {"ci)";
-  for (bool stream : {false, true}) {
+  // A tool_choice "required" job fed `text` and ended by max_tokens (its chunks when streaming).
+  auto cut_required = [](const std::string& text, bool stream, std::vector<std::string>& chunks) {
     ParsedRequest req = chat_request(stream);
     req.tool_choice = ParsedRequest::ToolChoice::Required;
-    CompletionJob job(req, "chatcmpl-1", "m", false, nullptr, std::nullopt, seeded_tool_call_ids(7));
-    std::vector<std::string> chunks = feed(job, cut, 16, "length");
-    ASSERT_TRUE(job.done());
+    auto job = std::make_unique<CompletionJob>(req, "chatcmpl-1", "m", false, nullptr, std::nullopt,
+                                               seeded_tool_call_ids(7));
+    chunks = feed(*job, text, 16, "length");
+    return job;
+  };
+  const std::string cut = R"([{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters": {"ci)";
+  for (bool stream : {false, true}) {
+    std::vector<std::string> chunks;
+    const auto job = cut_required(cut, stream, chunks);
+    ASSERT_TRUE(job->done());
     json calls, finish;
     if (!stream) {
-      const json ch = job.response()["choices"][0];
+      const json ch = job->response()["choices"][0];
       calls = ch["message"]["tool_calls"];
       finish = ch["finish_reason"];
       EXPECT_TRUE(ch["message"]["content"].is_null());
@@ -151,13 +159,11 @@ TEST(CompletionJobTools, RequiredCallsCutByLengthKeepTheCompleteOnes) {
   // Cut inside the first call: no calls and no content (not the partial list as text).
   const std::string first = R"([{"name": "get_weather", "parameters": {"ci)";
   for (bool stream : {false, true}) {
-    ParsedRequest req = chat_request(stream);
-    req.tool_choice = ParsedRequest::ToolChoice::Required;
-    CompletionJob job(req, "chatcmpl-1", "m", false, nullptr, std::nullopt, seeded_tool_call_ids(7));
-    std::vector<std::string> chunks = feed(job, first, 16, "length");
-    ASSERT_TRUE(job.done());
+    std::vector<std::string> chunks;
+    const auto job = cut_required(first, stream, chunks);
+    ASSERT_TRUE(job->done());
     if (!stream) {
-      const json ch = job.response()["choices"][0];
+      const json ch = job->response()["choices"][0];
       EXPECT_TRUE(ch["message"]["content"].is_null()) << ch.dump();
       EXPECT_TRUE(ch["message"]["tool_calls"].empty()) << ch.dump();
       EXPECT_EQ(ch["finish_reason"], "length");
