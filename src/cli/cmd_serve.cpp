@@ -74,6 +74,18 @@ void add_api_options(CLI::App* sub, ServeOptions& a) {
                 "Let the model decide to call tools (tool_choice \"auto\"); needs --tool-call-parser");
   sub->add_flag("--structured-output-best-effort", api.structured_output_best_effort,
                 "JSON Schema keywords that cannot be enforced are left unenforced (a warning header) instead of a 400");
+  static const std::map<std::string, grammar::UndeclaredKeys> kUndeclared = {
+      {"free-form", grammar::UndeclaredKeys::FreeForm}, {"any", grammar::UndeclaredKeys::Any},
+      {"none", grammar::UndeclaredKeys::None}};
+  sub->add_option("--structured-output-undeclared-keys", api.undeclared_keys,
+                  "Keys a JSON Schema object without additionalProperties may take beyond its declared ones: free-form "
+                  "(default: any where it declares none, as {\"type\": \"object\"}; else none, as XGrammar's strict mode), "
+                  "any (JSON Schema's rule) or none")
+      ->transform(CLI::CheckedTransformer(kUndeclared, CLI::ignore_case));
+  sub->add_flag_callback(
+      "--structured-outputs-config.disable_additional_properties",
+      [&api] { api.undeclared_keys = grammar::UndeclaredKeys::None; },
+      "vLLM's name for --structured-output-undeclared-keys none");
   sub->add_flag("--skip-tokenizer-init", api.skip_tokenizer_init, "No tokenizer: token-id prompts only, no text output");
 }
 

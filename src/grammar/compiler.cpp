@@ -9,6 +9,7 @@ namespace fathom::grammar {
 namespace {
 std::string cache_key(const GrammarSpec& spec) {
   std::string key(1, static_cast<char>('0' + static_cast<int>(spec.kind) + (spec.best_effort ? 16 : 0)));
+  key += static_cast<char>('0' + static_cast<int>(spec.undeclared_keys));
   key += spec.text;
   for (const auto& c : spec.choices) key += '\0' + std::to_string(c.size()) + ':' + c;
   return key;
@@ -19,7 +20,8 @@ std::shared_ptr<const Grammar> build_grammar(const GrammarSpec& spec, std::vecto
   switch (spec.kind) {
     case GrammarKind::JsonSchema: {
       SchemaReport report;
-      auto g = grammar_from_json_schema(spec.text, SchemaOptions{spec.best_effort}, &report);
+      auto g = grammar_from_json_schema(spec.text, SchemaOptions{spec.best_effort, spec.undeclared_keys},
+                                        &report);
       if (warnings) *warnings = std::move(report.warnings);
       return g;
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "grammar/compiled.h"
+#include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/vocab.h"
 
@@ -37,6 +38,8 @@ struct GrammarSpec {
   std::vector<std::string> choices;
   // JSON Schema: leave what cannot be enforced unenforced (warnings) instead of failing.
   bool best_effort = false;
+  // JSON Schema: the keys objects without additionalProperties may take beyond the declared.
+  UndeclaredKeys undeclared_keys = UndeclaredKeys::FreeForm;
 };
 
 // Parses a spec into a grammar (no vocabulary). Throws fathom::Error naming what is unsupported.

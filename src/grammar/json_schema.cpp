@@ -126,10 +126,12 @@ Expr SchemaCompiler::compile(const Json& raw, const std::string& path) {
 }
 
 Expr SchemaCompiler::compile_ref(const std::string& ref, const std::string& path) {
-  if (auto it = refs_.find(ref); it != refs_.end()) return Expr::ref(it->second);
+  // A target compiled with open objects must not serve a closed context (its proofs assume closed).
+  const std::string key = (closed_ > 0 ? "!" : "") + ref;
+  if (auto it = refs_.find(key); it != refs_.end()) return Expr::ref(it->second);
   const Json& target = doc_.resolve(ref, path);
   uint32_t r = new_rule("ref");
-  refs_[ref] = r;  // before compiling the target, so that recursion refers to this rule
+  refs_[key] = r;  // before compiling the target, so that recursion refers to this rule
   b_.define(r, compile(target, ref));
   return Expr::ref(r);
 }
@@ -216,7 +218,7 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
             }
         }
         if (exclusive(narrowed) && !unsatisfiable(narrowed)) {
-          alts.push_back(compile_resolved(narrowed, paths[i], depth + 1));
+          alts.push_back(closed([&] { return compile_resolved(narrowed, paths[i], depth + 1); }));
           continue;
         }
       }
@@ -229,11 +231,14 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
         }
         if (kept.empty() || kept.size() == types_of(gen).size()) continue;
         gen["type"] = kept;
-        alts.push_back(compile_resolved(gen, paths[i], depth + 1));
+        alts.push_back(closed([&] { return compile_resolved(gen, paths[i], depth + 1); }));
         continue;
       }
     }
-    alts.push_back(rest.empty() ? compile(branches[i], paths[i]) : compile_resolved(branches[i], paths[i], depth + 1));
+    auto branch = [&] {
+      return rest.empty() ? compile(branches[i], paths[i]) : compile_resolved(branches[i], paths[i], depth + 1);
+    };
+    alts.push_back(key == "oneOf" ? closed(branch) : branch());
   }
   if (alts.empty()) {
     if (key == "anyOf") refuse("anyOf", path, "no branch is satisfiable");
@@ -260,7 +265,8 @@ Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path,
       break;
     }
   }
-  if (never_both(else_branch, cond) && !unsatisfiable(flatten(else_branch, path))) alts.push_back(compile_resolved(else_branch, path + "/else", depth + 1));
+  if (never_both(else_branch, cond) && !unsatisfiable(flatten(else_branch, path)))
+    alts.push_back(closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }));
   if (alts.empty()) refuse("if", path, "neither branch is provably satisfiable");
   return as_rule("if", Expr::alt(std::move(alts)));
 }
@@ -302,7 +308,7 @@ Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
     s["enum"] = kept;
   }
   if (!never_both(s, neg)) unsupported("not", path, "the negated schema is not provably excluded");
-  return compile_resolved(std::move(s), path, depth + 1);
+  return closed([&] { return compile_resolved(std::move(s), path, depth + 1); });
 }
 
 Expr SchemaCompiler::value_expr(const Json& v) {

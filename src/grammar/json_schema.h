@@ -17,8 +17,13 @@
 //
 // The grammar is a subset of the schema's language where the exact one is not context-free:
 // properties in declaration order (required ones always present); no whitespace except an
-// optional single space after ',' and ':'; extra keys (additionalProperties/patternProperties)
-// never repeat a declared name; numbers under bounds have no exponent, and fractions only between
+// optional single space after ',' and ':'; extra keys (additionalProperties/patternProperties,
+// or undeclared ones where additionalProperties is absent: SchemaOptions::undeclared_keys, by
+// default only in objects that declare no key) come after the declared ones, are
+// plain identifiers ([A-Za-z0-9_-]) unless patterns or propertyNames say otherwise, and never
+// repeat a declared name; undeclared keys are not generated where patternProperties or
+// unevaluatedProperties is present, nor inside oneOf branches, else branches and not (whose
+// exclusivity proofs reason about the declared keys); numbers under bounds have no exponent, and fractions only between
 // integers inside the bounds (at most 6 integer and 9 fraction digits); uniqueItems arrays have at
 // most one item (unless their items are distinct constants); strings are valid UTF-8, escapes
 // \" \\ \/ \b \f \n \r \t and \uXXXX outside the surrogate block.
@@ -34,9 +39,17 @@
 
 namespace fathom::grammar {
 
+// The keys an object without additionalProperties may take beyond those it declares.
+enum class UndeclaredKeys {
+  FreeForm,  // any, where it declares none ({"type": "object"}); else none (XGrammar's strict mode)
+  Any,       // any, always (JSON Schema's own rule, llguidance's default)
+  None,      // none: {"type": "object"} is {} (vLLM's disable_additional_properties)
+};
+
 struct SchemaOptions {
   // Leave what cannot be enforced unenforced (listed in SchemaReport::warnings) instead of failing.
   bool best_effort = false;
+  UndeclaredKeys undeclared_keys = UndeclaredKeys::FreeForm;
 };
 
 struct SchemaReport {

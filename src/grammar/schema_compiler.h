@@ -104,12 +104,31 @@ class SchemaCompiler {
   // with a sign): the spellings JSON Schema counts as the same value.
   static Expr value_expr(const Json& v);
 
+  // Whether an object without additionalProperties (declaring keys or not) may take undeclared
+  // keys here: as the options say, but never while a branch whose exclusivity was proven on
+  // declared keys is compiled.
+  bool objects_open(bool declares_keys) const {
+    if (closed_ > 0 || opts_.undeclared_keys == UndeclaredKeys::None) return false;
+    return opts_.undeclared_keys == UndeclaredKeys::Any || !declares_keys;
+  }
+  // Compiles `e` with objects closed (oneOf branches, else branches, not).
+  template <class F>
+  Expr closed(F&& compile_it) {
+    ++closed_;
+    struct Leave {
+      int& n;
+      ~Leave() { --n; }
+    } leave{closed_};
+    return compile_it();
+  }
+
   SchemaDoc doc_;
   SchemaOptions opts_;
   SchemaReport* report_;
   GrammarBuilder b_;
-  std::map<std::string, uint32_t> refs_;
+  std::map<std::string, uint32_t> refs_;  // keyed by the reference, "!" in front when closed
   int counter_ = 0;
+  int closed_ = 0;
 };
 
 // never_both(gen, other) (a SchemaCompiler member, for $ref): true when instances generated from

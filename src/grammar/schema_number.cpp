@@ -1,6 +1,7 @@
-// Numbers: minimum/maximum/exclusive* (integers exactly; numbers as integers in range plus
-// fractions strictly between two integers in range) and multipleOf for integers.
+// Numbers: minimum/maximum/exclusive* (integers exactly; numbers with a point exactly, with at
+// most 6 integer and 9 fraction digits) and multipleOf for integers.
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <optional>
 
@@ -88,6 +89,7 @@ Expr multiples(SchemaCompiler& c, int64_t k, bool neg, bool pos) {
 
 struct Bounds {
   std::optional<long double> lo, hi;
+  std::string lo_text, hi_text;  // as written in the schema (the decimal digits)
   bool lo_excl = false, hi_excl = false;
 };
 
@@ -99,17 +101,104 @@ Bounds bounds_of(const Json& s, const std::string& path) {
     return s[k].get<long double>();
   };
   auto mn = num("minimum"), xmn = num("exclusiveMinimum"), mx = num("maximum"), xmx = num("exclusiveMaximum");
-  b.lo = mn;
-  if (xmn && (!b.lo || *xmn >= *b.lo)) b.lo = xmn, b.lo_excl = true;
-  b.hi = mx;
-  if (xmx && (!b.hi || *xmx <= *b.hi)) b.hi = xmx, b.hi_excl = true;
+  auto text = [&](const char* k) { return s.contains(k) ? s[k].dump() : std::string(); };
+  b.lo = mn, b.lo_text = text("minimum");
+  if (xmn && (!b.lo || *xmn >= *b.lo)) b.lo = xmn, b.lo_excl = true, b.lo_text = text("exclusiveMinimum");
+  b.hi = mx, b.hi_text = text("maximum");
+  if (xmx && (!b.hi || *xmx <= *b.hi)) b.hi = xmx, b.hi_excl = true, b.hi_text = text("exclusiveMaximum");
   return b;
 }
 
-// Fractions ".d*[1-9]" after an integer part in [lo, hi] (the value strictly between two
-// integers both within the bounds).
-Expr fraction_part() {
-  return Expr::seq({Expr::literal("."), Expr::repeat(digit_set(0, 9), 0, kFracDigits - 1), digit_set(1, 9)});
+// A bound on the digits after the point: none, or 0.F >= / > / <= / < 0.D (D: the bound's
+// fraction digits).
+enum class Side { None, Incl, Excl };
+struct FracBound {
+  std::string digits;
+  Side side = Side::None;
+};
+
+bool all_zero(const std::string& d) { return d.find_first_not_of('0') == std::string::npos; }
+
+// Fraction digits F (at most n more) with lo <= 0.F <= hi (each side as given); `empty`: F may
+// end here. Built digit by digit: each next digit either leaves a bound behind or keeps to it.
+std::optional<Expr> fraction_digits(const FracBound& lo, const FracBound& hi, int n, bool empty) {
+  std::vector<Expr> alts;
+  // F ends here: the digits so far equal each bound's so far; the rest of 0.F is zero.
+  bool lo_ok = lo.side == Side::None || (all_zero(lo.digits) && lo.side == Side::Incl);
+  bool hi_ok = hi.side == Side::None || !all_zero(hi.digits) || hi.side == Side::Incl;
+  if (empty && lo_ok && hi_ok) alts.push_back(Expr::empty());
+  if (n > 0) {
+    // Each digit's state per bound: left behind (0) or still equal (1); digits past it dropped.
+    std::map<std::pair<int, int>, ByteSet> groups;
+    for (int c = 0; c < 10; ++c) {
+      auto state = [&](const FracBound& b, bool lower) {
+        if (b.side == Side::None) return 0;
+        int d = b.digits.empty() ? 0 : b.digits[0] - '0';
+        if (c == d) return 1;
+        return (c > d) == lower ? 0 : -1;
+      };
+      int l = state(lo, true), h = state(hi, false);
+      if (l >= 0 && h >= 0) groups[{l, h}].set(static_cast<uint8_t>('0' + c));
+    }
+    auto rest = [](const FracBound& b, int equal) {
+      return equal ? FracBound{b.digits.empty() ? b.digits : b.digits.substr(1), b.side} : FracBound{};
+    };
+    for (auto& [st, set] : groups) {
+      std::optional<Expr> tail = st == std::make_pair(0, 0)
+                                     ? std::optional<Expr>(Expr::repeat(digit_set(0, 9), 0, n - 1))
+                                     : fraction_digits(rest(lo, st.first), rest(hi, st.second), n - 1, true);
+      if (tail) alts.push_back(Expr::seq({Expr::byte_set(set), std::move(*tail)}));
+    }
+  }
+  if (alts.empty()) return std::nullopt;
+  return alts.size() == 1 ? std::move(alts[0]) : Expr::alt(std::move(alts));
+}
+
+// The magnitude of a JSON number's text as a decimal: integer part (kFracMax + 1 if larger)
+// and fraction digits (exponent applied, trailing zeros dropped).
+struct Decimal {
+  int64_t whole = 0;
+  std::string frac;
+};
+Decimal decimal_of(const std::string& text) {
+  std::string digits;
+  long point = -1, exp = 0;
+  size_t i = text[0] == '-' ? 1 : 0;
+  for (; i < text.size() && text[i] != 'e' && text[i] != 'E'; ++i)
+    if (text[i] == '.') point = static_cast<long>(digits.size());
+    else digits.push_back(text[i]);
+  if (i < text.size()) exp = std::stol(text.substr(i + 1));
+  if (point < 0) point = static_cast<long>(digits.size());
+  point += exp;
+  if (point < 0) digits.insert(0, static_cast<size_t>(-point), '0'), point = 0;
+  if (point > static_cast<long>(digits.size())) digits.append(static_cast<size_t>(point) - digits.size(), '0');
+  Decimal d;
+  std::string whole = digits.substr(0, static_cast<size_t>(point));
+  whole.erase(0, std::min(whole.find_first_not_of('0'), whole.size()));
+  d.whole = whole.size() > 7 ? kFracMax + 1 : whole.empty() ? 0 : std::min<int64_t>(std::stoll(whole), kFracMax + 1);
+  d.frac = digits.substr(static_cast<size_t>(point));
+  while (!d.frac.empty() && d.frac.back() == '0') d.frac.pop_back();
+  return d;
+}
+
+// Non-negative numbers written with a point, I.F (I at most kFracMax, F 1 to kFracDigits digits
+// so that a double never rounds across a bound), within [lo, hi] (each optional: a magnitude
+// and whether it is inclusive).
+std::vector<Expr> fractions_between(std::optional<Decimal> lo, Side lo_side, std::optional<Decimal> hi, Side hi_side) {
+  std::vector<Expr> alts;
+  if (!lo) lo = Decimal{}, lo_side = Side::Incl;
+  const int64_t first = lo->whole, top = hi ? std::min(hi->whole, kFracMax) : kFracMax;
+  if (first > top) return alts;
+  const FracBound none{}, lower{lo->frac, lo_side};
+  const FracBound upper = hi && hi->whole <= kFracMax ? FracBound{hi->frac, hi_side} : none;
+  auto point = [&](Expr whole, const FracBound& l, const FracBound& h) {
+    if (auto f = fraction_digits(l, h, kFracDigits, false))
+      alts.push_back(Expr::seq({std::move(whole), Expr::literal("."), std::move(*f)}));
+  };
+  point(Expr::literal(std::to_string(first)), lower, first == top ? upper : none);
+  if (first + 1 <= top - 1) point(uint_range(first + 1, top - 1), none, none);
+  if (top > first) point(Expr::literal(std::to_string(top)), none, upper);
+  return alts;
 }
 
 }  // namespace
@@ -151,14 +240,17 @@ Expr SchemaCompiler::compile_number(const Json& s, bool integer, const std::stri
     alts.push_back(int_range(ilo, ihi));
   }
   if (!integer) {
-    // positive fractions I.F in (I, I+1): I >= lo and I + 1 <= hi
-    int64_t plo = std::max<int64_t>(0, b.lo ? clamp(std::ceil(*b.lo)) : 0);
-    int64_t phi = std::min<int64_t>(kFracMax, b.hi ? clamp(std::floor(*b.hi)) - 1 : kFracMax);
-    if (plo <= phi) alts.push_back(Expr::seq({uint_range(plo, phi), fraction_part()}));
-    // negative fractions -(I.F) in (-(I+1), -I): -(I+1) >= lo and -I <= hi
-    int64_t nlo = std::max<int64_t>(0, b.hi ? clamp(std::ceil(-*b.hi)) : 0);
-    int64_t nhi = std::min<int64_t>(kFracMax, b.lo ? clamp(std::floor(-*b.lo)) - 1 : kFracMax);
-    if (nlo <= nhi) alts.push_back(Expr::seq({Expr::literal("-"), uint_range(nlo, nhi), fraction_part()}));
+    // Numbers with a point: x >= 0 as written, and x <= 0 as "-" and -x in [-hi, -lo].
+    Side lo_side = b.lo_excl ? Side::Excl : Side::Incl, hi_side = b.hi_excl ? Side::Excl : Side::Incl;
+    auto mag = [](const std::string& text) { return std::optional<Decimal>(decimal_of(text)); };
+    if (!b.hi || *b.hi >= 0)
+      for (Expr& e : fractions_between(b.lo && *b.lo >= 0 ? mag(b.lo_text) : std::nullopt, lo_side,
+                                       b.hi ? mag(b.hi_text) : std::nullopt, hi_side))
+        alts.push_back(std::move(e));
+    if (!b.lo || *b.lo < 0)
+      for (Expr& e : fractions_between(b.hi && *b.hi <= 0 ? mag(b.hi_text) : std::nullopt, hi_side,
+                                       b.lo ? mag(b.lo_text) : std::nullopt, lo_side))
+        alts.push_back(Expr::seq({Expr::literal("-"), std::move(e)}));
   }
   if (alts.empty()) refuse(b.lo ? "minimum" : "maximum", path, "no number satisfies the bounds");
   return as_rule("num", Expr::alt(std::move(alts)));

@@ -85,12 +85,12 @@ static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names)
   return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
 }
 
-// Extra keys: one per pattern whose language cannot hit a declared name; or, with
-// additionalProperties, key-character strings outside the declared names.
-static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const Json& pn,
+// Extra keys: one per pattern whose language cannot hit a declared name; or, where other keys
+// are allowed (`other`: additionalProperties, or true where it is absent and objects are open),
+// key-character strings outside the declared names.
+static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const Json& pn, const Json* other,
                                        const std::vector<std::string>& names, const std::string& path) {
   const Json pp = s.value("patternProperties", Json::object());
-  const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
   auto sp = SchemaCompiler::sp;
   std::vector<Expr> extra_alts;
   Json all_pp = true;
@@ -105,8 +105,8 @@ static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const J
                                         c.as_rule("pval", c.compile(all_pp, path + "/patternProperties"))}));
     }
   }
-  if (has_ap && pp.empty()) {
-    Expr value = c.as_rule("extra", c.compile(s["additionalProperties"], path + "/additionalProperties"));
+  if (other && pp.empty() && pn != Json(false)) {  // (propertyNames false: no key at all)
+    Expr value = c.as_rule("extra", c.compile(*other, path + "/additionalProperties"));
     if (pn == Json(true)) {
       extra_alts.push_back(Expr::seq({key_not_in(c, names), Expr::literal(":"), sp(), value}));
     } else if (pn.is_object() && (pn.contains("enum") || pn.contains("const"))) {
@@ -114,7 +114,7 @@ static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const J
       std::vector<Expr> keys;
       for (const Json& v : vals)
         if (v.is_string() && std::find(names.begin(), names.end(), v.get<std::string>()) == names.end() &&
-            value_satisfies(v, pn))
+            value_satisfies(v, without(pn, {"enum", "const"})))
           keys.push_back(Expr::literal(v.dump()));
       if (!keys.empty()) extra_alts.push_back(Expr::seq({Expr::alt(std::move(keys)), Expr::literal(":"), sp(), value}));
     } else if (names.empty()) {
@@ -175,6 +175,12 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
   const Json ap = has_ap ? s["additionalProperties"] : Json(false);
   const bool closed = s.contains("additionalProperties") && !has_ap;
+  // The schema of keys outside properties and patterns, when they may be written.
+  const bool declares_keys = has_any(s, {"properties", "required", "dependentRequired", "dependentSchemas"});
+  const bool open = objects_open(declares_keys) && !s.contains("additionalProperties") &&
+                    !s.contains("unevaluatedProperties") && pp.empty();
+  const Json other = has_ap ? ap : Json(true);
+  const Json* extra_schema = has_ap || open ? &other : nullptr;
   const Json pn = s.contains("propertyNames") ? flatten(norm(s["propertyNames"], path), path) : Json(true);
   static const Json kNoProperties = Json::object();
   const Json& declared = s.contains("properties") ? s["properties"] : kNoProperties;
@@ -219,6 +225,21 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
     if (v == Json(false)) refuse("unevaluatedProperties", path, "required '" + k + "' is not allowed");
     props.push_back({k, v, nullptr, true});
   }
+  // Names of dependentRequired that are not declared are never extra keys: where other keys are
+  // allowed they become optional properties (dependencies first, so a trigger may follow them).
+  for (auto& [key, deps] : dep_required.items()) {
+    std::vector<std::string> group;
+    for (const Json& d : deps) group.push_back(d.get<std::string>());
+    group.push_back(key);
+    for (const auto& k : group) {
+      if (std::find(names.begin(), names.end(), k) != names.end()) continue;
+      names.push_back(k);
+      bool matched = false;
+      for (auto& [p, ps] : pp.items()) matched |= may_match(k, p);
+      Json v = matched ? with_patterns(k, true) : extra_schema ? *extra_schema : Json(false);
+      if (v != Json(false) && (pn == Json(true) || value_satisfies(Json(k), pn))) props.push_back({k, v, nullptr, false});
+    }
+  }
   // dependentRequired on an optional property: its dependencies become required.
   // (A trigger whose dependency cannot be written is left out.)
   for (auto& [key, deps] : dep_required.items()) {
@@ -236,7 +257,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
       for (auto& q : props) q.required |= q.key == d.get<std::string>();
   }
 
-  std::vector<Expr> extra_alts = object_extras(*this, s, pn, names, path);
+  std::vector<Expr> extra_alts = object_extras(*this, s, pn, extra_schema, names, path);
 
   // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
   int n_req = 0;

@@ -23,8 +23,11 @@ struct Format {
   "(0[1-9]|1[0-9]|2[0-8])|" LEAP_YEAR "-02-29)"
 // RFC 3339 takes T and Z in either case (5.6, note).
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-#define LABEL "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
-#define HOST "(" LABEL "\\.){0,4}[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
+// RFC 1123 host names: labels of letters, digits and inner hyphens, either case, the name under
+// 253 characters: up to 3 labels of up to 63, or up to 6 of up to 40.
+#define LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+#define SHORT_LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]{0,38}[a-zA-Z0-9])?"
+#define HOST "((" LABEL "\\.){0,2}" LABEL "|(" SHORT_LABEL "\\.){3,5}" SHORT_LABEL ")"
 #define OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 #define IPV4 OCTET "\\." OCTET "\\." OCTET "\\." OCTET
 #define H16 "[0-9a-fA-F]{1,4}"
@@ -57,7 +60,9 @@ const std::map<std::string, Format>& formats() {
       {"time", {TIME, 9, 21}},
       {"date-time", {DATE "[Tt]" TIME, 20, 32}},
       {"duration", {DURATION, 3, 32}},
-      {"email", {"[a-z0-9_+~-]{1,20}(\\.[a-z0-9_+~-]{1,20}){0,2}@(" HOST "|\\[" IPV4 "\\]|\\[IPv6:" IPV6 "\\])", 3, -1}},
+      {"email", {"([a-zA-Z0-9_+~-]{1,20}(\\.[a-zA-Z0-9_+~-]{1,20}){0,2}|\"[ !#-\\[\\]-~]{1,40}\")@(" HOST "|\\[" IPV4
+                 "\\]|\\[IPv6:" IPV6 "\\])",
+                 3, -1}},
       {"hostname", {HOST, 1, -1}},
       {"ipv4", {IPV4, 7, 15}},
       {"ipv6", {IPV6, 2, 45}},

@@ -543,6 +543,7 @@ void OpenAIServer::load() {
   ctx_.max_model_len = max_model_len;
   ctx_.allow_fault_injection = opts_.api.enable_fault_injection;
   ctx_.schema_best_effort = opts_.api.structured_output_best_effort;
+  ctx_.schema_undeclared_keys = opts_.api.undeclared_keys;
   describe(max_model_len, kv_tokens);
 }
 

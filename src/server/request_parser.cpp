@@ -409,6 +409,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Request
     if (!ctx.grammars) bad(so->field, "structured output needs the model's tokenizer (server runs with --skip-tokenizer-init)", "");
     try {
       so->spec.best_effort = ctx.schema_best_effort;
+      so->spec.undeclared_keys = so->disable_additional_properties ? grammar::UndeclaredKeys::None : ctx.schema_undeclared_keys;
       out.common.params.grammar = ctx.grammars->compile(so->spec, &out.grammar_warnings);
     } catch (const std::exception& e) {
       bad(so->field, std::string("structured output: ") + e.what());

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "grammar/json_schema.h"
 #include "server/protocol.h"
 
 namespace fathom::tok {
@@ -43,6 +44,7 @@ struct RequestContext {
   bool auto_tool_choice = false;                // --enable-auto-tool-choice (with a --tool-call-parser)
   grammar::GrammarCompiler* grammars = nullptr; // structured output (null: no tokenizer)
   bool schema_best_effort = false;              // --structured-output-best-effort
+  grammar::UndeclaredKeys schema_undeclared_keys = grammar::UndeclaredKeys::FreeForm;  // --structured-output-undeclared-keys
 };
 
 struct ParsedRequest {

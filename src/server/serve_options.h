@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/json_schema.h"
 #include "model/model_runner.h"
 #include "runtime/engine.h"
 #include "server/http_server.h"
@@ -27,6 +28,9 @@ struct ApiOptions {
   // JSON Schema keywords a grammar cannot enforce are left unenforced (an
   // X-Fathom-Structured-Output-Warning header names them) instead of a 400.
   bool structured_output_best_effort = false;
+  // The keys JSON Schema objects without additionalProperties may take beyond the declared
+  // (--structured-output-undeclared-keys; vLLM's disable_additional_properties is None).
+  grammar::UndeclaredKeys undeclared_keys = grammar::UndeclaredKeys::FreeForm;
   bool enable_fault_injection = false;  // tests: the "fathom_fault" request field
   // /v1/responses: how many responses previous_response_id can continue (the most recent; 0: none).
   int64_t responses_store_size = 1024;

@@ -96,7 +96,9 @@ std::optional<GrammarSpec> from_key(const std::string& key, const json& v, const
 }  // namespace
 
 std::optional<StructuredOutputRequest> structured_output_request(const json& body) {
+  static constexpr const char* kClosedField = "structured_outputs.disable_additional_properties";
   std::vector<StructuredOutputRequest> found;
+  std::optional<bool> closed;
   auto add = [&](std::optional<GrammarSpec> s, const std::string& field) {
     if (s) found.push_back({std::move(*s), field});
   };
@@ -105,7 +107,13 @@ std::optional<StructuredOutputRequest> structured_output_request(const json& bod
   if (auto it = body.find("structured_outputs"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
     for (const auto& [k, v] : it->items())
-      if (!v.is_null()) add(from_key(k, v, "structured_outputs." + k), "structured_outputs");
+      if (!v.is_null() && k != "disable_additional_properties")
+        add(from_key(k, v, "structured_outputs." + k), "structured_outputs");
+    // vLLM's per-request switch: objects without additionalProperties take only declared keys.
+    if (auto d = it->find("disable_additional_properties"); d != it->end() && !d->is_null()) {
+      if (!d->is_boolean()) bad(kClosedField, std::string("'") + kClosedField + "' must be a boolean");
+      closed = d->get<bool>();
+    }
   }
   for (const char* key : {"json", "regex", "choice", "grammar"}) {
     const std::string field = std::string("guided_") + key;
@@ -114,7 +122,10 @@ std::optional<StructuredOutputRequest> structured_output_request(const json& bod
   if (found.size() > 1)
     bad(found[1].field, "only one structured-output constraint a request (got " + found[0].field + " and " +
                             found[1].field + ")");
+  if (closed && (found.empty() || found.front().spec.kind != GrammarKind::JsonSchema))
+    bad(kClosedField, std::string("'") + kClosedField + "' applies to a JSON schema only");
   if (found.empty()) return std::nullopt;
+  found.front().disable_additional_properties = closed.value_or(false);
   return found.front();
 }
 

@@ -13,6 +13,8 @@ namespace fathom::server {
 struct StructuredOutputRequest {
   grammar::GrammarSpec spec;
   std::string field;  // the request field it came from (named by errors)
+  // structured_outputs.disable_additional_properties (vLLM): no undeclared keys in any object.
+  bool disable_additional_properties = false;
 };
 
 // The constraint in `body`, or nullopt when there is none ("response_format": {"type": "text"}).

@@ -1,5 +1,9 @@
 // JSON Schema front-end: accepted instances, rejected ones, and errors naming what is unsupported.
+#include <cstdio>
+#include <cstdlib>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "grammar/json_schema.h"
@@ -113,6 +117,33 @@ TEST(GrammarJsonSchema, NumericBounds) {
   EXPECT_FALSE(full_match(n, "0") || full_match(n, "3.5") || full_match(n, "-1") || full_match(n, "1e2"));
   auto m = grammar_from_json_schema(R"({"type":"integer","multipleOf":7})");
   for (int v = -50; v < 100; ++v) EXPECT_EQ(full_match(m, std::to_string(v)), v % 7 == 0) << v;
+  // Decimal bounds, exactly: every number with up to 3 fraction digits in [-4, 4] is accepted iff
+  // its double passes the bounds (as Python jsonschema compares), e.g. 1.1 at minimum 1.1, 3.0
+  // at maximum 3, -0.5 above exclusiveMinimum -0.55.
+  for (const char* schema : {R"({"type":"number","minimum":1.1,"maximum":3})",
+                             R"({"type":"number","exclusiveMinimum":-0.55,"exclusiveMaximum":2.125})",
+                             R"({"type":"number","minimum":-2.75,"exclusiveMaximum":-1.5})",
+                             R"({"type":"number","exclusiveMinimum":0,"maximum":1.05e-1})",
+                             R"({"type":"number","minimum":-1.25})"}) {
+    auto b = CompiledGrammar::compile(grammar_from_json_schema(schema), testing::byte_vocab());
+    auto doc = nlohmann::json::parse(schema);
+    for (int v = -4000; v <= 4000; ++v)
+      for (int digits = 0; digits <= 3; ++digits) {
+        if (digits < 3 && v % (digits == 0 ? 1000 : digits == 1 ? 100 : 10) != 0) continue;
+        char text[32];
+        std::snprintf(text, sizeof text, "%s%d.%0*d", v < 0 ? "-" : "", std::abs(v) / 1000, 3, std::abs(v) % 1000);
+        std::string t(text);
+        t.resize(t.size() - (3 - digits) - (digits == 0 ? 1 : 0));  // x, x.y, x.yz, x.yzw
+        if (t == "-0" || t == "-0.0" || t == "-0.00" || t == "-0.000") continue;  // signed zero: a subset
+        double x = std::strtod(t.c_str(), nullptr);
+        bool valid = (!doc.contains("minimum") || x >= doc["minimum"].get<double>()) &&
+                     (!doc.contains("maximum") || x <= doc["maximum"].get<double>()) &&
+                     (!doc.contains("exclusiveMinimum") || x > doc["exclusiveMinimum"].get<double>()) &&
+                     (!doc.contains("exclusiveMaximum") || x < doc["exclusiveMaximum"].get<double>());
+        Matcher m(b);
+        ASSERT_EQ(m.accept_bytes(t) && m.is_accepting(), valid) << schema << " " << t;
+      }
+  }
   auto d4 = grammar_from_json_schema(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})");  // draft-04
   EXPECT_FALSE(full_match(d4, "5"));
   EXPECT_TRUE(full_match(d4, "6"));
@@ -178,6 +209,46 @@ TEST(GrammarJsonSchema, ObjectKeywords) {
   EXPECT_TRUE(full_match(cond, R"({"t":"a","v":1})"));
   EXPECT_FALSE(full_match(cond, R"({"t":"a","v":"s"})"));
   EXPECT_FALSE(full_match(cond, R"({"t":"a"})"));
+}
+
+// Objects without additionalProperties: by default those that declare no key take any keys
+// ({"type":"object"} is any object, not only {}) and those that declare some take only those
+// (XGrammar's strict mode); UndeclaredKeys::Any allows other keys everywhere (JSON Schema's rule)
+// after the declared ones, None nowhere. Where a proof of exclusivity reasons about keys (oneOf
+// branches, else branches, not) objects stay closed, so a branch never writes a key another
+// branch requires.
+TEST(GrammarJsonSchema, UndeclaredKeys) {
+  const char* schema = R"({"type":"object","properties":{"meta":{"type":"object"}},"required":["meta"]})";
+  SchemaOptions any, none;
+  any.undeclared_keys = UndeclaredKeys::Any;
+  none.undeclared_keys = UndeclaredKeys::None;
+  auto g = grammar_from_json_schema(schema);
+  EXPECT_TRUE(full_match(g, R"({"meta":{"a":[1,{"b":null}],"c":"d"}})"));
+  EXPECT_FALSE(full_match(g, R"({"meta":{}, "note":"x"})"));
+  auto open = grammar_from_json_schema(schema, any);
+  EXPECT_TRUE(full_match(open, R"({"meta":{}, "note":"x", "n":2})"));
+  EXPECT_FALSE(full_match(open, R"({"note":"x"})"));            // required still required
+  EXPECT_FALSE(full_match(open, R"({"meta":{},"meta":{}})"));   // never a declared name again
+  auto closed = grammar_from_json_schema(schema, none);
+  EXPECT_TRUE(full_match(closed, R"({"meta":{}})"));
+  EXPECT_FALSE(full_match(closed, R"({"meta":{"a":1}})"));
+  // oneOf told apart by required keys: a branch's output never carries the other's key.
+  auto one = grammar_from_json_schema(R"({"oneOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+      {"type":"object","properties":{"b":{"type":"integer"}},"required":["b"]}]})", any);
+  EXPECT_TRUE(full_match(one, R"({"a":1})"));
+  EXPECT_TRUE(full_match(one, R"({"b":1})"));
+  EXPECT_FALSE(full_match(one, R"({"a":1, "b":2})"));
+  EXPECT_FALSE(full_match(one, R"({"a":1, "c":2})"));  // closed inside oneOf (a subset)
+  // dependentRequired: an undeclared trigger is never a free extra key.
+  auto dep = grammar_from_json_schema(R"({"type":"object","dependentRequired":{"bar":["foo"]}})", any);
+  EXPECT_TRUE(full_match(dep, R"({"foo":1, "bar":2})"));
+  EXPECT_FALSE(full_match(dep, R"({"bar":2})"));
+  EXPECT_FALSE(full_match(dep, R"({"baz":1, "bar":2})"));
+  // propertyNames constrains the undeclared keys; false allows none.
+  auto names = grammar_from_json_schema(R"({"type":"object","propertyNames":{"maxLength":3}})");
+  EXPECT_TRUE(full_match(names, R"({"abc":1})"));
+  EXPECT_FALSE(full_match(names, R"({"abcd":1})"));
+  EXPECT_TRUE(full_match(grammar_from_json_schema(R"({"type":"object","propertyNames":false})"), "{}"));
 }
 
 TEST(GrammarJsonSchema, ArraysAndOneOf) {

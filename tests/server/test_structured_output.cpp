@@ -28,6 +28,12 @@ TEST(StructuredOutput, FieldsGiveTheirGrammar) {
   EXPECT_EQ(structured_output_request(json::parse(R"({"guided_regex": "a+"})"))->spec.kind, GrammarKind::Regex);
   EXPECT_EQ(structured_output_request(json::parse(R"({"structured_outputs": {"grammar": "root ::= \"x\""}})"))->spec.kind,
             GrammarKind::Gbnf);
+  // vLLM's per-request disable_additional_properties reaches the schema compiler's option.
+  so = structured_output_request(json::parse(R"({"structured_outputs": {"json": {"type": "object"}, "disable_additional_properties": true}})"));
+  ASSERT_TRUE(so);
+  EXPECT_TRUE(so->disable_additional_properties);
+  so = structured_output_request(json::parse(R"({"structured_outputs": {"json": {"type": "object"}}})"));
+  EXPECT_FALSE(so->disable_additional_properties);
 }
 
 TEST(StructuredOutput, MalformedAndConflictingFieldsAreNamed) {
@@ -46,6 +52,10 @@ TEST(StructuredOutput, MalformedAndConflictingFieldsAreNamed) {
   EXPECT_EQ(param_of(R"({"structured_outputs": {"yaml": "x"}})"), "structured_outputs.yaml");
   EXPECT_EQ(param_of(R"({"guided_choice": []})"), "guided_choice");
   EXPECT_EQ(param_of(R"({"guided_regex": "a", "response_format": {"type": "json_object"}})"), "guided_regex");
+  EXPECT_EQ(param_of(R"({"structured_outputs": {"regex": "a", "disable_additional_properties": true}})"),
+            "structured_outputs.disable_additional_properties");  // a regex has no objects
+  EXPECT_EQ(param_of(R"({"structured_outputs": {"json": {}, "disable_additional_properties": 1}})"),
+            "structured_outputs.disable_additional_properties");
 }
 
 TEST(StructuredOutput, RequiredCallsAreReadAsWritten) {

@@ -4,7 +4,8 @@
 //   sample <schema file> <n> <seed>    -> n lines "<0|1 complete> <hex of the output>" | "refused ..."
 //                                         (seeded uniform random "model" over the allowed tokens)
 //   recognize <schema file> <hex text> -> "1" (the grammar accepts the text) | "0" | "refused ..."
-//   schema_check [--tokenizer FILE] [--best-effort]   (--tokenizer: for sample)
+//   schema_check [--tokenizer FILE] [--best-effort] [--undeclared-keys free-form|any|none]
+//   (--tokenizer: for sample)
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -54,6 +55,10 @@ int main(int argc, char** argv) {
     std::string k = argv[i];
     if (k == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
     else if (k == "--best-effort") opts.best_effort = true;
+    else if (k == "--undeclared-keys" && i + 1 < argc) {
+      std::string v = argv[++i];
+      opts.undeclared_keys = v == "any" ? UndeclaredKeys::Any : v == "none" ? UndeclaredKeys::None : UndeclaredKeys::FreeForm;
+    }
     else {
       std::cerr << "unknown flag " << k << "\n";
       return 2;
