@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -23,11 +23,12 @@ wait_healthy() {
   return 1
 }
 # Starts `fathom serve` on the 397B-shape dummy model (28 layers) with extra flags $3..., on
-# port $1, logging to $OUT/$2.log; sets SRV. Fails when it does not come up.
+# port $1, logging to $OUT/$2.log (context MAX_MODEL_LEN, default 2048); sets SRV. Fails when it
+# does not come up.
 start_server() {
   local port=$1 name=$2; shift 2
   "$BIN/fathom" serve configs/qwen3.5-397b-a17b.json --device cuda --load-format dummy --num-layers 28 \
-    --skip-tokenizer-init --max-model-len 2048 --port "$port" "$@" > "$OUT/$name.log" 2>&1 &
+    --skip-tokenizer-init --max-model-len "${MAX_MODEL_LEN:-2048}" --port "$port" "$@" > "$OUT/$name.log" 2>&1 &
   SRV=$!
   wait_healthy "$port" $SRV || { tail -5 "$OUT/$name.log"; return 1; }
 }
@@ -210,6 +211,17 @@ for what in "${@:-all}"; do
         bench_serve 18620 "bench_serve_$p" --input-len 512 --concurrency 64 --num-prompts 256 \
           | sed "s/^/$p: /" | tee -a "$OUT/wgmma_serve.log"
         stop_server "serve_$p"
+      done ;;
+    ttft)
+      # Issue 33: time to first token at concurrency 16 with 4K-token prompts (64 requests, 64
+      # out): the default configuration against the wgmma expert GEMM pinned with 4K-token steps.
+      for cfg in "default:" "p4:--moe-runner-backend p4 --max-num-batched-tokens 4096"; do
+        name=${cfg%%:*}
+        MAX_MODEL_LEN=8192 start_server 18630 "ttft_$name" --max-num-seqs 16 ${cfg#*:} || continue
+        timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18630 --input-len 4096 --output-len 64 \
+          --concurrency 16 --num-prompts 64 --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/ttft_bench_$name.log" \
+          | grep -E "TTFT|TPOT|throughput|Failed" | sed "s/^/$name: /" | tee -a "$OUT/ttft.log"
+        stop_server "ttft_$name"
       done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
