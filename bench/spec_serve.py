@@ -12,7 +12,9 @@ the outputs that differ and the passes of one mode that differ from its first. T
 the fused rounds come from the server's /metrics.
 
 Modes: plain; mtp1 (one draft a round, fused rounds on greedy steps); mtp1-unfused (the same with
-FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp2, mtp3.
+FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp1-limit2 (mtp1 with
+--speculative-disable-by-batch-size 2: overlapped plain steps from two decoding sequences on);
+mtp2, mtp3.
 
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
                      [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]
@@ -38,6 +40,9 @@ MODES = {
     "mtp1": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"], {}),
     "mtp1-unfused": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"],
                      {"FATHOM_FUSED_MTP": "0"}),
+    # One draft a round below 2 decoding sequences; from 2 on, overlapped plain steps.
+    "mtp1-limit2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
+                     "--speculative-disable-by-batch-size", "2"], {}),
     "mtp2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "2", "--no-speculative-adaptive"], {}),
     "mtp3": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "3", "--no-speculative-adaptive"], {}),
 }

@@ -44,8 +44,7 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
       eos_(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end()),
       device_sampling_(cfg.device_sampling && runner_->samples_on_device()),
       sampling_rows_(runner_->config().vocab_size) {
-  overlap_ = device_sampling_ && cfg.overlap_schedule && runner_->supports_pending_tokens() &&
-             cfg.spec.algorithm == SpecAlgorithm::None;
+  overlap_ = device_sampling_ && cfg.overlap_schedule && runner_->supports_pending_tokens();
   FATHOM_CHECK(cfg.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive");
   if (cfg.spec.algorithm != SpecAlgorithm::None)
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec,
@@ -193,7 +192,7 @@ void Engine::propose_drafts() {
   std::vector<Request*> who, fused;
   for (auto& [r, up] : live_) {
     r->drafts.clear();
-    if (r->status != RequestStatus::Running || !r->seq || r->num_output() == 0 ||
+    if (r->status != RequestStatus::Running || !r->seq || r->spec_off || r->num_output() == 0 ||
         r->num_computed != int64_t(r->tokens.size()) - 1)
       continue;
     const int64_t room = std::min<int64_t>(r->spec.params.max_tokens - r->num_output() - 1,
@@ -248,19 +247,41 @@ void Engine::start_sequence(Request& r) {
   observe_queue(r);
 }
 
+// A preempted request's engine sequence goes (it starts afresh, drafting again).
+void Engine::forget_sequence(Request& r) {
+  if (r.seq && spec_) spec_->release(r.seq);
+  if (r.seq) runner_->remove_sequence(r.seq);
+  r.seq = 0;
+  r.next_draft = -1;
+  r.spec_off = false;
+}
+
+// Speculative when some sequence may still draft (or a new one arrives: its prefill must feed
+// the MTP layer) and fewer than disable_by_batch_size sequences are running.
+bool Engine::speculative_step() const {
+  if (!spec_) return false;
+  const int limit = spec_->options().disable_by_batch_size;
+  int running = 0;
+  bool may_draft = false;
+  for (const auto& [r, up] : live_) {
+    running += r->status == RequestStatus::Running;
+    may_draft = may_draft || (!r->spec_off && !(r->seq && spec_->retired(r->seq)));
+  }
+  return may_draft && (limit <= 0 || running < limit);
+}
+
 bool Engine::step() {
   drain_inbox();
-  if (overlap_) return step_overlapped();
+  if (overlap_ && !speculative_step()) return step_overlapped();
+  if (overlap_ && inflight_.active) {  // back from overlapped steps: drafts need the tokens
+    finish_overlapped(inflight_);
+    return true;
+  }
   if (!sched_.has_work()) return false;
   if (spec_) propose_drafts();
   take_snapshots();
   SchedulerOutput plan = sched_.schedule();
-  for (Request* p : plan.preempted) {
-    if (p->seq && spec_) spec_->release(p->seq);
-    if (p->seq) runner_->remove_sequence(p->seq);
-    p->seq = 0;
-    p->next_draft = -1;
-  }
+  for (Request* p : plan.preempted) forget_sequence(*p);
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.preemptions += plan.preempted.size();

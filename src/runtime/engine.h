@@ -51,7 +51,9 @@ struct EngineConfig {
   // come back); false: copy every logits row to the host and sample there.
   bool device_sampling = true;
   // With device sampling: plan and launch the next step while the device runs this one
-  // (SGLang's overlap scheduler; off: --disable-overlap-schedule). Not with speculative decoding.
+  // (SGLang's overlap scheduler; off: --disable-overlap-schedule). With speculative decoding,
+  // for the steps in which nobody drafts (every sequence retired, or disable_by_batch_size
+  // reached): a sequence that runs such a step drafts no more (Request::spec_off).
   bool overlap_schedule = true;
   // Prefix caching (runtime/prefix_cache.h), where the runner can snapshot sequences: snapshots
   // of prompts where a prefill chunk ends on a block boundary (and every `prefix_cache_interval`
@@ -141,6 +143,10 @@ class Engine {
   bool step();  // one scheduled forward; false when idle
   void drain_inbox();
   void propose_drafts();
+  // With speculative decoding and overlap: whether this step is a speculative one (planned after
+  // the previous step's tokens are read), else an overlapped plain one.
+  bool speculative_step() const;
+  void forget_sequence(Request& r);  // a preempted request's sequence
   // Fused greedy MTP rounds (engine_mtp_round.cpp): a step whose sequences are all plain greedy
   // decodes with their MTP layer caught up runs the verify and the next draft in one launch
   // (ModelRunner::forward_verify_draft), with no draft step of its own.

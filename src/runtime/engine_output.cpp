@@ -216,7 +216,7 @@ void Engine::record_round(Request& r, int drafted, int accepted) {
 // and keeps the engine's count of consumed tokens equal to the runner's.
 void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                           Clock::time_point now) {
-  const bool need_hidden = spec_ && spec_->needs_hidden();
+  const bool need_hidden = spec_ && spec_->needs_hidden() && !r.spec_off;
   const int64_t H = runner_->config().hidden_size;
   const SequenceId seq = r.seq;
   const int64_t n = int64_t(step.tokens.size());

@@ -34,10 +34,7 @@ bool Engine::step_overlapped() {
   if (sched_.has_work() && (!inflight_.active || !penalties_running())) {
     take_snapshots();
     plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);
-    for (Request* p : plan.preempted) {
-      if (p->seq) runner_->remove_sequence(p->seq);
-      p->seq = 0;
-    }
+    for (Request* p : plan.preempted) forget_sequence(*p);
     {
       std::lock_guard<std::mutex> l(metrics_mu_);
       metrics_.preemptions += plan.preempted.size();
@@ -67,6 +64,12 @@ Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan, bool
   for (const ScheduledChunk& c : plan.chunks) {
     Request& r = *c.req;
     start_sequence(r);
+    if (spec_ && !r.spec_off) {  // no hidden states in this step: the MTP layer falls behind for good
+      spec_->release(r.seq);
+      r.spec_off = true;
+      r.next_draft = -1;
+      r.drafts.clear();
+    }
     steps.push_back(ForwardStep{r.seq, std::span<const int32_t>(r.tokens.data() + r.num_computed, size_t(c.num_tokens))});
   }
   add_sampling_rows(plan.chunks, steps, defer_masks);

@@ -140,6 +140,10 @@ struct Request {
   // Fused MTP rounds (engine_mtp_round.cpp): the draft the last round's MTP row made for the
   // pending token's successor (-1: none; the next round then drafts through the speculator).
   int32_t next_draft = -1;
+  // Ran a step without speculation's bookkeeping (an overlapped plain step: no hidden states for
+  // the MTP layer, which is behind from then on): it never drafts again, nor is it snapshotted
+  // with MTP (until a preemption starts it afresh).
+  bool spec_off = false;
   SequenceId seq = 0;                // engine sequence, 0 when none
   RequestStatus status = RequestStatus::Waiting;
   int num_preemptions = 0;

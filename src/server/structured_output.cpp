@@ -211,9 +211,10 @@ std::optional<std::vector<ForcedCall>> split_forced_calls(std::string_view s, bo
 }
 
 StructuredOutputRequest forced_tool_call_request(const json& tools, const std::string& named, bool parallel) {
+  // A function without parameters takes none: {} (an empty "properties" closes the object).
   auto parameters = [](const json& fn) {
     const auto p = fn.find("parameters");
-    return p != fn.end() && p->is_object() ? *p : json{{"type", "object"}};
+    return p != fn.end() && p->is_object() ? *p : json{{"type", "object"}, {"properties", json::object()}};
   };
   json alternatives = json::array();
   for (const json& t : tools) {

@@ -335,6 +335,20 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
                   spec_algorithm_name(c.algorithm), k, testing::metric(m, "fathom:spec_decode_draft_acceptance_rate"),
                   testing::metric(m, "fathom:spec_decode_mean_accepted_length"));
     }
+    // At disable_by_batch_size the steps run overlapped without drafts (a sequence that runs one
+    // drafts no more); below it, speculative steps again, and arrivals draft: the first three
+    // jobs draft until the fourth arrives, the fifth after the fourth (one token) has ended.
+    // Still the plain engine's outputs.
+    cfg.spec.num_steps = 1;
+    cfg.spec.adaptive = true;
+    cfg.spec.disable_by_batch_size = 4;
+    std::string m;
+    const auto limited = testing::run_engine(open(), cfg, jobs, &m);
+    for (size_t i = 0; i < jobs.size(); ++i)
+      EXPECT_EQ(limited[i].ids, plain[i].ids) << c.fixture << " disable_by_batch_size 4, job " << i;
+    std::printf("  engine %s %s K=1, disable_by_batch_size 4: %.0f drafts\n", c.fixture,
+                spec_algorithm_name(c.algorithm), testing::metric(m, "fathom:spec_decode_num_draft_tokens_total"));
+    cfg.spec.disable_by_batch_size = 0;
   }
 }
 

@@ -96,7 +96,7 @@ TEST(StructuredOutput, ForcedToolCallSchemas) {
   const json tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
                                      {"type": "function", "function": {"name": "g"}}])");
   const json one = json::parse(forced_tool_call_request(tools, "g").spec.text);
-  EXPECT_EQ(one, json::parse(R"({"type": "object"})"));
+  EXPECT_EQ(one, json::parse(R"({"type": "object", "properties": {}})"));  // no parameters: {} only
   const json list = json::parse(forced_tool_call_request(tools, "", /*parallel=*/false).spec.text);
   EXPECT_EQ(list["maxItems"], 1);
   EXPECT_EQ(list["items"]["anyOf"].size(), 2u);

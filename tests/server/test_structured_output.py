@@ -4,7 +4,9 @@ valid JSON that Python's `jsonschema` validates against the schema; the other fo
 regex, choice, GBNF grammar) hold; the official `openai` client's `chat.completions.parse` with
 a pydantic model parses what comes back; concurrent requests each keep their own grammar;
 tool_choice "required" and a named function give calls whose arguments validate (streamed as
-non-streamed); a server drafting with n-grams keeps every output valid; unsupported schema
+non-streamed); objects without additionalProperties take undeclared keys as the mode says (free-form
+by default, vLLM's disable_additional_properties, --structured-output-undeclared-keys any); a
+server drafting with n-grams keeps every output valid; unsupported schema
 keywords, conflicting constraints and hostile nesting get a 400 naming them.
 
 Run by ctest as: python3 test_structured_output.py --fathom BIN --fixtures FIXTURES_DIR
@@ -199,6 +201,40 @@ def main():
                 assert ok.status_code == 200 and "X-Fathom-Structured-Output-Warning" not in ok.headers, ok.headers
             finally:
                 best.stop()
+        _()
+
+        @check("undeclared keys: free-form objects take any, declared ones only theirs; "
+               "disable_additional_properties and --structured-output-undeclared-keys any")
+        def _():
+            # (The random model rarely ends a free key: a key begun is the evidence it is allowed.)
+            declared = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+            free = {"type": "object", "properties": {"m": {"type": "object"}}, "required": ["m"]}
+            extra_key = re.compile(r'^\{"a": ?-?[0-9]+, ?"')
+            free_keys = 0
+            for seed in range(20):
+                s, r = complete({"guided_json": declared, "seed": seed, "temperature": 1.0, "max_tokens": 60})
+                assert s == 200 and not extra_key.match(r["choices"][0]["text"]), r
+                if r["choices"][0]["finish_reason"] == "stop":
+                    assert list(json.loads(r["choices"][0]["text"])) == ["a"], r
+                s, r = complete({"guided_json": free, "seed": seed, "temperature": 1.0, "max_tokens": 60})
+                free_keys += r["choices"][0]["text"].startswith('{"m":{"') or r["choices"][0]["text"].startswith('{"m": {"')
+                s, r = complete({"structured_outputs": {"json": {"type": "object"}, "disable_additional_properties": True},
+                                 "seed": seed, "temperature": 1.0, "max_tokens": 20})
+                assert s == 200 and r["choices"][0]["text"] == "{}", r
+            assert free_keys > 0, "no free-form object got a key"
+            anyk = Server(args.fathom, model, "--structured-output-undeclared-keys", "any")
+            try:
+                extra = 0
+                for seed in range(20):
+                    r = requests.post(anyk.url + "/v1/completions", timeout=120, json={
+                        "model": name, "prompt": "Answer:", "guided_json": declared, "seed": seed, "temperature": 1.0,
+                        "max_tokens": 60}).json()
+                    extra += bool(extra_key.match(r["choices"][0]["text"]))
+                    if r["choices"][0]["finish_reason"] == "stop":
+                        jsonschema.validate(json.loads(r["choices"][0]["text"]), declared)
+                assert extra > 0, "no undeclared key with --structured-output-undeclared-keys any"
+            finally:
+                anyk.stop()
         _()
     finally:
         srv.stop()
