@@ -14,6 +14,7 @@ the fused rounds come from the server's /metrics.
 Modes: plain; mtp1 (one draft a round, fused rounds on greedy steps); mtp1-unfused (the same with
 FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp1-limit2 (mtp1 with
 --speculative-disable-by-batch-size 2: overlapped plain steps from two decoding sequences on);
+mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h);
 mtp2, mtp3.
 
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
@@ -43,6 +44,9 @@ MODES = {
     # One draft a round below 2 decoding sequences; from 2 on, overlapped plain steps.
     "mtp1-limit2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
                      "--speculative-disable-by-batch-size", "2"], {}),
+    # The same with the limit chosen from measured rates.
+    "mtp1-auto": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
+                   "--speculative-disable-by-batch-size", "auto"], {}),
     "mtp2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "2", "--no-speculative-adaptive"], {}),
     "mtp3": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "3", "--no-speculative-adaptive"], {}),
 }

@@ -6,6 +6,7 @@
 //  speculative decoding). The flags fill one server::ServeOptions, which derives every part's
 //  options (server/serve_options.h). The add_* functions run in the order of `serve --help`.
 #include <cstdlib>
+#include <map>
 #include <memory>
 
 #include "cli/cli_common.h"
@@ -132,7 +133,9 @@ CommandRegistrar reg([](CLI::App& app) {
   add_speculative_options(sub, a->speculative_algorithm, spec.num_steps, spec.ngram_min, spec.ngram_max, spec.adaptive);
   add_parallel_options(sub, a->parallel);
   sub->add_option("--speculative-disable-by-batch-size", spec.disable_by_batch_size,
-                  "No drafts in a step with at least this many decoding sequences (0: no limit)");
+                  "No drafts in a step with at least this many running sequences (0: no limit; auto: chosen from "
+                  "the token rates measured with and without drafts, on engines that overlap steps)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}));
   sub->callback([a] {
     if (a->api.api_key.empty())
       if (const char* k = std::getenv("FATHOM_API_KEY")) a->api.api_key = k;

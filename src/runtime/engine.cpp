@@ -260,7 +260,7 @@ void Engine::forget_sequence(Request& r) {
 // the MTP layer) and fewer than disable_by_batch_size sequences are running.
 bool Engine::speculative_step() const {
   if (!spec_) return false;
-  const int limit = spec_->options().disable_by_batch_size;
+  const int limit = auto_batch_limit() ? batch_limit_.limit() : spec_->options().disable_by_batch_size;
   int running = 0;
   bool may_draft = false;
   for (const auto& [r, up] : live_) {
@@ -278,6 +278,7 @@ bool Engine::step() {
     return true;
   }
   if (!sched_.has_work()) return false;
+  const auto step_start = Clock::now();
   if (spec_) propose_drafts();
   take_snapshots();
   SchedulerOutput plan = sched_.schedule();
@@ -287,13 +288,33 @@ bool Engine::step() {
     metrics_.preemptions += plan.preempted.size();
   }
   if (plan.chunks.empty()) return false;
+  bool decode_only = true, drafting = false;
   for (const ScheduledChunk& c : plan.chunks) {  // a budget-cut chunk verifies fewer drafts
     Request* r = c.req;
     const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
     r->drafts.resize(size_t(std::clamp<int64_t>(c.num_tokens - pending, 0, int64_t(r->drafts.size()))));
+    decode_only = decode_only && r->num_output() > 0 && pending == 1;
+    drafting = drafting || !r->drafts.empty();
   }
+  plain_timed_ = false;
+  uint64_t tokens_before = 0;
+  if (auto_batch_limit()) {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    tokens_before = metrics_.generation_tokens;
+  }
+  // (The step's time runs from its start: the draft step and the host's work are its cost.)
+  auto timed = [&] {
+    if (!auto_batch_limit() || !decode_only || !drafting) return;
+    uint64_t tokens = 0;
+    {
+      std::lock_guard<std::mutex> l(metrics_mu_);
+      tokens = metrics_.generation_tokens - tokens_before;
+    }
+    time_speculative_step(int(plan.chunks.size()), tokens, std::chrono::duration<double>(Clock::now() - step_start).count());
+  };
   if (fused_round_possible(plan)) {
     run_fused_round(plan);
+    timed();
     return true;
   }
 
@@ -344,7 +365,20 @@ bool Engine::step() {
     }
   }
   if (spec_) spec_->flush_long_backlogs();
+  timed();
   return true;
+}
+
+void Engine::time_speculative_step(int batch, uint64_t tokens, double secs) {
+  batch_limit_.record(/*speculative=*/true, batch, double(tokens), secs);
+}
+
+void Engine::time_plain_step(bool decode_only, int batch) {
+  const auto now = Clock::now();
+  if (plain_timed_ && decode_only && auto_batch_limit())
+    batch_limit_.record(/*speculative=*/false, batch, double(batch), std::chrono::duration<double>(now - last_plain_finish_).count());
+  last_plain_finish_ = now;
+  plain_timed_ = true;
 }
 
 void Engine::loop() {

@@ -24,6 +24,7 @@
 #include "runtime/request.h"
 #include "runtime/sampling_rows.h"
 #include "runtime/scheduler.h"
+#include "runtime/spec_batch_limit.h"
 #include "runtime/spec_sampling.h"
 #include "runtime/spec_stats.h"
 #include "runtime/speculator.h"
@@ -147,6 +148,12 @@ class Engine {
   // the previous step's tokens are read), else an overlapped plain one.
   bool speculative_step() const;
   void forget_sequence(Request& r);  // a preempted request's sequence
+  // The automatic batch limit's measurements (disable_by_batch_size -1): a speculative step of
+  // `batch` decodes with drafts that took `seconds` and emitted `tokens`; an overlapped plain one
+  // just finished (timed from the previous finish).
+  bool auto_batch_limit() const { return spec_ && overlap_ && spec_->options().disable_by_batch_size < 0; }
+  void time_speculative_step(int batch, uint64_t tokens, double seconds);
+  void time_plain_step(bool decode_only, int batch);
   // Fused greedy MTP rounds (engine_mtp_round.cpp): a step whose sequences are all plain greedy
   // decodes with their MTP layer caught up runs the verify and the next draft in one launch
   // (ModelRunner::forward_verify_draft), with no draft step of its own.
@@ -196,6 +203,7 @@ class Engine {
   struct InflightStep {
     bool active = false;
     bool masks_deferred = false;  // launched with placeholder masks, its sampler waiting for them
+    bool decode_only = false;     // every chunk a decode (its time measures a plain decode step)
     std::vector<InflightChunk> chunks;
   };
   bool step_overlapped();
@@ -254,6 +262,9 @@ class Engine {
   bool overlap_ = false;
   bool fused_rounds_ = false;  // MTP with one draft a round on a runner that fuses the round
   InflightStep inflight_;
+  SpecBatchLimit batch_limit_;                 // disable_by_batch_size -1
+  bool plain_timed_ = false;                   // last_plain_finish_ starts the next plain step's time
+  Clock::time_point last_plain_finish_{};
   std::unordered_multimap<uint64_t, Request*> by_group_;
 
   // Shared with client threads.

@@ -47,13 +47,19 @@ bool Engine::step_overlapped() {
   const bool defer = after_inflight && plan.num_tokens <= runner_->deferred_mask_tokens();
   if (!plan.chunks.empty() && (!after_inflight || defer)) next = launch_overlapped(plan, defer);
   bool worked = next.active || inflight_.active;
-  if (inflight_.active) finish_overlapped(inflight_);
+  if (inflight_.active) {
+    const bool decode_only = inflight_.decode_only;
+    const int batch = int(inflight_.chunks.size());
+    finish_overlapped(inflight_);
+    time_plain_step(decode_only, batch);
+  }
   if (after_inflight && !defer) {  // N's requests may have ended: only live ones run
     std::erase_if(plan.chunks, [&](const ScheduledChunk& c) { return !live_.count(c.req); });
     if (!plan.chunks.empty()) next = launch_overlapped(plan, false);
     worked = worked || next.active;
   }
   if (next.active && next.masks_deferred) supply_deferred_masks(next);
+  plain_timed_ = plain_timed_ && next.active;  // an idle gap is no step's time
   inflight_ = std::move(next);
   return worked;
 }
@@ -80,10 +86,12 @@ Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan, bool
     return in;
   in.active = true;
   in.masks_deferred = defer_masks;
+  in.decode_only = true;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Request* r = plan.chunks[i].req;
     r->num_computed += plan.chunks[i].num_tokens;
     int64_t out_pos = -1;  // a prefill chunk before the prompt's end samples nothing
+    in.decode_only = in.decode_only && plan.chunks[i].num_tokens == 1 && r->num_output() > 0;
     if (r->num_computed == int64_t(r->tokens.size())) {
       out_pos = int64_t(r->tokens.size());
       if (!decodes_certainly_end(*r, out_pos)) r->tokens.push_back(kPendingToken);

@@ -29,9 +29,9 @@ struct SpecOptions {
   int num_steps = 3;  // K: drafts per round (SGLang --speculative-num-steps; chain, topk 1)
   int ngram_min = 1, ngram_max = 12;  // n-gram match window (SGLang defaults 1..12)
   bool adaptive = true;               // per-sequence draft length and back-off (spec_policy.h)
-  // Serving: no drafts in a step with at least this many decoding sequences (0: no limit). At
-  // large batches a verify step costs nearly (K+1) decode steps (vLLM's
-  // --speculative-disable-by-batch-size).
+  // Serving: no drafts in a step with at least this many decoding sequences (0: no limit; -1:
+  // chosen from measured rates where steps overlap, spec_batch_limit.h). At large batches a
+  // verify step costs nearly (K+1) decode steps (vLLM's --speculative-disable-by-batch-size).
   int disable_by_batch_size = 0;
   // Tests: when set, every first MTP draft (made by a draft extend) is appended here.
   std::vector<MtpDrafter::Trace>* mtp_trace = nullptr;

@@ -9,7 +9,7 @@ namespace fathom::server {
 SpecOptions speculative_options(const ServeOptions& o) {
   SpecOptions spec = o.engine.spec;
   spec.algorithm = parse_spec_algorithm(o.speculative_algorithm);
-  FATHOM_CHECK(spec.disable_by_batch_size >= 0, "--speculative-disable-by-batch-size must be >= 0");
+  FATHOM_CHECK(spec.disable_by_batch_size >= -1, "--speculative-disable-by-batch-size must be >= 0 or auto");
   FATHOM_CHECK(spec.algorithm == SpecAlgorithm::None || (spec.num_steps >= 1 && spec.num_steps <= 4),
                "--speculative-num-steps must be 1..4 (got ", spec.num_steps, ")");
   return spec;

@@ -339,15 +339,18 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
     // drafts no more); below it, speculative steps again, and arrivals draft: the first three
     // jobs draft until the fourth arrives, the fifth after the fourth (one token) has ended.
     // Still the plain engine's outputs.
+    // The automatic limit (-1) starts at 2: the first arrivals draft only while alone.
     cfg.spec.num_steps = 1;
     cfg.spec.adaptive = true;
-    cfg.spec.disable_by_batch_size = 4;
-    std::string m;
-    const auto limited = testing::run_engine(open(), cfg, jobs, &m);
-    for (size_t i = 0; i < jobs.size(); ++i)
-      EXPECT_EQ(limited[i].ids, plain[i].ids) << c.fixture << " disable_by_batch_size 4, job " << i;
-    std::printf("  engine %s %s K=1, disable_by_batch_size 4: %.0f drafts\n", c.fixture,
-                spec_algorithm_name(c.algorithm), testing::metric(m, "fathom:spec_decode_num_draft_tokens_total"));
+    for (int limit : {4, -1}) {
+      cfg.spec.disable_by_batch_size = limit;
+      std::string m;
+      const auto limited = testing::run_engine(open(), cfg, jobs, &m);
+      for (size_t i = 0; i < jobs.size(); ++i)
+        EXPECT_EQ(limited[i].ids, plain[i].ids) << c.fixture << " disable_by_batch_size " << limit << ", job " << i;
+      std::printf("  engine %s %s K=1, disable_by_batch_size %d: %.0f drafts\n", c.fixture,
+                  spec_algorithm_name(c.algorithm), limit, testing::metric(m, "fathom:spec_decode_num_draft_tokens_total"));
+    }
     cfg.spec.disable_by_batch_size = 0;
   }
 }
