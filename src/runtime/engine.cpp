@@ -288,33 +288,15 @@ bool Engine::step() {
     metrics_.preemptions += plan.preempted.size();
   }
   if (plan.chunks.empty()) return false;
-  bool decode_only = true, drafting = false;
   for (const ScheduledChunk& c : plan.chunks) {  // a budget-cut chunk verifies fewer drafts
     Request* r = c.req;
     const int64_t pending = int64_t(r->tokens.size()) - r->num_computed;
     r->drafts.resize(size_t(std::clamp<int64_t>(c.num_tokens - pending, 0, int64_t(r->drafts.size()))));
-    decode_only = decode_only && r->num_output() > 0 && pending == 1;
-    drafting = drafting || !r->drafts.empty();
   }
-  plain_timed_ = false;
-  uint64_t tokens_before = 0;
-  if (auto_batch_limit()) {
-    std::lock_guard<std::mutex> l(metrics_mu_);
-    tokens_before = metrics_.generation_tokens;
-  }
-  // (The step's time runs from its start: the draft step and the host's work are its cost.)
-  auto timed = [&] {
-    if (!auto_batch_limit() || !decode_only || !drafting) return;
-    uint64_t tokens = 0;
-    {
-      std::lock_guard<std::mutex> l(metrics_mu_);
-      tokens = metrics_.generation_tokens - tokens_before;
-    }
-    time_speculative_step(int(plan.chunks.size()), tokens, std::chrono::duration<double>(Clock::now() - step_start).count());
-  };
+  const StepTiming timing = begin_speculative_timing(plan, step_start);
   if (fused_round_possible(plan)) {
     run_fused_round(plan);
-    timed();
+    end_speculative_timing(timing);
     return true;
   }
 
@@ -365,18 +347,44 @@ bool Engine::step() {
     }
   }
   if (spec_) spec_->flush_long_backlogs();
-  timed();
+  end_speculative_timing(timing);
   return true;
 }
 
-void Engine::time_speculative_step(int batch, uint64_t tokens, double secs) {
-  batch_limit_.record(/*speculative=*/true, batch, double(tokens), secs);
+// A speculative step is timed from its start (the draft step and the host's work are its cost)
+// when it decodes only and verifies drafts.
+Engine::StepTiming Engine::begin_speculative_timing(const SchedulerOutput& plan, Clock::time_point start) {
+  plain_timed_ = false;
+  StepTiming t{start, 0, int(plan.chunks.size()), false};
+  if (!auto_batch_limit()) return t;
+  bool decode_only = true, drafting = false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    const Request& r = *c.req;
+    decode_only = decode_only && r.num_output() > 0 && int64_t(r.tokens.size()) - r.num_computed == 1;
+    drafting = drafting || !r.drafts.empty();
+  }
+  t.timed = decode_only && drafting;
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  t.tokens_before = metrics_.generation_tokens;
+  return t;
+}
+
+void Engine::end_speculative_timing(const StepTiming& t) {
+  if (!t.timed) return;
+  uint64_t tokens = 0;
+  {
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    tokens = metrics_.generation_tokens - t.tokens_before;
+  }
+  batch_limit_.record(/*speculative=*/true, t.batch, double(tokens),
+                      std::chrono::duration<double>(Clock::now() - t.start).count());
 }
 
 void Engine::time_plain_step(bool decode_only, int batch) {
   const auto now = Clock::now();
   if (plain_timed_ && decode_only && auto_batch_limit())
-    batch_limit_.record(/*speculative=*/false, batch, double(batch), std::chrono::duration<double>(now - last_plain_finish_).count());
+    batch_limit_.record(/*speculative=*/false, batch, double(batch),
+                        std::chrono::duration<double>(now - last_plain_finish_).count());
   last_plain_finish_ = now;
   plain_timed_ = true;
 }

@@ -152,7 +152,14 @@ class Engine {
   // `batch` decodes with drafts that took `seconds` and emitted `tokens`; an overlapped plain one
   // just finished (timed from the previous finish).
   bool auto_batch_limit() const { return spec_ && overlap_ && spec_->options().disable_by_batch_size < 0; }
-  void time_speculative_step(int batch, uint64_t tokens, double seconds);
+  struct StepTiming {
+    Clock::time_point start;
+    uint64_t tokens_before = 0;  // generation tokens counted before the step
+    int batch = 0;
+    bool timed = false;
+  };
+  StepTiming begin_speculative_timing(const SchedulerOutput& plan, Clock::time_point start);
+  void end_speculative_timing(const StepTiming& t);
   void time_plain_step(bool decode_only, int batch);
   // Fused greedy MTP rounds (engine_mtp_round.cpp): a step whose sequences are all plain greedy
   // decodes with their MTP layer caught up runs the verify and the next draft in one launch

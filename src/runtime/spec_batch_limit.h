@@ -13,6 +13,8 @@
 // plain steps never costs drafting below the limit. Starts at kStart: drafting alone pays for any
 // model whose drafts are accepted at all (a sequence whose drafts fail retires by itself); with
 // more at once it depends on how far the model is from the memory roofline: the measurements say.
+// (A probe at a steady full batch measures mostly sequences that no longer draft, so there the
+// limit rarely climbs: opt-in, docs/perf.md.)
 #pragma once
 #include <algorithm>
 #include <array>
