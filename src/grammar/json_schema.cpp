@@ -18,6 +18,22 @@ namespace {
 constexpr int kMaxDepth = 64;  // nested $ref/allOf inlining (a $ref cycle without a value in between)
 
 
+// The instances that fail `s` when `s` is a single bound on numbers or on string lengths: the
+// values of that type past the bound (values of other types pass the keyword, so never fail it).
+std::optional<Json> failing_bound(const Json& s) {
+  if (!s.is_object() || s.size() != 1 || !s.begin().value().is_number()) return std::nullopt;
+  const std::string k = s.begin().key();
+  const Json& v = s.begin().value();
+  if (k == "minimum") return Json{{"type", "number"}, {"exclusiveMaximum", v}};
+  if (k == "exclusiveMinimum") return Json{{"type", "number"}, {"maximum", v}};
+  if (k == "maximum") return Json{{"type", "number"}, {"exclusiveMinimum", v}};
+  if (k == "exclusiveMaximum") return Json{{"type", "number"}, {"minimum", v}};
+  const double n = v.get<double>();
+  if (k == "maxLength" && n >= 0 && n < 1e5) return Json{{"type", "string"}, {"minLength", int64_t(std::floor(n)) + 1}};
+  if (k == "minLength" && n >= 1 && n < 1e5) return Json{{"type", "string"}, {"maxLength", int64_t(std::ceil(n)) - 1}};
+  return std::nullopt;
+}
+
 // A branch that no instance satisfies, by a shallow look (dropped from anyOf/oneOf/if).
 bool unsatisfiable(const Json& s) {
   if (!s.is_object()) return s.is_boolean() && !s.get<bool>();
@@ -249,7 +265,8 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
 }
 
 // if/then/else: outputs that satisfy `if` and `then`, and where provable, outputs of `else`
-// that cannot satisfy `if` (if necessary with a property that `if` requires left out).
+// that cannot satisfy `if` (if necessary with a property that `if` requires left out, or, for
+// an `if` that is one numeric or length bound, restricted to the values past it).
 Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path, int depth) {
   Json rest = without(s, {"if", "then", "else"});
   Json cond = flatten(norm(s["if"], path + "/if"), path + "/if");
@@ -265,14 +282,21 @@ Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path,
       break;
     }
   }
-  if (never_both(else_branch, cond) && !unsatisfiable(flatten(else_branch, path)))
+  bool excluded = never_both(else_branch, cond);
+  if (!excluded)
+    if (auto fail = failing_bound(cond)) {  // `if` a single bound: else takes the values past it
+      else_branch = merge(else_branch, *fail, path);
+      excluded = true;
+    }
+  if (excluded && !unsatisfiable(flatten(else_branch, path)))
     alts.push_back(closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }));
   if (alts.empty()) refuse("if", path, "neither branch is provably satisfiable");
   return as_rule("if", Expr::alt(std::move(alts)));
 }
 
 // not: outputs of the rest that provably fail the negated schema, after the rewrites that make
-// them so (required names left out, types removed, enum values removed).
+// them so (required names left out, types removed, enum values removed, a single numeric or
+// length bound turned into the values past it).
 Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
   std::string p = path + "/not";
   Json neg = flatten(norm(s["not"], p), p);
@@ -307,7 +331,8 @@ Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
       if (std::find(vals.begin(), vals.end(), v) == vals.end()) kept.push_back(v);
     s["enum"] = kept;
   }
-  if (!never_both(s, neg)) unsupported("not", path, "the negated schema is not provably excluded");
+  if (auto fail = failing_bound(neg)) s = merge(s, *fail, p);  // a single bound: the values past it
+  else if (!never_both(s, neg)) unsupported("not", path, "the negated schema is not provably excluded");
   return closed([&] { return compile_resolved(std::move(s), path, depth + 1); });
 }
 

@@ -211,6 +211,20 @@ TEST(GrammarJsonSchema, ObjectKeywords) {
   EXPECT_FALSE(full_match(cond, R"({"t":"a"})"));
 }
 
+// An `if` (or a `not`) that is one numeric or length bound: the else branch takes the values past
+// the bound (a value of another type passes the bound, so it goes to `then`).
+TEST(GrammarJsonSchema, ConditionsOnOneBound) {
+  auto g = grammar_from_json_schema(R"({"if":{"exclusiveMaximum":0},"then":{"minimum":-10},"else":{"multipleOf":2}})");
+  EXPECT_TRUE(full_match(g, "-1") && full_match(g, "-10") && full_match(g, "0") && full_match(g, "4"));
+  EXPECT_FALSE(full_match(g, "-11") || full_match(g, "3"));
+  auto len = grammar_from_json_schema(R"({"type":"string","if":{"maxLength":2},"then":{"const":"ab"}})");
+  EXPECT_TRUE(full_match(len, R"("ab")") && full_match(len, R"("xyz")"));
+  EXPECT_FALSE(full_match(len, R"("xy")") || full_match(len, R"("a")"));
+  auto neg = grammar_from_json_schema(R"({"type":"integer","not":{"minimum":5}})");
+  EXPECT_TRUE(full_match(neg, "4") && full_match(neg, "-3"));
+  EXPECT_FALSE(full_match(neg, "5"));
+}
+
 // Objects without additionalProperties: by default those that declare no key take any keys
 // ({"type":"object"} is any object, not only {}) and those that declare some take only those
 // (XGrammar's strict mode); UndeclaredKeys::Any allows other keys everywhere (JSON Schema's rule)
