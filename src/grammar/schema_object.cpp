@@ -144,7 +144,10 @@ static Expr object_chain(SchemaCompiler& c, const std::vector<Prop>& props, std:
     Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
                          c.as_rule("prop", c.compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
     Expr r_rule = c.as_rule("rest", Expr::empty());
-    Expr with_r = Expr::seq({comma, kv, r_next});
+    // The comma with and without its space as two alternatives of the rule, not a call of an
+    // optional-space rule: the keys a state may go on with then share one parent, so a mask
+    // after a comma is one group of positions and one walk, not one per property left.
+    Expr with_r = Expr::alt({Expr::seq({Expr::literal(","), kv, r_next}), Expr::seq({Expr::literal(", "), kv, r_next})});
     Expr with_s = Expr::seq({kv, r_next});
     Expr r_i = p.required ? with_r : Expr::alt({with_r, r_next});
     Expr s_i = p.required ? with_s : Expr::alt({with_s, s_next});
