@@ -1,7 +1,6 @@
 // Numbers: minimum/maximum/exclusive* (integers exactly; numbers with a point exactly, with at
 // most 6 integer and 9 fraction digits) and multipleOf for integers.
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <optional>
 
