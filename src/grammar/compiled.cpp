@@ -9,33 +9,56 @@ namespace fathom::grammar {
 
 namespace {
 
-// Walks the vocabulary trie from the group's stacks (positions over kSentinel). A token is accepted when some path
-// consumes it without needing the unknown rest of the stack, uncertain when the only paths
-// continue past the end of the rule, rejected otherwise (whole subtrees are skipped).
+// The classification pool's memoized sets may grow to this before a classification starts them
+// afresh.
+constexpr size_t kMaxClassifySetBytes = size_t(64) << 20;
+
+// Walks the vocabulary trie from the group's stacks (positions over kSentinel). A token is
+// accepted when some path consumes it without needing the unknown rest of the stack, uncertain
+// when the only paths continue past the end of the rule, rejected otherwise (whole subtrees are
+// skipped).
 CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& vocab, std::span<const uint32_t> positions,
                                          size_t& visited) {
-  const auto& trie = vocab.trie();
-  std::vector<std::vector<uint32_t>> states(2);
+  // States as the pool's set ids: a walk meets the same (set, byte) pairs at most nodes, so
+  // each costs a memoized lookup.
+  if (pool.set_bytes() > kMaxClassifySetBytes) pool.clear_sets();
+  std::vector<uint32_t> states(2);
   std::vector<uint8_t> past(2, 0);
-  for (uint32_t pos : positions) states[0].push_back(pool.make(pos, StackPool::kSentinel));
-  std::sort(states[0].begin(), states[0].end());
-  std::vector<uint32_t> accepted, uncertain;
-  for (uint32_t k = 1; k < trie.size();) {
-    const auto& nd = trie[k];
-    size_t d = nd.depth;
-    if (states.size() <= d) states.resize(d + 1), past.resize(d + 1);
-    bool crossed = past[d - 1];
-    pool.advance_set(states[d - 1], nd.byte, states[d], &crossed);
-    past[d] = crossed;
-    ++visited;
-    if (!states[d].empty()) {
-      for (uint32_t i = nd.lo; i < nd.lo + nd.n_end; ++i) accepted.push_back(vocab.sorted()[i]);
-      ++k;
-      continue;
-    }
-    if (crossed) uncertain.push_back(k);
-    k += nd.subtree;
+  {
+    std::vector<uint32_t> start;
+    for (uint32_t pos : positions) start.push_back(pool.make(pos, StackPool::kSentinel));
+    std::sort(start.begin(), start.end());
+    states[0] = pool.intern_set(start);
   }
+  std::vector<uint32_t> accepted, uncertain;
+  const auto& child_begin = vocab.child_begin();
+  const auto& child_node = vocab.child_node();
+  const auto& child_byte = vocab.child_byte();
+  // Depth-first over the children lists (preorder, so uncertain nodes come out ascending): a
+  // child whose byte the state cannot take is passed over without reading its node, unless the
+  // path has crossed the rule's end (then it is an uncertain node).
+  auto visit = [&](auto&& self, uint32_t node, size_t d) -> void {
+    if (states.size() <= d + 1) states.resize(d + 2), past.resize(d + 2);
+    // Crossed: some state on the path held the sentinel (the rule could have ended there).
+    const bool crossed = past[d] || pool.set_has_sentinel(states[d]);
+    for (uint32_t i = child_begin[node]; i < child_begin[node + 1]; ++i) {
+      ++visited;
+      const bool takes = pool.set_takes(states[d], child_byte[i]);
+      if (!takes && !crossed) continue;
+      const uint32_t next = takes ? pool.advance_set_id(states[d], child_byte[i]) : StackPool::kEmptySet;
+      const uint32_t k = child_node[i];
+      const auto& nd = vocab.trie()[k];
+      if (next == StackPool::kEmptySet) {
+        uncertain.push_back(k);  // crossed
+        continue;
+      }
+      for (uint32_t t = nd.lo; t < nd.lo + nd.n_end; ++t) accepted.push_back(vocab.sorted()[t]);
+      states[d + 1] = next;
+      past[d + 1] = crossed;
+      self(self, k, d + 1);
+    }
+  };
+  visit(visit, 0, 0);
   CompiledGrammar::PositionTokens out;
   out.uncertain = std::move(uncertain);
   if (accepted.size() < vocab.mask_words()) {
@@ -85,15 +108,22 @@ std::string CompiledGrammar::key_of(std::span<const uint32_t> positions) {
   return key;
 }
 
+const CompiledGrammar::PositionTokens* CompiledGrammar::find_group(std::span<const uint32_t> positions) const {
+  if (positions.size() == 1) return single_[positions[0]].load(std::memory_order_acquire);
+  std::shared_lock lock(mu_);
+  auto it = groups_.find(key_of(positions));
+  return it == groups_.end() ? nullptr : it->second.get();
+}
+
+bool CompiledGrammar::singles_classified(std::span<const uint32_t> positions) const {
+  for (uint32_t p : positions)
+    if (!single_[p].load(std::memory_order_acquire)) return false;
+  return true;
+}
+
 const CompiledGrammar::PositionTokens& CompiledGrammar::group(std::span<const uint32_t> positions) const {
-  if (positions.size() == 1)
-    if (const PositionTokens* t = single_[positions[0]].load(std::memory_order_acquire)) return *t;
-  std::string key = key_of(positions);
-  if (positions.size() > 1) {
-    std::shared_lock lock(mu_);
-    if (auto it = groups_.find(key); it != groups_.end()) return *it->second;
-  }
-  return classify_locked(positions, key);
+  if (const PositionTokens* t = find_group(positions)) return *t;
+  return classify_locked(positions, key_of(positions));
 }
 
 const CompiledGrammar::PositionTokens& CompiledGrammar::classify_locked(std::span<const uint32_t> positions,

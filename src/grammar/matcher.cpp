@@ -113,7 +113,6 @@ std::string Matcher::state_key(const std::vector<uint32_t>& stacks) const {
 void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words) {
   if (pool_.set_bytes() > kMaxSetBytes) pool_.clear_sets();  // between walks: no set id is held
   const Vocabulary& v = vocab();
-  const size_t n_words = v.mask_words();
   // Stacks sharing a parent form one group (one rule expansion): one lookup, one mask OR.
   tops_.clear();
   for (uint32_t node : stacks) {
@@ -133,20 +132,31 @@ void Matcher::compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words)
       group_nodes_.push_back(tops_[j][2]);
     }
     i = j;
-    const auto& t = grammar_->group(group_pos_);
-    if (!t.accepted_bits.empty()) {
-      const uint32_t* src = t.accepted_bits.data();
-      for (size_t k = 0; k < n_words; ++k) words[k] |= src[k];
+    const CompiledGrammar::PositionTokens* t = grammar_->find_group(group_pos_);
+    if (!t && grammar_->singles_classified(group_pos_)) {
+      // A group met for the first time: the union of its positions' own tokens (classified at
+      // compile time) instead of a classification walk now.
+      for (size_t k = 0; k < group_pos_.size(); ++k)
+        add_tokens(*grammar_->find_group({&group_pos_[k], 1}), {&group_nodes_[k], 1}, words);
+      continue;
     }
-    for (uint32_t id : t.accepted_ids) words[id >> 5] |= 1u << (id & 31);
-    if (!t.uncertain.empty()) add_uncertain(group_nodes_, t.uncertain, words);
+    add_tokens(t ? *t : grammar_->group(group_pos_), group_nodes_, words);
   }
+}
+
+void Matcher::add_tokens(const CompiledGrammar::PositionTokens& t, std::span<const uint32_t> nodes, uint32_t* words) {
+  if (!t.accepted_bits.empty()) {
+    const uint32_t* src = t.accepted_bits.data();
+    for (size_t k = 0, n = vocab().mask_words(); k < n; ++k) words[k] |= src[k];
+  }
+  for (uint32_t id : t.accepted_ids) words[id >> 5] |= 1u << (id & 31);
+  if (!t.uncertain.empty()) add_uncertain(nodes, t.uncertain, words);
 }
 
 // Checks the context-dependent subtrees against the real stack: the states along the path to
 // each subtree root are shared with the previous root (preorder), and inside a subtree a dead
 // state skips the rest of it. States are the pool's set ids (memoized transitions).
-void Matcher::add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words) {
+void Matcher::add_uncertain(std::span<const uint32_t> nodes, const std::vector<uint32_t>& roots, uint32_t* words) {
   const Vocabulary& v = vocab();
   const auto& trie = v.trie();
   const auto& sorted = v.sorted();

@@ -58,7 +58,10 @@ class Matcher {
   // the grammar, whatever its pool numbered the nodes (the shared mask cache's key).
   std::string state_key(const std::vector<uint32_t>& stacks) const;
   void compute_mask(const std::vector<uint32_t>& stacks, uint32_t* words);
-  void add_uncertain(const std::vector<uint32_t>& nodes, const std::vector<uint32_t>& roots, uint32_t* words);
+  // The tokens a group of stacks (one parent) allows: its accepted ones, and the uncertain ones
+  // checked against the real stack.
+  void add_tokens(const CompiledGrammar::PositionTokens& t, std::span<const uint32_t> nodes, uint32_t* words);
+  void add_uncertain(std::span<const uint32_t> nodes, const std::vector<uint32_t>& roots, uint32_t* words);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   StackPool pool_;

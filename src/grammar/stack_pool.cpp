@@ -127,12 +127,18 @@ uint32_t StackPool::intern_set(std::span<const uint32_t> sorted_stacks) {
     set_range_.push_back((uint64_t{set_data_.size()} << 32) | sorted_stacks.size());
     set_data_.insert(set_data_.end(), sorted_stacks.begin(), sorted_stacks.end());
     set_sentinel_.push_back(std::binary_search(sorted_stacks.begin(), sorted_stacks.end(), kSentinel) ? 1 : 0);
+    ByteSet first;
+    for (uint32_t n : sorted_stacks)
+      if (!is_special(n))
+        for (int i = 0; i < 4; ++i) first.w[i] |= top_sets_[nodes_[n].pos]->w[i];
+    set_first_.push_back(first);
   }
   return it->second;
 }
 
 uint32_t StackPool::advance_set_id(uint32_t id, uint8_t b) {
-  if (id == kEmptySet) return kEmptySet;
+  // Most bytes of a trie walk die at once: no lookup, no memo entry for them.
+  if (id == kEmptySet || !set_first_[id].test(b)) return kEmptySet;
   const uint64_t key = (uint64_t{id} << 8) | b;
   if (const uint64_t* v = set_advance_.find(key)) return static_cast<uint32_t>(*v);
   advance_set(set_stacks(id), b, set_scratch_);  // reads set_data_, appends nothing to it
@@ -145,6 +151,7 @@ void StackPool::clear_sets() {
   set_data_.clear();
   set_range_.assign(1, 0);  // id 0: the empty set
   set_sentinel_.assign(1, 0);
+  set_first_.assign(1, ByteSet{});
   set_ids_.clear();
   set_advance_ = U64Map();
 }

@@ -74,7 +74,9 @@ class StackPool {
   }
   bool set_has_sentinel(uint32_t id) const { return set_sentinel_[id] != 0; }  // a stack of it is kSentinel
   uint32_t advance_set_id(uint32_t id, uint8_t b);  // the id of advance_set(set_stacks(id), b)
-  size_t set_bytes() const { return set_data_.size() * sizeof(uint32_t) + set_ids_.size() * 64; }
+  // Whether some stack of set `id` takes byte b (else advance_set_id gives kEmptySet).
+  bool set_takes(uint32_t id, uint8_t b) const { return set_first_[id].test(b); }
+  size_t set_bytes() const { return set_data_.size() * sizeof(uint32_t) + set_ids_.size() * (64 + sizeof(ByteSet)); }
   void clear_sets();
 
  private:
@@ -95,6 +97,7 @@ class StackPool {
   std::vector<uint32_t> set_data_;     // the interned sets, concatenated
   std::vector<uint64_t> set_range_;    // per set id: offset << 32 | length in set_data_
   std::vector<uint8_t> set_sentinel_;  // per set id: holds kSentinel
+  std::vector<ByteSet> set_first_;     // per set id: the bytes some stack of it accepts next
   std::unordered_map<std::string, uint32_t> set_ids_;  // a set's bytes -> its id
   U64Map set_advance_;                 // (id << 8 | byte) -> id
   std::vector<uint32_t> set_scratch_;

@@ -79,6 +79,16 @@ void Vocabulary::build_trie() {
   close_to(0, static_cast<uint32_t>(sorted_.size()));
   trie_[0].subtree = static_cast<uint32_t>(trie_.size());
   trie_[0].hi = static_cast<uint32_t>(sorted_.size());
+  // Children lists: in preorder a node's children are k + 1, then each next one a subtree on.
+  child_begin_.assign(trie_.size() + 1, 0);
+  for (uint32_t k = 0; k < trie_.size(); ++k) {
+    child_begin_[k] = static_cast<uint32_t>(child_node_.size());
+    for (uint32_t c = k + 1, end = k + trie_[k].subtree; c < end; c += trie_[c].subtree) {
+      child_node_.push_back(c);
+      child_byte_.push_back(trie_[c].byte);
+    }
+  }
+  child_begin_[trie_.size()] = static_cast<uint32_t>(child_node_.size());
 }
 
 }  // namespace fathom::grammar

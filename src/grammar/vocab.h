@@ -39,6 +39,12 @@ class Vocabulary {
     uint8_t byte;
   };
   const std::vector<TrieNode>& trie() const { return trie_; }
+  // The children of trie node k, in preorder: nodes child_node()[i] with bytes child_byte()[i],
+  // i in [child_begin()[k], child_begin()[k + 1]) (contiguous: a walk tests the bytes without
+  // reading the nodes, which lie a subtree apart).
+  const std::vector<uint32_t>& child_begin() const { return child_begin_; }
+  const std::vector<uint32_t>& child_node() const { return child_node_; }
+  const std::vector<uint8_t>& child_byte() const { return child_byte_; }
   // Grammar tokens (not special, not empty) sorted by bytes.
   const std::vector<uint32_t>& sorted() const { return sorted_; }
 
@@ -50,6 +56,8 @@ class Vocabulary {
   std::vector<uint32_t> stop_ids_;
   std::vector<uint32_t> sorted_;
   std::vector<TrieNode> trie_;
+  std::vector<uint32_t> child_begin_, child_node_;
+  std::vector<uint8_t> child_byte_;
 };
 
 }  // namespace fathom::grammar
