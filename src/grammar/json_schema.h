@@ -21,7 +21,8 @@
 // or undeclared ones where additionalProperties is absent: SchemaOptions::undeclared_keys, by
 // default only in objects that declare no key) come after the declared ones, are
 // plain identifiers ([A-Za-z0-9_-]) unless patterns or propertyNames say otherwise, and never
-// repeat a declared name; undeclared keys are not generated where patternProperties or
+// repeat a declared name; dependentRequired/dependentSchemas exact for up to 3 optional
+// triggers (an alternative per combination), past that applied unconditionally; undeclared keys are not generated where patternProperties or
 // unevaluatedProperties is present, nor inside oneOf branches, else branches and not (whose
 // exclusivity proofs reason about the declared keys); numbers under bounds have no exponent, and fractions only between
 // integers inside the bounds (at most 6 integer and 9 fraction digits); uniqueItems arrays have at

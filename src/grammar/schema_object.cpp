@@ -1,6 +1,7 @@
 // Objects: properties in declaration order, then extra keys (patternProperties,
 // additionalProperties) that never repeat a declared name, with the property-count keywords.
 #include <algorithm>
+#include <optional>
 #include <regex>
 
 #include "core/error.h"
@@ -158,21 +159,83 @@ static Expr object_chain(SchemaCompiler& c, const std::vector<Prop>& props, std:
   return Expr::seq({Expr::literal("{"), std::move(s_next), Expr::literal("}")});
 }
 
+// The object of these properties (and the extra keys) under minProperties / maxProperties.
+static Expr object_with_counts(SchemaCompiler& c, std::vector<Prop> props, const Json& s, const Json& pn,
+                               const Json* extra_schema, const std::vector<std::string>& names, const std::string& path) {
+  const Json pp = s.value("patternProperties", Json::object());
+  std::vector<Expr> extra_alts = object_extras(c, s, pn, extra_schema, names, path);
+
+  // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
+  int n_req = 0;
+  for (auto& p : props) n_req += p.required;
+  int min_p = count_of(s, "minProperties", path, 0), max_p = count_of(s, "maxProperties", path, -1);
+  for (auto& p : props)
+    if (!p.required && n_req < min_p) p.required = true, ++n_req;
+  if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");
+  if (max_p >= 0) {
+    int kept = n_req;
+    std::vector<Prop> out;
+    for (auto& p : props)
+      if (p.required || kept < max_p) kept += !p.required, out.push_back(p);
+    props = out;
+  }
+  int n_all = static_cast<int>(props.size());
+  int extra_min = std::max(0, min_p - n_all);
+  int extra_max = extra_alts.empty() ? 0 : max_p < 0 ? -1 : max_p - n_all;
+  // Absent additionalProperties allows any other key: used when minProperties needs one.
+  if (extra_min > 0 && extra_alts.empty() && !s.contains("additionalProperties") && pp.empty() &&
+      !s.contains("unevaluatedProperties") && pn == Json(true)) {
+    extra_alts.push_back(Expr::seq({key_not_in(c, names), Expr::literal(":"), SchemaCompiler::sp(), Expr::ref(c.common("value"))}));
+    extra_max = max_p < 0 ? -1 : max_p - n_all;
+  }
+  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
+    c.unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
+  if (extra_max == 0) extra_alts.clear();
+
+  return object_chain(c, props, std::move(extra_alts), extra_min, extra_max, path);
+}
+
 // (Subschemas are referenced, not copied: large documents nest deeply.)
 Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
-  // dependentSchemas: applied unconditionally (a subset), or the trigger left out if impossible.
+  // dependentSchemas: for up to kMaxTriggers triggers, the object without each trigger or with it
+  // (required) and its schema merged in, as alternatives; past that each schema applies
+  // unconditionally (a subset), or its trigger is left out where the merge is impossible.
   if (s.contains("dependentSchemas")) {
-    Json merged = s;
-    Json deps = merged["dependentSchemas"];
-    merged.erase("dependentSchemas");
-    for (auto& [k, d] : deps.items()) {
+    constexpr size_t kMaxTriggers = 3;
+    const Json deps = s["dependentSchemas"];
+    const Json base = without(s, {"dependentSchemas"});
+    if (deps.size() > kMaxTriggers) {
+      Json merged = base;
+      for (auto& [k, d] : deps.items()) {
+        try {
+          merged = merge(merged, flatten(norm(d, path), path), path);
+        } catch (const Error&) {
+          merged["properties"][k] = false;
+        }
+      }
+      return compile_resolved(merged, path, 1);
+    }
+    std::vector<Expr> variants;
+    std::optional<Error> last;
+    for (size_t v = 0; v < (size_t{1} << deps.size()); ++v) {
       try {
-        merged = merge(merged, flatten(norm(d, path), path), path);
-      } catch (const Error&) {
-        merged["properties"][k] = false;
+        Json merged = base;
+        size_t t = 0;
+        for (auto& [k, d] : deps.items()) {
+          if ((v >> t++) & 1) {
+            merged = merge(merged, flatten(norm(d, path), path), path);
+            merged = merge(merged, Json{{"required", Json::array({k})}}, path);
+          } else {
+            merged["properties"][k] = false;
+          }
+        }
+        variants.push_back(compile_resolved(merged, path, 1));
+      } catch (const Error& e) {
+        last = e;  // this combination has no instance
       }
     }
-    return compile_resolved(merged, path, 1);
+    if (variants.empty()) throw *last;
+    return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
   }
   const Json pp = s.value("patternProperties", Json::object());
   const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
@@ -239,57 +302,48 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
       names.push_back(k);
       bool matched = false;
       for (auto& [p, ps] : pp.items()) matched |= may_match(k, p);
-      Json v = matched ? with_patterns(k, true) : extra_schema ? *extra_schema : Json(false);
+      // (Free-form objects take them too: they are names the schema declares.)
+      const bool writable = !closed && !s.contains("unevaluatedProperties") && objects_open(false);
+      Json v = matched ? with_patterns(k, true) : extra_schema ? *extra_schema : Json(writable);
       if (v != Json(false) && (pn == Json(true) || value_satisfies(Json(k), pn))) props.push_back({k, v, nullptr, false});
     }
   }
-  // dependentRequired on an optional property: its dependencies become required.
-  // (A trigger whose dependency cannot be written is left out.)
+  // dependentRequired on an optional property: the object with the trigger (and its
+  // dependencies required) or without it, as alternatives for up to kMaxTriggers triggers; past
+  // that the dependencies become required (a subset). A trigger whose dependency cannot be
+  // written is left out.
+  auto find = [&](const std::string& k) {
+    return std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
+  };
+  std::vector<std::pair<std::string, std::vector<std::string>>> triggers;
   for (auto& [key, deps] : dep_required.items()) {
-    const std::string k = key;  // (a structured binding cannot be captured before C++20 in clang)
-    auto trigger = std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
+    auto trigger = find(key);
     if (trigger == props.end() || trigger->required) continue;
-    bool all_there = true;
-    for (const Json& d : deps)
-      all_there &= std::any_of(props.begin(), props.end(), [&](const Prop& q) { return q.key == d.get<std::string>(); });
-    if (!all_there) {
+    std::vector<std::string> names_of_deps;
+    for (const Json& d : deps) names_of_deps.push_back(d.get<std::string>());
+    if (!std::all_of(names_of_deps.begin(), names_of_deps.end(), [&](const std::string& d) { return find(d) != props.end(); })) {
       props.erase(trigger);
       continue;
     }
-    for (const Json& d : deps)
-      for (auto& q : props) q.required |= q.key == d.get<std::string>();
+    triggers.emplace_back(key, std::move(names_of_deps));
   }
-
-  std::vector<Expr> extra_alts = object_extras(*this, s, pn, extra_schema, names, path);
-
-  // Property counts: optional properties promoted (minProperties) or left out (maxProperties).
-  int n_req = 0;
-  for (auto& p : props) n_req += p.required;
-  int min_p = count_of(s, "minProperties", path, 0), max_p = count_of(s, "maxProperties", path, -1);
-  for (auto& p : props)
-    if (!p.required && n_req < min_p) p.required = true, ++n_req;
-  if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");
-  if (max_p >= 0) {
-    int kept = n_req;
-    std::vector<Prop> out;
-    for (auto& p : props)
-      if (p.required || kept < max_p) kept += !p.required, out.push_back(p);
-    props = out;
+  constexpr size_t kMaxTriggers = 3;
+  const size_t n_variants = triggers.size() <= kMaxTriggers ? size_t{1} << triggers.size() : 1;
+  std::vector<Expr> variants;
+  for (size_t v = 0; v < n_variants; ++v) {
+    std::vector<Prop> these = props;
+    for (size_t t = 0; t < triggers.size(); ++t) {
+      const bool with = n_variants == 1 || ((v >> t) & 1);
+      auto& [key, deps] = triggers[t];
+      if (!with) {
+        these.erase(std::find_if(these.begin(), these.end(), [&](const Prop& p) { return p.key == key; }));
+        continue;
+      }
+      for (auto& q : these) q.required |= (n_variants > 1 && q.key == key) || std::find(deps.begin(), deps.end(), q.key) != deps.end();
+    }
+    variants.push_back(object_with_counts(*this, std::move(these), s, pn, extra_schema, names, path));
   }
-  int n_all = static_cast<int>(props.size());
-  int extra_min = std::max(0, min_p - n_all);
-  int extra_max = extra_alts.empty() ? 0 : max_p < 0 ? -1 : max_p - n_all;
-  // Absent additionalProperties allows any other key: used when minProperties needs one.
-  if (extra_min > 0 && extra_alts.empty() && !s.contains("additionalProperties") && pp.empty() &&
-      !s.contains("unevaluatedProperties") && pn == Json(true)) {
-    extra_alts.push_back(Expr::seq({key_not_in(*this, names), Expr::literal(":"), sp(), Expr::ref(common("value"))}));
-    extra_max = max_p < 0 ? -1 : max_p - n_all;
-  }
-  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
-    unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
-  if (extra_max == 0) extra_alts.clear();
-
-  return object_chain(*this, props, std::move(extra_alts), extra_min, extra_max, path);
+  return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
 }
 
 }  // namespace fathom::grammar::schema

@@ -204,6 +204,11 @@ TEST(GrammarJsonSchema, ObjectKeywords) {
   EXPECT_TRUE(full_match(all, R"({"k":"x","n":3})"));
   EXPECT_FALSE(full_match(all, R"({"n":3})"));
   EXPECT_FALSE(full_match(all, R"({"k":"x","n":-3})"));
+  // dependentSchemas: the object without its trigger, or with it and the dependent schema.
+  auto dep = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{}},
+      "dependentSchemas":{"a":{"required":["b"],"properties":{"b":{"type":"string"}}}}})");
+  EXPECT_TRUE(full_match(dep, "{}") && full_match(dep, R"({"b":1})") && full_match(dep, R"({"a":1,"b":"x"})"));
+  EXPECT_FALSE(full_match(dep, R"({"a":1})") || full_match(dep, R"({"a":1,"b":2})"));
   auto cond = grammar_from_json_schema(R"({"type":"object","properties":{"t":{"enum":["a","b"]},"v":{}},"required":["t"],
       "if":{"properties":{"t":{"const":"a"}}},"then":{"properties":{"v":{"type":"integer"}},"required":["v"]}})");
   EXPECT_TRUE(full_match(cond, R"({"t":"a","v":1})"));
@@ -258,6 +263,19 @@ TEST(GrammarJsonSchema, UndeclaredKeys) {
   EXPECT_TRUE(full_match(dep, R"({"foo":1, "bar":2})"));
   EXPECT_FALSE(full_match(dep, R"({"bar":2})"));
   EXPECT_FALSE(full_match(dep, R"({"baz":1, "bar":2})"));
+  // The trigger is optional: without it its dependencies are too (not required, as they were).
+  EXPECT_TRUE(full_match(dep, "{}") && full_match(dep, R"({"baz":1})") && full_match(dep, R"({"foo":1})"));
+  // Free-form objects take the names dependentRequired declares, and nothing else.
+  auto dep_free = grammar_from_json_schema(R"({"type":"object","dependentRequired":{"bar":["foo"]}})");
+  EXPECT_TRUE(full_match(dep_free, "{}") && full_match(dep_free, R"({"foo":1})") &&
+              full_match(dep_free, R"({"foo":1,"bar":[2]})"));
+  EXPECT_FALSE(full_match(dep_free, R"({"bar":2})") || full_match(dep_free, R"({"baz":1})"));
+  // Two triggers, each with or without its dependencies (four alternatives).
+  auto two = grammar_from_json_schema(R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},
+      "dependentRequired":{"b":["a"],"d":["c"]}})");
+  EXPECT_TRUE(full_match(two, R"({"a":1,"b":2})") && full_match(two, R"({"c":1,"d":2})") &&
+              full_match(two, R"({"a":1,"c":1})") && full_match(two, R"({"a":1,"b":2,"c":3,"d":4})"));
+  EXPECT_FALSE(full_match(two, R"({"b":2,"c":3,"d":4})") || full_match(two, R"({"a":1,"b":2,"d":4})"));
   // propertyNames constrains the undeclared keys; false allows none.
   auto names = grammar_from_json_schema(R"({"type":"object","propertyNames":{"maxLength":3}})");
   EXPECT_TRUE(full_match(names, R"({"abc":1})"));
