@@ -237,6 +237,25 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
           alts.push_back(closed([&] { return compile_resolved(narrowed, paths[i], depth + 1); }));
           continue;
         }
+        // Other branches that are one numeric or length bound: this one past each of them.
+        Json past = gen;
+        bool all_bounds = true;
+        for (size_t j = 0; j < branches.size() && all_bounds; ++j) {
+          if (j == i) continue;
+          auto fail = failing_bound(flatten(norm(branches[j], paths[j]), paths[j]));
+          all_bounds = fail.has_value();
+          if (fail) {
+            try {
+              past = merge(past, *fail, paths[i]);
+            } catch (const Error&) {
+              all_bounds = false;  // no value past the bound in this branch
+            }
+          }
+        }
+        if (all_bounds && exclusive(past) && !unsatisfiable(flatten(past, paths[i]))) {
+          alts.push_back(closed([&] { return compile_resolved(past, paths[i], depth + 1); }));
+          continue;
+        }
       }
       if (!exclusive(gen)) {  // keep the types of the branch that no other branch accepts
         Json kept = Json::array();

@@ -102,6 +102,35 @@ bool value_satisfies(const Json& v, const Json& s, bool unsure) {
   return true;
 }
 
+namespace {
+
+// The numeric range a schema's bounds leave: [lo, hi], each end open or closed.
+struct Range {
+  double lo = -INFINITY, hi = INFINITY;
+  bool lo_open = false, hi_open = false;
+};
+Range range_of(const Json& s) {
+  Range r;
+  auto num = [&](const char* k, double& at, bool& open, bool is_open, bool lower) {
+    if (!s.contains(k) || !s[k].is_number()) return;
+    const double v = s[k].get<double>();
+    if (lower ? (v > at || (v == at && is_open)) : (v < at || (v == at && is_open))) at = v, open = is_open;
+  };
+  num("minimum", r.lo, r.lo_open, false, true);
+  num("exclusiveMinimum", r.lo, r.lo_open, true, true);
+  num("maximum", r.hi, r.hi_open, false, false);
+  num("exclusiveMaximum", r.hi, r.hi_open, true, false);
+  return r;
+}
+
+bool ranges_disjoint(const Json& a, const Json& b) {
+  const Range x = range_of(a), y = range_of(b);
+  auto below = [](const Range& p, const Range& q) { return p.hi < q.lo || (p.hi == q.lo && (p.hi_open || q.lo_open)); };
+  return below(x, y) || below(y, x);
+}
+
+}  // namespace
+
 bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int depth) {
   if (depth > 8) return false;
   if (other_raw.is_boolean()) return !other_raw.get<bool>();
@@ -133,6 +162,10 @@ bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int dept
   bool overlap = false;
   for (const auto& t : tg) overlap |= has(to, t) || (t == "integer" && has(to, "number")) || (t == "number" && has(to, "integer"));
   if (!overlap) return true;
+  // Numbers: the ranges the bounds leave do not meet (other's bounds apply to every number).
+  if (std::all_of(tg.begin(), tg.end(), [](const std::string& t) { return t == "integer" || t == "number"; }) &&
+      ranges_disjoint(gen, other))
+    return true;
   if (tg != std::vector<std::string>{"object"}) return false;
   // Objects: generated keys are the declared ones (plus extras only if allowed).
   Json gp = gen.value("properties", Json::object()), op = other.value("properties", Json::object());

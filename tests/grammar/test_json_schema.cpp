@@ -284,6 +284,14 @@ TEST(GrammarJsonSchema, UndeclaredKeys) {
 }
 
 TEST(GrammarJsonSchema, ArraysAndOneOf) {
+  // oneOf beside a branch that is one bound: the other branch takes the values past it (the
+  // integers below 2 here; numbers of neither branch's own, 2.5, are not written).
+  auto bound = grammar_from_json_schema(R"({"oneOf":[{"type":"integer"},{"minimum":2}]})");
+  EXPECT_TRUE(full_match(bound, "1") && full_match(bound, "-5") && full_match(bound, R"("x")"));
+  EXPECT_FALSE(full_match(bound, "2") || full_match(bound, "3") || full_match(bound, "1.5"));
+  auto apart = grammar_from_json_schema(R"({"oneOf":[{"type":"number","maximum":0},{"type":"integer","exclusiveMinimum":0}]})");
+  EXPECT_TRUE(full_match(apart, "-1.5") && full_match(apart, "0") && full_match(apart, "7"));
+  EXPECT_FALSE(full_match(apart, "0.5"));
   auto g = grammar_from_json_schema(R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],
       "items":{"type":"boolean"},"maxItems":3})");
   EXPECT_TRUE(full_match(g, R"(["a",1,true])"));
