@@ -330,19 +330,34 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   constexpr size_t kMaxTriggers = 3;
   const size_t n_variants = triggers.size() <= kMaxTriggers ? size_t{1} << triggers.size() : 1;
   std::vector<Expr> variants;
+  std::optional<Error> last;
   for (size_t v = 0; v < n_variants; ++v) {
+    auto with = [&](size_t t) { return n_variants == 1 || ((v >> t) & 1); };
+    // A combination that leaves out a trigger another one there depends on has no instance.
+    bool consistent = true;
+    for (size_t t = 0; t < triggers.size(); ++t)
+      for (size_t u = 0; u < triggers.size(); ++u)
+        if (with(t) && !with(u) && std::count(triggers[t].second.begin(), triggers[t].second.end(), triggers[u].first))
+          consistent = false;
+    if (!consistent) continue;
     std::vector<Prop> these = props;
     for (size_t t = 0; t < triggers.size(); ++t) {
-      const bool with = n_variants == 1 || ((v >> t) & 1);
-      auto& [key, deps] = triggers[t];
-      if (!with) {
+      const std::string& key = triggers[t].first;  // (a structured binding cannot be captured in clang)
+      const std::vector<std::string>& deps = triggers[t].second;
+      if (!with(t)) {
         these.erase(std::find_if(these.begin(), these.end(), [&](const Prop& p) { return p.key == key; }));
         continue;
       }
       for (auto& q : these) q.required |= (n_variants > 1 && q.key == key) || std::find(deps.begin(), deps.end(), q.key) != deps.end();
     }
-    variants.push_back(object_with_counts(*this, std::move(these), s, pn, extra_schema, names, path));
+    try {
+      variants.push_back(object_with_counts(*this, std::move(these), s, pn, extra_schema, names, path));
+    } catch (const Error& e) {
+      if (n_variants == 1) throw;
+      last = e;  // e.g. more required properties than maxProperties: no instance has them
+    }
   }
+  if (variants.empty()) throw *last;  // (the variant without any trigger is always consistent)
   return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
 }
 

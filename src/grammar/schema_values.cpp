@@ -173,7 +173,6 @@ bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int dept
   bool extras = (gen.contains("additionalProperties") && gen["additionalProperties"] != Json(false)) ||
                 gen.contains("patternProperties");
   auto may_emit = [&](const std::string& k) { return extras || (gp.contains(k) && gp[k] != Json(false)); };
-  auto required_in_gen = [&](const std::string& k) { return std::find(greq.begin(), greq.end(), k) != greq.end(); };
   for (const Json& k : oreq)
     if (k.is_string() && !may_emit(k.get<std::string>())) return true;
   bool other_closed = other.contains("additionalProperties") && other["additionalProperties"] == Json(false) &&

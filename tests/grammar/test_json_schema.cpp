@@ -276,6 +276,11 @@ TEST(GrammarJsonSchema, UndeclaredKeys) {
   EXPECT_TRUE(full_match(two, R"({"a":1,"b":2})") && full_match(two, R"({"c":1,"d":2})") &&
               full_match(two, R"({"a":1,"c":1})") && full_match(two, R"({"a":1,"b":2,"c":3,"d":4})"));
   EXPECT_FALSE(full_match(two, R"({"b":2,"c":3,"d":4})") || full_match(two, R"({"a":1,"b":2,"d":4})"));
+  // A chain: b needs a, a needs c; never a combination with b but without a.
+  auto chain = grammar_from_json_schema(R"({"type":"object","properties":{"a":{},"b":{},"c":{}},
+      "dependentRequired":{"b":["a"],"a":["c"]},"maxProperties":2})");
+  EXPECT_TRUE(full_match(chain, R"({"a":1,"c":2})") && full_match(chain, R"({"c":2})") && full_match(chain, "{}"));
+  EXPECT_FALSE(full_match(chain, R"({"b":1})") || full_match(chain, R"({"a":1,"b":2})") || full_match(chain, R"({"a":1})"));
   // propertyNames constrains the undeclared keys; false allows none.
   auto names = grammar_from_json_schema(R"({"type":"object","propertyNames":{"maxLength":3}})");
   EXPECT_TRUE(full_match(names, R"({"abc":1})"));
