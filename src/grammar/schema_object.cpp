@@ -188,9 +188,10 @@ static Expr object_with_counts(SchemaCompiler& c, std::vector<Prop> props, const
     extra_alts.push_back(Expr::seq({key_not_in(c, names), Expr::literal(":"), SchemaCompiler::sp(), Expr::ref(c.common("value"))}));
     extra_max = max_p < 0 ? -1 : max_p - n_all;
   }
-  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
-    c.unsupported("minProperties", path, "needs more properties than declared"), extra_min = 0;
   if (extra_max == 0) extra_alts.clear();
+  if (extra_min > 1 || (extra_min > 0 && extra_alts.empty()))
+    c.unsupported("minProperties", path, "needs more properties than declared (or than maxProperties allows)"),
+        extra_min = 0;
 
   return object_chain(c, props, std::move(extra_alts), extra_min, extra_max, path);
 }
@@ -256,9 +257,15 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   for (const Json& k : required_list)
     if (k.is_string() && std::find(required.begin(), required.end(), k.get<std::string>()) == required.end())
       required.push_back(k.get<std::string>());
-  for (auto& [k, deps] : dep_required.items())
-    if (std::find(required.begin(), required.end(), k) != required.end())
-      for (const Json& d : deps) required.push_back(d.get<std::string>());
+  // Dependencies of required names are required, and theirs in turn (to a fixpoint).
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (auto& [k, deps] : dep_required.items())
+      if (std::find(required.begin(), required.end(), k) != required.end())
+        for (const Json& d : deps)
+          if (std::find(required.begin(), required.end(), d.get<std::string>()) == required.end())
+            required.push_back(d.get<std::string>()), grew = true;
+  }
 
   // Declared properties (and required-but-undeclared ones) with the schemas that apply to them.
   std::vector<Prop> props;
@@ -315,18 +322,25 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   auto find = [&](const std::string& k) {
     return std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
   };
-  std::vector<std::pair<std::string, std::vector<std::string>>> triggers;
-  for (auto& [key, deps] : dep_required.items()) {
-    auto trigger = find(key);
-    if (trigger == props.end() || trigger->required) continue;
-    std::vector<std::string> names_of_deps;
-    for (const Json& d : deps) names_of_deps.push_back(d.get<std::string>());
-    if (!std::all_of(names_of_deps.begin(), names_of_deps.end(), [&](const std::string& d) { return find(d) != props.end(); })) {
-      props.erase(trigger);
-      continue;
+  auto deps_of = [](const Json& deps) {
+    std::vector<std::string> out;
+    for (const Json& d : deps) out.push_back(d.get<std::string>());
+    return out;
+  };
+  // Left out until none is (a trigger left out may be another one's dependency).
+  for (bool erased = true; erased;) {
+    erased = false;
+    for (auto& [key, deps] : dep_required.items()) {
+      auto trigger = find(key);
+      if (trigger == props.end() || trigger->required) continue;
+      const std::vector<std::string> names_of_deps = deps_of(deps);
+      if (!std::all_of(names_of_deps.begin(), names_of_deps.end(), [&](const std::string& d) { return find(d) != props.end(); }))
+        props.erase(trigger), erased = true;
     }
-    triggers.emplace_back(key, std::move(names_of_deps));
   }
+  std::vector<std::pair<std::string, std::vector<std::string>>> triggers;
+  for (auto& [key, deps] : dep_required.items())
+    if (auto trigger = find(key); trigger != props.end() && !trigger->required) triggers.emplace_back(key, deps_of(deps));
   constexpr size_t kMaxTriggers = 3;
   const size_t n_variants = triggers.size() <= kMaxTriggers ? size_t{1} << triggers.size() : 1;
   std::vector<Expr> variants;
