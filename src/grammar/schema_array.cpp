@@ -30,13 +30,13 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
   Json prefix = s.value("prefixItems", Json::array());
   Json items = s.contains("items") ? s["items"] : s.value("unevaluatedItems", Json(true));
   int min = count(s, "minItems", path, 0), max = count(s, "maxItems", path, -1);
-  if (max >= 0 && max < min) refuse("maxItems", path, "below minItems (no instance is valid)");
   int need = 0;  // leading items that must match `contains`
   if (s.contains("contains")) {
     need = count(s, "minContains", path, 1);
     if (s.contains("maxContains")) unsupported("maxContains", path, "only minContains is enforced");
     min = std::max(min, need);
   }
+  if (max >= 0 && max < min) refuse("maxItems", path, "below minItems or minContains (no instance is valid)");
   if (s.value("uniqueItems", false) && prefix.empty() && need == 0) {
     // Items from a small set of constants (an enum, a const, booleans): distinct values enforced.
     const std::string ip = path + "/items";

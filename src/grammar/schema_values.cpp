@@ -170,9 +170,17 @@ bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int dept
   // Objects: generated keys are the declared ones (plus extras only if allowed).
   Json gp = gen.value("properties", Json::object()), op = other.value("properties", Json::object());
   Json greq = gen.value("required", Json::array()), oreq = other.value("required", Json::array());
+  // (dependentSchemas may bring in any key; dependentRequired's names may be written.)
   bool extras = (gen.contains("additionalProperties") && gen["additionalProperties"] != Json(false)) ||
-                gen.contains("patternProperties");
-  auto may_emit = [&](const std::string& k) { return extras || (gp.contains(k) && gp[k] != Json(false)); };
+                gen.contains("patternProperties") || gen.contains("dependentSchemas");
+  const Json gdep = gen.value("dependentRequired", Json::object());
+  auto may_emit = [&](const std::string& k) {
+    if (extras || (gp.contains(k) && gp[k] != Json(false))) return true;
+    if (!gp.contains(k) && std::find(greq.begin(), greq.end(), k) != greq.end()) return true;  // required, undeclared
+    for (auto& [t, deps] : gdep.items())
+      if (t == k || std::find(deps.begin(), deps.end(), k) != deps.end()) return !gp.contains(k);
+    return false;
+  };
   for (const Json& k : oreq)
     if (k.is_string() && !may_emit(k.get<std::string>())) return true;
   bool other_closed = other.contains("additionalProperties") && other["additionalProperties"] == Json(false) &&
