@@ -102,7 +102,26 @@ def random_value_schema(rng, depth=0):
         return s
     if kind == "object":
         return random_schema(rng)
-    key = rng.choice(["anyOf", "oneOf", "allOf", "if"])
+    # ($refs point into the root's $defs: only a root schema gets them.)
+    key = rng.choice(["anyOf", "oneOf", "allOf", "if", "not", "names", "const"] + (["ref"] if depth == 0 else []))
+    if key == "not":
+        return {**random_value_schema(rng, depth + 1), "not": rng.choice(
+            [{"required": [rng.choice(NAMES)]}, {"type": rng.choice(["string", "integer", "object"])},
+             {"const": rng.choice([0, "a", None])}, {"minimum": 2}, {"maxLength": 2}])}
+    if key == "ref":  # a definition used twice, and a recursive one
+        return {"$defs": {"v": random_value_schema(rng, depth + 1),
+                          "tree": {"type": "object", "properties": {"v": {"$ref": "#/$defs/v"},
+                                                                    "kids": {"type": "array", "items": {"$ref": "#/$defs/tree"},
+                                                                             "maxItems": 2}}}},
+                "type": "array", "items": rng.choice([{"$ref": "#/$defs/v"}, {"$ref": "#/$defs/tree"}])}
+    if key == "names":
+        return {"type": "object", "propertyNames": rng.choice([{"maxLength": 2}, {"pattern": "^x"}, {"enum": ["a", "b"]}]),
+                **({"minProperties": 1} if rng.random() < 0.5 else {}),
+                **({"additionalProperties": random_value_schema(rng, depth + 1)} if rng.random() < 0.5 else {})}
+    if key == "const":
+        return rng.choice([{"const": {"a": [1, 2], "b": None}}, {"enum": [{"x": 1}, [1, "y"], 2.5, "s"]},
+                           {"type": "array", "items": {"enum": ["p", "q", "r"]}, "uniqueItems": True,
+                            "minItems": rng.randint(0, 3)}])
     branches = [random_value_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]
     if key == "if":
         return {"if": branches[0], "then": branches[1], **({"else": branches[2]} if len(branches) > 2 else {})}
