@@ -53,7 +53,8 @@ def random_schema(rng):
     if rng.random() < 0.2:
         s["additionalProperties"] = rng.choice([False, {"type": "integer"}])
     if rng.random() < 0.15:
-        s["patternProperties"] = {"^x": {"type": "boolean"}}
+        s["patternProperties"] = rng.choice([{"^x": {"type": "boolean"}}, {"a": {"type": "integer"}, "^b": {"maximum": 5}},
+                                             {"^[cd]$": False}])
     return s
 
 

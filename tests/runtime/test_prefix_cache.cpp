@@ -154,6 +154,21 @@ TEST_P(PrefixCacheEngine, GreedyOutputsEqualWithoutCaching) {
   }
 }
 
+// Over tensor-parallel CPU ranks (issue 37): a snapshot holds every rank's slice of the state,
+// and a hit is decided once for all ranks; outputs equal those of the same ranks uncached.
+TEST_P(PrefixCacheEngine, GreedyOutputsEqualWithoutCachingOverTensorParallelRanks) {
+  const fs::path dir = testing::fixtures_dir() / GetParam();
+  ASSERT_TRUE(fs::exists(dir / "config.json")) << GetParam() << " missing";
+  auto ranks = [&] { return CpuRunner::open(dir, /*with_mtp=*/false, /*tensor_parallel_size=*/2); };
+  ASSERT_EQ(ranks()->tensor_parallel_size(), 2);
+  const std::vector<Job> jobs = sharing_jobs(ranks()->config().vocab_size);
+  const auto plain = run_engine(ranks(), config(13, false), jobs);
+  std::string m;
+  const auto cached = run_engine(ranks(), config(13, true), jobs, &m);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(cached[i].ids, plain[i].ids) << GetParam() << " job " << i;
+  EXPECT_GE(metric(m, "fathom:prefix_cache_hits_total"), 64 + 64 + 16);
+}
+
 // MTP speculative decoding from a cached prefix (the fixture with an MTP layer): the snapshot
 // holds the MTP layer's KV too. One draft a round runs fused rounds (engine_mtp_round.cpp),
 // whose MTP layer is always caught up; two drafts the speculator's draft steps.
