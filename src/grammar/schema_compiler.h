@@ -97,6 +97,7 @@ class SchemaCompiler {
   Expr compile_ref(const std::string& ref, const std::string& path);
   Expr compile_combinator(const Json& s, const std::string& key, const std::string& path, int depth);
   Expr compile_conditional(const Json& s, const std::string& path, int depth);
+  Expr compile_dependent_schemas(const Json& s, const std::string& path);
   Expr compile_not(Json s, const std::string& path, int depth);
   Expr compile_enum(const Json& s, const std::string& path);
   // A const / enum value as JSON text: containers with the grammar's optional space after ","

@@ -39,6 +39,9 @@ int count_of(const Json& s, const char* key, const std::string& path, int dflt) 
   return static_cast<int>(std::min<double>(s[key].get<double>(), 100000));
 }
 
+// dependentRequired / dependentSchemas triggers compiled exactly (2^n object alternatives).
+constexpr size_t kMaxTriggers = 3;
+
 struct Prop {
   std::string key;
   Json owned;           // a schema made here (with patternProperties), or
@@ -196,48 +199,111 @@ static Expr object_with_counts(SchemaCompiler& c, std::vector<Prop> props, const
   return object_chain(c, props, std::move(extra_alts), extra_min, extra_max, path);
 }
 
-// (Subschemas are referenced, not copied: large documents nest deeply.)
-Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
-  // dependentSchemas: for up to kMaxTriggers triggers, the object without each trigger or with it
-  // (required) and its schema merged in, as alternatives; past that each schema applies
-  // unconditionally (a subset), or its trigger is left out where the merge is impossible.
-  if (s.contains("dependentSchemas")) {
-    constexpr size_t kMaxTriggers = 3;
-    const Json deps = s["dependentSchemas"];
-    const Json base = without(s, {"dependentSchemas"});
-    if (deps.size() > kMaxTriggers) {
+// dependentRequired on an optional property: the object with the trigger (and its dependencies
+// required) or without it, as alternatives for up to kMaxTriggers triggers; past that the
+// dependencies become required (a subset). A trigger whose dependency cannot be written is left
+// out. Each combination is an object under the property counts.
+static Expr object_with_triggers(SchemaCompiler& c, std::vector<Prop> props, const Json& dep_required, const Json& s,
+                                 const Json& pn, const Json* extra_schema, const std::vector<std::string>& names,
+                                 const std::string& path) {
+  auto find = [&](const std::string& k) {
+    return std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
+  };
+  auto deps_of = [](const Json& deps) {
+    std::vector<std::string> out;
+    for (const Json& d : deps) out.push_back(d.get<std::string>());
+    return out;
+  };
+  // Left out until none is (a trigger left out may be another one's dependency).
+  for (bool erased = true; erased;) {
+    erased = false;
+    for (auto& [key, deps] : dep_required.items()) {
+      auto trigger = find(key);
+      if (trigger == props.end() || trigger->required) continue;
+      const std::vector<std::string> names_of_deps = deps_of(deps);
+      if (!std::all_of(names_of_deps.begin(), names_of_deps.end(), [&](const std::string& d) { return find(d) != props.end(); }))
+        props.erase(trigger), erased = true;
+    }
+  }
+  std::vector<std::pair<std::string, std::vector<std::string>>> triggers;
+  for (auto& [key, deps] : dep_required.items())
+    if (auto trigger = find(key); trigger != props.end() && !trigger->required) triggers.emplace_back(key, deps_of(deps));
+  const size_t n_variants = triggers.size() <= kMaxTriggers ? size_t{1} << triggers.size() : 1;
+  std::vector<Expr> variants;
+  std::optional<Error> last;
+  for (size_t v = 0; v < n_variants; ++v) {
+    auto with = [&](size_t t) { return n_variants == 1 || ((v >> t) & 1); };
+    // A combination that leaves out a trigger another one there depends on has no instance.
+    bool consistent = true;
+    for (size_t t = 0; t < triggers.size(); ++t)
+      for (size_t u = 0; u < triggers.size(); ++u)
+        if (with(t) && !with(u) && std::count(triggers[t].second.begin(), triggers[t].second.end(), triggers[u].first))
+          consistent = false;
+    if (!consistent) continue;
+    std::vector<Prop> these = props;
+    for (size_t t = 0; t < triggers.size(); ++t) {
+      const std::string& key = triggers[t].first;  // (a structured binding cannot be captured in clang)
+      const std::vector<std::string>& deps = triggers[t].second;
+      if (!with(t)) {
+        these.erase(std::find_if(these.begin(), these.end(), [&](const Prop& p) { return p.key == key; }));
+        continue;
+      }
+      for (auto& q : these) q.required |= (n_variants > 1 && q.key == key) || std::find(deps.begin(), deps.end(), q.key) != deps.end();
+    }
+    try {
+      variants.push_back(object_with_counts(c, std::move(these), s, pn, extra_schema, names, path));
+    } catch (const Error& e) {
+      if (n_variants == 1) throw;
+      last = e;  // e.g. more required properties than maxProperties: no instance has them
+    }
+  }
+  if (variants.empty()) throw *last;  // (the variant without any trigger is always consistent)
+  return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
+}
+
+// dependentSchemas: for up to kMaxTriggers triggers, the object without each trigger or with it
+// (required) and its schema merged in, as alternatives; past that each schema applies
+// unconditionally (a subset), or its trigger is left out where the merge is impossible.
+Expr SchemaCompiler::compile_dependent_schemas(const Json& s, const std::string& path) {
+  const Json deps = s["dependentSchemas"];
+  const Json base = without(s, {"dependentSchemas"});
+  if (deps.size() > kMaxTriggers) {
+    Json merged = base;
+    for (auto& [k, d] : deps.items()) {
+      try {
+        merged = merge(merged, flatten(norm(d, path), path), path);
+      } catch (const Error&) {
+        merged["properties"][k] = false;
+      }
+    }
+    return compile_resolved(merged, path, 1);
+  }
+  std::vector<Expr> variants;
+  std::optional<Error> last;
+  for (size_t v = 0; v < (size_t{1} << deps.size()); ++v) {
+    try {
       Json merged = base;
+      size_t t = 0;
       for (auto& [k, d] : deps.items()) {
-        try {
+        if ((v >> t++) & 1) {
           merged = merge(merged, flatten(norm(d, path), path), path);
-        } catch (const Error&) {
+          merged = merge(merged, Json{{"required", Json::array({k})}}, path);
+        } else {
           merged["properties"][k] = false;
         }
       }
-      return compile_resolved(merged, path, 1);
+      variants.push_back(compile_resolved(merged, path, 1));
+    } catch (const Error& e) {
+      last = e;  // this combination has no instance
     }
-    std::vector<Expr> variants;
-    std::optional<Error> last;
-    for (size_t v = 0; v < (size_t{1} << deps.size()); ++v) {
-      try {
-        Json merged = base;
-        size_t t = 0;
-        for (auto& [k, d] : deps.items()) {
-          if ((v >> t++) & 1) {
-            merged = merge(merged, flatten(norm(d, path), path), path);
-            merged = merge(merged, Json{{"required", Json::array({k})}}, path);
-          } else {
-            merged["properties"][k] = false;
-          }
-        }
-        variants.push_back(compile_resolved(merged, path, 1));
-      } catch (const Error& e) {
-        last = e;  // this combination has no instance
-      }
-    }
-    if (variants.empty()) throw *last;
-    return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
   }
+  if (variants.empty()) throw *last;
+  return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
+}
+
+// (Subschemas are referenced, not copied: large documents nest deeply.)
+Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
+  if (s.contains("dependentSchemas")) return compile_dependent_schemas(s, path);
   const Json pp = s.value("patternProperties", Json::object());
   const bool has_ap = s.contains("additionalProperties") && s["additionalProperties"] != Json(false);
   const Json ap = has_ap ? s["additionalProperties"] : Json(false);
@@ -315,64 +381,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
       if (v != Json(false) && (pn == Json(true) || value_satisfies(Json(k), pn))) props.push_back({k, v, nullptr, false});
     }
   }
-  // dependentRequired on an optional property: the object with the trigger (and its
-  // dependencies required) or without it, as alternatives for up to kMaxTriggers triggers; past
-  // that the dependencies become required (a subset). A trigger whose dependency cannot be
-  // written is left out.
-  auto find = [&](const std::string& k) {
-    return std::find_if(props.begin(), props.end(), [&](const Prop& p) { return p.key == k; });
-  };
-  auto deps_of = [](const Json& deps) {
-    std::vector<std::string> out;
-    for (const Json& d : deps) out.push_back(d.get<std::string>());
-    return out;
-  };
-  // Left out until none is (a trigger left out may be another one's dependency).
-  for (bool erased = true; erased;) {
-    erased = false;
-    for (auto& [key, deps] : dep_required.items()) {
-      auto trigger = find(key);
-      if (trigger == props.end() || trigger->required) continue;
-      const std::vector<std::string> names_of_deps = deps_of(deps);
-      if (!std::all_of(names_of_deps.begin(), names_of_deps.end(), [&](const std::string& d) { return find(d) != props.end(); }))
-        props.erase(trigger), erased = true;
-    }
-  }
-  std::vector<std::pair<std::string, std::vector<std::string>>> triggers;
-  for (auto& [key, deps] : dep_required.items())
-    if (auto trigger = find(key); trigger != props.end() && !trigger->required) triggers.emplace_back(key, deps_of(deps));
-  constexpr size_t kMaxTriggers = 3;
-  const size_t n_variants = triggers.size() <= kMaxTriggers ? size_t{1} << triggers.size() : 1;
-  std::vector<Expr> variants;
-  std::optional<Error> last;
-  for (size_t v = 0; v < n_variants; ++v) {
-    auto with = [&](size_t t) { return n_variants == 1 || ((v >> t) & 1); };
-    // A combination that leaves out a trigger another one there depends on has no instance.
-    bool consistent = true;
-    for (size_t t = 0; t < triggers.size(); ++t)
-      for (size_t u = 0; u < triggers.size(); ++u)
-        if (with(t) && !with(u) && std::count(triggers[t].second.begin(), triggers[t].second.end(), triggers[u].first))
-          consistent = false;
-    if (!consistent) continue;
-    std::vector<Prop> these = props;
-    for (size_t t = 0; t < triggers.size(); ++t) {
-      const std::string& key = triggers[t].first;  // (a structured binding cannot be captured in clang)
-      const std::vector<std::string>& deps = triggers[t].second;
-      if (!with(t)) {
-        these.erase(std::find_if(these.begin(), these.end(), [&](const Prop& p) { return p.key == key; }));
-        continue;
-      }
-      for (auto& q : these) q.required |= (n_variants > 1 && q.key == key) || std::find(deps.begin(), deps.end(), q.key) != deps.end();
-    }
-    try {
-      variants.push_back(object_with_counts(*this, std::move(these), s, pn, extra_schema, names, path));
-    } catch (const Error& e) {
-      if (n_variants == 1) throw;
-      last = e;  // e.g. more required properties than maxProperties: no instance has them
-    }
-  }
-  if (variants.empty()) throw *last;  // (the variant without any trigger is always consistent)
-  return variants.size() == 1 ? std::move(variants[0]) : Expr::alt(std::move(variants));
+  return object_with_triggers(*this, std::move(props), dep_required, s, pn, extra_schema, names, path);
 }
 
 }  // namespace fathom::grammar::schema
