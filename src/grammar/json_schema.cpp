@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "core/error.h"
 #include "grammar/schema_compiler.h"
@@ -210,21 +211,27 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
     branches.push_back(rest.empty() ? list[i] : merge(rest, flatten(norm(list[i], p), p), p));
     paths.push_back(p);
   }
+  // Each branch flattened once (oneOf compares every pair; large documents have long lists).
+  std::vector<std::optional<Json>> flat(branches.size());
+  auto flat_at = [&](size_t j) -> const Json& {
+    if (!flat[j]) flat[j] = flatten(norm(branches[j], paths[j]), paths[j]);
+    return *flat[j];
+  };
   std::vector<Expr> alts;
   for (size_t i = 0; i < branches.size(); ++i) {
-    Json gen = flatten(norm(branches[i], paths[i]), paths[i]);
+    Json gen = flat_at(i);
     if (unsatisfiable(gen)) continue;
     if (key == "oneOf") {
       auto exclusive = [&](const Json& g) {
         for (size_t j = 0; j < branches.size(); ++j)
-          if (j != i && !never_both(g, flatten(norm(branches[j], paths[j]), paths[j]))) return false;
+          if (j != i && !never_both(g, flat_at(j))) return false;
         return true;
       };
       if (!exclusive(gen)) {  // leave out a name each other branch requires and this one does not
         Json narrowed = gen;
         for (size_t j = 0; j < branches.size(); ++j) {
           if (j == i) continue;
-          Json other = flatten(norm(branches[j], paths[j]), paths[j]);
+          const Json& other = flat_at(j);
           if (!other.is_object() || !other.contains("required")) continue;
           const Json mine = narrowed.value("required", Json::array());
           for (const Json& k : other["required"])
@@ -242,7 +249,7 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
         bool all_bounds = true;
         for (size_t j = 0; j < branches.size() && all_bounds; ++j) {
           if (j == i) continue;
-          auto fail = failing_bound(flatten(norm(branches[j], paths[j]), paths[j]));
+          auto fail = failing_bound(flat_at(j));
           all_bounds = fail.has_value();
           if (fail) {
             try {
