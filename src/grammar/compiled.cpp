@@ -36,29 +36,42 @@ CompiledGrammar::PositionTokens classify(StackPool& pool, const Vocabulary& voca
   const auto& child_byte = vocab.child_byte();
   // Depth-first over the children lists (preorder, so uncertain nodes come out ascending): a
   // child whose byte the state cannot take is passed over without reading its node, unless the
-  // path has crossed the rule's end (then it is an uncertain node).
-  auto visit = [&](auto&& self, uint32_t node, size_t d) -> void {
-    if (states.size() <= d + 1) states.resize(d + 2), past.resize(d + 2);
-    // Crossed: some state on the path held the sentinel (the rule could have ended there).
-    const bool crossed = past[d] || pool.set_has_sentinel(states[d]);
-    for (uint32_t i = child_begin[node]; i < child_begin[node + 1]; ++i) {
-      ++visited;
-      const bool takes = pool.set_takes(states[d], child_byte[i]);
-      if (!takes && !crossed) continue;
-      const uint32_t next = takes ? pool.advance_set_id(states[d], child_byte[i]) : StackPool::kEmptySet;
-      const uint32_t k = child_node[i];
-      const auto& nd = vocab.trie()[k];
-      if (next == StackPool::kEmptySet) {
-        uncertain.push_back(k);  // crossed
-        continue;
-      }
-      for (uint32_t t = nd.lo; t < nd.lo + nd.n_end; ++t) accepted.push_back(vocab.sorted()[t]);
-      states[d + 1] = next;
-      past[d + 1] = crossed;
-      self(self, k, d + 1);
-    }
+  // path has crossed the rule's end (then it is an uncertain node). An explicit stack: a path is
+  // as deep as the longest token.
+  struct Frame {
+    uint32_t next, end;  // the node's children still to visit
+    bool crossed;        // some state on the path held the sentinel (the rule could have ended)
   };
-  visit(visit, 0, 0);
+  std::vector<Frame> stack;
+  auto enter = [&](uint32_t node, size_t d) {
+    if (states.size() <= d + 1) states.resize(d + 2), past.resize(d + 2);
+    stack.push_back({child_begin[node], child_begin[node + 1], past[d] || pool.set_has_sentinel(states[d])});
+  };
+  enter(0, 0);
+  while (!stack.empty()) {
+    const size_t d = stack.size() - 1;
+    Frame& f = stack.back();
+    if (f.next == f.end) {
+      stack.pop_back();
+      continue;
+    }
+    const uint32_t i = f.next++;
+    const bool crossed = f.crossed;
+    ++visited;
+    const bool takes = pool.set_takes(states[d], child_byte[i]);
+    if (!takes && !crossed) continue;
+    const uint32_t next = takes ? pool.advance_set_id(states[d], child_byte[i]) : StackPool::kEmptySet;
+    const uint32_t k = child_node[i];
+    const auto& nd = vocab.trie()[k];
+    if (next == StackPool::kEmptySet) {
+      uncertain.push_back(k);  // crossed
+      continue;
+    }
+    for (uint32_t t = nd.lo; t < nd.lo + nd.n_end; ++t) accepted.push_back(vocab.sorted()[t]);
+    states[d + 1] = next;
+    past[d + 1] = crossed;
+    enter(k, d + 1);
+  }
   CompiledGrammar::PositionTokens out;
   out.uncertain = std::move(uncertain);
   if (accepted.size() < vocab.mask_words()) {
