@@ -364,6 +364,7 @@ Engine::StepTiming Engine::begin_speculative_timing(const SchedulerOutput& plan,
     drafting = drafting || !r.drafts.empty();
   }
   t.timed = decode_only && drafting;
+  if (!t.timed) return t;
   std::lock_guard<std::mutex> l(metrics_mu_);
   t.tokens_before = metrics_.generation_tokens;
   return t;
