@@ -56,6 +56,7 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
     sched_.set_admit_hook([this](Request& r) { return admit(r); });
     sched_.set_align_chunks(true);
+    prompt_end_snapshots_ = !device_sampling_;
   }
   stat_blocks_free_ = blocks_.num_free();
   for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
@@ -282,6 +283,7 @@ bool Engine::step() {
   if (spec_) propose_drafts();
   take_snapshots();
   SchedulerOutput plan = sched_.schedule();
+  finish_ended_at_admission();
   for (Request* p : plan.preempted) forget_sequence(*p);
   {
     std::lock_guard<std::mutex> l(metrics_mu_);

@@ -191,6 +191,7 @@ class Engine {
   // The token chosen from logits row `row` (and whether `draft` was accepted); fills `lp` when the
   // request asks for logprobs.
   Acceptance pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp);
+  Acceptance pick_from_row(Request& r, const float* logits, const int32_t* draft, TokenLogprob& lp);  // host logits
   // The rest of a step for one sequence: sampling, draft verification, streaming, bookkeeping.
   void finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                     Clock::time_point now);
@@ -227,6 +228,14 @@ class Engine {
   // cached prefix, the next position to snapshot, the snapshots after a forward, and the
   // conversation's snapshot going into the cache when the request ends.
   bool admit(Request& r);  // false: r waits for another request's prefill of its prefix
+  // A hit on a prompt end: the MTP layer gets the last cached position's row, and an exact repeat
+  // its first token from the cached logits (false: that token ended the request, finished after
+  // the scheduler's pass by finish_ended_at_admission()).
+  bool resume_at_prompt_end(Request& r, const PromptEnd& end, int64_t length);
+  void finish_ended_at_admission();
+  // The state where r's prompt ends, with its last row's logits and hidden state (null without
+  // MTP), into the cache.
+  void snapshot_prompt_end(Request& r, const float* logits, const float* hidden);
   bool wait_for_shared_prefill(const Request& r, int64_t cached);
   void add_snapshot_target(Request& r, int64_t at);
   bool cached(const Request& r, int64_t at) const;
@@ -252,6 +261,14 @@ class Engine {
   Scheduler sched_;
   std::unique_ptr<Speculator> spec_;
   std::unique_ptr<PrefixCache> prefix_cache_;
+  // Snapshots where prompts end need their last row's logits on the host: engines that sample on
+  // the host (the CPU engine) take them; device sampling keeps only block-aligned ones for now.
+  bool prompt_end_snapshots_ = false;
+  struct EndedAtAdmission {
+    Request* req;
+    std::string reason, stage, what;  // finish reason; for "error", where and what
+  };
+  std::vector<EndedAtAdmission> ended_at_admission_;
   int64_t turn_snapshots_ = 0, turn_snapshot_tokens_ = 0;  // live conversation snapshots
   std::set<int32_t> eos_;
   size_t max_stop_len_ = 0;

@@ -165,18 +165,19 @@ Acceptance Engine::choose(Request& r, const float* row, int64_t vocab, const int
   return verify_draft(logits, vocab, p.sampling, *draft, r.sampler.rng());
 }
 
+Acceptance Engine::pick_from_row(Request& r, const float* logits, const int32_t* draft, TokenLogprob& lp) {
+  const int64_t vocab = runner_->config().vocab_size;
+  const Acceptance acc = choose(r, logits, vocab, draft);
+  if (const int n = r.spec.params.logprobs; n >= 0) {
+    TokenLogprobs t = compute_logprobs(logits, vocab, acc.token, n);
+    lp = TokenLogprob{acc.token, t.logprob, std::move(t.top)};
+  }
+  return acc;
+}
+
 Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp) {
   const RequestParams& p = r.spec.params;
-  if (res.fo) {
-    const int64_t vocab = runner_->config().vocab_size;
-    const float* logits = res.fo->logits.data() + row * vocab;
-    const Acceptance acc = choose(r, logits, vocab, draft);
-    if (p.logprobs >= 0) {
-      TokenLogprobs t = compute_logprobs(logits, vocab, acc.token, p.logprobs);
-      lp = TokenLogprob{acc.token, t.logprob, std::move(t.top)};
-    }
-    return acc;
-  }
+  if (res.fo) return pick_from_row(r, res.fo->logits.data() + row * runner_->config().vocab_size, draft, lp);
   maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
   const RowSample& s = res.so->samples[size_t(row)];
   if (p.logprobs >= 0) {
@@ -225,16 +226,28 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   const bool decode_round = r.num_output() > 0 && pos == int64_t(r.tokens.size()) - 1;  // before any emission
   r.num_computed += n;
   r.next_draft = -1;  // the MTP layer is behind again (the rows below queue for it)
-  // The target's rows at positions pos.. feed the MTP, each with the token that follows it.
+  // The target's rows at positions pos + from.. feed the MTP, each with the token that follows it.
+  int64_t observed = 0;
   auto observe = [&](int64_t count) {
-    if (need_hidden)
-      spec_->observe(seq, pos,
-                     std::span<const float>(res.hidden().data() + res.hidden_row_begin()[i] * H, size_t(count * H)),
-                     std::span<const int32_t>(r.tokens.data() + pos + 1, size_t(count)));
+    if (need_hidden && count > 0)
+      spec_->observe(seq, pos + observed,
+                     std::span<const float>(res.hidden().data() + (res.hidden_row_begin()[i] + observed) * H,
+                                            size_t(count * H)),
+                     std::span<const int32_t>(r.tokens.data() + pos + observed + 1, size_t(count)));
+    observed += count;
   };
   if (r.num_computed < int64_t(r.tokens.size())) {  // a prefill chunk that is not the last
     observe(n);
     return;
+  }
+  if (prompt_end_snapshots_ && res.fo && nd == 0 && r.num_output() == 0) {  // the prompt's end, into the cache
+    const float* hidden = nullptr;
+    if (need_hidden) {  // the MTP layer catches up to the last row, which waits for the token after it
+      observe(n - 1);
+      spec_->catch_up(seq);
+      hidden = res.hidden().data() + (res.hidden_row_begin()[i] + n - 1) * H;
+    }
+    snapshot_prompt_end(r, res.fo->logits.data() + (first_row + rows - 1) * runner_->config().vocab_size, hidden);
   }
   // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
   int accepted = 0;
@@ -257,7 +270,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
     if (accepted < nd) runner_->rollback(seq, r.num_computed);
     blocks_.shrink(r.block_table, r.num_computed);
   }
-  observe(r.num_computed - pos);
+  observe(r.num_computed - pos - observed);
   r.drafts.clear();
 }
 

@@ -34,6 +34,7 @@ bool Engine::step_overlapped() {
   if (sched_.has_work() && (!inflight_.active || !penalties_running())) {
     take_snapshots();
     plan = sched_.schedule(/*allow_preemption=*/!inflight_.active);
+    finish_ended_at_admission();
     for (Request* p : plan.preempted) forget_sequence(*p);
     {
       std::lock_guard<std::mutex> l(metrics_mu_);

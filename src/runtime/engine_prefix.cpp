@@ -26,7 +26,10 @@ bool Engine::admit(Request& r) {
   // preempted request comes back with its output), so the hashes of whole blocks stay valid.
   if (const size_t blocks = size_t((len - 1) / B); r.block_hashes.size() != blocks)
     r.block_hashes = prefix_cache_->block_hashes({r.tokens.data(), blocks * size_t(B)});
-  const PrefixCache::Hit hit = prefix_cache_->find(r.block_hashes, r.tokens);
+  PrefixCache::Hit hit = prefix_cache_->find(r.block_hashes, r.tokens);
+  // A prompt end without the MTP layer's row cannot start a drafting sequence (an engine's entries
+  // all have it or none do; this only guards).
+  if (hit.end && spec_ && spec_->needs_hidden() && hit.end->hidden.empty()) hit = {};
   if (wait_for_shared_prefill(r, hit.length)) return false;
   r.prefix_lookups = r.num_preemptions + 1;
   prefix_cache_->touch(hit);
@@ -43,17 +46,56 @@ bool Engine::admit(Request& r) {
     r.seq = runner_->add_sequence_from(hit.snapshot);
     r.num_computed = hit.length;
     observe_queue(r);
+    if (hit.end && !resume_at_prompt_end(r, *hit.end, hit.length)) return false;
   }
   r.next_snapshot = next_snapshot_at(r);
   return true;
 }
 
+bool Engine::resume_at_prompt_end(Request& r, const PromptEnd& end, int64_t length) {
+  const bool mtp = spec_ && spec_->needs_hidden();
+  const int64_t len = int64_t(r.tokens.size());
+  if (length < len) {  // a longer prompt: the MTP layer's last row waits for the token after it
+    if (mtp) spec_->observe(r.seq, length - 1, end.hidden, {r.tokens.data() + length, 1});
+    return true;
+  }
+  EndedAtAdmission ended{&r, "", "", ""};
+  try {
+    TokenLogprob lp;
+    const int32_t token = pick_from_row(r, end.logits.data(), nullptr, lp).token;
+    ended.reason = process_token(r, len, token, r.spec.params.logprobs >= 0 ? &lp : nullptr, Clock::now());
+    if (ended.reason.empty() && mtp) spec_->observe(r.seq, len - 1, end.hidden, {r.tokens.data() + len, 1});
+  } catch (const RequestError& e) {
+    ended = {&r, "error", e.stage(), e.what()};
+  } catch (const std::exception& e) {
+    ended = {&r, "error", "sample", e.what()};
+  }
+  if (ended.reason.empty()) return true;
+  ended_at_admission_.push_back(std::move(ended));
+  return false;
+}
+
+// Requests whose first token, chosen at admission from a cached prompt end, ended them (outside
+// the scheduler's pass over its queues).
+void Engine::finish_ended_at_admission() {
+  std::vector<EndedAtAdmission> ended;
+  ended.swap(ended_at_admission_);
+  for (const EndedAtAdmission& e : ended) {
+    if (e.reason == "error") fail_request(*e.req, e.stage, e.what);
+    else finish(*e.req, e.reason);
+  }
+}
+
 // True when a running request is prefilling a longer prefix of r's prompt than the cache holds
 // and has not passed its end: that request is told to snapshot there, and r waits for it.
 bool Engine::wait_for_shared_prefill(const Request& r, int64_t cached) {
-  const int64_t B = cfg_.block_size;
+  const int64_t B = cfg_.block_size, len = int64_t(r.tokens.size());
   for (auto& [p, owned] : live_) {
     if (p == &r || p->status != RequestStatus::Running || p->num_computed >= p->num_prompt) continue;
+    // The same prompt (n > 1, or a burst of one question): its end is worth the wait.
+    if (prompt_end_snapshots_ && cached < len && p->num_output() == 0 && p->num_prompt == len &&
+        std::equal(r.tokens.begin(), r.tokens.end(), p->tokens.begin()))
+      return true;
     // Blocks in common: the hashes are chained, so they agree up to a point and differ after it.
     size_t lo = 0, hi = std::min(r.block_hashes.size(), p->block_hashes.size());
     while (lo < hi) {
@@ -160,6 +202,22 @@ void Engine::forget_turn_snapshot(Request& r) {
   turn_snapshot_tokens_ -= r.turn_snapshot_len;
   r.turn_snapshot = 0;
   r.turn_snapshot_len = 0;
+}
+
+// Called with the forward that consumed the prompt's last token, before that row's token is
+// chosen: r's state is the prompt's, and with MTP the layer has caught up to the last position
+// (whose row waits for the token chosen next).
+void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* hidden) {
+  const std::span<const int32_t> prompt = r.prompt_span();
+  if (prefix_cache_->contains_prompt_end(prompt)) return;
+  const bool mtp = spec_ && spec_->needs_hidden();
+  if (mtp && (!hidden || runner_->mtp_length(r.seq) != r.num_prompt - 1)) return;
+  const int64_t snap = save_snapshot(r);
+  if (!snap) return;
+  auto end = std::make_shared<PromptEnd>();
+  end->logits.assign(logits, logits + runner_->config().vocab_size);
+  if (mtp) end->hidden.assign(hidden, hidden + runner_->config().hidden_size);
+  drop_snapshots(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end)));
 }
 
 // A snapshot of r's sequence; when the runner's room for them is full, the least recently used

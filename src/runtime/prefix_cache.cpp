@@ -8,6 +8,7 @@ namespace fathom {
 
 namespace {
 constexpr uint64_t kSeed = 0x9e3779b97f4a7c15ull;
+constexpr uint64_t kPromptEndMark = 0x5e1f00d000000000ull;  // sets a prompt end's key apart from a block's
 uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the pair
   uint64_t z = h ^ (v + kSeed + (h << 6) + (h >> 2));
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -35,16 +36,45 @@ std::vector<uint64_t> PrefixCache::block_hashes(std::span<const int32_t> tokens)
   return hashes;
 }
 
+// Longest first: the prompt ends listed under q whole blocks are longer than the block snapshot
+// of those q blocks and no longer than the one of q + 1 blocks.
 PrefixCache::Hit PrefixCache::find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const {
-  for (size_t b = hashes.size(); b-- > 0;) {
-    auto it = entries_.find(hashes[b]);
+  for (size_t q = hashes.size() + 1; q-- > 0;) {
+    if (const Hit end = find_prompt_end(q == 0 ? kSeed : hashes[q - 1], int64_t(q), tokens); end.length > 0)
+      return end;
+    if (q == 0) break;
+    auto it = entries_.find(hashes[q - 1]);
     if (it == entries_.end()) continue;
     const Entry& e = it->second;
-    const size_t n = (b + 1) * size_t(block_size_);
+    const size_t n = q * size_t(block_size_);
     if (e.tokens.size() == n && n <= tokens.size() && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
-      return Hit{e.snapshot, int64_t(n), hashes[b]};
+      return Hit{e.snapshot, int64_t(n), hashes[q - 1], e.end};
   }
   return {};
+}
+
+PrefixCache::Hit PrefixCache::find_prompt_end(uint64_t blocks_hash, int64_t blocks,
+                                              std::span<const int32_t> tokens) const {
+  auto tails = end_tails_.find(blocks_hash);
+  if (tails == end_tails_.end()) return {};
+  Hit best;
+  for (int rem : tails->second) {
+    const int64_t len = blocks * block_size_ + rem;
+    if (len > int64_t(tokens.size()) || len <= best.length) continue;
+    const std::span<const int32_t> prompt = tokens.first(size_t(len));
+    const uint64_t key = end_key(prompt, blocks_hash);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.end && std::equal(prompt.begin(), prompt.end(), it->second.tokens.begin(),
+                                                             it->second.tokens.end()))
+      best = Hit{it->second.snapshot, len, key, it->second.end};
+  }
+  return best;
+}
+
+uint64_t PrefixCache::end_key(std::span<const int32_t> prompt, uint64_t h) const {
+  for (size_t i = (prompt.size() - 1) / size_t(block_size_) * size_t(block_size_); i < prompt.size(); ++i)
+    h = mix(h, uint64_t(uint32_t(prompt[i])));
+  return mix(h, kPromptEndMark + prompt.size());
 }
 
 void PrefixCache::touch(const Hit& hit) {
@@ -52,8 +82,8 @@ void PrefixCache::touch(const Hit& hit) {
 }
 
 PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_length) {
-  const int64_t n = std::min<int64_t>(max_length, int64_t(tokens.size())) / block_size_ * block_size_;
-  const Hit hit = find(block_hashes(tokens.first(size_t(std::max<int64_t>(n, 0)))), tokens);
+  const size_t len = size_t(std::clamp<int64_t>(max_length, 0, int64_t(tokens.size())));
+  const Hit hit = find(block_hashes(tokens.first(len)), tokens.first(len));
   touch(hit);
   return hit;
 }
@@ -89,16 +119,82 @@ std::vector<int64_t> PrefixCache::insert(std::span<const int32_t> prefix, int64_
                prefix.size(), " tokens is not whole blocks of ", block_size_);
   const uint64_t key = chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed);
   if (bytes > capacity_ || contains(prefix, key)) return {snapshot};
+  return add(key, Entry{std::vector<int32_t>(prefix.begin(), prefix.end()), snapshot, bytes, 0, nullptr, 0});
+}
+
+std::vector<int64_t> PrefixCache::insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
+                                                    std::shared_ptr<const PromptEnd> end) {
+  FATHOM_CHECK(!prompt.empty() && end, "prefix cache: a prompt end needs a prompt and its last position");
+  bytes += end->bytes();
+  if (bytes > capacity_ || contains_prompt_end(prompt)) return {snapshot};
+  const int64_t blocks = (int64_t(prompt.size()) - 1) / block_size_;
+  const uint64_t blocks_hash = chain(prompt, 0, blocks, kSeed);
+  std::vector<int64_t> dropped = add(end_key(prompt, blocks_hash), Entry{std::vector<int32_t>(prompt.begin(), prompt.end()),
+                                                                         snapshot, bytes, 0, std::move(end), blocks_hash});
+  end_tails_[blocks_hash].push_back(int(int64_t(prompt.size()) - blocks * block_size_));
+  return dropped;
+}
+
+bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt) const {
+  if (prompt.empty()) return false;
+  const uint64_t blocks_hash = chain(prompt, 0, (int64_t(prompt.size()) - 1) / block_size_, kSeed);
+  auto it = entries_.find(end_key(prompt, blocks_hash));
+  return it != entries_.end() && it->second.end &&
+         std::equal(prompt.begin(), prompt.end(), it->second.tokens.begin(), it->second.tokens.end());
+}
+
+std::vector<int64_t> PrefixCache::add(uint64_t key, Entry e) {
   std::vector<int64_t> dropped;
   if (auto it = entries_.find(key); it != entries_.end()) {  // a collision: the newer prefix wins
     dropped.push_back(it->second.snapshot);
-    bytes_ -= it->second.bytes;
-    entries_.erase(it);
+    erase(it);
   }
-  for (int64_t s : evict_to(capacity_ - bytes)) dropped.push_back(s);
-  entries_[key] = Entry{std::vector<int32_t>(prefix.begin(), prefix.end()), snapshot, bytes, ++clock_};
-  bytes_ += bytes;
+  if (!make_room(e.bytes, e.end != nullptr, dropped)) {
+    dropped.push_back(e.snapshot);
+    return dropped;
+  }
+  e.last_used = ++clock_;
+  bytes_ += e.bytes;
+  if (e.end) end_bytes_ += e.bytes;
+  entries_.emplace(key, std::move(e));
   return dropped;
+}
+
+// Each kind (prompt ends; block-aligned snapshots) may take the least recently used entry of
+// either kind while it holds at most half of the capacity, and only its own kind's past that: a
+// stream of prompts never repeated cannot push out the snapshots of shared prefixes, nor the
+// other way round.
+bool PrefixCache::make_room(int64_t bytes, bool prompt_end, std::vector<int64_t>& dropped) {
+  auto own = [&] { return prompt_end ? end_bytes_ : bytes_ - end_bytes_; };
+  if (2 * bytes > capacity_ && bytes_ - own() + bytes > capacity_) return false;  // its own kind's room is not enough
+  while (bytes_ + bytes > capacity_) {
+    const bool own_only = 2 * (own() + bytes) > capacity_;
+    auto victim = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if ((!own_only || (it->second.end != nullptr) == prompt_end) &&
+          (victim == entries_.end() || it->second.last_used < victim->second.last_used))
+        victim = it;
+    if (victim == entries_.end()) return false;
+    dropped.push_back(victim->second.snapshot);
+    erase(victim);
+  }
+  return true;
+}
+
+void PrefixCache::erase(EntryMap::iterator it) {
+  const Entry& e = it->second;
+  bytes_ -= e.bytes;
+  if (e.end) {
+    end_bytes_ -= e.bytes;
+    auto tails = end_tails_.find(e.blocks_hash);
+    const int rem = int(int64_t(e.tokens.size()) - (int64_t(e.tokens.size()) - 1) / block_size_ * block_size_);
+    if (tails != end_tails_.end()) {
+      if (auto r = std::find(tails->second.begin(), tails->second.end(), rem); r != tails->second.end())
+        tails->second.erase(r);
+      if (tails->second.empty()) end_tails_.erase(tails);
+    }
+  }
+  entries_.erase(it);
 }
 
 std::vector<int64_t> PrefixCache::evict_to(int64_t capacity) {
@@ -114,8 +210,7 @@ int64_t PrefixCache::evict_lru() {
   auto lru = std::min_element(entries_.begin(), entries_.end(),
                               [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
   const int64_t snapshot = lru->second.snapshot;
-  bytes_ -= lru->second.bytes;
-  entries_.erase(lru);
+  erase(lru);
   return snapshot;
 }
 

@@ -5,20 +5,36 @@
 // prefix that ends at one. Keys chain a hash over whole blocks (as vLLM's block hashes), so a
 // lookup walks the prompt's blocks once; an entry's tokens are compared on a hit, so a hash
 // collision never serves a wrong prefix. Entries go least recently used first once their bytes
-// pass the capacity; the caller drops the evicted snapshots from the runner.
+// pass the capacity (prompt ends, below, and block-aligned snapshots each keep up to half of it
+// against the other kind); the caller drops the evicted snapshots from the runner.
 //
 // Where to snapshot is learned: the cache remembers the block hashes of the prompts it has seen
 // (hashes only, a bounded number), so a prompt sharing blocks with an earlier one knows where the
 // shared part ends, the one position worth a snapshot that no chunk boundary need hit.
+//
+// Prompt ends (issue 37): the state where a prompt's prefill ended, at any length, with the last
+// position's logits (the first new token is chosen from them) and hidden state (the MTP layer's
+// next input). An exact repeat of the prompt starts there with no forward at all; a longer prompt
+// that begins with it prefills only the rest. Such entries are keyed by the hash of their whole
+// blocks (as above) and the tokens after them, and listed under the whole blocks' hash, so a
+// lookup still takes one probe per block of the prompt.
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 namespace fathom {
+
+// What a snapshot taken where a prompt's prefill ended carries besides the runner's state.
+struct PromptEnd {
+  std::vector<float> logits;  // [vocab] of the prompt's last position
+  std::vector<float> hidden;  // [hidden] its final hidden state (for the MTP layer; else empty)
+  int64_t bytes() const { return int64_t((logits.size() + hidden.size()) * sizeof(float)); }
+};
 
 class PrefixCache {
  public:
@@ -28,11 +44,13 @@ class PrefixCache {
     int64_t snapshot = 0;
     int64_t length = 0;  // tokens of the cached prefix; 0: none
     uint64_t key = 0;
+    std::shared_ptr<const PromptEnd> end;  // set for a prompt end (length may equal the prompt's)
   };
   // The chained hash of each whole block of `tokens`: element b covers blocks 0..b.
   std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens) const;
-  // The longest cached prefix among the first hashes.size() blocks of `tokens` (find leaves the
-  // recency alone; touch marks it used; lookup does both over at most `max_length` tokens).
+  // The longest cached prefix of `tokens`: block-aligned snapshots among the first hashes.size()
+  // blocks, and prompt ends of up to tokens.size() tokens (find leaves the recency alone; touch
+  // marks it used; lookup does both over at most `max_length` tokens).
   Hit find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const;
   void touch(const Hit& hit);
   Hit lookup(std::span<const int32_t> tokens, int64_t max_length);
@@ -47,6 +65,10 @@ class PrefixCache {
   // entries evicted to stay within the capacity, or the new one itself when the prefix is already
   // cached or the snapshot alone is larger than the capacity.
   std::vector<int64_t> insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes);
+  // The same for a prompt's end (any length >= 1); `bytes` counts the snapshot, `end` its own.
+  std::vector<int64_t> insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
+                                         std::shared_ptr<const PromptEnd> end);
+  bool contains_prompt_end(std::span<const int32_t> prompt) const;
   std::vector<int64_t> clear();  // every snapshot, for the caller to drop
   int64_t evict_lru();           // the least recently used entry's snapshot (0: empty)
 
@@ -60,16 +82,28 @@ class PrefixCache {
     std::vector<int32_t> tokens;
     int64_t snapshot = 0, bytes = 0;
     uint64_t last_used = 0;
+    std::shared_ptr<const PromptEnd> end;  // prompt ends only
+    uint64_t blocks_hash = 0;              // prompt ends: the hash of their whole blocks
   };
+  using EntryMap = std::unordered_map<uint64_t, Entry>;
   // The chained hash of `tokens`' first `blocks` blocks, continuing from `h` after `from` blocks.
   uint64_t chain(std::span<const int32_t> tokens, int64_t from, int64_t blocks, uint64_t h) const;
+  // A prompt end's key: the hash of its whole blocks (`blocks_hash`) continued over the rest.
+  uint64_t end_key(std::span<const int32_t> prompt, uint64_t blocks_hash) const;
+  // The longest prompt end listed under `blocks_hash` (whole blocks of `tokens`) that `tokens` begins with.
+  Hit find_prompt_end(uint64_t blocks_hash, int64_t blocks, std::span<const int32_t> tokens) const;
+  std::vector<int64_t> add(uint64_t key, Entry e);  // (insert's second half) the snapshots to drop
+  void erase(EntryMap::iterator it);
+  bool make_room(int64_t bytes, bool prompt_end, std::vector<int64_t>& dropped);  // false: no room for that kind
   std::vector<int64_t> evict_to(int64_t capacity);
 
   int block_size_;
   int64_t capacity_;
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0, end_bytes_ = 0;  // all entries', prompt ends'
   uint64_t clock_ = 0;
-  std::unordered_map<uint64_t, Entry> entries_;
+  EntryMap entries_;
+  // Prompt ends by the hash of their whole blocks: the lengths past those blocks that are cached.
+  std::unordered_map<uint64_t, std::vector<int>> end_tails_;
   std::unordered_set<uint64_t> seen_;
   std::deque<uint64_t> seen_order_;
 };

@@ -185,9 +185,11 @@ TEST_P(FusedMtpTest, GreedyLosslessWhileRoundsFuse) {
   ASSERT_TRUE(probe->supports_fused_mtp_round());
   const int V = probe->config().vocab_size;
   std::vector<Job> greedy = mixed_greedy_jobs(V, 900);
+  // Prompts of their own: a repeat of a greedy job's would start from its cached prompt end right
+  // away and decode beside every fusable request (no round could fuse).
   std::vector<Job> mixed = greedy;
-  mixed.push_back(penalized(greedy[2], 0.f));
-  mixed.push_back(with_min_tokens(greedy[4]));
+  mixed.push_back(penalized(greedy_job(40, V, 950, 7), 0.f));
+  mixed.push_back(with_min_tokens(greedy_job(24, V, 951, 25)));
 
   for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill and budget-cut drafts
     for (const std::vector<Job>* jobs : {&greedy, &mixed}) {

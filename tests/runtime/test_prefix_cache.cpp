@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -80,6 +81,59 @@ TEST(PrefixCache, RemembersWherePromptsStopSharing) {
   EXPECT_TRUE(c.insert({a.data(), 8}, 5, 10).empty());
   EXPECT_EQ(c.find(hb, b).length, 8);
   EXPECT_EQ(c.find({hb.data(), 1}, b).length, 0);  // no longer than the hashes given
+}
+
+// Prompt ends (issue 37): the state where a prompt ended, at any length, serves an exact repeat
+// and any longer prompt that begins with it; the longest cached prefix still wins.
+TEST(PrefixCache, PromptEndsServeExactRepeatsAndLongerPrompts) {
+  PrefixCache c(4, 1 << 20);
+  auto end = std::make_shared<PromptEnd>();
+  end->logits = {1.f, 2.f};
+  const std::vector<int32_t> t = seq_of(12, 1);
+  auto find = [&](std::span<const int32_t> p) {  // as the engine looks up: whole blocks before the last token
+    return c.find(c.block_hashes(p.first((p.size() - 1) / 4 * 4)), p);
+  };
+  const std::vector<int> lengths = {1, 3, 4, 5, 8};
+  for (int len : lengths) EXPECT_TRUE(c.insert_prompt_end({t.data(), size_t(len)}, 100 + len, 10, end).empty());
+  for (int len : lengths) {
+    const PrefixCache::Hit hit = find({t.data(), size_t(len)});
+    EXPECT_EQ(hit.length, len);
+    EXPECT_EQ(hit.snapshot, 100 + len);
+    EXPECT_EQ(hit.end, end);
+  }
+  EXPECT_EQ(find({t.data(), 2}).length, 1);  // a longer prompt: the longest end it begins with
+  EXPECT_EQ(find({t.data(), 7}).length, 5);
+  EXPECT_EQ(find(t).length, 8);
+  std::vector<int32_t> other = t;
+  other[2] = 99;
+  EXPECT_EQ(find({other.data(), 3}).length, 1);  // its last token differs: only the 1-token end
+  EXPECT_EQ(find({other.data(), 6}).length, 1);
+  EXPECT_TRUE(c.insert({t.data(), 8}, 7, 10).empty());  // a block snapshot beside the end of the same 8 tokens
+  EXPECT_EQ(find(t).length, 8);
+  EXPECT_EQ(c.insert_prompt_end({t.data(), 3}, 200, 10, end), std::vector<int64_t>{200});  // already cached
+  EXPECT_TRUE(c.contains_prompt_end({t.data(), 5}));
+  EXPECT_FALSE(c.contains_prompt_end({t.data(), 6}));
+  EXPECT_EQ(c.bytes(), 6 * 10 + 5 * end->bytes());
+  EXPECT_EQ(c.clear().size(), 6u);
+  EXPECT_EQ(find({t.data(), 5}).length, 0);
+  EXPECT_EQ(c.bytes(), 0);
+}
+
+// Prompts never repeated must not push out the snapshots of shared prefixes (nor the other way
+// round): each kind may evict either kind while it holds at most half of the capacity.
+TEST(PrefixCache, PromptEndsAndBlockSnapshotsEachKeepHalfTheCapacity) {
+  PrefixCache c(2, 100);
+  const auto end = std::make_shared<const PromptEnd>();
+  const std::vector<int32_t> a = {1, 2}, b = {3, 4};
+  auto prompt = [](int32_t t) { return std::vector<int32_t>{t}; };
+  EXPECT_TRUE(c.insert(a, 1, 40).empty());
+  EXPECT_TRUE(c.insert(b, 2, 40).empty());
+  EXPECT_EQ(c.insert_prompt_end(prompt(5), 3, 30, end), std::vector<int64_t>{1});  // under its half: the LRU entry
+  EXPECT_EQ(c.insert_prompt_end(prompt(6), 4, 40, end), std::vector<int64_t>{3});  // past it: its own kind's
+  EXPECT_EQ(c.insert_prompt_end(prompt(7), 5, 70, end), std::vector<int64_t>{5});  // only with a block's room
+  EXPECT_EQ(c.bytes(), 80);
+  EXPECT_EQ(c.insert(a, 6, 40), std::vector<int64_t>{2});  // blocks past their half: a block
+  EXPECT_EQ(c.lookup(prompt(6), 1).snapshot, 4);
 }
 
 std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
@@ -192,25 +246,29 @@ TEST(PrefixCacheMtp, GreedyOutputsEqualWithoutCaching) {
   }
 }
 
-// A request's tokens, once it has finished (a minute at most).
-std::vector<int32_t> tokens_of(OutputChannel& ch) {
-  std::vector<int32_t> ids;
+// A request's tokens, logprobs and finish reason, once it has finished (a minute at most).
+testing::Finished finished_of(OutputChannel& ch) {
+  testing::Finished f;
   for (bool done = false; !done;) {
     auto ev = ch.pop(std::chrono::milliseconds(60000));
     if (!ev) break;
-    ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    f.ids.insert(f.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    f.logprobs.insert(f.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
     done = ev->finished;
+    if (done) f.reason = ev->finish_reason;
   }
-  return ids;
+  return f;
 }
+
+std::vector<int32_t> tokens_of(OutputChannel& ch) { return finished_of(ch).ids; }
 
 // Jobs one after another (each submitted when the one before has finished): the cache's inserts
 // and evictions happen in a fixed order.
-std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                 const std::vector<Job>& jobs, std::string* metrics) {
+std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                       const std::vector<Job>& jobs, std::string* metrics) {
   Engine engine(std::move(runner), nullptr, cfg);
   engine.start();
-  std::vector<std::vector<int32_t>> out;
+  std::vector<testing::Finished> out;
   for (const Job& j : jobs) {
     auto ch = std::make_shared<OutputChannel>();
     RequestSpec s;
@@ -219,11 +277,18 @@ std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> ru
     s.params = j.params;
     s.out = ch;
     EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    out.push_back(tokens_of(*ch));
+    out.push_back(finished_of(*ch));
   }
   engine.shutdown();
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
   return out;
+}
+
+std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                 const std::vector<Job>& jobs, std::string* metrics) {
+  std::vector<std::vector<int32_t>> ids;
+  for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics)) ids.push_back(std::move(f.ids));
+  return ids;
 }
 
 // `n` prompts: one 64-token prefix (from `seed`), then tails of their own of tail + i * step tokens.
@@ -347,6 +412,206 @@ TEST_P(PrefixCacheEngine, ChatTurnsStartFromTheConversationSoFar) {
   // A conversation's snapshot is at the last block boundary its sequence reached (the last answer
   // token is never fed): turn 1 consumed 11 + 36 tokens (snapshot at 32), turn 2 64 + 36 (at 96).
   EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 32 + 96);
+}
+
+// Exact repeats of any length (issue 37), one by one: where a prompt's prefill ended its state is
+// cached with the last position's logits, so the same prompt again starts there with no forward
+// (its first token chosen from those logits) and a longer prompt that begins with it prefills
+// only the rest. Lengths around the 16-token block; repeats asking for logprobs, sampling with a
+// seed, ending at their first token, and failing there (an injected sampling fault).
+std::vector<Job> repeat_jobs(int vocab) {
+  std::map<int, std::vector<int32_t>> prompt;
+  int32_t first = 2;
+  for (int len : {1, 5, 15, 16, 17, 40}) {
+    prompt[len] = random_tokens(len, vocab, 60 + uint32_t(len));
+    prompt[len][0] = first++;  // no prompt begins with another by chance
+  }
+  std::vector<Job> jobs;
+  for (const auto& [len, p] : prompt) {
+    jobs.push_back(greedy(p, 6));
+    jobs.push_back(greedy(p, 6));
+  }
+  std::vector<int32_t> longer = prompt[17];
+  for (int32_t t : random_tokens(6, vocab, 77)) longer.push_back(t);
+  jobs.push_back(greedy(longer, 5));
+  Job logprobs = greedy(prompt[40], 4);
+  logprobs.params.logprobs = 3;
+  jobs.push_back(logprobs);
+  Job sampled = greedy(prompt[16], 8);
+  sampled.params.sampling.temperature = 0.9f;
+  sampled.params.sampling.top_k = 20;
+  sampled.params.sampling.seed = 11;
+  sampled.params.sampling.presence_penalty = 0.5f;
+  jobs.push_back(sampled);
+  jobs.push_back(sampled);
+  jobs.push_back(greedy(prompt[5], 1));
+  Job faulty = greedy(prompt[15], 4);
+  faulty.params.fault = FaultInjection{FaultSite::Sample, 0};
+  jobs.push_back(faulty);
+  jobs.push_back(greedy(prompt[15], 3));
+  return jobs;
+}
+// Tokens the jobs above find cached: each repeat whole, the longer prompt its 17, the later
+// requests on prompts 40, 16, 16, 5, 15, 15 whole.
+constexpr int kRepeatHits = (1 + 5 + 15 + 16 + 17 + 40) + 17 + 40 + 16 + 16 + 5 + 15 + 15;
+
+void expect_same(const std::vector<testing::Finished>& got, const std::vector<testing::Finished>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      EXPECT_EQ(got[i].logprobs[t].token, want[i].logprobs[t].token);
+      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " job " << i << " token " << t;
+      EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " job " << i << " token " << t;
+    }
+  }
+}
+
+TEST_P(PrefixCacheEngine, ExactRepeatsOfAnyLengthHitFromTheSecondRequest) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  const std::vector<Job> jobs = repeat_jobs(probe->config().vocab_size);
+  const auto plain = run_one_by_one_finished(load_runner(GetParam()), config(2048, false), jobs, nullptr);
+  std::string m;
+  const auto cached = run_one_by_one_finished(load_runner(GetParam()), config(2048, true), jobs, &m);
+  expect_same(cached, plain, GetParam());
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits);
+  EXPECT_EQ(plain[jobs.size() - 2].reason, "error");  // the injected fault ended its request alone
+  EXPECT_EQ(plain[jobs.size() - 3].ids.size(), 1u);
+  EXPECT_EQ(plain[jobs.size() - 4].ids, plain[jobs.size() - 5].ids);  // one seed, one sample
+}
+
+// The same with tensor-parallel CPU ranks, and with chunked prefill (a 13-token budget: the
+// prompt's end is the last chunk's).
+TEST_P(PrefixCacheEngine, ExactRepeatsHitOverTensorParallelRanksAndChunks) {
+  const fs::path dir = testing::fixtures_dir() / GetParam();
+  ASSERT_TRUE(fs::exists(dir / "config.json")) << GetParam() << " missing";
+  auto ranks = [&] { return CpuRunner::open(dir, /*with_mtp=*/false, /*tensor_parallel_size=*/2); };
+  const std::vector<Job> jobs = repeat_jobs(ranks()->config().vocab_size);
+  const auto plain = run_one_by_one_finished(ranks(), config(13, false), jobs, nullptr);
+  std::string m;
+  const auto cached = run_one_by_one_finished(ranks(), config(13, true), jobs, &m);
+  expect_same(cached, plain, GetParam());
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits);
+}
+
+// Requests with one prompt arriving together: the first prefills it, the others wait for its end
+// and start there (no prefill of their own).
+TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  std::vector<Job> jobs(4, greedy(random_tokens(21, probe->config().vocab_size, 91), 5));
+  jobs[1].params.logprobs = 2;
+  jobs[2].params.sampling.temperature = 0.7f;
+  jobs[2].params.sampling.seed = 3;
+  auto burst = [&](bool caching, std::string* m) {
+    Engine engine(load_runner(GetParam()), nullptr, config(2048, caching));
+    std::vector<std::shared_ptr<OutputChannel>> chans;
+    for (const Job& j : jobs) {
+      chans.push_back(std::make_shared<OutputChannel>());
+      RequestSpec s;
+      s.group = engine.new_group_id();
+      s.prompt = j.prompt;
+      s.params = j.params;
+      s.out = chans.back();
+      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    }
+    engine.start();  // all four are waiting at the first step
+    std::vector<testing::Finished> out;
+    for (auto& ch : chans) out.push_back(finished_of(*ch));
+    engine.shutdown();
+    if (m) *m = engine.render_metrics("fathom:", "m");
+    return out;
+  };
+  std::string m;
+  const auto plain = burst(false, nullptr);
+  expect_same(burst(true, &m), plain, GetParam());
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 3 * 21);
+}
+
+// Exact repeats with MTP: a prompt end holds the MTP layer's KV up to the position before the
+// last and that position's hidden state (its row waits for the first token). Greedy outputs equal
+// plain decoding's and the speculative engine's without caching. Sampled ones are lossless in
+// distribution only: an exact repeat decodes in the step that admits it, before it has a draft,
+// so its random numbers go to other draws than without caching; their first token (from the
+// cached logits, one seed) is the same.
+TEST(PrefixCacheMtp, ExactRepeatsOfAnyLengthHitFromTheSecondRequest) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_runner(fixture, true);
+  ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
+  const std::vector<Job> jobs = repeat_jobs(probe->config().vocab_size);
+  const auto plain = run_one_by_one_finished(load_runner(fixture), config(2048, false), jobs, nullptr);
+  for (int k : {1, 2}) {
+    EngineConfig c = config(2048, false);
+    c.spec.algorithm = SpecAlgorithm::Mtp;
+    c.spec.num_steps = k;
+    const auto uncached = run_one_by_one_finished(load_runner(fixture, true), c, jobs, nullptr);
+    c.enable_prefix_caching = true;
+    std::string m;
+    const auto cached = run_one_by_one_finished(load_runner(fixture, true), c, jobs, &m);
+    std::vector<testing::Finished> greedy_cached, greedy_uncached;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].params.sampling.temperature == 0.f) {
+        EXPECT_EQ(cached[i].ids, plain[i].ids) << "K=" << k << " job " << i;
+        greedy_cached.push_back(cached[i]);
+        greedy_uncached.push_back(uncached[i]);
+      } else {
+        ASSERT_FALSE(cached[i].ids.empty());
+        EXPECT_EQ(cached[i].ids[0], uncached[i].ids[0]) << "K=" << k << " job " << i;
+        EXPECT_EQ(cached[i].ids.size(), uncached[i].ids.size()) << "K=" << k << " job " << i;
+      }
+    }
+    expect_same(greedy_cached, greedy_uncached, "K=" + std::to_string(k));
+    EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits) << "K=" << k;
+    EXPECT_GT(metric(m, "fathom:spec_decode_num_draft_tokens_total"), 0) << "K=" << k;
+  }
+}
+
+// The MTP layer's state at a prompt end, checked through its drafts (greedy outputs cannot show
+// it: a wrong draft is only rejected). The greedy jobs above, each drafting: at every position
+// where a request drafted both with and without caching, the draft is the same.
+TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_runner(fixture, true);
+  ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
+  std::vector<Job> jobs;
+  for (const Job& j : repeat_jobs(probe->config().vocab_size))
+    if (j.params.sampling.temperature == 0.f && j.params.max_tokens > 1 && j.params.fault.site == FaultSite::None)
+      jobs.push_back(j);
+  for (int k : {1, 2}) {
+    // Per request (in order of their first draft), the draft made at each position.
+    auto drafts = [&](bool caching) {
+      std::vector<MtpDrafter::Trace> trace;
+      EngineConfig c = config(2048, caching);
+      c.spec.algorithm = SpecAlgorithm::Mtp;
+      c.spec.num_steps = k;
+      c.spec.mtp_trace = &trace;
+      run_one_by_one_finished(load_runner(fixture, true), c, jobs, nullptr);
+      std::vector<SequenceId> order;
+      std::map<SequenceId, std::map<int64_t, int32_t>> by_seq;
+      for (const MtpDrafter::Trace& t : trace) {
+        if (!by_seq.count(t.seq)) order.push_back(t.seq);
+        by_seq[t.seq][t.pos] = t.draft;
+      }
+      std::vector<std::map<int64_t, int32_t>> out;
+      for (SequenceId s : order) out.push_back(by_seq[s]);
+      return out;
+    };
+    const auto uncached = drafts(false), cached = drafts(true);
+    ASSERT_EQ(cached.size(), jobs.size()) << "K=" << k;
+    ASSERT_EQ(uncached.size(), jobs.size()) << "K=" << k;
+    int compared = 0;
+    for (size_t i = 0; i < jobs.size(); ++i)
+      for (const auto& [pos, draft] : cached[i])
+        if (auto it = uncached[i].find(pos); it != uncached[i].end()) {
+          EXPECT_EQ(draft, it->second) << "K=" << k << " job " << i << " position " << pos;
+          ++compared;
+        }
+    EXPECT_GE(compared, int(jobs.size())) << "K=" << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheEngine, ::testing::Values("qwen35_moe", "qwen3_next", "qwen3_dense"));
