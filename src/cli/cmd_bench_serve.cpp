@@ -22,7 +22,9 @@ void add_bench_serve(CLI::App* parent, const std::string& name) {
                   "(--num-turns turns a conversation, each prompt the conversation so far plus --input-len new tokens)")
       ->check(CLI::IsMember({"random", "prefix-repeat", "multi-turn"}))
       ->capture_default_str();
-  sub->add_option("--prefix-len", a->prefix_len, "prefix-repeat: tokens of the prefix every prompt shares")
+  sub->add_option("--prefix-len", a->prefix_len,
+                  "prefix-repeat: tokens of the prefix every prompt shares (with --input-len 0 each prompt is that "
+                  "prefix exactly)")
       ->capture_default_str();
   sub->add_option("--num-turns", a->num_turns, "multi-turn: turns of each conversation")->capture_default_str();
   sub->add_option("--input-len,--random-input-len", a->input_len, "Prompt tokens (random ids), mean")->capture_default_str();

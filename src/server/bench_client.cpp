@@ -215,6 +215,7 @@ std::vector<Job> make_jobs(const BenchConfig& cfg) {
   std::mt19937_64 gen(cfg.seed);
   std::uniform_int_distribution<int> token(0, cfg.vocab_size - 17);
   auto length = [&](int mean) {
+    if (mean <= 0) return 0;  // prefix-repeat with --input-len 0: the prefix alone, repeated exactly
     const int lo = std::max(1, int(std::floor(mean * (1 - cfg.range_ratio))));
     const int hi = std::max(lo, int(std::ceil(mean * (1 + cfg.range_ratio))));
     return std::uniform_int_distribution<int>(lo, hi)(gen);
@@ -367,7 +368,8 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
 }  // namespace
 
 int run_bench_serve(const BenchConfig& cfg) {
-  FATHOM_CHECK(cfg.num_prompts > 0 && cfg.input_len > 0 && cfg.output_len > 0, "--num-prompts, --input-len and --output-len must be positive");
+  FATHOM_CHECK(cfg.num_prompts > 0 && cfg.input_len >= 0 && cfg.output_len > 0,
+               "--num-prompts and --output-len must be positive, --input-len not negative");
   FATHOM_CHECK(cfg.vocab_size > 16, "--vocab-size must be > 16");
   FATHOM_CHECK(cfg.range_ratio >= 0 && cfg.range_ratio < 1, "--random-range-ratio must be in [0, 1)");
   FATHOM_CHECK(cfg.logprobs <= 20, "--logprobs must be at most 20");
@@ -375,6 +377,8 @@ int run_bench_serve(const BenchConfig& cfg) {
   FATHOM_CHECK(cfg.dataset == "random" || cfg.dataset == "prefix-repeat" || cfg.dataset == "multi-turn",
                "--dataset-name must be random, prefix-repeat or multi-turn");
   FATHOM_CHECK(cfg.dataset != "prefix-repeat" || cfg.prefix_len > 0, "--dataset-name prefix-repeat needs --prefix-len > 0");
+  FATHOM_CHECK(cfg.input_len > 0 || cfg.dataset == "prefix-repeat",
+               "--input-len must be positive (0 only with --dataset-name prefix-repeat: exact repeats)");
   FATHOM_CHECK(cfg.num_turns >= 1, "--num-turns must be at least 1");
   const std::string model = cfg.model.empty() ? first_model(cfg) : cfg.model;
   const std::vector<Job> jobs = make_jobs(cfg);
