@@ -140,6 +140,31 @@ SequenceId CpuRunner::add_sequence_from(int64_t snapshot) {
   return id;
 }
 
+namespace {
+// Moves map entry `id` of `from` into `to` under a new id from `next` (0: no such entry).
+int64_t move_entry(std::map<int64_t, std::vector<SequenceState>>& from, std::map<int64_t, std::vector<SequenceState>>& to,
+                   int64_t id, int64_t& next) {
+  auto it = from.find(id);
+  if (it == from.end()) return 0;
+  const int64_t moved = next++;
+  to.emplace(moved, std::move(it->second));
+  from.erase(it);
+  return moved;
+}
+}  // namespace
+
+int64_t CpuRunner::move_snapshot_to_host(int64_t snapshot) {
+  const int64_t id = move_entry(snapshots_, host_snapshots_, snapshot, next_snapshot_);
+  FATHOM_CHECK(id, "unknown prefix snapshot ", snapshot);
+  return id;
+}
+
+int64_t CpuRunner::move_snapshot_from_host(int64_t host_snapshot) {
+  const int64_t id = move_entry(host_snapshots_, snapshots_, host_snapshot, next_snapshot_);
+  FATHOM_CHECK(id, "unknown host prefix snapshot ", host_snapshot);
+  return id;
+}
+
 int64_t CpuRunner::snapshot_bytes(int64_t snapshot) const {
   auto it = snapshots_.find(snapshot);
   if (it == snapshots_.end()) return 0;

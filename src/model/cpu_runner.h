@@ -37,6 +37,12 @@ class CpuRunner final : public ModelRunner {
   SequenceId add_sequence_from(int64_t snapshot) override;
   void drop_snapshot(int64_t snapshot) override { snapshots_.erase(snapshot); }
   int64_t snapshot_bytes(int64_t snapshot) const override;
+  // Host tier: this engine's snapshots are in host memory already, so a move only changes which
+  // map holds the state (the engine's tier logic is what it tests; `serve` leaves it off here).
+  bool supports_host_snapshots() const override { return true; }
+  int64_t move_snapshot_to_host(int64_t snapshot) override;
+  int64_t move_snapshot_from_host(int64_t host_snapshot) override;
+  void drop_host_snapshot(int64_t host_snapshot) override { host_snapshots_.erase(host_snapshot); }
   void remove_sequence(SequenceId seq) override;
   int64_t length(SequenceId seq) const override;
   int64_t mtp_length(SequenceId seq) const override;
@@ -70,7 +76,8 @@ class CpuRunner final : public ModelRunner {
   std::vector<std::unique_ptr<HybridModel>> ranks_;
   std::map<SequenceId, std::vector<SequenceState>> seqs_;
   SequenceId next_id_ = 1;
-  std::map<int64_t, std::vector<SequenceState>> snapshots_;  // prefix snapshots, per rank
+  std::map<int64_t, std::vector<SequenceState>> snapshots_;       // prefix snapshots, per rank
+  std::map<int64_t, std::vector<SequenceState>> host_snapshots_;  // the host tier's (ids from next_snapshot_ too)
   int64_t next_snapshot_ = 1;
 };
 

@@ -207,6 +207,20 @@ class ModelRunner {
     (void)snapshot;
     return 0;
   }
+  // The host-memory tier (--prefix-cache-host-gb): a snapshot moved to host memory when the
+  // device's room evicts it, and back on a hit. Both moves consume the snapshot they are given
+  // (even while the copy is still in flight: engines order it before any later use) and return
+  // the new one's id; 0: no room there (the given snapshot is left as it was).
+  virtual bool supports_host_snapshots() const { return false; }
+  virtual int64_t move_snapshot_to_host(int64_t snapshot) {
+    (void)snapshot;
+    fail("move_snapshot_to_host: ", device_name(), " has no host tier for snapshots");
+  }
+  virtual int64_t move_snapshot_from_host(int64_t host_snapshot) {
+    (void)host_snapshot;
+    fail("move_snapshot_from_host: ", device_name(), " has no host tier for snapshots");
+  }
+  virtual void drop_host_snapshot(int64_t host_snapshot) { (void)host_snapshot; }
   // The room set aside for snapshots: how many at once, and tokens of KV over all (0: no bound).
   struct SnapshotRoom {
     int64_t snapshots = 0, tokens = 0;

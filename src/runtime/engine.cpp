@@ -57,6 +57,12 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
     sched_.set_admit_hook([this](Request& r) { return admit(r); });
     sched_.set_align_chunks(true);
     prompt_end_snapshots_ = !device_sampling_;
+    FATHOM_CHECK(cfg.prefix_cache_host_bytes >= 0, "--prefix-cache-host-gb must not be negative");
+    if (cfg.prefix_cache_host_bytes > 0) {
+      FATHOM_CHECK(runner_->supports_host_snapshots(), "--prefix-cache-host-gb: the ", runner_->device_name(),
+                   " engine keeps no prefix snapshots in host memory (no host tier yet)");
+      host_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_host_bytes);
+    }
   }
   stat_blocks_free_ = blocks_.num_free();
   for (const char* r : {"stop", "length", "abort", "error"}) metrics_.finished[r] = 0;
@@ -403,6 +409,8 @@ void Engine::loop() {
     // Blocks first: a reader that sees a request's end in num_requests_running also sees its blocks freed.
     stat_blocks_free_ = blocks_.num_free();
     stat_running_ = int(sched_.num_running());
+    if (prefix_cache_) stat_prefix_bytes_ = prefix_cache_->bytes();
+    if (host_cache_) stat_prefix_host_bytes_ = host_cache_->bytes();
     {
       std::lock_guard<std::mutex> l(mu_);
       stat_waiting_ = int(sched_.num_waiting());

@@ -66,6 +66,9 @@ struct EngineConfig {
   int64_t prefix_cache_bytes = int64_t(2) << 30;
   int64_t prefix_cache_interval = 0;
   int64_t prefix_cache_min_shared = 256;
+  // The host tier (runners with supports_host_snapshots()): entries the prefix cache evicts move
+  // to host memory, up to this many bytes (least recently used dropped), and back on a hit (0: none).
+  int64_t prefix_cache_host_bytes = 0;
 };
 
 class Histogram {
@@ -93,6 +96,9 @@ struct EngineMetrics {
   SpecStats spec;  // speculative decoding, all sequences
   uint64_t spec_fused_rounds = 0;  // verification steps run with their MTP draft in one launch
   uint64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
+  // The host tier: prompt tokens looked up there / found there (vLLM's external_prefix_cache_*),
+  // snapshots moved down (evicted from the device) and back up (hits).
+  uint64_t prefix_host_queries = 0, prefix_host_hits = 0, prefix_offloads = 0, prefix_onloads = 0;
 };
 
 // Whether fused greedy MTP rounds may run (FATHOM_FUSED_MTP=0: never; engine_mtp_round.cpp).
@@ -244,11 +250,19 @@ class Engine {
   void take_snapshots(Request& r);
   bool snapshot_ready(Request& r);
   int64_t save_snapshot(Request& r);
+  // `make()`'s snapshot id, evicting the least recently used entries (to the host tier, if any)
+  // while the runner's room for snapshots is full; 0: no room even so.
+  int64_t with_snapshot_room(const std::function<int64_t()>& make);
+  // A cache hit on the host tier, moved back to the device: the entry (snapshot: the device one),
+  // out of the host cache; snapshot 0: it could not come back (left where it was).
+  PrefixCache::Removed onload(const PrefixCache::Hit& host_hit);
   bool turn_room_for(const Request& r, int64_t at) const;
   void release_turn_snapshot(Request& r);  // dropped
   void forget_turn_snapshot(Request& r);   // its snapshot went elsewhere (the cache)
   void retire_turn_snapshot(Request& r);
-  void drop_snapshots(const std::vector<int64_t>& ids);
+  // Entries the device cache let go (evicted, or offered with no room for them): to the host tier
+  // when there is one (its own evictions dropped), else dropped; duplicates are dropped.
+  void spill(std::vector<PrefixCache::Removed> removed);
   void drop(Request* r);
   void abort_all();  // after the last step: every request left ends with "abort"
 
@@ -261,6 +275,7 @@ class Engine {
   Scheduler sched_;
   std::unique_ptr<Speculator> spec_;
   std::unique_ptr<PrefixCache> prefix_cache_;
+  std::unique_ptr<PrefixCache> host_cache_;  // the host tier's entries (EngineConfig::prefix_cache_host_bytes)
   // Snapshots where prompts end need their last row's logits on the host: engines that sample on
   // the host (the CPU engine) take them; device sampling keeps only block-aligned ones for now.
   bool prompt_end_snapshots_ = false;
@@ -305,6 +320,7 @@ class Engine {
   EngineMetrics metrics_;
   std::atomic<int> stat_running_{0}, stat_waiting_{0};
   std::atomic<int64_t> stat_blocks_free_{0};
+  std::atomic<int64_t> stat_prefix_bytes_{0}, stat_prefix_host_bytes_{0};  // snapshot bytes held per tier
 };
 
 }  // namespace fathom

@@ -96,6 +96,17 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     counter("prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", metrics_.prefix_hits);
     gauge("prefix_cache_hit_rate", "Prefix cache hits / queries (tokens).",
           metrics_.prefix_queries ? double(metrics_.prefix_hits) / double(metrics_.prefix_queries) : 0.0);
+    gauge("prefix_cache_bytes", "Bytes of prefix snapshots held on the device.", double(stat_prefix_bytes_.load()));
+  }
+  if (host_cache_) {  // vLLM's names for a cache outside the device's (its KV connectors')
+    counter("external_prefix_cache_queries_total", "Prompt tokens looked up in the host tier of the prefix cache.",
+            metrics_.prefix_host_queries);
+    counter("external_prefix_cache_hits_total", "Prompt tokens served from the host tier (included in prefix_cache_hits_total).",
+            metrics_.prefix_host_hits);
+    counter("prefix_cache_offloaded_snapshots_total", "Snapshots moved from the device to the host tier on eviction.",
+            metrics_.prefix_offloads);
+    counter("prefix_cache_onloaded_snapshots_total", "Snapshots moved back from the host tier on a hit.", metrics_.prefix_onloads);
+    gauge("prefix_cache_host_bytes", "Bytes of prefix snapshots held in the host tier.", double(stat_prefix_host_bytes_.load()));
   }
   os << "# HELP " << prefix << "request_errors_total Sequences ended by an error, by where it was raised.\n"
      << "# TYPE " << prefix << "request_errors_total counter\n";

@@ -26,17 +26,32 @@ bool Engine::admit(Request& r) {
   // preempted request comes back with its output), so the hashes of whole blocks stay valid.
   if (const size_t blocks = size_t((len - 1) / B); r.block_hashes.size() != blocks)
     r.block_hashes = prefix_cache_->block_hashes({r.tokens.data(), blocks * size_t(B)});
-  PrefixCache::Hit hit = prefix_cache_->find(r.block_hashes, r.tokens);
   // A prompt end without the MTP layer's row cannot start a drafting sequence (an engine's entries
   // all have it or none do; this only guards).
-  if (hit.end && spec_ && spec_->needs_hidden() && hit.end->hidden.empty()) hit = {};
-  if (wait_for_shared_prefill(r, hit.length)) return false;
+  auto usable = [&](PrefixCache::Hit h) {
+    return h.end && spec_ && spec_->needs_hidden() && h.end->hidden.empty() ? PrefixCache::Hit{} : h;
+  };
+  PrefixCache::Hit hit = usable(prefix_cache_->find(r.block_hashes, r.tokens));
+  PrefixCache::Hit host_hit;  // a longer prefix in the host tier
+  if (host_cache_)
+    if (const PrefixCache::Hit h = usable(host_cache_->find(r.block_hashes, r.tokens)); h.length > hit.length)
+      host_hit = h;
+  if (wait_for_shared_prefill(r, std::max(hit.length, host_hit.length))) return false;
   r.prefix_lookups = r.num_preemptions + 1;
-  prefix_cache_->touch(hit);
+  PrefixCache::Removed onloaded;
+  if (host_hit.length > 0) onloaded = onload(host_hit);
+  if (onloaded.snapshot) {
+    hit = PrefixCache::Hit{onloaded.snapshot, host_hit.length, 0, onloaded.end};
+  } else {
+    prefix_cache_->touch(hit);
+    host_hit = {};
+  }
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.prefix_queries += uint64_t(len);
     metrics_.prefix_hits += uint64_t(hit.length);
+    if (host_cache_) metrics_.prefix_host_queries += uint64_t(len);
+    metrics_.prefix_host_hits += uint64_t(host_hit.length);
   }
   if (const int64_t shared = prefix_cache_->seen_blocks(r.block_hashes) * B;
       shared > hit.length && shared >= cfg_.prefix_cache_min_shared)
@@ -44,6 +59,10 @@ bool Engine::admit(Request& r) {
   prefix_cache_->remember(r.block_hashes);
   if (hit.length > 0) {
     r.seq = runner_->add_sequence_from(hit.snapshot);
+    if (onloaded.snapshot) {  // back in the device's cache (or dropped, if there is no room: r has its copy)
+      const int64_t snap = onloaded.snapshot;
+      spill(prefix_cache_->insert(std::move(onloaded), snap));
+    }
     r.num_computed = hit.length;
     observe_queue(r);
     if (hit.end && !resume_at_prompt_end(r, *hit.end, hit.length)) return false;
@@ -170,7 +189,7 @@ void Engine::take_snapshots(Request& r) {
   if (at < r.num_prompt) {  // a prefill chunk ended on a block boundary: into the cache
     if (!cached(r, at) && snapshot_ready(r))
       if (const int64_t snap = save_snapshot(r))
-        drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
+        spill(prefix_cache_->insert({r.tokens.data(), size_t(at)}, snap, runner_->snapshot_bytes(snap)));
     if (r.next_snapshot >= 0 && at >= r.next_snapshot) r.next_snapshot = next_snapshot_at(r);
   } else if (at > r.turn_snapshot_len && turn_room_for(r, at) && snapshot_ready(r)) {  // the conversation so far
     release_turn_snapshot(r);
@@ -217,31 +236,60 @@ void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* h
   auto end = std::make_shared<PromptEnd>();
   end->logits.assign(logits, logits + runner_->config().vocab_size);
   if (mtp) end->hidden.assign(hidden, hidden + runner_->config().hidden_size);
-  drop_snapshots(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end)));
+  spill(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end)));
 }
 
 // A snapshot of r's sequence; when the runner's room for them is full, the least recently used
-// cache entries go first. 0: no room even so.
+// cache entries go first (to the host tier, if any). 0: no room even so.
 int64_t Engine::save_snapshot(Request& r) {
+  return with_snapshot_room([&] { return runner_->save_snapshot(r.seq); });
+}
+
+int64_t Engine::with_snapshot_room(const std::function<int64_t()>& make) {
   for (;;) {
-    if (const int64_t snap = runner_->save_snapshot(r.seq)) return snap;
-    const int64_t victim = prefix_cache_->evict_lru();
-    if (!victim) return 0;
-    runner_->drop_snapshot(victim);
+    if (const int64_t snap = make()) return snap;
+    PrefixCache::Removed victim = prefix_cache_->evict_lru();
+    if (!victim.snapshot) return 0;
+    spill({std::move(victim)});
   }
+}
+
+PrefixCache::Removed Engine::onload(const PrefixCache::Hit& host_hit) {
+  PrefixCache::Removed e = host_cache_->take(host_hit);  // out of the host cache: no eviction below can drop it
+  if (!e.snapshot) return e;
+  const int64_t host = e.snapshot;
+  if (const int64_t snap = with_snapshot_room([&] { return runner_->move_snapshot_from_host(host); })) {
+    e.snapshot = snap;
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    ++metrics_.prefix_onloads;
+    return e;
+  }
+  for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host)) runner_->drop_host_snapshot(h.snapshot);
+  return {};
 }
 
 void Engine::retire_turn_snapshot(Request& r) {
   if (!r.turn_snapshot) return;
   if (prefix_cache_)
-    drop_snapshots(prefix_cache_->insert({r.tokens.data(), size_t(r.turn_snapshot_len)}, r.turn_snapshot,
+    spill(prefix_cache_->insert({r.tokens.data(), size_t(r.turn_snapshot_len)}, r.turn_snapshot,
                                          runner_->snapshot_bytes(r.turn_snapshot)));
   else runner_->drop_snapshot(r.turn_snapshot);
   forget_turn_snapshot(r);
 }
 
-void Engine::drop_snapshots(const std::vector<int64_t>& ids) {
-  for (int64_t id : ids) runner_->drop_snapshot(id);
+void Engine::spill(std::vector<PrefixCache::Removed> removed) {
+  for (PrefixCache::Removed& e : removed) {
+    const int64_t host = host_cache_ && !e.duplicate ? runner_->move_snapshot_to_host(e.snapshot) : 0;
+    if (!host) {
+      runner_->drop_snapshot(e.snapshot);
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> l(metrics_mu_);
+      ++metrics_.prefix_offloads;
+    }
+    for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host)) runner_->drop_host_snapshot(h.snapshot);
+  }
 }
 
 }  // namespace fathom

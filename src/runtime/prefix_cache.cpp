@@ -114,25 +114,46 @@ bool PrefixCache::contains(std::span<const int32_t> prefix, uint64_t hash) const
                                             it->second.tokens.end());
 }
 
-std::vector<int64_t> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes) {
+namespace {
+PrefixCache::Removed refused(std::span<const int32_t> tokens, int64_t snapshot, int64_t bytes,
+                             std::shared_ptr<const PromptEnd> end, bool duplicate) {
+  return PrefixCache::Removed{snapshot, bytes, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(end),
+                              duplicate};
+}
+}  // namespace
+
+std::vector<PrefixCache::Removed> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes) {
   FATHOM_CHECK(!prefix.empty() && prefix.size() % size_t(block_size_) == 0, "prefix cache: a prefix of ",
                prefix.size(), " tokens is not whole blocks of ", block_size_);
   const uint64_t key = chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed);
-  if (bytes > capacity_ || contains(prefix, key)) return {snapshot};
+  if (contains(prefix, key)) return {refused(prefix, snapshot, bytes, nullptr, true)};
+  if (bytes > capacity_) return {refused(prefix, snapshot, bytes, nullptr, false)};
   return add(key, Entry{std::vector<int32_t>(prefix.begin(), prefix.end()), snapshot, bytes, 0, nullptr, 0});
 }
 
-std::vector<int64_t> PrefixCache::insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
-                                                    std::shared_ptr<const PromptEnd> end) {
+std::vector<PrefixCache::Removed> PrefixCache::insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot,
+                                                                 int64_t bytes, std::shared_ptr<const PromptEnd> end) {
   FATHOM_CHECK(!prompt.empty() && end, "prefix cache: a prompt end needs a prompt and its last position");
-  bytes += end->bytes();
-  if (bytes > capacity_ || contains_prompt_end(prompt)) return {snapshot};
+  if (contains_prompt_end(prompt)) return {refused(prompt, snapshot, bytes, end, true)};
+  if (bytes + end->bytes() > capacity_) return {refused(prompt, snapshot, bytes, end, false)};
   const int64_t blocks = (int64_t(prompt.size()) - 1) / block_size_;
   const uint64_t blocks_hash = chain(prompt, 0, blocks, kSeed);
-  std::vector<int64_t> dropped = add(end_key(prompt, blocks_hash), Entry{std::vector<int32_t>(prompt.begin(), prompt.end()),
-                                                                         snapshot, bytes, 0, std::move(end), blocks_hash});
-  end_tails_[blocks_hash].push_back(int(int64_t(prompt.size()) - blocks * block_size_));
-  return dropped;
+  const uint64_t key = end_key(prompt, blocks_hash);
+  std::vector<Removed> removed = add(
+      key, Entry{std::vector<int32_t>(prompt.begin(), prompt.end()), snapshot, bytes + end->bytes(), 0, end, blocks_hash});
+  if (entries_.count(key)) end_tails_[blocks_hash].push_back(int(int64_t(prompt.size()) - blocks * block_size_));
+  return removed;
+}
+
+std::vector<PrefixCache::Removed> PrefixCache::insert(Removed entry, int64_t snapshot) {
+  return entry.end ? insert_prompt_end(entry.tokens, snapshot, entry.snapshot_bytes, std::move(entry.end))
+                   : insert(entry.tokens, snapshot, entry.snapshot_bytes);
+}
+
+PrefixCache::Removed PrefixCache::take(const Hit& hit) {
+  auto it = entries_.find(hit.key);
+  if (hit.length == 0 || it == entries_.end() || it->second.snapshot != hit.snapshot) return {};
+  return erase(it);
 }
 
 bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt) const {
@@ -143,28 +164,25 @@ bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt) const {
          std::equal(prompt.begin(), prompt.end(), it->second.tokens.begin(), it->second.tokens.end());
 }
 
-std::vector<int64_t> PrefixCache::add(uint64_t key, Entry e) {
-  std::vector<int64_t> dropped;
-  if (auto it = entries_.find(key); it != entries_.end()) {  // a collision: the newer prefix wins
-    dropped.push_back(it->second.snapshot);
-    erase(it);
-  }
-  if (!make_room(e.bytes, e.end != nullptr, dropped)) {
-    dropped.push_back(e.snapshot);
-    return dropped;
+std::vector<PrefixCache::Removed> PrefixCache::add(uint64_t key, Entry e) {
+  std::vector<Removed> removed;
+  if (auto it = entries_.find(key); it != entries_.end()) removed.push_back(erase(it));  // a collision: the newer prefix wins
+  if (!make_room(e.bytes, e.end != nullptr, removed)) {
+    removed.push_back(refused(e.tokens, e.snapshot, e.bytes - (e.end ? e.end->bytes() : 0), e.end, false));
+    return removed;
   }
   e.last_used = ++clock_;
   bytes_ += e.bytes;
   if (e.end) end_bytes_ += e.bytes;
   entries_.emplace(key, std::move(e));
-  return dropped;
+  return removed;
 }
 
 // Each kind (prompt ends; block-aligned snapshots) may take the least recently used entry of
 // either kind while it holds at most half of the capacity, and only its own kind's past that: a
 // stream of prompts never repeated cannot push out the snapshots of shared prefixes, nor the
 // other way round.
-bool PrefixCache::make_room(int64_t bytes, bool prompt_end, std::vector<int64_t>& dropped) {
+bool PrefixCache::make_room(int64_t bytes, bool prompt_end, std::vector<Removed>& removed) {
   auto own = [&] { return prompt_end ? end_bytes_ : bytes_ - end_bytes_; };
   if (2 * bytes > capacity_ && bytes_ - own() + bytes > capacity_) return false;  // its own kind's room is not enough
   while (bytes_ + bytes > capacity_) {
@@ -175,14 +193,13 @@ bool PrefixCache::make_room(int64_t bytes, bool prompt_end, std::vector<int64_t>
           (victim == entries_.end() || it->second.last_used < victim->second.last_used))
         victim = it;
     if (victim == entries_.end()) return false;
-    dropped.push_back(victim->second.snapshot);
-    erase(victim);
+    removed.push_back(erase(victim));
   }
   return true;
 }
 
-void PrefixCache::erase(EntryMap::iterator it) {
-  const Entry& e = it->second;
+PrefixCache::Removed PrefixCache::erase(EntryMap::iterator it) {
+  Entry& e = it->second;
   bytes_ -= e.bytes;
   if (e.end) {
     end_bytes_ -= e.bytes;
@@ -194,24 +211,22 @@ void PrefixCache::erase(EntryMap::iterator it) {
       if (tails->second.empty()) end_tails_.erase(tails);
     }
   }
+  Removed out{e.snapshot, e.bytes - (e.end ? e.end->bytes() : 0), std::move(e.tokens), std::move(e.end), false};
   entries_.erase(it);
+  return out;
 }
 
-std::vector<int64_t> PrefixCache::evict_to(int64_t capacity) {
-  std::vector<int64_t> dropped;
-  while (bytes_ > capacity && !entries_.empty()) dropped.push_back(evict_lru());
-  return dropped;
+std::vector<PrefixCache::Removed> PrefixCache::clear() {
+  std::vector<Removed> removed;
+  while (!entries_.empty()) removed.push_back(erase(entries_.begin()));
+  return removed;
 }
 
-std::vector<int64_t> PrefixCache::clear() { return evict_to(-1); }
-
-int64_t PrefixCache::evict_lru() {
-  if (entries_.empty()) return 0;
-  auto lru = std::min_element(entries_.begin(), entries_.end(),
-                              [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-  const int64_t snapshot = lru->second.snapshot;
-  erase(lru);
-  return snapshot;
+PrefixCache::Removed PrefixCache::evict_lru() {
+  if (entries_.empty()) return {};
+  return erase(std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+    return a.second.last_used < b.second.last_used;
+  }));
 }
 
 }  // namespace fathom

@@ -40,6 +40,15 @@ class PrefixCache {
  public:
   PrefixCache(int block_size, int64_t capacity_bytes);
 
+  // An entry taken out of the cache (evicted, refused, or taken for another tier): the caller
+  // drops its snapshot or moves it to another tier's cache.
+  struct Removed {
+    int64_t snapshot = 0, snapshot_bytes = 0;
+    std::vector<int32_t> tokens;
+    std::shared_ptr<const PromptEnd> end;
+    bool duplicate = false;  // the snapshot just offered, whose prefix is cached already
+  };
+
   struct Hit {
     int64_t snapshot = 0;
     int64_t length = 0;  // tokens of the cached prefix; 0: none
@@ -61,16 +70,19 @@ class PrefixCache {
   static constexpr size_t kMaxSeen = size_t(1) << 18;
   bool contains(std::span<const int32_t> prefix) const;
   bool contains(std::span<const int32_t> prefix, uint64_t hash) const;  // hash: its block_hashes().back()
-  // Adds the snapshot of `prefix` (whole blocks). Returns the snapshots the caller must drop: the
-  // entries evicted to stay within the capacity, or the new one itself when the prefix is already
-  // cached or the snapshot alone is larger than the capacity.
-  std::vector<int64_t> insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes);
+  // Adds the snapshot of `prefix` (whole blocks). Returns the entries the caller must drop or move
+  // elsewhere: those evicted to stay within the capacity, or the new one itself when there is no
+  // room for it (or, marked duplicate, when its prefix is cached already).
+  std::vector<Removed> insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes);
   // The same for a prompt's end (any length >= 1); `bytes` counts the snapshot, `end` its own.
-  std::vector<int64_t> insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
+  std::vector<Removed> insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
                                          std::shared_ptr<const PromptEnd> end);
+  // A removed entry put back (into this cache or another tier's): insert or insert_prompt_end.
+  std::vector<Removed> insert(Removed entry, int64_t snapshot);
   bool contains_prompt_end(std::span<const int32_t> prompt) const;
-  std::vector<int64_t> clear();  // every snapshot, for the caller to drop
-  int64_t evict_lru();           // the least recently used entry's snapshot (0: empty)
+  std::vector<Removed> clear();  // every entry, for the caller to drop
+  Removed evict_lru();           // the least recently used entry (snapshot 0: empty)
+  Removed take(const Hit& hit);  // the hit's entry, out of the cache (snapshot 0: not there)
 
   int block_size() const { return block_size_; }
   int64_t bytes() const { return bytes_; }
@@ -92,10 +104,9 @@ class PrefixCache {
   uint64_t end_key(std::span<const int32_t> prompt, uint64_t blocks_hash) const;
   // The longest prompt end listed under `blocks_hash` (whole blocks of `tokens`) that `tokens` begins with.
   Hit find_prompt_end(uint64_t blocks_hash, int64_t blocks, std::span<const int32_t> tokens) const;
-  std::vector<int64_t> add(uint64_t key, Entry e);  // (insert's second half) the snapshots to drop
-  void erase(EntryMap::iterator it);
-  bool make_room(int64_t bytes, bool prompt_end, std::vector<int64_t>& dropped);  // false: no room for that kind
-  std::vector<int64_t> evict_to(int64_t capacity);
+  std::vector<Removed> add(uint64_t key, Entry e);  // (insert's second half) the entries removed
+  Removed erase(EntryMap::iterator it);
+  bool make_room(int64_t bytes, bool prompt_end, std::vector<Removed>& removed);  // false: no room for that kind
 
   int block_size_;
   int64_t capacity_;

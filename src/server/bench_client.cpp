@@ -143,6 +143,7 @@ struct SpecCounters {
   double drafts = 0, draft_tokens = 0, accepted = 0;
   std::vector<double> accepted_at;  // by draft position
   double prefix_hits = 0, prefix_queries = 0;
+  double host_hits = -1;  // of them, from the host tier (external_prefix_cache_hits_total; -1: no tier)
 };
 
 SpecCounters scrape_spec(const BenchConfig& cfg) {
@@ -172,6 +173,7 @@ SpecCounters scrape_spec(const BenchConfig& cfg) {
     else if (is("spec_decode_num_accepted_tokens_total")) c.accepted = v;
     else if (is("prefix_cache_hits_total")) c.prefix_hits = v;
     else if (is("prefix_cache_queries_total")) c.prefix_queries = v;
+    else if (is("external_prefix_cache_hits_total")) c.host_hits = v;
     else if (is("spec_decode_num_accepted_tokens_per_pos_total")) {
       const size_t p = line.find("position=\"");
       if (p == std::string::npos) continue;
@@ -342,6 +344,11 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
   if (const double queries = spec1.prefix_queries - spec0.prefix_queries; queries > 0) {  // this level's
     std::printf("-------------------Prefix Cache-------------------\n");
     line("Prefix cache hit rate (%, prompt tokens):", f2(100 * (spec1.prefix_hits - spec0.prefix_hits) / queries));
+    if (spec1.host_hits >= 0) {  // the hits by tier
+      const double host = spec1.host_hits - std::max(0.0, spec0.host_hits);
+      line("  from the device (%):", f2(100 * (spec1.prefix_hits - spec0.prefix_hits - host) / queries));
+      line("  from the host tier (%):", f2(100 * host / queries));
+    }
   }
   if (spec1.found) {  // this level's share of the counters
     const double rounds = spec1.drafts - spec0.drafts, drafted = spec1.draft_tokens - spec0.draft_tokens;

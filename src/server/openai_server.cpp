@@ -533,6 +533,12 @@ void OpenAIServer::load() {
   const int64_t kv_tokens = std::max<int64_t>(0, runner->kv_capacity_tokens());
   const int64_t vocab_size = runner->config().vocab_size;
   EngineConfig ec = engine_config(opts_, spec, max_model_len, end_token_ids(runner->config()));
+  ec.prefix_cache_host_bytes = prefix_cache_host_bytes(opts_, *runner);
+  if (ec.enable_prefix_caching && runner->supports_snapshots())
+    std::fprintf(stderr, "fathom serve: prefix cache host tier: %s\n",
+                 ec.prefix_cache_host_bytes > 0
+                     ? (std::to_string(ec.prefix_cache_host_bytes >> 20) + " MB (--prefix-cache-host-gb)").c_str()
+                     : "none (--prefix-cache-host-gb)");
   if (tok_) load_grammars(ec.eos_token_ids, vocab_size);
   engine_ = std::make_unique<Engine>(std::move(runner), tok_.get(), std::move(ec));
 

@@ -1,6 +1,7 @@
 #include "server/serve_options.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -53,6 +54,30 @@ EngineConfig engine_config(const ServeOptions& o, const SpecOptions& spec, int64
   FATHOM_CHECK(ec.max_num_seqs > 0, "--max-num-seqs must be positive");
   FATHOM_CHECK(ec.max_queue_len >= 0, "--max-queue-len must be >= 0");
   return ec;
+}
+
+namespace {
+// MemAvailable of /proc/meminfo in bytes (0: unknown).
+int64_t available_host_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb << 10;
+  return 0;
+}
+}  // namespace
+
+int64_t prefix_cache_host_bytes(const ServeOptions& o, const ModelRunner& runner) {
+  if (!o.engine.enable_prefix_caching || !runner.supports_snapshots()) return 0;
+  if (o.prefix_cache_host_gb < 0) {  // auto: only where snapshots live on a device
+    const bool host_engine = runner.device_name().rfind("cpu", 0) == 0;
+    return runner.supports_host_snapshots() && !host_engine ? available_host_memory() / 2 : 0;
+  }
+  FATHOM_CHECK(o.prefix_cache_host_gb == 0 || runner.supports_host_snapshots(), "--prefix-cache-host-gb: the ",
+               runner.device_name(), " engine keeps no prefix snapshots in host memory (no host tier yet)");
+  return int64_t(o.prefix_cache_host_gb * double(int64_t(1) << 30));
 }
 
 HttpServerOptions http_options(const ServeOptions& o,

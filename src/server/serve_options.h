@@ -61,6 +61,9 @@ struct ServeOptions {
   std::string sampler = "device";         // device: tokens chosen on the GPU when the engine can; host
   bool disable_overlap_schedule = false;  // plan each step only after the previous one's tokens are back
   int64_t prefix_cache_mb = 2048;         // prefix snapshots kept, least recently used dropped first
+  // The host tier for prefix snapshots (GB; < 0: auto, half the host's available memory on engines
+  // whose snapshots live on a device and can move to the host, none elsewhere).
+  double prefix_cache_host_gb = -1;
   std::string speculative_algorithm;      // SGLang's names: "", "mtp"/"nextn" or "ngram"
 
   // SIGTERM: seconds the requests in flight get to finish (new ones get 503) before the rest are
@@ -84,6 +87,10 @@ int64_t served_max_model_len(const ServeOptions& o, const ModelRunner& runner);
 // The engine's configuration: the flags', the served limit and the tokens that end a sequence.
 EngineConfig engine_config(const ServeOptions& o, const SpecOptions& spec, int64_t max_model_len,
                            std::vector<int32_t> eos_token_ids);
+
+// --prefix-cache-host-gb resolved for this runner, in bytes (0: no host tier); refuses a size
+// the runner cannot use, naming the flag.
+int64_t prefix_cache_host_bytes(const ServeOptions& o, const ModelRunner& runner);
 
 // The HTTP server's options; `error_body` renders the errors it produces itself.
 HttpServerOptions http_options(const ServeOptions& o,

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -33,6 +34,13 @@ std::vector<int32_t> seq_of(int n, int32_t first) {
   return v;
 }
 
+// The snapshots of entries the cache let go.
+std::vector<int64_t> ids(const std::vector<PrefixCache::Removed>& removed) {
+  std::vector<int64_t> out;
+  for (const PrefixCache::Removed& e : removed) out.push_back(e.snapshot);
+  return out;
+}
+
 TEST(PrefixCache, LongestCachedPrefixWins) {
   PrefixCache c(4, 1000);
   const std::vector<int32_t> t = seq_of(20, 1);
@@ -47,7 +55,7 @@ TEST(PrefixCache, LongestCachedPrefixWins) {
   other[0] = 99;
   EXPECT_EQ(c.lookup(other, 20).length, 0);
   // A prefix already cached: the new snapshot comes back to be dropped.
-  EXPECT_EQ(c.insert({t.data(), 8}, 3, 10), std::vector<int64_t>{3});
+  EXPECT_EQ(ids(c.insert({t.data(), 8}, 3, 10)), std::vector<int64_t>{3});
   EXPECT_THROW(c.insert({t.data(), 6}, 4, 10), std::exception);  // not whole blocks
 }
 
@@ -57,9 +65,9 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedWithinCapacity) {
   EXPECT_TRUE(c.insert(a, 1, 60).empty());
   EXPECT_TRUE(c.insert(b, 2, 30).empty());
   EXPECT_EQ(c.lookup(a, 2).snapshot, 1);  // a is now the most recently used
-  EXPECT_EQ(c.insert(d, 3, 30), std::vector<int64_t>{2});  // b goes
+  EXPECT_EQ(ids(c.insert(d, 3, 30)), std::vector<int64_t>{2});  // b goes
   EXPECT_EQ(c.bytes(), 90);
-  EXPECT_EQ(c.insert(big, 4, 101), std::vector<int64_t>{4});  // larger than the whole cache
+  EXPECT_EQ(ids(c.insert(big, 4, 101)), std::vector<int64_t>{4});  // larger than the whole cache
   EXPECT_EQ(c.clear().size(), 2u);
   EXPECT_EQ(c.bytes(), 0);
 }
@@ -110,7 +118,7 @@ TEST(PrefixCache, PromptEndsServeExactRepeatsAndLongerPrompts) {
   EXPECT_EQ(find({other.data(), 6}).length, 1);
   EXPECT_TRUE(c.insert({t.data(), 8}, 7, 10).empty());  // a block snapshot beside the end of the same 8 tokens
   EXPECT_EQ(find(t).length, 8);
-  EXPECT_EQ(c.insert_prompt_end({t.data(), 3}, 200, 10, end), std::vector<int64_t>{200});  // already cached
+  EXPECT_EQ(ids(c.insert_prompt_end({t.data(), 3}, 200, 10, end)), std::vector<int64_t>{200});  // already cached
   EXPECT_TRUE(c.contains_prompt_end({t.data(), 5}));
   EXPECT_FALSE(c.contains_prompt_end({t.data(), 6}));
   EXPECT_EQ(c.bytes(), 6 * 10 + 5 * end->bytes());
@@ -128,12 +136,47 @@ TEST(PrefixCache, PromptEndsAndBlockSnapshotsEachKeepHalfTheCapacity) {
   auto prompt = [](int32_t t) { return std::vector<int32_t>{t}; };
   EXPECT_TRUE(c.insert(a, 1, 40).empty());
   EXPECT_TRUE(c.insert(b, 2, 40).empty());
-  EXPECT_EQ(c.insert_prompt_end(prompt(5), 3, 30, end), std::vector<int64_t>{1});  // under its half: the LRU entry
-  EXPECT_EQ(c.insert_prompt_end(prompt(6), 4, 40, end), std::vector<int64_t>{3});  // past it: its own kind's
-  EXPECT_EQ(c.insert_prompt_end(prompt(7), 5, 70, end), std::vector<int64_t>{5});  // only with a block's room
+  EXPECT_EQ(ids(c.insert_prompt_end(prompt(5), 3, 30, end)), std::vector<int64_t>{1});  // under its half: the LRU entry
+  EXPECT_EQ(ids(c.insert_prompt_end(prompt(6), 4, 40, end)), std::vector<int64_t>{3});  // past it: its own kind's
+  EXPECT_EQ(ids(c.insert_prompt_end(prompt(7), 5, 70, end)), std::vector<int64_t>{5});  // only with a block's room
   EXPECT_EQ(c.bytes(), 80);
-  EXPECT_EQ(c.insert(a, 6, 40), std::vector<int64_t>{2});  // blocks past their half: a block
+  EXPECT_EQ(ids(c.insert(a, 6, 40)), std::vector<int64_t>{2});  // blocks past their half: a block
   EXPECT_EQ(c.lookup(prompt(6), 1).snapshot, 4);
+}
+
+// The host tier's moves: an entry taken out of one cache goes into another as it was (a block
+// snapshot or a prompt end with its logits), under the other tier's snapshot id.
+TEST(PrefixCache, EntriesMoveBetweenTiersAsTheyWere) {
+  PrefixCache device(4, 100), host(4, 1000);
+  auto end = std::make_shared<PromptEnd>();
+  end->logits = {0.5f};
+  const std::vector<int32_t> t = seq_of(10, 1);
+  EXPECT_TRUE(device.insert({t.data(), 8}, 1, 40).empty());
+  EXPECT_TRUE(device.insert_prompt_end({t.data(), 10}, 2, 40, end).empty());
+  // No room for a third: the least recently used (the block snapshot) comes out whole.
+  const std::vector<PrefixCache::Removed> out = device.insert({t.data(), 4}, 3, 40);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].snapshot, 1);
+  EXPECT_EQ(out[0].snapshot_bytes, 40);
+  EXPECT_EQ(out[0].tokens, std::vector<int32_t>(t.begin(), t.begin() + 8));
+  EXPECT_FALSE(out[0].duplicate);
+  EXPECT_TRUE(host.insert(out[0], 11).empty());
+  EXPECT_EQ(host.lookup(t, 9).snapshot, 11);
+  // A prompt end taken back from the device keeps its logits.
+  const PrefixCache::Hit hit = device.lookup(t, 10);
+  ASSERT_EQ(hit.length, 10);
+  PrefixCache::Removed taken = device.take(hit);
+  EXPECT_EQ(taken.snapshot, 2);
+  EXPECT_EQ(device.lookup(t, 10).length, 4);
+  EXPECT_TRUE(host.insert(std::move(taken), 12).empty());
+  EXPECT_EQ(host.lookup(t, 10).end, end);
+  EXPECT_EQ(host.bytes(), 40 + 40 + end->bytes());
+  EXPECT_EQ(host.take(PrefixCache::Hit{99, 10, 0, nullptr}).snapshot, 0);  // not an entry
+  // Offered with no room at all (larger than the cache): handed back, not as a duplicate.
+  const std::vector<PrefixCache::Removed> big = device.insert({t.data(), 8}, 4, 101);
+  ASSERT_EQ(big.size(), 1u);
+  EXPECT_FALSE(big[0].duplicate);
+  EXPECT_TRUE(device.insert({t.data(), 4}, 5, 10)[0].duplicate);
 }
 
 std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
@@ -611,6 +654,93 @@ TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
           ++compared;
         }
     EXPECT_GE(compared, int(jobs.size())) << "K=" << k;
+  }
+}
+
+// The host tier (issue 37): conversations taking turns, one request at a time, with a device
+// cache too small to keep one conversation's snapshot until its next turn. Without the tier the
+// later turns start over; with it each finds its conversation in host memory, moved back: the
+// same hits as a device cache large enough for everything, and the same outputs as no caching.
+std::vector<std::vector<int32_t>> converse_in_turns(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                    int vocab, std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  engine.start();
+  std::vector<std::vector<int32_t>> conversations(3), answers;
+  for (int turn = 0; turn < 3; ++turn)
+    for (size_t c = 0; c < conversations.size(); ++c) {
+      const std::vector<int32_t> message = random_tokens(20 + 3 * turn, vocab, 300 + uint32_t(10 * c) + uint32_t(turn));
+      std::vector<int32_t>& conv = conversations[c];
+      conv.insert(conv.end(), message.begin(), message.end());
+      auto ch = std::make_shared<OutputChannel>();
+      RequestSpec s;
+      s.group = engine.new_group_id();
+      s.prompt = conv;
+      s.params = greedy({}, 21).params;
+      s.out = ch;
+      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+      answers.push_back(tokens_of(*ch));
+      conv.insert(conv.end(), answers.back().begin(), answers.back().end());
+    }
+  engine.shutdown();
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return answers;
+}
+
+void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner, EngineConfig base,
+                     const std::string& what) {
+  const int V = runner()->config().vocab_size;
+  // One snapshot of a conversation's first turn (20 + 21 tokens), measured: the device's room.
+  int64_t one = 0;
+  {
+    auto r = runner();
+    const SequenceId s = r->add_sequence();
+    const std::vector<int32_t> p = random_tokens(41, V, 5);
+    r->forward(std::vector<ForwardStep>{{s, p}});
+    one = r->snapshot_bytes(r->save_snapshot(s));
+  }
+  base.enable_prefix_caching = false;
+  const auto plain = converse_in_turns(runner(), base, V, nullptr);
+  std::string big_m, tiny_m, tier_m;
+  base.enable_prefix_caching = true;
+  base.prefix_cache_bytes = int64_t(1) << 30;
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m), plain) << what << ": a large device cache";
+  base.prefix_cache_bytes = one + one / 2;
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &tiny_m), plain) << what << ": a small device cache";
+  base.prefix_cache_host_bytes = int64_t(1) << 30;
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &tier_m), plain) << what << ": a small device cache and the host tier";
+  const double big = metric(big_m, "fathom:prefix_cache_hits_total"), tiny = metric(tiny_m, "fathom:prefix_cache_hits_total");
+  std::printf("  %s: %.0f prompt tokens cached with a large device cache, %.0f with a small one, %.0f with the host tier "
+              "(%.0f from it; %.0f snapshots moved down, %.0f up)\n",
+              what.c_str(), big, tiny, metric(tier_m, "fathom:prefix_cache_hits_total"),
+              metric(tier_m, "fathom:external_prefix_cache_hits_total"),
+              metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
+              metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
+  EXPECT_LT(tiny, big) << what << ": the small cache must lose conversations between turns";
+  EXPECT_EQ(metric(tier_m, "fathom:prefix_cache_hits_total"), big) << what;
+  EXPECT_GT(metric(tier_m, "fathom:external_prefix_cache_hits_total"), 0) << what;
+  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
+  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_host_bytes"), 0) << what;
+}
+
+TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  host_tier_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
+}
+
+TEST_P(PrefixCacheEngine, HostTierOverTensorParallelRanks) {
+  const fs::path dir = testing::fixtures_dir() / GetParam();
+  ASSERT_TRUE(fs::exists(dir / "config.json")) << GetParam() << " missing";
+  host_tier_check([&] { return CpuRunner::open(dir, /*with_mtp=*/false, /*tensor_parallel_size=*/2); },
+                  config(13, true), std::string(GetParam()) + " over 2 ranks");
+}
+
+TEST(PrefixCacheMtp, HostTierKeepsWhatTheDeviceEvicts) {
+  ASSERT_TRUE(load_runner("qwen35_moe", true)) << "qwen35_moe missing";
+  for (int k : {1, 2}) {
+    EngineConfig c = config(2048, true);
+    c.spec.algorithm = SpecAlgorithm::Mtp;
+    c.spec.num_steps = k;
+    host_tier_check([] { return load_runner("qwen35_moe", true); }, c, "qwen35_moe MTP K=" + std::to_string(k));
   }
 }
 
