@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -223,6 +223,28 @@ for what in "${@:-all}"; do
           | grep -E "TTFT|TPOT|throughput|Failed" | sed "s/^/$name: /" | tee -a "$OUT/ttft.log"
         stop_server "ttft_$name"
       done ;;
+    prefix37)
+      # Issue 37: greedy completions with caching equal those without (the default model; the
+      # check includes an exact repeat): sampling on the device, on the host (prompt ends: exact
+      # repeats start with no forward), and tensor-parallel ranks over one GPU (--force-nccl, their
+      # snapshots on with FATHOM_TP_PREFIX_CACHE=1); then TTFT at a shared 4K prefix over
+      # tensor-parallel ranks on the 397B shape, caching on and off (the check: >= 3x lower).
+      export FATHOM_TP_PREFIX_CACHE=1
+      for cfg in "device:" "host:--sampler host" "tp:--tensor-parallel-size 1 --force-nccl"; do
+        name=${cfg%%:*}
+        timeout 500 python3 tools/prefix_cache_gpu_check.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
+          --max-num-batched-tokens 64 ${cfg#*:} > "$OUT/prefix37_$name.log" 2>&1
+        echo "prefix check $name rc=$?"; tail -3 "$OUT/prefix37_$name.log"
+      done
+      for cache in on off; do
+        extra=""; [ $cache = off ] && extra="--no-enable-prefix-caching"
+        MAX_MODEL_LEN=8192 start_server 18640 "prefix37_tp_$cache" --tensor-parallel-size 1 --force-nccl $extra || continue
+        timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18640 --dataset-name prefix-repeat --prefix-len 4096 \
+          --input-len 64 --output-len 16 --concurrency 1 --num-prompts 12 --vocab-size 248320 --no-progress 2>&1 \
+          | tee "$OUT/prefix37_tp_bench_$cache.log" | grep -E "TTFT|hit rate|Failed" | sed "s/^/$cache: /" | tee -a "$OUT/prefix37.log"
+        stop_server "prefix37_tp_$cache"
+      done
+      unset FATHOM_TP_PREFIX_CACHE ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;

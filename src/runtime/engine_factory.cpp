@@ -1,5 +1,6 @@
 // Chooses the engine for --device: the CPU reference engine, or the CUDA engine when built.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 
@@ -108,9 +109,15 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
     }
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
     opt.capture_graphs_at_start = true;
-    if (options.prefix_cache_mb > 0 && par.size == 1 && !par.force_nccl) {
+    // Over tensor-parallel ranks only with FATHOM_TP_PREFIX_CACHE=1 until the GPU check of issue 37
+    // has run (the ranks' snapshots are built, not yet measured on a GPU).
+    const char* tp_snapshots = std::getenv("FATHOM_TP_PREFIX_CACHE");
+    const bool split = par.size > 1 || par.force_nccl;
+    if (options.prefix_cache_mb > 0 && (!split || (tp_snapshots && std::string(tp_snapshots) == "1"))) {
       // Snapshots of about 2,048 tokens on average (a shared system prompt, a conversation): a
-      // slot's linear states plus that much KV each.
+      // slot's linear states plus that much KV each. Counted at the whole model's sizes, so that
+      // over tensor-parallel ranks (each holding its slice) the ranks' snapshots take about the
+      // budget together.
       const int64_t kv_per_token =
           int64_t(cfg.num_full_attention_layers() + (with_mtp ? 1 : 0)) * cfg.kv_bytes_per_token_per_layer(kv_dtype);
       const int64_t state = int64_t(cfg.num_linear_attention_layers()) * 4 *

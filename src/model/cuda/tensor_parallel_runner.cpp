@@ -225,6 +225,30 @@ void TensorParallelRunner::remove_sequence(SequenceId seq) {
   on_all_ranks([&](int r) { ranks_[size_t(r)]->remove_sequence(seq); });
 }
 
+int64_t TensorParallelRunner::save_snapshot(SequenceId seq) {
+  std::vector<int64_t> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->save_snapshot(seq); });
+  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one snapshot different ids");
+  return ids[0];
+}
+
+SequenceId TensorParallelRunner::add_sequence_from(int64_t snapshot) {
+  std::vector<SequenceId> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->add_sequence_from(snapshot); });
+  for (SequenceId id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one sequence different ids");
+  return ids[0];
+}
+
+void TensorParallelRunner::drop_snapshot(int64_t snapshot) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->drop_snapshot(snapshot); });
+}
+
+int64_t TensorParallelRunner::snapshot_bytes(int64_t snapshot) const {
+  int64_t bytes = 0;  // host bookkeeping only: no rank thread needed
+  for (const auto& rank : ranks_) bytes += rank->snapshot_bytes(snapshot);
+  return bytes;
+}
+
 ForwardOutput TensorParallelRunner::forward(std::span<const ForwardStep> steps) {
   return on_all<ForwardOutput>([&](CudaRunner& c) { return c.forward(steps); });
 }

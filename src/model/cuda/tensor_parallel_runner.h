@@ -83,6 +83,14 @@ class TensorParallelRunner final : public ModelRunner {
   int64_t deferred_mask_tokens() const override;
   void supply_masks(std::span<const uint32_t> masks) override;
   SampledOutput finish_sampled() override;
+  // Prefix snapshots (issue 37): each rank copies its slice of the state; every call reaches all
+  // ranks, so their snapshot ids agree, and a snapshot's bytes are all ranks' together.
+  bool supports_snapshots() const override { return ranks_[0]->supports_snapshots(); }
+  int64_t save_snapshot(SequenceId seq) override;
+  SequenceId add_sequence_from(int64_t snapshot) override;
+  void drop_snapshot(int64_t snapshot) override;
+  int64_t snapshot_bytes(int64_t snapshot) const override;
+  SnapshotRoom snapshot_room() const override { return ranks_[0]->snapshot_room(); }
   int64_t kv_capacity_tokens() const override;
   int64_t max_sequence_length() const override;
   int max_sequences() const override { return ranks_[0]->max_sequences(); }
