@@ -69,7 +69,14 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
   for (const char* st : {"sample", "detokenize", "stop", "forward", "postprocess"}) metrics_.errors[st] = 0;
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+  // A borrowed runner goes back without this engine's snapshots.
+  if (prefix_cache_)
+    for (const PrefixCache::Removed& e : prefix_cache_->clear()) runner_->drop_snapshot(e.snapshot);
+  if (host_cache_)
+    for (const PrefixCache::Removed& e : host_cache_->clear()) runner_->drop_host_snapshot(e.snapshot);
+}
 
 void Engine::start() { thread_ = std::thread([this] { loop(); }); }
 

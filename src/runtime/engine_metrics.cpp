@@ -101,8 +101,8 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
   if (host_cache_) {  // vLLM's names for a cache outside the device's (its KV connectors')
     counter("external_prefix_cache_queries_total", "Prompt tokens looked up in the host tier of the prefix cache.",
             metrics_.prefix_host_queries);
-    counter("external_prefix_cache_hits_total", "Prompt tokens served from the host tier (included in prefix_cache_hits_total).",
-            metrics_.prefix_host_hits);
+    counter("external_prefix_cache_hits_total",
+            "Prompt tokens served from the host tier (included in prefix_cache_hits_total).", metrics_.prefix_host_hits);
     counter("prefix_cache_offloaded_snapshots_total", "Snapshots moved from the device to the host tier on eviction.",
             metrics_.prefix_offloads);
     counter("prefix_cache_onloaded_snapshots_total", "Snapshots moved back from the host tier on a hit.", metrics_.prefix_onloads);

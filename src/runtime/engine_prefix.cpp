@@ -10,9 +10,14 @@
 //   one), and every `prefix_cache_interval` tokens when set (chunks then end there);
 // - for the next turn of a chat, the last block boundary a sequence reached, cached when it ends.
 //   These live snapshots take at most half of the runner's room, so that the cache keeps the
-//   other half when many long requests run at once.
+//   other half when many long requests run at once;
+// - where a prompt's prefill ends (issue 37), at any length, with the last row's logits (and its
+//   hidden state for MTP): an exact repeat takes its first token from them at admission, with no
+//   forward, and a longer prompt prefills only the rest (engines that bring logits to the host).
+// With a host tier (--prefix-cache-host-gb) what the cache evicts moves to host memory and comes
+// back on a hit (spill, onload).
 // With MTP the draft layer catches up first, so a snapshot holds the MTP layer's KV for the same
-// positions as the main model's.
+// positions as the main model's (a prompt end's: all but the last, whose row it keeps).
 #include <algorithm>
 
 #include "runtime/engine.h"
@@ -228,7 +233,6 @@ void Engine::forget_turn_snapshot(Request& r) {
 // (whose row waits for the token chosen next).
 void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* hidden) {
   const std::span<const int32_t> prompt = r.prompt_span();
-  if (prefix_cache_->contains_prompt_end(prompt)) return;
   const bool mtp = spec_ && spec_->needs_hidden();
   if (mtp && (!hidden || runner_->mtp_length(r.seq) != r.num_prompt - 1)) return;
   const int64_t snap = save_snapshot(r);
@@ -272,7 +276,7 @@ void Engine::retire_turn_snapshot(Request& r) {
   if (!r.turn_snapshot) return;
   if (prefix_cache_)
     spill(prefix_cache_->insert({r.tokens.data(), size_t(r.turn_snapshot_len)}, r.turn_snapshot,
-                                         runner_->snapshot_bytes(r.turn_snapshot)));
+                                runner_->snapshot_bytes(r.turn_snapshot)));
   else runner_->drop_snapshot(r.turn_snapshot);
   forget_turn_snapshot(r);
 }
@@ -288,7 +292,8 @@ void Engine::spill(std::vector<PrefixCache::Removed> removed) {
       std::lock_guard<std::mutex> l(metrics_mu_);
       ++metrics_.prefix_offloads;
     }
-    for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host)) runner_->drop_host_snapshot(h.snapshot);
+    for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host))
+      runner_->drop_host_snapshot(h.snapshot);
   }
 }
 

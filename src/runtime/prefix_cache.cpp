@@ -122,7 +122,8 @@ PrefixCache::Removed refused(std::span<const int32_t> tokens, int64_t snapshot, 
 }
 }  // namespace
 
-std::vector<PrefixCache::Removed> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes) {
+std::vector<PrefixCache::Removed> PrefixCache::insert(std::span<const int32_t> prefix, int64_t snapshot,
+                                                      int64_t bytes) {
   FATHOM_CHECK(!prefix.empty() && prefix.size() % size_t(block_size_) == 0, "prefix cache: a prefix of ",
                prefix.size(), " tokens is not whole blocks of ", block_size_);
   const uint64_t key = chain(prefix, 0, int64_t(prefix.size()) / block_size_, kSeed);
@@ -139,8 +140,8 @@ std::vector<PrefixCache::Removed> PrefixCache::insert_prompt_end(std::span<const
   const int64_t blocks = (int64_t(prompt.size()) - 1) / block_size_;
   const uint64_t blocks_hash = chain(prompt, 0, blocks, kSeed);
   const uint64_t key = end_key(prompt, blocks_hash);
-  std::vector<Removed> removed = add(
-      key, Entry{std::vector<int32_t>(prompt.begin(), prompt.end()), snapshot, bytes + end->bytes(), 0, end, blocks_hash});
+  Entry e{std::vector<int32_t>(prompt.begin(), prompt.end()), snapshot, bytes + end->bytes(), 0, end, blocks_hash};
+  std::vector<Removed> removed = add(key, std::move(e));
   if (entries_.count(key)) end_tails_[blocks_hash].push_back(int(int64_t(prompt.size()) - blocks * block_size_));
   return removed;
 }
@@ -166,7 +167,8 @@ bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt) const {
 
 std::vector<PrefixCache::Removed> PrefixCache::add(uint64_t key, Entry e) {
   std::vector<Removed> removed;
-  if (auto it = entries_.find(key); it != entries_.end()) removed.push_back(erase(it));  // a collision: the newer prefix wins
+  // A collision: the newer prefix wins.
+  if (auto it = entries_.find(key); it != entries_.end()) removed.push_back(erase(it));
   if (!make_room(e.bytes, e.end != nullptr, removed)) {
     removed.push_back(refused(e.tokens, e.snapshot, e.bytes - (e.end ? e.end->bytes() : 0), e.end, false));
     return removed;

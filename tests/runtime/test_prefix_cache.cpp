@@ -330,8 +330,31 @@ std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<ModelRunn
 std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
                                                  const std::vector<Job>& jobs, std::string* metrics) {
   std::vector<std::vector<int32_t>> ids;
-  for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics)) ids.push_back(std::move(f.ids));
+  for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics))
+    ids.push_back(std::move(f.ids));
   return ids;
+}
+
+// Jobs all submitted before the engine's first step (they arrive together).
+std::vector<testing::Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                         const std::vector<Job>& jobs, std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  std::vector<std::shared_ptr<OutputChannel>> chans;
+  for (const Job& j : jobs) {
+    chans.push_back(std::make_shared<OutputChannel>());
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = chans.back();
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+  }
+  engine.start();
+  std::vector<testing::Finished> out;
+  for (auto& ch : chans) out.push_back(finished_of(*ch));
+  engine.shutdown();
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return out;
 }
 
 // `n` prompts: one 64-token prefix (from `seed`), then tails of their own of tail + i * step tokens.
@@ -357,23 +380,9 @@ TEST_P(PrefixCacheEngine, BurstSharingAPrefixWaitsForItsPrefill) {
   auto burst = [&](bool caching, std::string* m) {
     EngineConfig c = config(2048, caching);
     c.prefix_cache_interval = 0;  // the shared part's end is the only position worth a snapshot
-    Engine engine(load_runner(GetParam()), nullptr, c);
-    std::vector<std::shared_ptr<OutputChannel>> chans;
-    for (const Job& j : jobs) {
-      chans.push_back(std::make_shared<OutputChannel>());
-      RequestSpec s;
-      s.group = engine.new_group_id();
-      s.prompt = j.prompt;
-      s.params = j.params;
-      s.out = chans.back();
-      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    }
-    engine.start();  // all six are waiting at the first step
-    std::vector<std::vector<int32_t>> out(jobs.size());
-    for (size_t i = 0; i < jobs.size(); ++i) out[i] = tokens_of(*chans[i]);
-    engine.shutdown();
-    if (m) *m = engine.render_metrics("fathom:", "m");
-    return out;
+    std::vector<std::vector<int32_t>> ids;
+    for (testing::Finished& f : run_burst(load_runner(GetParam()), c, jobs, m)) ids.push_back(std::move(f.ids));
+    return ids;
   };
   std::string m;
   const auto plain = burst(false, nullptr);
@@ -551,23 +560,7 @@ TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
   jobs[2].params.sampling.temperature = 0.7f;
   jobs[2].params.sampling.seed = 3;
   auto burst = [&](bool caching, std::string* m) {
-    Engine engine(load_runner(GetParam()), nullptr, config(2048, caching));
-    std::vector<std::shared_ptr<OutputChannel>> chans;
-    for (const Job& j : jobs) {
-      chans.push_back(std::make_shared<OutputChannel>());
-      RequestSpec s;
-      s.group = engine.new_group_id();
-      s.prompt = j.prompt;
-      s.params = j.params;
-      s.out = chans.back();
-      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    }
-    engine.start();  // all four are waiting at the first step
-    std::vector<testing::Finished> out;
-    for (auto& ch : chans) out.push_back(finished_of(*ch));
-    engine.shutdown();
-    if (m) *m = engine.render_metrics("fathom:", "m");
-    return out;
+    return run_burst(load_runner(GetParam()), config(2048, caching), jobs, m);
   };
   std::string m;
   const auto plain = burst(false, nullptr);
@@ -708,9 +701,10 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
   EXPECT_EQ(converse_in_turns(runner(), base, V, &tiny_m), plain) << what << ": a small device cache";
   base.prefix_cache_host_bytes = int64_t(1) << 30;
   EXPECT_EQ(converse_in_turns(runner(), base, V, &tier_m), plain) << what << ": a small device cache and the host tier";
-  const double big = metric(big_m, "fathom:prefix_cache_hits_total"), tiny = metric(tiny_m, "fathom:prefix_cache_hits_total");
-  std::printf("  %s: %.0f prompt tokens cached with a large device cache, %.0f with a small one, %.0f with the host tier "
-              "(%.0f from it; %.0f snapshots moved down, %.0f up)\n",
+  const double big = metric(big_m, "fathom:prefix_cache_hits_total");
+  const double tiny = metric(tiny_m, "fathom:prefix_cache_hits_total");
+  std::printf("  %s: %.0f prompt tokens cached with a large device cache, %.0f with a small one, %.0f with "
+              "the host tier (%.0f from it; %.0f snapshots moved down, %.0f up)\n",
               what.c_str(), big, tiny, metric(tier_m, "fathom:prefix_cache_hits_total"),
               metric(tier_m, "fathom:external_prefix_cache_hits_total"),
               metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
