@@ -1,6 +1,7 @@
 #include "server/serve_options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "core/error.h"
@@ -70,6 +71,8 @@ int64_t available_host_memory() {
 }  // namespace
 
 int64_t prefix_cache_host_bytes(const ServeOptions& o, const ModelRunner& runner) {
+  FATHOM_CHECK(std::isfinite(o.prefix_cache_host_gb) && o.prefix_cache_host_gb <= 1e6,
+               "--prefix-cache-host-gb must be a number of GB (negative: the default), got ", o.prefix_cache_host_gb);
   if (!o.engine.enable_prefix_caching || !runner.supports_snapshots()) return 0;
   if (o.prefix_cache_host_gb < 0) {  // auto: only where snapshots live on a device
     const bool host_engine = runner.device_name().rfind("cpu", 0) == 0;

@@ -1,8 +1,8 @@
 """`fathom bench serve` against a `fathom serve` on the CPU (tiny fixture): fixed concurrency and
 Poisson arrivals, prompt and output lengths drawn within --random-range-ratio, a sampling mix with
 a share of logprobs requests (checked on the server's counters), the goodput line and the asked
-percentiles, the prefix-repeat and multi-turn datasets (served from the prefix cache), and clear
-errors for bad flags.
+percentiles, the prefix-repeat and multi-turn datasets (served from the prefix cache, exact
+repeats from prompt ends, conversations from the host tier), and clear errors for bad flags.
 
 Run by ctest as: python3 test_bench_serve.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -98,10 +98,19 @@ def main():
             assert field(out, "Prefix cache hit rate (%, prompt tokens):") > 0, out
         _()
 
+        @check("exact repeats (prefix-repeat, --input-len 0): every request after the first starts from its prompt end")
+        def _():
+            rc, out, err = bench(args.fathom, srv.url, "--dataset", "prefix-repeat", "--prefix-len", "40", "--input-len",
+                                 "0", "--output-len", "3", "--num-prompts", "5", "--concurrency", "1", "--seed", "7")
+            assert rc == 0, err
+            assert field(out, "Total input tokens:") == 5 * 40
+            assert field(out, "Prefix cache hit rate (%, prompt tokens):") == 80, out
+        _()
+
         @check("bad flags: one-line errors that name them")
         def _():
             for flags, word in ((["--goodput", "latency:5"], "latency"), (["--goodput", "ttft"], "ttft"),
-                                (["--random-range-ratio", "1.5"], "--random-range-ratio"),
+                                (["--random-range-ratio", "1.5"], "--random-range-ratio"), (["--input-len", "0"], "--input-len"),
                                 (["--logprobs", "25"], "--logprobs"), (["--dataset-name", "sharegpt"], "dataset-name")):
                 rc, out, err = bench(args.fathom, srv.url, "--num-prompts", "1", *flags)
                 assert rc != 0, flags
@@ -109,6 +118,21 @@ def main():
         _()
     finally:
         srv.stop()
+    # No room for snapshots beside the host tier (the fixture's are a few KB: 1 MB would keep them all):
+    # every entry lives in host memory and comes back on its hit.
+    tiered = Server(args.fathom, model, "--skip-tokenizer-init", "--prefix-cache-mb", "0", "--prefix-cache-host-gb", "1")
+    try:
+        @check("the host tier: multi-turn conversations the device has no room for are served from host memory")
+        def _():
+            rc, out, err = bench(args.fathom, tiered.url, "--dataset-name", "multi-turn", "--num-turns", "4",
+                                 "--input-len", "48", "--output-len", "4", "--num-prompts", "16", "--concurrency", "4")
+            assert rc == 0, err
+            assert field(out, "Successful requests:") == 16
+            assert field(out, "  from the host tier (%):") > 30, out
+            assert tiered.metric("fathom:prefix_cache_onloaded_snapshots_total") > 0
+        _()
+    finally:
+        tiered.stop()
     return summary()
 
 
