@@ -32,6 +32,7 @@ void Engine::flush(Request& r, bool finished, const std::string& reason) {
   out.finish_reason = finished ? reason : "";
   out.prompt_tokens = int(r.num_prompt);
   out.completion_tokens = int(r.num_output());
+  out.cached_tokens = int(r.num_cached);
   if (finished) {
     out.decode_steps = r.decode_steps;
     out.spec = r.spec_stats;

@@ -69,6 +69,7 @@ bool Engine::admit(Request& r) {
       spill(prefix_cache_->insert(std::move(onloaded), snap));
     }
     r.num_computed = hit.length;
+    if (r.num_preemptions == 0) r.num_cached = hit.length;
     observe_queue(r);
     if (hit.end && !resume_at_prompt_end(r, *hit.end, hit.length)) return false;
   }

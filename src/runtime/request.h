@@ -67,6 +67,7 @@ struct RequestOutput {
   std::string error;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens the prefix cache served (usage's cached_tokens)
   // On the final event: the decode forwards the sequence took part in (its prefill not counted)
   // and, with speculative decoding, its drafts' acceptance.
   int64_t decode_steps = 0;
@@ -158,6 +159,7 @@ struct Request {
   std::vector<uint64_t> block_hashes;  // of the tokens before the last (PrefixCache::block_hashes)
   int64_t turn_snapshot = 0, turn_snapshot_len = 0;
   int prefix_lookups = 0;  // admissions that looked the prompt up (one each, preemptions included)
+  int64_t num_cached = 0;  // prompt tokens its first admission found in the prefix cache
   int64_t decode_steps = 0;  // RequestOutput::decode_steps
   SpecStats spec_stats;      // RequestOutput::spec
 

@@ -1,5 +1,6 @@
 #include "server/completion_job.h"
 
+#include <algorithm>
 #include <ctime>
 #include <utility>
 
@@ -65,9 +66,19 @@ std::string CompletionJob::token_str(int32_t id) const {
 }
 
 json CompletionJob::usage_json() const {
-  int64_t comp = 0;
+  int64_t comp = 0, cached = 0;
   for (const auto& c : choices_) comp += c.completion_tokens;
-  return json{{"prompt_tokens", prompt_tokens_}, {"total_tokens", prompt_tokens_ + comp}, {"completion_tokens", comp}};
+  // A prompt's tokens served by the prefix cache: the most any of its n choices found (choice
+  // index = prompt * n + j).
+  for (size_t p = 0; p < prompts_.size(); ++p) {
+    int most = 0;
+    for (int j = 0; j < n_; ++j) most = std::max(most, choices_[p * size_t(n_) + size_t(j)].cached_tokens);
+    cached += most;
+  }
+  return json{{"prompt_tokens", prompt_tokens_},
+              {"total_tokens", prompt_tokens_ + comp},
+              {"completion_tokens", comp},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json CompletionJob::chunk_base() const {
@@ -134,6 +145,7 @@ std::string CompletionJob::apply(RequestOutput& ev) {
   c.text += ev.text;
   c.token_ids.insert(c.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
   c.completion_tokens = ev.completion_tokens;
+  c.cached_tokens = ev.cached_tokens;
   if (!stream_) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
   if (c.reasoning_parser) {
     c.reasoning_parser->feed(ev.text, d_reason, d_content);

@@ -59,6 +59,7 @@ class CompletionJob {
     std::string finish_reason;
     nlohmann::ordered_json stop_reason = nullptr;
     int completion_tokens = 0;
+    int cached_tokens = 0;
     size_t text_offset = 0;
   };
   std::string token_str(int32_t id) const;

@@ -64,6 +64,16 @@ def main():
             assert isinstance(r.choices[0].text, str) and r.choices[0].text
         _()
 
+        @check("usage.prompt_tokens_details.cached_tokens: an exact repeat is served whole from the prefix cache")
+        def _():
+            prompt = "A prompt sent twice, word for word, to see its cached tokens"
+            first = cl.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+            again = cl.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+            assert first.usage.prompt_tokens_details.cached_tokens == 0, first.usage
+            assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens, again.usage
+            assert again.choices[0].text == first.choices[0].text
+        _()
+
         @check("completion streaming equals non-streaming")
         def _():
             prompt = "The quick brown fox"
