@@ -57,18 +57,17 @@ PrefixCache::Hit PrefixCache::find_prompt_end(uint64_t blocks_hash, int64_t bloc
                                               std::span<const int32_t> tokens) const {
   auto tails = end_tails_.find(blocks_hash);
   if (tails == end_tails_.end()) return {};
-  Hit best;
-  for (int rem : tails->second) {
-    const int64_t len = blocks * block_size_ + rem;
-    if (len > int64_t(tokens.size()) || len <= best.length) continue;
-    const std::span<const int32_t> prompt = tokens.first(size_t(len));
+  const int64_t most = std::min<int64_t>(block_size_, int64_t(tokens.size()) - blocks * block_size_);
+  for (int64_t rem = most; rem >= 1; --rem) {
+    if (tails->second[size_t(rem)] == 0) continue;
+    const std::span<const int32_t> prompt = tokens.first(size_t(blocks * block_size_ + rem));
     const uint64_t key = end_key(prompt, blocks_hash);
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.end && std::equal(prompt.begin(), prompt.end(), it->second.tokens.begin(),
                                                              it->second.tokens.end()))
-      best = Hit{it->second.snapshot, len, key, it->second.end};
+      return Hit{it->second.snapshot, int64_t(prompt.size()), key, it->second.end};
   }
-  return best;
+  return {};
 }
 
 uint64_t PrefixCache::end_key(std::span<const int32_t> prompt, uint64_t h) const {
@@ -142,7 +141,11 @@ std::vector<PrefixCache::Removed> PrefixCache::insert_prompt_end(std::span<const
   const uint64_t key = end_key(prompt, blocks_hash);
   Entry e{std::vector<int32_t>(prompt.begin(), prompt.end()), snapshot, bytes + end->bytes(), 0, end, blocks_hash};
   std::vector<Removed> removed = add(key, std::move(e));
-  if (entries_.count(key)) end_tails_[blocks_hash].push_back(int(int64_t(prompt.size()) - blocks * block_size_));
+  if (entries_.count(key)) {
+    std::vector<int32_t>& counts = end_tails_[blocks_hash];
+    counts.resize(size_t(block_size_) + 1, 0);
+    ++counts[size_t(int64_t(prompt.size()) - blocks * block_size_)];
+  }
   return removed;
 }
 
@@ -205,12 +208,11 @@ PrefixCache::Removed PrefixCache::erase(EntryMap::iterator it) {
   bytes_ -= e.bytes;
   if (e.end) {
     end_bytes_ -= e.bytes;
-    auto tails = end_tails_.find(e.blocks_hash);
-    const int rem = int(int64_t(e.tokens.size()) - (int64_t(e.tokens.size()) - 1) / block_size_ * block_size_);
-    if (tails != end_tails_.end()) {
-      if (auto r = std::find(tails->second.begin(), tails->second.end(), rem); r != tails->second.end())
-        tails->second.erase(r);
-      if (tails->second.empty()) end_tails_.erase(tails);
+    const int64_t len = int64_t(e.tokens.size()), rem = len - (len - 1) / block_size_ * block_size_;
+    if (auto tails = end_tails_.find(e.blocks_hash); tails != end_tails_.end()) {
+      std::vector<int32_t>& counts = tails->second;
+      if (counts[size_t(rem)] > 0) --counts[size_t(rem)];
+      if (std::all_of(counts.begin(), counts.end(), [](int32_t c) { return c == 0; })) end_tails_.erase(tails);
     }
   }
   Removed out{e.snapshot, e.bytes - (e.end ? e.end->bytes() : 0), std::move(e.tokens), std::move(e.end), false};

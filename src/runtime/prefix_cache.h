@@ -113,8 +113,10 @@ class PrefixCache {
   int64_t bytes_ = 0, end_bytes_ = 0;  // all entries', prompt ends'
   uint64_t clock_ = 0;
   EntryMap entries_;
-  // Prompt ends by the hash of their whole blocks: the lengths past those blocks that are cached.
-  std::unordered_map<uint64_t, std::vector<int>> end_tails_;
+  // Prompt ends by the hash of their whole blocks: how many are cached at each length past those
+  // blocks (index 1..block size), so a lookup tries each length once, longest first, however many
+  // prompts share the blocks.
+  std::unordered_map<uint64_t, std::vector<int32_t>> end_tails_;
   std::unordered_set<uint64_t> seen_;
   std::deque<uint64_t> seen_order_;
 };

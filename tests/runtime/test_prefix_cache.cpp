@@ -127,6 +127,28 @@ TEST(PrefixCache, PromptEndsServeExactRepeatsAndLongerPrompts) {
   EXPECT_EQ(c.bytes(), 0);
 }
 
+// Many prompt ends under the same whole blocks (one system prompt, short questions): each is found
+// as itself, a longer prompt finds the longest it begins with, and evictions keep the index right.
+TEST(PrefixCache, ManyPromptEndsUnderOneBlock) {
+  PrefixCache c(4, 300 * 10);
+  auto end = std::make_shared<const PromptEnd>();
+  auto prompt = [](int i) {  // 4 shared tokens, then 1-4 of its own
+    std::vector<int32_t> p = {1, 2, 3, 4};
+    for (int k = 0; k <= i % 4; ++k) p.push_back(100 + i * 7 + k);
+    return p;
+  };
+  auto find = [&](const std::vector<int32_t>& p) {
+    return c.find(c.block_hashes({p.data(), (p.size() - 1) / 4 * 4}), p);
+  };
+  for (int i = 0; i < 400; ++i) c.insert_prompt_end(prompt(i), 1000 + i, 10, end);  // room for the newest 300
+  for (int i = 0; i < 400; ++i) EXPECT_EQ(find(prompt(i)).snapshot, i < 100 ? 0 : 1000 + i) << i;
+  std::vector<int32_t> longer = prompt(399);
+  longer.push_back(9);
+  EXPECT_EQ(find(longer).snapshot, 1399);
+  EXPECT_EQ(c.clear().size(), 300u);
+  EXPECT_EQ(find(prompt(399)).length, 0);
+}
+
 // Prompts never repeated must not push out the snapshots of shared prefixes (nor the other way
 // round): each kind may evict either kind while it holds at most half of the capacity.
 TEST(PrefixCache, PromptEndsAndBlockSnapshotsEachKeepHalfTheCapacity) {
