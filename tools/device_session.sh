@@ -224,16 +224,18 @@ for what in "${@:-all}"; do
         stop_server "ttft_$name"
       done ;;
     prefix37)
-      # Issue 37: greedy completions with caching equal those without (the default model; the
-      # check includes an exact repeat): sampling on the device, on the host (prompt ends: exact
-      # repeats start with no forward), and tensor-parallel ranks over one GPU (--force-nccl, their
-      # snapshots on with FATHOM_TP_PREFIX_CACHE=1); then TTFT at a shared 4K prefix over
-      # tensor-parallel ranks on the 397B shape, caching on and off (the check: >= 3x lower).
+      # Issue 37: greedy completions with caching equal those without (the default model, or
+      # PREFIX_MODEL; the check includes an exact repeat): sampling on the device, on the host
+      # (prompt ends: exact repeats start with no forward), and tensor-parallel ranks over one GPU
+      # (--force-nccl, their snapshots on with FATHOM_TP_PREFIX_CACHE=1); PREFIX_CHECKS picks some
+      # ("" none). Then TTFT at a shared 4K prefix over tensor-parallel ranks on the 397B shape,
+      # caching on and off (the check: >= 3x lower).
       export FATHOM_TP_PREFIX_CACHE=1
-      for cfg in "device:" "host:--sampler host" "tp:--tensor-parallel-size 1 --force-nccl"; do
+      for cfg in ${PREFIX_CHECKS-"device:" "host:--sampler host" "tp:--tensor-parallel-size 1 --force-nccl"}; do
         name=${cfg%%:*}
-        timeout 500 python3 tools/prefix_cache_gpu_check.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
-          --max-num-batched-tokens 64 ${cfg#*:} > "$OUT/prefix37_$name.log" 2>&1
+        timeout 500 python3 tools/prefix_cache_gpu_check.py --fathom "$BIN/fathom" \
+          --model "${PREFIX_MODEL:-models/fathom-tiny-moe}" --max-num-batched-tokens 64 ${cfg#*:} \
+          > "$OUT/prefix37_$name.log" 2>&1
         echo "prefix check $name rc=$?"; tail -3 "$OUT/prefix37_$name.log"
       done
       for cache in on off; do
