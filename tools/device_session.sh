@@ -228,7 +228,7 @@ for what in "${@:-all}"; do
       # PREFIX_MODEL; the check includes an exact repeat): sampling on the device, on the host
       # (prompt ends: exact repeats start with no forward), and tensor-parallel ranks over one GPU
       # (--force-nccl, their snapshots on with FATHOM_TP_PREFIX_CACHE=1); PREFIX_CHECKS picks some
-      # ("" none). Then TTFT at a shared 4K prefix over tensor-parallel ranks on the 397B shape,
+      # ("" none). Then (PREFIX_BENCH="" skips it) TTFT at a shared 4K prefix over tensor-parallel ranks on the 397B shape,
       # caching on and off (the check: >= 3x lower).
       export FATHOM_TP_PREFIX_CACHE=1
       for cfg in ${PREFIX_CHECKS-"device:" "host:--sampler host" "tp:--tensor-parallel-size 1 --force-nccl"}; do
@@ -238,7 +238,7 @@ for what in "${@:-all}"; do
           > "$OUT/prefix37_$name.log" 2>&1
         echo "prefix check $name rc=$?"; tail -3 "$OUT/prefix37_$name.log"
       done
-      for cache in on off; do
+      for cache in ${PREFIX_BENCH-on off}; do
         extra=""; [ $cache = off ] && extra="--no-enable-prefix-caching"
         MAX_MODEL_LEN=8192 start_server 18640 "prefix37_tp_$cache" --tensor-parallel-size 1 --force-nccl $extra || continue
         timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18640 --dataset-name prefix-repeat --prefix-len 4096 \
