@@ -227,10 +227,9 @@ for what in "${@:-all}"; do
       # Issue 37: greedy completions with caching equal those without (the default model, or
       # PREFIX_MODEL; the check includes an exact repeat): sampling on the device, on the host
       # (prompt ends: exact repeats start with no forward), and tensor-parallel ranks over one GPU
-      # (--force-nccl, their snapshots on with FATHOM_TP_PREFIX_CACHE=1); PREFIX_CHECKS picks some
+      # (--force-nccl); PREFIX_CHECKS picks some
       # ("" none). Then (PREFIX_BENCH="" skips it) TTFT at a shared 4K prefix over tensor-parallel ranks on the 397B shape,
       # caching on and off (the check: >= 3x lower).
-      export FATHOM_TP_PREFIX_CACHE=1
       for cfg in ${PREFIX_CHECKS-"device:" "host:--sampler host" "tp:--tensor-parallel-size 1 --force-nccl"}; do
         name=${cfg%%:*}
         timeout 500 python3 tools/prefix_cache_gpu_check.py --fathom "$BIN/fathom" \
@@ -245,8 +244,7 @@ for what in "${@:-all}"; do
           --input-len 64 --output-len 16 --concurrency 1 --num-prompts 12 --vocab-size 248320 --no-progress 2>&1 \
           | tee "$OUT/prefix37_tp_bench_$cache.log" | grep -E "TTFT|hit rate|Failed" | sed "s/^/$cache: /" | tee -a "$OUT/prefix37.log"
         stop_server "prefix37_tp_$cache"
-      done
-      unset FATHOM_TP_PREFIX_CACHE ;;
+      done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;

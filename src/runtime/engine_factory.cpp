@@ -1,6 +1,5 @@
 // Chooses the engine for --device: the CPU reference engine, or the CUDA engine when built.
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 
@@ -109,11 +108,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
     }
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
     opt.capture_graphs_at_start = true;
-    // Over tensor-parallel ranks only with FATHOM_TP_PREFIX_CACHE=1 until the GPU check of issue 37
-    // has run (the ranks' snapshots are built, not yet measured on a GPU).
-    const char* tp_snapshots = std::getenv("FATHOM_TP_PREFIX_CACHE");
-    const bool split = par.size > 1 || par.force_nccl;
-    if (options.prefix_cache_mb > 0 && (!split || (tp_snapshots && std::string(tp_snapshots) == "1"))) {
+    if (options.prefix_cache_mb > 0) {
       // Snapshots of about 2,048 tokens on average (a shared system prompt, a conversation): a
       // slot's linear states plus that much KV each. Counted at the whole model's sizes, so that
       // over tensor-parallel ranks (each holding its slice) the ranks' snapshots take about the
