@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -242,6 +243,7 @@ class Engine {
   // The state where r's prompt ends, with its last row's logits and hidden state (null without
   // MTP), into the cache.
   void snapshot_prompt_end(Request& r, const float* logits, const float* hidden);
+  std::optional<uint64_t> prompt_blocks_hash(const Request& r) const;  // (nullopt: hash the prompt)
   bool wait_for_shared_prefill(const Request& r, int64_t cached);
   void add_snapshot_target(Request& r, int64_t at);
   bool cached(const Request& r, int64_t at) const;

@@ -242,7 +242,7 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
     return;
   }
   if (prompt_end_snapshots_ && res.fo && nd == 0 && r.num_output() == 0 &&
-      !prefix_cache_->contains_prompt_end(r.prompt_span())) {  // the prompt's end, into the cache
+      !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r))) {  // the prompt's end, cached
     const float* hidden = nullptr;
     if (need_hidden) {  // the MTP layer catches up to the last row, which waits for the token after it
       observe(n - 1);

@@ -241,7 +241,15 @@ void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* h
   auto end = std::make_shared<PromptEnd>();
   end->logits.assign(logits, logits + runner_->config().vocab_size);
   if (mtp) end->hidden.assign(hidden, hidden + runner_->config().hidden_size);
-  spill(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end)));
+  spill(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end),
+                                         prompt_blocks_hash(r)));
+}
+
+// The hash r's prompt end is listed under, from the block hashes of its admission (which cover the
+// whole blocks before the prompt's last token), so that the prompt is not hashed again.
+std::optional<uint64_t> Engine::prompt_blocks_hash(const Request& r) const {
+  if (r.block_hashes.size() != size_t((r.num_prompt - 1) / cfg_.block_size)) return std::nullopt;
+  return PrefixCache::prompt_blocks_hash(r.block_hashes);
 }
 
 // A snapshot of r's sequence; when the runner's room for them is full, the least recently used

@@ -70,6 +70,10 @@ PrefixCache::Hit PrefixCache::find_prompt_end(uint64_t blocks_hash, int64_t bloc
   return {};
 }
 
+uint64_t PrefixCache::prompt_blocks_hash(std::span<const uint64_t> hashes) {
+  return hashes.empty() ? kSeed : hashes.back();
+}
+
 uint64_t PrefixCache::end_key(std::span<const int32_t> prompt, uint64_t h) const {
   for (size_t i = (prompt.size() - 1) / size_t(block_size_) * size_t(block_size_); i < prompt.size(); ++i)
     h = mix(h, uint64_t(uint32_t(prompt[i])));
@@ -132,12 +136,13 @@ std::vector<PrefixCache::Removed> PrefixCache::insert(std::span<const int32_t> p
 }
 
 std::vector<PrefixCache::Removed> PrefixCache::insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot,
-                                                                 int64_t bytes, std::shared_ptr<const PromptEnd> end) {
+                                                                 int64_t bytes, std::shared_ptr<const PromptEnd> end,
+                                                                 std::optional<uint64_t> hash) {
   FATHOM_CHECK(!prompt.empty() && end, "prefix cache: a prompt end needs a prompt and its last position");
-  if (contains_prompt_end(prompt)) return {refused(prompt, snapshot, bytes, end, true)};
-  if (bytes + end->bytes() > capacity_) return {refused(prompt, snapshot, bytes, end, false)};
   const int64_t blocks = (int64_t(prompt.size()) - 1) / block_size_;
-  const uint64_t blocks_hash = chain(prompt, 0, blocks, kSeed);
+  const uint64_t blocks_hash = hash ? *hash : chain(prompt, 0, blocks, kSeed);
+  if (contains_prompt_end(prompt, blocks_hash)) return {refused(prompt, snapshot, bytes, end, true)};
+  if (bytes + end->bytes() > capacity_) return {refused(prompt, snapshot, bytes, end, false)};
   const uint64_t key = end_key(prompt, blocks_hash);
   Entry e{std::vector<int32_t>(prompt.begin(), prompt.end()), snapshot, bytes + end->bytes(), 0, end, blocks_hash};
   std::vector<Removed> removed = add(key, std::move(e));
@@ -160,9 +165,9 @@ PrefixCache::Removed PrefixCache::take(const Hit& hit) {
   return erase(it);
 }
 
-bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt) const {
+bool PrefixCache::contains_prompt_end(std::span<const int32_t> prompt, std::optional<uint64_t> hash) const {
   if (prompt.empty()) return false;
-  const uint64_t blocks_hash = chain(prompt, 0, (int64_t(prompt.size()) - 1) / block_size_, kSeed);
+  const uint64_t blocks_hash = hash ? *hash : chain(prompt, 0, (int64_t(prompt.size()) - 1) / block_size_, kSeed);
   auto it = entries_.find(end_key(prompt, blocks_hash));
   return it != entries_.end() && it->second.end &&
          std::equal(prompt.begin(), prompt.end(), it->second.tokens.begin(), it->second.tokens.end());

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
@@ -75,11 +76,17 @@ class PrefixCache {
   // room for it (or, marked duplicate, when its prefix is cached already).
   std::vector<Removed> insert(std::span<const int32_t> prefix, int64_t snapshot, int64_t bytes);
   // The same for a prompt's end (any length >= 1); `bytes` counts the snapshot, `end` its own.
+  // `blocks_hash`, when the caller has it, is prompt_blocks_hash() of the prompt's block_hashes()
+  // (else it is computed: one pass over the prompt).
   std::vector<Removed> insert_prompt_end(std::span<const int32_t> prompt, int64_t snapshot, int64_t bytes,
-                                         std::shared_ptr<const PromptEnd> end);
+                                         std::shared_ptr<const PromptEnd> end,
+                                         std::optional<uint64_t> blocks_hash = std::nullopt);
   // A removed entry put back (into this cache or another tier's): insert or insert_prompt_end.
   std::vector<Removed> insert(Removed entry, int64_t snapshot);
-  bool contains_prompt_end(std::span<const int32_t> prompt) const;
+  bool contains_prompt_end(std::span<const int32_t> prompt, std::optional<uint64_t> blocks_hash = std::nullopt) const;
+  // The hash a prompt end is listed under: that of the whole blocks before its last token, given
+  // the hashes of those blocks (block_hashes() of them; empty: none).
+  static uint64_t prompt_blocks_hash(std::span<const uint64_t> hashes);
   std::vector<Removed> clear();  // every entry, for the caller to drop
   Removed evict_lru();           // the least recently used entry (snapshot 0: empty)
   Removed take(const Hit& hit);  // the hit's entry, out of the cache (snapshot 0: not there)
