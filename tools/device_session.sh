@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -244,6 +244,54 @@ for what in "${@:-all}"; do
           --input-len 64 --output-len 16 --concurrency 1 --num-prompts 12 --vocab-size 248320 --no-progress 2>&1 \
           | tee "$OUT/prefix37_tp_bench_$cache.log" | grep -E "TTFT|hit rate|Failed" | sed "s/^/$cache: /" | tee -a "$OUT/prefix37.log"
         stop_server "prefix37_tp_$cache"
+      done ;;
+    host37)
+      # Issue 37, the host tier on the CUDA engine: its GPU tests (snapshots down and back bit for
+      # bit, a full tier refusing, two ranks) and memcheck over them; then the served equality
+      # check with a device room of 1 MB, so that snapshots move to the host tier and back,
+      # sampling on the device and on the host (HOST_CHECKS picks some, "" none).
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
+        --gtest_filter='*CudaHostTier*:*CudaSplit.Snapshots*:*CudaKvFp8.Snapshot*' 2>&1 | tee "$OUT/host37_tests.log" \
+        | grep -E "^\[  (PASSED|FAILED|  OK) |Failure|differ" | tail -20
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 400 compute-sanitizer --tool memcheck --padding 4096 \
+        "$BIN/test_cuda" --gtest_filter='*CudaHostTier*' 2>&1 | tail -4 | tee "$OUT/host37_memcheck.log"
+      for cfg in ${HOST_CHECKS-"device:--prefix-cache-mb 1" "host:--prefix-cache-mb 1 --sampler host"}; do
+        name=${cfg%%:*}
+        timeout 500 python3 tools/prefix_cache_gpu_check.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
+          --max-num-batched-tokens 64 --prefix-cache-host-gb 1 ${cfg#*:} \
+          > "$OUT/host37_check_$name.log" 2>&1
+        echo "host tier check $name rc=$?"; tail -3 "$OUT/host37_check_$name.log"
+      done ;;
+    host37bench)
+      # Issue 37: 32 conversations x 8 turns (896 new tokens + 128 answered a turn: 8K-token
+      # histories) on a full-size synthetic Qwen3.5-35B-A3B (NVFP4 release layout), 4 clients taking
+      # the 32 conversations' turns in turn, so that each comes back after the other 31: the GPU
+      # room alone (the default 2 GB) evicts. Host tier at its default size (-1) and off (0), TTFT
+      # by turn; then a decode-only load where nothing moves (the tier's counters read before and
+      # after it), tier on and off: its step time. HOST_BENCH picks the servers.
+      [ -f /tmp/q35/config.json ] || python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35 \
+        --format nvfp4 --jobs 12 2>&1 | tail -1
+      moves() {
+        python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18650/metrics').read().decode())" \
+          | grep -E "^fathom:(prefix_cache_(offloaded|onloaded)|external_prefix_cache_hits)" | sed 's/{[^}]*}//' | tr '\n' ' '
+      }
+      for tier in ${HOST_BENCH-"-1" 0}; do
+        "$BIN/fathom" serve /tmp/q35 --device cuda --skip-tokenizer-init --max-model-len 16384 --port 18650 \
+          --prefix-cache-host-gb "$tier" > "$OUT/host37_serve_$tier.log" 2>&1 &
+        SRV=$!
+        wait_healthy 18650 $SRV || { tail -5 "$OUT/host37_serve_$tier.log"; continue; }
+        timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --dataset-name multi-turn --num-turns 8 \
+          --input-len 896 --output-len 128 --concurrency 4 --max-active-conversations 32 --num-prompts 256 \
+          --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/host37_multiturn_$tier.log" \
+          | grep -E "Median TTFT|hit rate|from the|Output token throughput|duration|Failed"
+        echo "tier $tier before decode: $(moves)"
+        timeout 200 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --input-len 64 --output-len 512 \
+          --concurrency 1,16 --num-prompts 16 --vocab-size 248320 --no-progress 2>&1 \
+          | tee "$OUT/host37_decode_$tier.log" | grep -E "concurrency|Median TPOT|Median ITL" | sed "s/^/tier $tier: /"
+        echo "tier $tier after decode: $(moves)"
+        moves > "$OUT/host37_metrics_$tier.log"
+        kill $SRV; wait $SRV 2>/dev/null
+        grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tier.log" | head -6
       done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \

@@ -47,8 +47,12 @@ def run(fathom, model, flags, env, log_path):
                 lambda q: serve_proc.greedy_logprobs(port, burst_base + f"Question {q}: what was copied?", 24),
                 range(6)))
         metrics = serve_proc.get_text(port, "/metrics")
-        hits = [float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith("fathom:prefix_cache_hits_total")]
-        return outs, burst, hits[0] if hits else None
+        def counter(name):
+            v = [float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith("fathom:" + name)]
+            return v[0] if v else None
+        tiers = {k: counter(k) for k in ("prefix_cache_offloaded_snapshots_total",
+                                         "prefix_cache_onloaded_snapshots_total", "external_prefix_cache_hits_total")}
+        return outs, burst, counter("prefix_cache_hits_total"), tiers
 
 
 def compare_burst(cached, plain, tie=0.1):
@@ -72,12 +76,13 @@ def main():
     a, flags = ap.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, XDG_CACHE_HOME=tmp)
-        cached, cached_burst, hits = run(a.fathom, a.model, flags, env, tmp + "/on.log")
+        cached, cached_burst, hits, tiers = run(a.fathom, a.model, flags, env, tmp + "/on.log")
         log_on = open(tmp + "/on.log").read()
-        plain, plain_burst, no_hits = run(a.fathom, a.model, flags + ["--no-enable-prefix-caching"], env, tmp + "/off.log")
+        plain, plain_burst, no_hits, _ = run(a.fathom, a.model, flags + ["--no-enable-prefix-caching"], env, tmp + "/off.log")
     same = sum(x == y for x, y in zip(cached, plain))
     burst = compare_burst(cached_burst, plain_burst)
     print(json.dumps({"equal_completions": f"{same}/{len(plain)}", "burst": burst, "prefix_cache_hits_total": hits,
+                      "host_tier": tiers,
                       "off_server_reports_hits": no_hits is not None,
                       "caching_line": [l for l in log_on.splitlines() if "prefix caching" in l][:1]}))
     for i, (x, y) in enumerate(zip(cached, plain)):

@@ -1,7 +1,8 @@
 // `fathom bench serve --url U --concurrency 1,16,64,256 --input-len N --output-len M
 //  --num-prompts P [--model NAME] [--random-range-ratio R] [--request-rate RPS --max-concurrency C]
 //  [--temperature T --top-p P --logprobs K --logprobs-fraction F] [--goodput ttft:MS tpot:MS]
-//  [--dataset-name random|prefix-repeat|multi-turn --prefix-len S --num-turns T]`:
+//  [--dataset-name random|prefix-repeat|multi-turn --prefix-len S --num-turns T
+//  --max-active-conversations A]`:
 //  load test of a running server, `vllm bench serve` flags and output.
 #include <cstdlib>
 
@@ -27,6 +28,10 @@ void add_bench_serve(CLI::App* parent, const std::string& name) {
                   "prefix exactly)")
       ->capture_default_str();
   sub->add_option("--num-turns", a->num_turns, "multi-turn: turns of each conversation")->capture_default_str();
+  sub->add_option("--max-active-conversations", a->max_active_conversations,
+                  "multi-turn: conversations in progress at once, their turns taken in turn by the clients, so "
+                  "that each comes back after the others' (default: one a client)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--input-len,--random-input-len", a->input_len, "Prompt tokens (random ids), mean")->capture_default_str();
   sub->add_option("--output-len,--random-output-len", a->output_len, "Generated tokens per request (ignore_eos), mean")
       ->capture_default_str();

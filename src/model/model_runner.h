@@ -212,6 +212,9 @@ class ModelRunner {
   // (even while the copy is still in flight: engines order it before any later use) and return
   // the new one's id; 0: no room there (the given snapshot is left as it was).
   virtual bool supports_host_snapshots() const { return false; }
+  // The most host memory the tier may take (what the engine's host cache holds); engines that
+  // reserve host memory for it size that from this.
+  virtual void set_host_snapshot_budget(int64_t bytes) { (void)bytes; }
   virtual int64_t move_snapshot_to_host(int64_t snapshot) {
     (void)snapshot;
     fail("move_snapshot_to_host: ", device_name(), " has no host tier for snapshots");
@@ -226,6 +229,10 @@ class ModelRunner {
     int64_t snapshots = 0, tokens = 0;
   };
   virtual SnapshotRoom snapshot_room() const { return {}; }
+  // Whether the room has a free place for one more snapshot as large as the largest so far. An
+  // engine with a host tier keeps it free (moving entries down ahead of need), so that a snapshot
+  // saved or brought up later does not wait for a copy down. Rooms without a bound always have it.
+  virtual bool snapshot_headroom() const { return true; }
 
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
   // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The

@@ -62,6 +62,7 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
       FATHOM_CHECK(runner_->supports_host_snapshots(), "--prefix-cache-host-gb: the ", runner_->device_name(),
                    " engine keeps no prefix snapshots in host memory (no host tier yet)");
       host_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_host_bytes);
+      runner_->set_host_snapshot_budget(cfg.prefix_cache_host_bytes);
     }
   }
   stat_blocks_free_ = blocks_.num_free();

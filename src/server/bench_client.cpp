@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "server/conversation_queue.h"
 
 namespace fathom::server {
 namespace {
@@ -255,32 +256,38 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
   const SpecCounters spec0 = scrape_spec(cfg);
   const auto t0 = BClock::now();
   std::vector<std::thread> threads;
+  auto run = [&](httplib::Client& cli, size_t i, std::vector<int>* conversation) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<BClock::duration>(
+                                           std::chrono::duration<double>(jobs[i].arrival)));
+    Job job = jobs[i];
+    if (conversation) {  // the conversation so far, then this turn's message
+      conversation->insert(conversation->end(), job.prompt.begin(), job.prompt.end());
+      job.prompt = *conversation;
+    }
+    results[i] = one_request(cli, cfg, model, job);
+    if (conversation)
+      conversation->insert(conversation->end(), results[i].output_ids.begin(), results[i].output_ids.end());
+    int d = ++finished;
+    if (cfg.progress) {
+      std::lock_guard<std::mutex> l(pm);
+      progress(d, int(jobs.size()));
+    }
+  };
+  ConversationQueue conversations(jobs.size(), cfg.dataset == "multi-turn" ? size_t(cfg.num_turns) : 0,
+                                  size_t(cfg.max_active_conversations > 0 ? cfg.max_active_conversations : workers));
   for (int w = 0; w < std::min<int>(workers, int(jobs.size())); ++w)
     threads.emplace_back([&] {
       httplib::Client cli(cfg.url);
       cli.set_read_timeout(600);
       cli.set_write_timeout(60);
       cli.set_connection_timeout(30);
-      // A unit of work: one job, or (multi-turn) one conversation's turns in order.
-      const size_t unit = cfg.dataset == "multi-turn" ? size_t(cfg.num_turns) : 1;
-      for (size_t first; (first = next.fetch_add(unit)) < jobs.size();) {
-        std::vector<int> conversation;
-        for (size_t i = first; i < std::min(first + unit, jobs.size()); ++i) {
-          std::this_thread::sleep_until(t0 + std::chrono::duration_cast<BClock::duration>(
-                                                 std::chrono::duration<double>(jobs[i].arrival)));
-          Job job = jobs[i];
-          if (unit > 1) {  // the conversation so far, then this turn's message
-            conversation.insert(conversation.end(), job.prompt.begin(), job.prompt.end());
-            job.prompt = conversation;
-          }
-          results[i] = one_request(cli, cfg, model, job);
-          if (unit > 1) conversation.insert(conversation.end(), results[i].output_ids.begin(), results[i].output_ids.end());
-          int d = ++finished;
-          if (cfg.progress) {
-            std::lock_guard<std::mutex> l(pm);
-            progress(d, int(jobs.size()));
-          }
-        }
+      if (cfg.dataset != "multi-turn") {
+        for (size_t i; (i = next.fetch_add(1)) < jobs.size();) run(cli, i, nullptr);
+        return;
+      }
+      for (ConversationQueue::Turn t; conversations.next(t);) {
+        run(cli, t.job, t.history);
+        conversations.done(t);
       }
     });
   for (auto& t : threads) t.join();

@@ -22,6 +22,9 @@ struct BenchConfig {
   std::string dataset = "random";
   int prefix_len = 0;
   int num_turns = 1;
+  // multi-turn: conversations in progress at once (vLLM's --max-active-conversations); the
+  // clients take their next turns in turn, so each comes back after the others' (0: one a client).
+  int max_active_conversations = 0;
   double range_ratio = 0;        // lengths uniform in [len * (1 - r), len * (1 + r)] (vLLM's random dataset)
   double request_rate = 0;       // > 0: Poisson arrivals at this rate (req/s) instead of fixed concurrency
   int max_concurrency = 0;       // with request_rate: requests in flight at most (0: all)

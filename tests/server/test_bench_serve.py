@@ -111,7 +111,8 @@ def main():
         def _():
             for flags, word in ((["--goodput", "latency:5"], "latency"), (["--goodput", "ttft"], "ttft"),
                                 (["--random-range-ratio", "1.5"], "--random-range-ratio"), (["--input-len", "0"], "--input-len"),
-                                (["--logprobs", "25"], "--logprobs"), (["--dataset-name", "sharegpt"], "dataset-name")):
+                                (["--logprobs", "25"], "--logprobs"), (["--dataset-name", "sharegpt"], "dataset-name"),
+                                (["--max-active-conversations", "-1"], "--max-active-conversations")):
                 rc, out, err = bench(args.fathom, srv.url, "--num-prompts", "1", *flags)
                 assert rc != 0, flags
                 assert word in err, (flags, err)
@@ -130,6 +131,13 @@ def main():
             assert field(out, "Successful requests:") == 16
             assert field(out, "  from the host tier (%):") > 30, out
             assert tiered.metric("fathom:prefix_cache_onloaded_snapshots_total") > 0
+            # Two clients taking the turns of 6 conversations in turn: each comes back after the others.
+            rc, out, err = bench(args.fathom, tiered.url, "--dataset-name", "multi-turn", "--num-turns", "3",
+                                 "--input-len", "48", "--output-len", "4", "--num-prompts", "18", "--concurrency", "2",
+                                 "--max-active-conversations", "6", "--seed", "3")
+            assert rc == 0, err
+            assert field(out, "Successful requests:") == 18
+            assert field(out, "  from the host tier (%):") > 30, out
         _()
     finally:
         tiered.stop()

@@ -259,6 +259,11 @@ inline bool paged_attention_prefill(const float* q, const float* gate, const bf1
 // d values of the cache's dtype), a multiple of 16.
 void copy_kv_blocks(void* const* pools, int n_pools, const int32_t* src, const int32_t* dst, int n,
                     int64_t block_bytes, cudaStream_t s);
+// Blocks blocks[i] of every pool to page pages[i] (to_pages), or back: a page holds one block of
+// each pool in pool order (n_pools * block_bytes bytes). Pages may be mapped host memory (the
+// prefix cache's host tier); both arrays live on the device.
+void copy_kv_pages(void* const* pools, int n_pools, const int32_t* blocks, void* const* pages, int n,
+                   int64_t block_bytes, bool to_pages, cudaStream_t s);
 
 // ---- Gated DeltaNet (gdn.cu). Tokens of sequence i are [seq_start[i], seq_start[i+1]);
 // its state lives in slot state_slot[i] of the pools.

@@ -95,6 +95,14 @@ class CudaRunner final : public ModelRunner {
   void drop_snapshot(int64_t snapshot) override;
   int64_t snapshot_bytes(int64_t snapshot) const override;
   SnapshotRoom snapshot_room() const override;
+  bool snapshot_headroom() const override;
+  // The host tier: snapshots copied to and from pinned host memory on a stream of their own
+  // (runner_snapshots.cpp), beside the steps.
+  bool supports_host_snapshots() const override { return supports_snapshots(); }
+  void set_host_snapshot_budget(int64_t bytes) override;
+  int64_t move_snapshot_to_host(int64_t snapshot) override;
+  int64_t move_snapshot_from_host(int64_t host_snapshot) override;
+  void drop_host_snapshot(int64_t host_snapshot) override;
   int64_t length(SequenceId seq) const override;
   int64_t mtp_length(SequenceId seq) const override;
   ForwardOutput forward(std::span<const ForwardStep> steps) override;

@@ -1,6 +1,7 @@
 #include "model/cuda/kv_pool.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
@@ -31,6 +32,8 @@ void KvPool::allocate(int layers, int64_t blocks, int block_size, int kv_heads, 
     for (int i = 0; i < layers; ++i) ptrs.push_back(k_[size_t(i)].data()), ptrs.push_back(v_[size_t(i)].data());
     ptrs_ = DeviceBuffer::from_host(ptrs);
     idx_ = DeviceBuffer(size_t(2) * copy_blocks * 4);
+    page_idx_ = DeviceBuffer(size_t(copy_blocks) * (4 + 8) + 8);
+    copy_limit_ = copy_blocks;
   }
 }
 
@@ -38,6 +41,23 @@ int64_t KvPool::bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < k_.size(); ++i) b += int64_t(k_[i].bytes() + v_[i].bytes());
   return b;
+}
+
+void KvPool::copy_pages(const std::vector<int32_t>& blocks, const std::vector<char*>& pages, bool to_pages,
+                        cudaStream_t s) {
+  if (blocks.empty()) return;
+  FATHOM_CHECK(blocks.size() == pages.size() && int64_t(blocks.size()) <= copy_limit_, "KvPool::copy_pages: ",
+               blocks.size(), " blocks, ", pages.size(), " pages, room for ", copy_limit_);
+  // [blocks as int32, padded to 8 bytes][page addresses]
+  const size_t n = blocks.size(), addr_at = (n * 4 + 7) / 8 * 8;
+  std::vector<char> idx(addr_at + n * 8, 0);
+  std::memcpy(idx.data(), blocks.data(), n * 4);
+  std::memcpy(idx.data() + addr_at, pages.data(), n * 8);
+  // Pageable memory: the call returns once the indices are staged, so `idx` may go.
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(page_idx_.data(), idx.data(), idx.size(), cudaMemcpyHostToDevice, s));
+  const char* d = page_idx_.as<char>();
+  copy_kv_pages(ptrs_.as<void*>(), int(k_.size() * 2), reinterpret_cast<const int32_t*>(d),
+                reinterpret_cast<void* const*>(d + addr_at), int(n), block_bytes_, to_pages, s);
 }
 
 void KvPool::copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst, cudaStream_t s) {

@@ -29,10 +29,19 @@ class KvPool {
   bool can_copy() const { return ptrs_.data() != nullptr; }
   // Blocks src[i] -> dst[i] of every layer's K and V, queued on `s`.
   void copy_blocks(const std::vector<int32_t>& src, const std::vector<int32_t>& dst, cudaStream_t s);
+  // One block of every pool, what a page of the host tier holds (kv_copy.cu's layout).
+  int64_t page_bytes() const { return block_bytes_ * int64_t(k_.size() * 2); }
+  // Blocks blocks[i] of every pool into page pages[i] (to_pages), or back, queued on `s`: the
+  // host tier's copies. Their indices have a buffer of their own, so that these copies, on
+  // another stream than copy_blocks', never share one; copies on one stream run in order, so
+  // the next one's indices are written after the last one has read them.
+  void copy_pages(const std::vector<int32_t>& blocks, const std::vector<char*>& pages, bool to_pages, cudaStream_t s);
 
  private:
   std::vector<DeviceBuffer> k_, v_;
   DeviceBuffer ptrs_, idx_;  // every pool's base (K, V per layer), and the copy's block ids
+  DeviceBuffer page_idx_;    // copy_pages': block ids, then page addresses
+  int64_t copy_limit_ = 0;   // blocks a copy may move at once
   KvCacheDtype dtype_ = KvCacheDtype::Bf16;
   int64_t block_bytes_ = 0;  // bytes of one block of one pool
 };

@@ -60,6 +60,25 @@ void LinearStatePool::load_snapshot(int snap_slot, int slot, cudaStream_t s) {
   copy(snap_rec_, snapshot_slots_, snap_slot, rec_state_, slots_, slot, rec_, s);
 }
 
+void LinearStatePool::snapshot_to_host(int snap_slot, float* host, cudaStream_t s) const {
+  if (layers_ == 0) return;
+  const size_t c = size_t(conv_) * 4, r = size_t(rec_) * 4;
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(host, c, snap_conv_.as<char>() + snap_slot * c, snapshot_slots_ * c, c,
+                                      size_t(layers_), cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(host + int64_t(layers_) * conv_, r, snap_rec_.as<char>() + snap_slot * r,
+                                      snapshot_slots_ * r, r, size_t(layers_), cudaMemcpyDeviceToHost, s));
+}
+
+void LinearStatePool::snapshot_from_host(const float* host, int snap_slot, cudaStream_t s) const {
+  if (layers_ == 0) return;
+  const size_t c = size_t(conv_) * 4, r = size_t(rec_) * 4;
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(snap_conv_.as<char>() + snap_slot * c, snapshot_slots_ * c, host, c, c,
+                                      size_t(layers_), cudaMemcpyHostToDevice, s));
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(snap_rec_.as<char>() + snap_slot * r, snapshot_slots_ * r,
+                                      host + int64_t(layers_) * conv_, r, r, size_t(layers_), cudaMemcpyHostToDevice,
+                                      s));
+}
+
 // One row a layer: the pitch is the layer's slots.
 void LinearStatePool::copy(const DeviceBuffer& from, int from_slots, int from_slot, const DeviceBuffer& to,
                            int to_slots, int to_slot, int64_t per_slot, cudaStream_t s) const {

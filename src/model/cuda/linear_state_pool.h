@@ -48,6 +48,11 @@ class LinearStatePool {
   // Slot `slot`'s state into snapshot slot `snap_slot`, or back.
   void save_snapshot(int slot, int snap_slot, cudaStream_t s);
   void load_snapshot(int snap_slot, int slot, cudaStream_t s);
+  // Snapshot slot `snap_slot`'s state to `host` ([conv: layer][rec: layer], host_bytes() bytes,
+  // pinned), or back, queued on `s` (the host tier's copies).
+  int64_t host_bytes() const { return int64_t(layers_) * (conv_ + rec_) * 4; }
+  void snapshot_to_host(int snap_slot, float* host, cudaStream_t s) const;
+  void snapshot_from_host(const float* host, int snap_slot, cudaStream_t s) const;
 
  private:
   void copy(const DeviceBuffer& from, int from_slots, int from_slot, const DeviceBuffer& to, int to_slots, int to_slot,

@@ -28,6 +28,7 @@
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/graph_cache.h"
+#include "model/cuda/host_snapshot_pool.h"
 #include "model/cuda/kv_pool.h"
 #include "model/cuda/linear_state_pool.h"
 #include "model/cuda/op_profiler.h"
@@ -85,11 +86,32 @@ struct CudaRunner::Impl {
     std::vector<int32_t> blocks;
     int slot = -1;
     int64_t length = 0, mtp_length = 0;
+    bool copied_in = false;  // written by a host-tier copy the runner's stream has not waited for
   };
   std::map<int64_t, Snapshot> snapshots;
-  int64_t next_snapshot = 1;
+  int64_t next_snapshot = 1;  // the host tier's ids too
   std::vector<int32_t> snap_free_blocks;
   std::vector<int> snap_free_slots;
+  // The host tier (--prefix-cache-host-gb): a snapshot's blocks as pages of pinned host memory
+  // and its linear states as one piece there. Copies run on copy_stream, after the work queued
+  // on `stream` when they are made (which wrote what they read); `copies_done` marks the last.
+  struct HostSnapshot {
+    std::vector<char*> pages;
+    char* state = nullptr;
+    int64_t length = 0, mtp_length = 0;
+  };
+  std::map<int64_t, HostSnapshot> host_snapshots;
+  HostSnapshotPool host_pool;
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t stream_ready = nullptr, copies_done = nullptr;
+  // Snapshot room a host-tier copy may still read or write is among the free lists: the next
+  // use on `stream` waits for the copies first.
+  bool snap_room_in_copy = false;
+  void begin_copies();  // copy_stream waits for the work queued on `stream` so far
+  void end_copies();    // records copies_done
+  // Snapshot room taken on `stream`: after any copy still using it.
+  void wait_copies_if(bool& pending);
+  size_t snap_largest_blocks = 0;  // of any snapshot so far (what headroom means)
   int64_t snap_tokens = 0;  // KV room of the snapshots (opt.snapshot_tokens, or less where it did not fit)
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
   int max_blocks = 0;
@@ -176,6 +198,10 @@ struct CudaRunner::Impl {
   }
 
   ~Impl() {
+    if (copy_stream) cudaStreamSynchronize(copy_stream);  // before host_pool unpins what it copies
+    if (copy_stream) cudaStreamDestroy(copy_stream);
+    if (stream_ready) cudaEventDestroy(stream_ready);
+    if (copies_done) cudaEventDestroy(copies_done);
     if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
     if (meta_host) cudaFreeHost(meta_host);
     if (meta_uploaded) cudaEventDestroy(meta_uploaded);

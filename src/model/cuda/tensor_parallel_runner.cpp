@@ -243,6 +243,30 @@ void TensorParallelRunner::drop_snapshot(int64_t snapshot) {
   on_all_ranks([&](int r) { ranks_[size_t(r)]->drop_snapshot(snapshot); });
 }
 
+void TensorParallelRunner::set_host_snapshot_budget(int64_t bytes) {
+  const int64_t per_rank = bytes / int64_t(ranks_.size());
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->set_host_snapshot_budget(per_rank); });
+}
+
+// Ranks hold equal slices, so their pools fill alike: one answer (a new id, or 0: no room) for all.
+int64_t TensorParallelRunner::move_snapshot_to_host(int64_t snapshot) {
+  std::vector<int64_t> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->move_snapshot_to_host(snapshot); });
+  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks moved one snapshot to host memory apart");
+  return ids[0];
+}
+
+int64_t TensorParallelRunner::move_snapshot_from_host(int64_t host_snapshot) {
+  std::vector<int64_t> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->move_snapshot_from_host(host_snapshot); });
+  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks moved one snapshot from host memory apart");
+  return ids[0];
+}
+
+void TensorParallelRunner::drop_host_snapshot(int64_t host_snapshot) {
+  on_all_ranks([&](int r) { ranks_[size_t(r)]->drop_host_snapshot(host_snapshot); });
+}
+
 int64_t TensorParallelRunner::snapshot_bytes(int64_t snapshot) const {
   int64_t bytes = 0;  // host bookkeeping only: no rank thread needed
   for (const auto& rank : ranks_) bytes += rank->snapshot_bytes(snapshot);
