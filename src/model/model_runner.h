@@ -229,10 +229,6 @@ class ModelRunner {
     int64_t snapshots = 0, tokens = 0;
   };
   virtual SnapshotRoom snapshot_room() const { return {}; }
-  // Whether the room has a free place for one more snapshot as large as the largest so far. An
-  // engine with a host tier keeps it free (moving entries down ahead of need), so that a snapshot
-  // saved or brought up later does not wait for a copy down. Rooms without a bound always have it.
-  virtual bool snapshot_headroom() const { return true; }
 
   // What the engine was sized for (0: no fixed bound, as for the CPU engine, whose caches grow):
   // tokens of KV cache over all sequences, the longest sequence, sequences held at once. The

@@ -249,7 +249,6 @@ class Engine {
   bool cached(const Request& r, int64_t at) const;
   int64_t next_snapshot_at(const Request& r) const;
   void take_snapshots();  // of every running sequence, before a step is planned
-  void keep_snapshot_headroom();
   void take_snapshots(Request& r);
   bool snapshot_ready(Request& r);
   int64_t save_snapshot(Request& r);

@@ -186,19 +186,6 @@ void Engine::take_snapshots() {
   if (!prefix_cache_) return;
   for (auto& [r, owned] : live_)
     if (r->status == RequestStatus::Running) take_snapshots(*r);
-  keep_snapshot_headroom();
-}
-
-// With a host tier, the least recently used entries move down before the room is needed
-// (ModelRunner::snapshot_headroom): their copies run beside this step, so the next snapshot saved
-// or brought up takes room whose copy down is done instead of waiting for it on the GPU.
-void Engine::keep_snapshot_headroom() {
-  if (!host_cache_) return;
-  while (!runner_->snapshot_headroom()) {
-    PrefixCache::Removed victim = prefix_cache_->evict_lru();
-    if (!victim.snapshot) return;  // what holds the room is live (conversations running)
-    spill({std::move(victim)});
-  }
 }
 
 void Engine::take_snapshots(Request& r) {
@@ -221,13 +208,12 @@ void Engine::take_snapshots(Request& r) {
 }
 
 // Whether r's conversation snapshot may grow to `at` tokens: the live ones take at most half of
-// the runner's room (in snapshots and in KV tokens), so that they do not crowd out the cache's
-// entries; with a host tier, all of it (the entries they crowd out move to host memory).
+// the runner's room (in snapshots and in KV tokens).
 bool Engine::turn_room_for(const Request& r, int64_t at) const {
   const ModelRunner::SnapshotRoom room = runner_->snapshot_room();
-  const int64_t mine = r.turn_snapshot ? 1 : 0, share = host_cache_ ? 1 : 2;
-  return (room.snapshots == 0 || share * (turn_snapshots_ - mine + 1) <= room.snapshots) &&
-         (room.tokens == 0 || share * (turn_snapshot_tokens_ - r.turn_snapshot_len + at) <= room.tokens);
+  const int64_t mine = r.turn_snapshot ? 1 : 0;
+  return (room.snapshots == 0 || 2 * (turn_snapshots_ - mine + 1) <= room.snapshots) &&
+         (room.tokens == 0 || 2 * (turn_snapshot_tokens_ - r.turn_snapshot_len + at) <= room.tokens);
 }
 
 void Engine::release_turn_snapshot(Request& r) {

@@ -130,36 +130,6 @@ TEST_P(CudaHostTier, FullTierRefusesAndLeavesTheSnapshot) {
   gpu->drop_host_snapshot(host_b);
 }
 
-// Headroom (what the engine keeps free with a host tier): a free slot and free blocks for the
-// largest snapshot so far, capped at a quarter of the room.
-TEST_P(CudaHostTier, HeadroomIsRoomForTheLargestSnapshot) {
-  cuda::CudaRunnerOptions opt;
-  opt.kv_cache_tokens = 4096;
-  opt.snapshot_slots = 3;
-  opt.snapshot_tokens = 256;  // 16 blocks of 16: a quarter is 4
-  auto gpu = cuda::CudaRunner::from_checkpoint((fixtures_dir() / GetParam()).string(), opt);
-  const int V = gpu->config().vocab_size;
-  EXPECT_TRUE(gpu->snapshot_headroom());
-  auto [a, na] = prefill(*gpu, random_prompt(100, V, 5));  // 7 blocks: headroom asks for 4 (the cap)
-  auto [b, nb] = prefill(*gpu, random_prompt(40, V, 6));   // 3 blocks
-  (void)na, (void)nb;
-  const int64_t sa = gpu->save_snapshot(a);
-  ASSERT_GT(sa, 0);
-  EXPECT_TRUE(gpu->snapshot_headroom()) << "2 slots and 9 blocks free";
-  const int64_t sb = gpu->save_snapshot(b);
-  ASSERT_GT(sb, 0);
-  EXPECT_TRUE(gpu->snapshot_headroom()) << "1 slot and 6 blocks free";
-  const int64_t sb2 = gpu->save_snapshot(b);
-  ASSERT_GT(sb2, 0);
-  EXPECT_FALSE(gpu->snapshot_headroom()) << "no slot free";
-  gpu->drop_snapshot(sb2);
-  EXPECT_TRUE(gpu->snapshot_headroom());
-  gpu->drop_snapshot(sb);
-  const int64_t sa2 = gpu->save_snapshot(a);  // 2 x 7 blocks taken: 2 free, fewer than 4
-  ASSERT_GT(sa2, 0);
-  EXPECT_FALSE(gpu->snapshot_headroom()) << "a slot but 2 blocks free";
-}
-
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaHostTier,
                          ::testing::Values("qwen35_moe", "qwen35_moe_nvfp4", "qwen3_next", "qwen3_dense"),
                          [](const auto& info) { return info.param; });

@@ -95,7 +95,6 @@ class CudaRunner final : public ModelRunner {
   void drop_snapshot(int64_t snapshot) override;
   int64_t snapshot_bytes(int64_t snapshot) const override;
   SnapshotRoom snapshot_room() const override;
-  bool snapshot_headroom() const override;
   // The host tier: snapshots copied to and from pinned host memory on a stream of their own
   // (runner_snapshots.cpp), beside the steps.
   bool supports_host_snapshots() const override { return supports_snapshots(); }

@@ -111,7 +111,6 @@ struct CudaRunner::Impl {
   void end_copies();    // records copies_done
   // Snapshot room taken on `stream`: after any copy still using it.
   void wait_copies_if(bool& pending);
-  size_t snap_largest_blocks = 0;  // of any snapshot so far (what headroom means)
   int64_t snap_tokens = 0;  // KV room of the snapshots (opt.snapshot_tokens, or less where it did not fit)
   // The linear states of slot `from` of (base, slots) into slot `to` of (dst, dst_slots), all layers.
   int max_blocks = 0;

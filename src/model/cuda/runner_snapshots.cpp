@@ -31,7 +31,6 @@ int64_t CudaRunner::save_snapshot(SequenceId id) {
   Impl::Snapshot snap;
   snap.slot = take(m.snap_free_slots, 1)[0];
   snap.blocks = take(m.snap_free_blocks, size_t(need));
-  m.snap_largest_blocks = std::max(m.snap_largest_blocks, snap.blocks.size());
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
   m.kv.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks, m.stream);
@@ -157,13 +156,6 @@ void CudaRunner::drop_host_snapshot(int64_t host_snapshot) {
   if (it == m.host_snapshots.end()) return;
   m.host_pool.give_back(it->second.pages, it->second.state);  // later copies into them queue after
   m.host_snapshots.erase(it);
-}
-
-// A free slot, and free blocks for the largest snapshot so far (at most a quarter of the room).
-bool CudaRunner::snapshot_headroom() const {
-  const Impl& m = *impl_;
-  const size_t room_blocks = size_t(m.snap_tokens / m.opt.block_size);
-  return !m.snap_free_slots.empty() && m.snap_free_blocks.size() >= std::min(m.snap_largest_blocks, room_blocks / 4);
 }
 
 ModelRunner::SnapshotRoom CudaRunner::snapshot_room() const {

@@ -91,7 +91,6 @@ class TensorParallelRunner final : public ModelRunner {
   void drop_snapshot(int64_t snapshot) override;
   int64_t snapshot_bytes(int64_t snapshot) const override;
   SnapshotRoom snapshot_room() const override { return ranks_[0]->snapshot_room(); }
-  bool snapshot_headroom() const override { return ranks_[0]->snapshot_headroom(); }
   // The host tier: each rank moves its slice (the budget is the ranks' together).
   bool supports_host_snapshots() const override { return ranks_[0]->supports_host_snapshots(); }
   void set_host_snapshot_budget(int64_t bytes) override;
