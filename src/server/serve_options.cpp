@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace fathom::server {
 
@@ -56,19 +56,6 @@ EngineConfig engine_config(const ServeOptions& o, const SpecOptions& spec, int64
   FATHOM_CHECK(ec.max_queue_len >= 0, "--max-queue-len must be >= 0");
   return ec;
 }
-
-namespace {
-// MemAvailable of /proc/meminfo in bytes (0: unknown).
-int64_t available_host_memory() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb << 10;
-  return 0;
-}
-}  // namespace
 
 int64_t prefix_cache_host_bytes(const ServeOptions& o, const ModelRunner& runner) {
   FATHOM_CHECK(std::isfinite(o.prefix_cache_host_gb) && o.prefix_cache_host_gb <= 1e6,
