@@ -1,5 +1,6 @@
 #include "model/cpu_runner.h"
 
+#include <algorithm>
 #include <exception>
 #include <thread>
 
@@ -121,15 +122,41 @@ SequenceId CpuRunner::add_sequence() {
 
 void CpuRunner::remove_sequence(SequenceId seq) { seqs_.erase(seq); }
 
+void CpuRunner::set_snapshot_room(SnapshotRoom room, int block_size) {
+  FATHOM_CHECK(snapshots_.empty() && room.snapshots >= 0 && room.tokens >= 0 && block_size > 0,
+               "set_snapshot_room: set before any snapshot, with a non-negative room and a positive block size");
+  room_ = room;
+  room_block_ = block_size;
+}
+
+int64_t CpuRunner::room_tokens(const std::vector<SequenceState>& state) const {
+  const int64_t len = std::max<int64_t>(state[0].num_tokens, state[0].mtp_kv.length());
+  return (len + room_block_ - 1) / room_block_ * room_block_;
+}
+
+bool CpuRunner::room_for(const std::vector<SequenceState>& state) const {
+  return (room_.snapshots == 0 || int64_t(snapshots_.size()) < room_.snapshots) &&
+         (room_.tokens == 0 || room_tokens_used_ + room_tokens(state) <= room_.tokens);
+}
+
 int64_t CpuRunner::save_snapshot(SequenceId seq) {
+  if (!room_for(states(seq))) return 0;
   std::vector<SequenceState> copy = states(seq);
   for (SequenceState& st : copy) {  // a snapshot is not inside a verify step
     st.history.clear();
     st.history_base = -1;
   }
   const int64_t id = next_snapshot_++;
+  room_tokens_used_ += room_tokens(copy);
   snapshots_.emplace(id, std::move(copy));
   return id;
+}
+
+void CpuRunner::drop_snapshot(int64_t snapshot) {
+  auto it = snapshots_.find(snapshot);
+  if (it == snapshots_.end()) return;
+  room_tokens_used_ -= room_tokens(it->second);
+  snapshots_.erase(it);
 }
 
 SequenceId CpuRunner::add_sequence_from(int64_t snapshot) {
@@ -154,15 +181,18 @@ int64_t move_entry(std::map<int64_t, std::vector<SequenceState>>& from, std::map
 }  // namespace
 
 int64_t CpuRunner::move_snapshot_to_host(int64_t snapshot) {
-  const int64_t id = move_entry(snapshots_, host_snapshots_, snapshot, next_snapshot_);
-  FATHOM_CHECK(id, "unknown prefix snapshot ", snapshot);
-  return id;
+  auto it = snapshots_.find(snapshot);
+  FATHOM_CHECK(it != snapshots_.end(), "unknown prefix snapshot ", snapshot);
+  room_tokens_used_ -= room_tokens(it->second);
+  return move_entry(snapshots_, host_snapshots_, snapshot, next_snapshot_);
 }
 
 int64_t CpuRunner::move_snapshot_from_host(int64_t host_snapshot) {
-  const int64_t id = move_entry(host_snapshots_, snapshots_, host_snapshot, next_snapshot_);
-  FATHOM_CHECK(id, "unknown host prefix snapshot ", host_snapshot);
-  return id;
+  auto it = host_snapshots_.find(host_snapshot);
+  FATHOM_CHECK(it != host_snapshots_.end(), "unknown host prefix snapshot ", host_snapshot);
+  if (!room_for(it->second)) return 0;
+  room_tokens_used_ += room_tokens(it->second);
+  return move_entry(host_snapshots_, snapshots_, host_snapshot, next_snapshot_);
 }
 
 int64_t CpuRunner::snapshot_bytes(int64_t snapshot) const {

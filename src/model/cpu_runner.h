@@ -35,8 +35,15 @@ class CpuRunner final : public ModelRunner {
   bool supports_snapshots() const override { return true; }
   int64_t save_snapshot(SequenceId seq) override;
   SequenceId add_sequence_from(int64_t snapshot) override;
-  void drop_snapshot(int64_t snapshot) override { snapshots_.erase(snapshot); }
+  void drop_snapshot(int64_t snapshot) override;
   int64_t snapshot_bytes(int64_t snapshot) const override;
+  // A bounded room for snapshots, as the CUDA engine has (unbounded by default): at most
+  // room.snapshots at once, holding room.tokens tokens of KV counted in whole blocks of
+  // `block_size`. Saving past it, or moving a snapshot up from the host tier, returns 0, so that
+  // tests on this engine meet the paths a full device room takes (evictions, the live
+  // conversations' share, moves down and up).
+  void set_snapshot_room(SnapshotRoom room, int block_size);
+  SnapshotRoom snapshot_room() const override { return room_; }
   // Host tier: this engine's snapshots are in host memory already, so a move only changes which
   // map holds the state (the engine's tier logic is what it tests; `serve` leaves it off here).
   bool supports_host_snapshots() const override { return true; }
@@ -79,6 +86,12 @@ class CpuRunner final : public ModelRunner {
   std::map<int64_t, std::vector<SequenceState>> snapshots_;       // prefix snapshots, per rank
   std::map<int64_t, std::vector<SequenceState>> host_snapshots_;  // the host tier's (ids from next_snapshot_ too)
   int64_t next_snapshot_ = 1;
+  SnapshotRoom room_;  // 0: no bound
+  int room_block_ = 16;
+  int64_t room_tokens_used_ = 0;
+  // Whether `state` fits the room beside what it holds; the tokens it takes there.
+  int64_t room_tokens(const std::vector<SequenceState>& state) const;
+  bool room_for(const std::vector<SequenceState>& state) const;
 };
 
 }  // namespace fathom

@@ -738,6 +738,43 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_host_bytes"), 0) << what;
 }
 
+// The room bounded in the runner, as on the GPU (two snapshots at once), the cache's bytes not:
+// saves fail and evict, live conversation snapshots get their share of the room, moves up find
+// no room and evict. Outputs equal no caching; the tier keeps conversations the room loses.
+void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runner, EngineConfig base,
+                        const std::string& what) {
+  auto bounded = [&] {
+    auto r = runner();
+    r->set_snapshot_room({2, 0}, int(base.block_size));
+    return r;
+  };
+  const int V = runner()->config().vocab_size;
+  base.enable_prefix_caching = false;
+  const auto plain = converse_in_turns(runner(), base, V, nullptr);
+  std::string big_m, room_m, tier_m;
+  base.enable_prefix_caching = true;
+  base.prefix_cache_bytes = int64_t(1) << 30;
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m), plain) << what << ": an unbounded room";
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m), plain) << what << ": a room of two snapshots";
+  base.prefix_cache_host_bytes = int64_t(1) << 30;
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m), plain) << what << ": a room of two and the host tier";
+  const double room = metric(room_m, "fathom:prefix_cache_hits_total");
+  const double tier = metric(tier_m, "fathom:prefix_cache_hits_total");
+  std::printf("  %s, a room of two snapshots: %.0f prompt tokens cached, %.0f with the host tier (%.0f from it; "
+              "%.0f snapshots moved down, %.0f up)\n",
+              what.c_str(), room, tier, metric(tier_m, "fathom:external_prefix_cache_hits_total"),
+              metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
+              metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
+  EXPECT_LT(room, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the room must lose conversations";
+  EXPECT_EQ(tier, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the tier keeps what the room loses";
+  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
+}
+
+TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedInTheRunner) {
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
+}
+
 TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
   ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
   host_tier_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
