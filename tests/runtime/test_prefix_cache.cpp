@@ -676,25 +676,33 @@ TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
 // cache too small to keep one conversation's snapshot until its next turn. Without the tier the
 // later turns start over; with it each finds its conversation in host memory, moved back: the
 // same hits as a device cache large enough for everything, and the same outputs as no caching.
+// `at_once` conversations' turns are sent together (the next group's after their answers).
 std::vector<std::vector<int32_t>> converse_in_turns(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                    int vocab, std::string* metrics) {
+                                                    int vocab, std::string* metrics, size_t conversations_n = 3,
+                                                    size_t at_once = 1) {
   Engine engine(std::move(runner), nullptr, cfg);
   engine.start();
-  std::vector<std::vector<int32_t>> conversations(3), answers;
+  std::vector<std::vector<int32_t>> conversations(conversations_n), answers;
   for (int turn = 0; turn < 3; ++turn)
-    for (size_t c = 0; c < conversations.size(); ++c) {
-      const std::vector<int32_t> message = random_tokens(20 + 3 * turn, vocab, 300 + uint32_t(10 * c) + uint32_t(turn));
-      std::vector<int32_t>& conv = conversations[c];
-      conv.insert(conv.end(), message.begin(), message.end());
-      auto ch = std::make_shared<OutputChannel>();
-      RequestSpec s;
-      s.group = engine.new_group_id();
-      s.prompt = conv;
-      s.params = greedy({}, 21).params;
-      s.out = ch;
-      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-      answers.push_back(tokens_of(*ch));
-      conv.insert(conv.end(), answers.back().begin(), answers.back().end());
+    for (size_t first = 0; first < conversations.size(); first += at_once) {
+      std::vector<std::shared_ptr<OutputChannel>> channels;
+      for (size_t c = first; c < std::min(first + at_once, conversations.size()); ++c) {
+        const std::vector<int32_t> message =
+            random_tokens(20 + 3 * turn, vocab, 300 + uint32_t(10 * c) + uint32_t(turn));
+        std::vector<int32_t>& conv = conversations[c];
+        conv.insert(conv.end(), message.begin(), message.end());
+        channels.push_back(std::make_shared<OutputChannel>());
+        RequestSpec s;
+        s.group = engine.new_group_id();
+        s.prompt = conv;
+        s.params = greedy({}, 21).params;
+        s.out = channels.back();
+        EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+      }
+      for (size_t c = first; c < std::min(first + at_once, conversations.size()); ++c) {
+        answers.push_back(tokens_of(*channels[c - first]));
+        conversations[c].insert(conversations[c].end(), answers.back().begin(), answers.back().end());
+      }
     }
   engine.shutdown();
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
@@ -742,37 +750,49 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
 // saves fail and evict, live conversation snapshots get their share of the room, moves up find
 // no room and evict. Outputs equal no caching; the tier keeps conversations the room loses.
 void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runner, EngineConfig base,
-                        const std::string& what) {
+                        const std::string& what, size_t conversations = 3, size_t at_once = 1, int room_n = 2) {
   auto bounded = [&] {
     auto r = runner();
-    r->set_snapshot_room({2, 0}, int(base.block_size));
+    r->set_snapshot_room({room_n, 0}, int(base.block_size));
     return r;
   };
   const int V = runner()->config().vocab_size;
   base.enable_prefix_caching = false;
-  const auto plain = converse_in_turns(runner(), base, V, nullptr);
+  const auto plain = converse_in_turns(runner(), base, V, nullptr, conversations, at_once);
   std::string big_m, room_m, tier_m;
   base.enable_prefix_caching = true;
   base.prefix_cache_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m), plain) << what << ": an unbounded room";
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m), plain) << what << ": a room of two snapshots";
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m, conversations, at_once), plain) << what << ": unbounded";
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m, conversations, at_once), plain) << what << ": bounded";
   base.prefix_cache_host_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m), plain) << what << ": a room of two and the host tier";
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m, conversations, at_once), plain)
+      << what << ": bounded, and the host tier";
   const double room = metric(room_m, "fathom:prefix_cache_hits_total");
   const double tier = metric(tier_m, "fathom:prefix_cache_hits_total");
-  std::printf("  %s, a room of two snapshots: %.0f prompt tokens cached, %.0f with the host tier (%.0f from it; "
-              "%.0f snapshots moved down, %.0f up)\n",
-              what.c_str(), room, tier, metric(tier_m, "fathom:external_prefix_cache_hits_total"),
+  std::printf("  %s, a room of %d snapshots: %.0f prompt tokens cached (%.0f unbounded), %.0f with the host tier "
+              "(%.0f from it; %.0f snapshots moved down, %.0f up)\n",
+              what.c_str(), room_n, room, metric(big_m, "fathom:prefix_cache_hits_total"), tier,
+              metric(tier_m, "fathom:external_prefix_cache_hits_total"),
               metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
               metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
   EXPECT_LT(room, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the room must lose conversations";
-  EXPECT_EQ(tier, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the tier keeps what the room loses";
+  if (at_once == 1)  // one at a time, nothing crowds the room but the cache's own entries
+    EXPECT_EQ(tier, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the tier keeps what the room loses";
+  else
+    EXPECT_GT(tier, room) << what << ": the tier keeps conversations the room loses";
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
 }
 
 TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedInTheRunner) {
   ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
   bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
+}
+
+// Eight conversations, four at a time, in a room of four: live conversation snapshots take their
+// share of the room while the others' entries move down and come back.
+TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndConversationsAtOnce) {
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, 4);
 }
 
 TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
