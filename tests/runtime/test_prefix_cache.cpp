@@ -750,10 +750,11 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
 // saves fail and evict, live conversation snapshots get their share of the room, moves up find
 // no room and evict. Outputs equal no caching; the tier keeps conversations the room loses.
 void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runner, EngineConfig base,
-                        const std::string& what, size_t conversations = 3, size_t at_once = 1, int room_n = 2) {
+                        const std::string& what, size_t conversations = 3, size_t at_once = 1,
+                        ModelRunner::SnapshotRoom room_size = {2, 0}) {
   auto bounded = [&] {
     auto r = runner();
-    r->set_snapshot_room({room_n, 0}, int(base.block_size));
+    r->set_snapshot_room(room_size, int(base.block_size));
     return r;
   };
   const int V = runner()->config().vocab_size;
@@ -769,9 +770,9 @@ void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runne
       << what << ": bounded, and the host tier";
   const double room = metric(room_m, "fathom:prefix_cache_hits_total");
   const double tier = metric(tier_m, "fathom:prefix_cache_hits_total");
-  std::printf("  %s, a room of %d snapshots: %.0f prompt tokens cached (%.0f unbounded), %.0f with the host tier "
-              "(%.0f from it; %.0f snapshots moved down, %.0f up)\n",
-              what.c_str(), room_n, room, metric(big_m, "fathom:prefix_cache_hits_total"), tier,
+  std::printf("  %s, a room of %lld snapshots and %lld tokens (0: any): %.0f prompt tokens cached (%.0f unbounded), "
+              "%.0f with the host tier (%.0f from it; %.0f snapshots moved down, %.0f up)\n",
+              what.c_str(), (long long)room_size.snapshots, (long long)room_size.tokens, room, metric(big_m, "fathom:prefix_cache_hits_total"), tier,
               metric(tier_m, "fathom:external_prefix_cache_hits_total"),
               metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
               metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
@@ -788,11 +789,12 @@ TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedInTheRunner) {
   bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
 }
 
-// Eight conversations, four at a time, in a room of four: live conversation snapshots take their
-// share of the room while the others' entries move down and come back.
+// Eight conversations, four at a time, in a room of four snapshots and 400 tokens (a third turn's
+// snapshot is about 140): live conversation snapshots take their share of the room while the
+// others' entries move down and come back.
 TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndConversationsAtOnce) {
   ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
-  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, 4);
+  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, {4, 400});
 }
 
 TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
