@@ -266,9 +266,10 @@ for what in "${@:-all}"; do
       # Issue 37: 32 conversations x 8 turns (896 new tokens + 128 answered a turn: 8K-token
       # histories) on a full-size synthetic Qwen3.5-35B-A3B (NVFP4 release layout), 4 clients taking
       # the 32 conversations' turns in turn, so that each comes back after the other 31: the GPU
-      # room alone (the default 2 GB) evicts. Host tier at its default size (-1) and off (0), TTFT
-      # by turn; then a decode-only load where nothing moves (the tier's counters read before and
-      # after it), tier on and off: its step time. HOST_BENCH picks the servers.
+      # room alone (the default 2 GB) evicts. Host tier at its default size (-1) and off (0): first
+      # a decode-only load on the empty cache, where nothing moves (the tier's counters read before
+      # and after it): its step time; then the conversations, TTFT by turn. HOST_BENCH picks the
+      # servers.
       [ -f /tmp/q35/config.json ] || python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35 \
         --format nvfp4 --jobs 12 2>&1 | tail -1
       moves() {
@@ -280,15 +281,17 @@ for what in "${@:-all}"; do
           --prefix-cache-host-gb "$tier" > "$OUT/host37_serve_$tier.log" 2>&1 &
         SRV=$!
         wait_healthy 18650 $SRV || { tail -5 "$OUT/host37_serve_$tier.log"; continue; }
+        # First, on the empty cache: the requests' end snapshots (16 of ~78 MB) fit the device room
+        # (19 snapshots, 43,753 tokens), so nothing moves.
+        echo "tier $tier before decode: $(moves)"
+        timeout 200 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --input-len 64 --output-len 512 \
+          --concurrency 1,8 --num-prompts 8 --vocab-size 248320 --no-progress 2>&1 \
+          | tee "$OUT/host37_decode_$tier.log" | grep -E "concurrency|Median TPOT|Median ITL" | sed "s/^/tier $tier: /"
+        echo "tier $tier after decode: $(moves)"
         timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --dataset-name multi-turn --num-turns 8 \
           --input-len 896 --output-len 128 --concurrency 4 --max-active-conversations 32 --num-prompts 256 \
           --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/host37_multiturn_$tier.log" \
           | grep -E "Median TTFT|hit rate|from the|Output token throughput|duration|Failed"
-        echo "tier $tier before decode: $(moves)"
-        timeout 200 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --input-len 64 --output-len 512 \
-          --concurrency 1,16 --num-prompts 16 --vocab-size 248320 --no-progress 2>&1 \
-          | tee "$OUT/host37_decode_$tier.log" | grep -E "concurrency|Median TPOT|Median ITL" | sed "s/^/tier $tier: /"
-        echo "tier $tier after decode: $(moves)"
         moves > "$OUT/host37_metrics_$tier.log"
         kill $SRV; wait $SRV 2>/dev/null
         grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tier.log" | head -6
