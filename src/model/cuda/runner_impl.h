@@ -92,6 +92,8 @@ struct CudaRunner::Impl {
   int64_t next_snapshot = 1;  // the host tier's ids too
   std::vector<int32_t> snap_free_blocks;
   std::vector<int> snap_free_slots;
+  std::optional<Snapshot> take_snapshot_room(size_t blocks);
+  void free_snapshot_room(const Snapshot& snap);
   // The host tier (--prefix-cache-host-gb): a snapshot's blocks as pages of pinned host memory
   // and its linear states as one piece there. Copies run on copy_stream, after the work queued
   // on `stream` when they are made (which wrote what they read); `copies_done` marks the last.

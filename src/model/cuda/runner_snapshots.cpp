@@ -20,17 +20,30 @@ std::vector<T> take(std::vector<T>& free, size_t n) {
 }
 }  // namespace
 
+// A slot and `blocks` blocks of the snapshots' room, or nullopt when it has not that much free.
+std::optional<CudaRunner::Impl::Snapshot> CudaRunner::Impl::take_snapshot_room(size_t blocks) {
+  if (snap_free_slots.empty() || snap_free_blocks.size() < blocks) return std::nullopt;
+  Snapshot snap;
+  snap.slot = take(snap_free_slots, 1)[0];
+  snap.blocks = take(snap_free_blocks, blocks);
+  return snap;
+}
+
+void CudaRunner::Impl::free_snapshot_room(const Snapshot& snap) {
+  snap_free_blocks.insert(snap_free_blocks.end(), snap.blocks.begin(), snap.blocks.end());
+  snap_free_slots.push_back(snap.slot);
+}
+
 bool CudaRunner::supports_snapshots() const { return impl_->opt.snapshot_slots > 0 && impl_->kv.can_copy(); }
 
 int64_t CudaRunner::save_snapshot(SequenceId id) {
   Impl& m = *impl_;
   const Impl::Sequence& sq = m.seq(id);
   const int64_t bs = m.opt.block_size, need = (std::max(sq.length, sq.mtp_length) + bs - 1) / bs;
-  if (m.snap_free_slots.empty() || int64_t(m.snap_free_blocks.size()) < need) return 0;
+  std::optional<Impl::Snapshot> room = m.take_snapshot_room(size_t(need));
+  if (!room) return 0;
   m.wait_copies_if(m.snap_room_in_copy);
-  Impl::Snapshot snap;
-  snap.slot = take(m.snap_free_slots, 1)[0];
-  snap.blocks = take(m.snap_free_blocks, size_t(need));
+  Impl::Snapshot& snap = *room;
   snap.length = sq.length;
   snap.mtp_length = sq.mtp_length;
   m.kv.copy_blocks(std::vector<int32_t>(sq.blocks.begin(), sq.blocks.begin() + need), snap.blocks, m.stream);
@@ -65,8 +78,7 @@ void CudaRunner::drop_snapshot(int64_t snapshot) {
   auto it = m.snapshots.find(snapshot);
   if (it == m.snapshots.end()) return;
   m.snap_room_in_copy = m.snap_room_in_copy || it->second.copied_in;
-  m.snap_free_blocks.insert(m.snap_free_blocks.end(), it->second.blocks.begin(), it->second.blocks.end());
-  m.snap_free_slots.push_back(it->second.slot);
+  m.free_snapshot_room(it->second);
   m.snapshots.erase(it);
 }
 
@@ -115,8 +127,7 @@ int64_t CudaRunner::move_snapshot_to_host(int64_t snapshot) {
   m.kv.copy_pages(snap.blocks, h.pages, /*to_pages=*/true, m.copy_stream);
   m.states.snapshot_to_host(snap.slot, reinterpret_cast<float*>(h.state), m.copy_stream);
   m.end_copies();
-  m.snap_free_blocks.insert(m.snap_free_blocks.end(), snap.blocks.begin(), snap.blocks.end());
-  m.snap_free_slots.push_back(snap.slot);
+  m.free_snapshot_room(snap);
   m.snap_room_in_copy = true;
   m.snapshots.erase(it);
   const int64_t id = m.next_snapshot++;
@@ -131,10 +142,9 @@ int64_t CudaRunner::move_snapshot_from_host(int64_t host_snapshot) {
   auto it = m.host_snapshots.find(host_snapshot);
   FATHOM_CHECK(it != m.host_snapshots.end(), "unknown host prefix snapshot ", host_snapshot);
   const Impl::HostSnapshot& h = it->second;
-  if (m.snap_free_slots.empty() || m.snap_free_blocks.size() < h.pages.size()) return 0;
-  Impl::Snapshot snap;
-  snap.slot = take(m.snap_free_slots, 1)[0];
-  snap.blocks = take(m.snap_free_blocks, h.pages.size());
+  std::optional<Impl::Snapshot> room = m.take_snapshot_room(h.pages.size());
+  if (!room) return 0;
+  Impl::Snapshot& snap = *room;
   snap.length = h.length;
   snap.mtp_length = h.mtp_length;
   snap.copied_in = true;

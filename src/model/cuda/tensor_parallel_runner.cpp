@@ -214,11 +214,17 @@ std::string TensorParallelRunner::device_name() const {
   return ranks_[0]->device_name() + " x " + std::to_string(size()) + " (tensor parallel)";
 }
 
-SequenceId TensorParallelRunner::add_sequence() {
-  std::vector<SequenceId> ids(ranks_.size());
-  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->add_sequence(); });
-  for (SequenceId id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one sequence different ids");
+// fn on every rank; the ranks' answers (ids, or 0: no room) must agree, since each holds an equal
+// slice and sees the same calls.
+int64_t TensorParallelRunner::agreed(const std::function<int64_t(CudaRunner&)>& fn, const char* what) {
+  std::vector<int64_t> ids(ranks_.size());
+  on_all_ranks([&](int r) { ids[size_t(r)] = fn(*ranks_[size_t(r)]); });
+  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks disagree on ", what, ": ", id, " vs ", ids[0]);
   return ids[0];
+}
+
+SequenceId TensorParallelRunner::add_sequence() {
+  return agreed([](CudaRunner& c) { return c.add_sequence(); }, "a new sequence's id");
 }
 
 void TensorParallelRunner::remove_sequence(SequenceId seq) {
@@ -226,17 +232,11 @@ void TensorParallelRunner::remove_sequence(SequenceId seq) {
 }
 
 int64_t TensorParallelRunner::save_snapshot(SequenceId seq) {
-  std::vector<int64_t> ids(ranks_.size());
-  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->save_snapshot(seq); });
-  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one snapshot different ids");
-  return ids[0];
+  return agreed([&](CudaRunner& c) { return c.save_snapshot(seq); }, "a snapshot's id");
 }
 
 SequenceId TensorParallelRunner::add_sequence_from(int64_t snapshot) {
-  std::vector<SequenceId> ids(ranks_.size());
-  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->add_sequence_from(snapshot); });
-  for (SequenceId id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks gave one sequence different ids");
-  return ids[0];
+  return agreed([&](CudaRunner& c) { return c.add_sequence_from(snapshot); }, "a new sequence's id");
 }
 
 void TensorParallelRunner::drop_snapshot(int64_t snapshot) {
@@ -250,17 +250,12 @@ void TensorParallelRunner::set_host_snapshot_budget(int64_t bytes) {
 
 // Ranks hold equal slices, so their pools fill alike: one answer (a new id, or 0: no room) for all.
 int64_t TensorParallelRunner::move_snapshot_to_host(int64_t snapshot) {
-  std::vector<int64_t> ids(ranks_.size());
-  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->move_snapshot_to_host(snapshot); });
-  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks moved one snapshot to host memory apart");
-  return ids[0];
+  return agreed([&](CudaRunner& c) { return c.move_snapshot_to_host(snapshot); }, "a snapshot moved to host memory");
 }
 
 int64_t TensorParallelRunner::move_snapshot_from_host(int64_t host_snapshot) {
-  std::vector<int64_t> ids(ranks_.size());
-  on_all_ranks([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->move_snapshot_from_host(host_snapshot); });
-  for (int64_t id : ids) FATHOM_CHECK(id == ids[0], "tensor-parallel ranks moved one snapshot from host memory apart");
-  return ids[0];
+  return agreed([&](CudaRunner& c) { return c.move_snapshot_from_host(host_snapshot); },
+                "a snapshot moved from host memory");
 }
 
 void TensorParallelRunner::drop_host_snapshot(int64_t host_snapshot) {

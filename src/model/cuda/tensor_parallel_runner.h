@@ -122,6 +122,8 @@ class TensorParallelRunner final : public ModelRunner {
   // rank 0's result of fn(rank r's runner) run on every rank.
   template <class R>
   R on_all(const std::function<R(CudaRunner&)>& fn);
+  // fn's answer on every rank, checked equal (ids handed out in step on every rank).
+  int64_t agreed(const std::function<int64_t(CudaRunner&)>& fn, const char* what);
   void worker(int r);
   // fn(r), keeping its error; any error but a SequenceError aborts the group.
   void run_rank(const std::function<void(int)>& fn, int r);
