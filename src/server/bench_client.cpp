@@ -273,7 +273,8 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
       progress(d, int(jobs.size()));
     }
   };
-  ConversationQueue conversations(jobs.size(), cfg.dataset == "multi-turn" ? size_t(cfg.num_turns) : 0,
+  const bool multi_turn = cfg.dataset == "multi-turn";
+  ConversationQueue conversations(multi_turn ? jobs.size() : 0, size_t(cfg.num_turns),
                                   size_t(cfg.max_active_conversations > 0 ? cfg.max_active_conversations : workers));
   for (int w = 0; w < std::min<int>(workers, int(jobs.size())); ++w)
     threads.emplace_back([&] {
@@ -281,7 +282,7 @@ int run_level(const BenchConfig& cfg, const std::string& model, const std::vecto
       cli.set_read_timeout(600);
       cli.set_write_timeout(60);
       cli.set_connection_timeout(30);
-      if (cfg.dataset != "multi-turn") {
+      if (!multi_turn) {
         for (size_t i; (i = next.fetch_add(1)) < jobs.size();) run(cli, i, nullptr);
         return;
       }
