@@ -1,8 +1,10 @@
 // Arrays: prefixItems then items, minItems/maxItems, contains (minContains items anywhere, or
-// with prefixItems / maxItems the first minContains) and uniqueItems (items from up to 8
-// constants: any distinct ones; else at most one item unless the prefix items are distinct
-// constants).
+// with prefixItems / maxItems the first minContains) and uniqueItems where every position takes
+// one of a few constants (an enum, a const, booleans: distinct ones exactly); uniqueItems over
+// other items is refused (best effort: unenforced).
 #include <algorithm>
+#include <functional>
+#include <optional>
 
 #include "core/error.h"
 #include "grammar/schema_compiler.h"
@@ -37,45 +39,31 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     min = std::max(min, need);
   }
   if (max >= 0 && max < min) refuse("maxItems", path, "below minItems or minContains (no instance is valid)");
-  if (s.value("uniqueItems", false) && prefix.empty() && need == 0) {
-    // Items from a small set of constants (an enum, a const, booleans): distinct values enforced.
-    const std::string ip = path + "/items";
-    const Json it = flatten(norm(items, ip), ip);
-    std::vector<Json> vals;
-    if (it.is_object() && (it.contains("enum") || it.contains("const")) &&
-        !has_any(it, {"anyOf", "oneOf", "not", "if", "allOf"})) {
-      const Json all = it.contains("const") ? Json::array({it["const"]}) : it["enum"];
-      const Json rest = without(it, {"enum", "const"});
-      if (all.is_array())
-        for (const Json& v : all)
-          if (value_satisfies(v, rest) && std::find(vals.begin(), vals.end(), v) == vals.end()) vals.push_back(v);
-    } else if (it == Json{{"type", "boolean"}}) {
-      vals = {Json(false), Json(true)};
-    }
-    if (!vals.empty() && vals.size() <= kMaxUniqueValues) {
-      if (min > static_cast<int>(vals.size())) refuse("minItems", path, "more unique items than the items' values");
-      return unique_values(vals, min, max);
-    }
-  }
   if (s.value("uniqueItems", false)) {
-    bool distinct = true;  // distinct constant prefix items and nothing after them are unique
-    for (size_t i = 0; i < prefix.size() && distinct; ++i) {
-      const Json& pi = prefix[i];
-      distinct = pi.is_object() && pi.contains("const") && !(need > 0);
-      for (size_t j = 0; j < i && distinct; ++j) distinct = prefix[j]["const"] != pi["const"];
+    // Exact only where every position takes one of a few constants; anything else would need
+    // the grammar to remember arbitrary values, so it is refused (best effort: left unenforced).
+    std::optional<std::vector<Json>> item_vals;
+    if (items != Json(false)) item_vals = constant_values(items, path + "/items");
+    std::vector<std::vector<Json>> prefix_vals;
+    for (size_t i = 0; i < prefix.size(); ++i)
+      if (auto v = constant_values(prefix[i], path + "/prefixItems/" + std::to_string(i))) prefix_vals.push_back(*v);
+    const bool finite = need == 0 && prefix_vals.size() == prefix.size() && (items == Json(false) || item_vals);
+    if (finite && prefix.empty()) {
+      if (min > static_cast<int>(item_vals->size())) refuse("minItems", path, "more unique items than the items' values");
+      return unique_values(*item_vals, min, max);
     }
-    if (distinct && !prefix.empty()) {
-      items = false;
-    } else if (min > 1) {
-      unsupported("uniqueItems", path, "with minItems > 1 on items that are not distinct constants");
+    if (finite) {
+      if (auto e = unique_tuples(prefix_vals, item_vals ? &*item_vals : nullptr, min, max, path)) return *e;
+      unsupported("uniqueItems", path, "over prefixItems with too many combinations of their constants");
     } else {
-      max = max < 0 ? 1 : std::min(max, 1);
+      unsupported("uniqueItems", path,
+                  "over items that are not a few constants (a grammar cannot keep general values distinct)");
     }
   }
   // contains without prefixItems, maxItems or a larger minItems: the matching items anywhere,
   // "[" (X ,)* M ( , (X ,)* M ){need - 1} ( , X)* "]" with X an item and M one that also matches
   // `contains` (at least `need` of them, in any places).
-  if (need > 0 && prefix.empty() && max < 0 && min <= need && items != Json(false) && !s.value("uniqueItems", false)) {
+  if (need > 0 && prefix.empty() && max < 0 && min <= need && items != Json(false)) {
     Expr sep = Expr::seq({Expr::literal(","), sp()});
     Expr x = as_rule("item", compile(items, path + "/items"));
     Expr m = as_rule("match", compile(all_of(items, s["contains"]), path + "/contains"));
@@ -116,6 +104,62 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     tail = as_rule("items", i < min ? std::move(step) : Expr::alt({std::move(step), Expr::empty()}));
   }
   return Expr::seq({Expr::literal("["), tail, Expr::literal("]")});
+}
+
+std::optional<std::vector<Json>> SchemaCompiler::constant_values(const Json& schema, const std::string& path) {
+  const Json it = flatten(norm(schema, path), path);
+  std::vector<Json> vals;
+  if (it == Json(false)) return vals;
+  if (it.is_object() && (it.contains("enum") || it.contains("const")) &&
+      !has_any(it, {"anyOf", "oneOf", "not", "if", "allOf"})) {
+    const Json all = it.contains("const") ? Json::array({it["const"]}) : it["enum"];
+    const Json rest = without(it, {"enum", "const"});
+    if (!all.is_array()) return std::nullopt;
+    for (const Json& v : all)
+      if (value_satisfies(v, rest) && std::find(vals.begin(), vals.end(), v) == vals.end()) vals.push_back(v);
+  } else if (it == Json{{"type", "boolean"}}) {
+    vals = {Json(false), Json(true)};
+  } else {
+    return std::nullopt;
+  }
+  if (vals.size() > kMaxUniqueValues) return std::nullopt;
+  return vals;
+}
+
+std::optional<Expr> SchemaCompiler::unique_tuples(const std::vector<std::vector<Json>>& prefix_vals,
+                                                  const std::vector<Json>* item_vals, int min, int max,
+                                                  const std::string& path) {
+  // A tree of the distinct sequences: one node per sequence written so far, so bounded. A
+  // sequence that cannot be finished (a required position with every value used) is left out,
+  // so the grammar has no dead ends.
+  constexpr int kMaxNodes = 4096;
+  int nodes = 0;
+  std::vector<Json> used;
+  std::function<std::optional<Expr>()> from_here = [&]() -> std::optional<Expr> {
+    if (++nodes > kMaxNodes) return std::nullopt;
+    const size_t i = used.size();
+    std::vector<Expr> alts;
+    if (static_cast<int>(i) >= min) alts.push_back(Expr::literal("]"));
+    const std::vector<Json>* domain = i < prefix_vals.size() ? &prefix_vals[i] : item_vals;
+    if (domain && (max < 0 || static_cast<int>(i) < max))
+      for (const Json& v : *domain) {
+        if (std::find(used.begin(), used.end(), v) != used.end()) continue;
+        used.push_back(v);
+        std::optional<Expr> rest = from_here();
+        used.pop_back();
+        if (!rest) continue;
+        std::vector<Expr> step;
+        if (i > 0) step.insert(step.end(), {Expr::literal(","), sp()});
+        step.insert(step.end(), {value_expr(v), std::move(*rest)});
+        alts.push_back(Expr::seq(std::move(step)));
+      }
+    if (alts.empty()) return std::nullopt;
+    return Expr::alt(std::move(alts));
+  };
+  std::optional<Expr> body = from_here();
+  if (nodes > kMaxNodes) return std::nullopt;
+  if (!body) refuse("uniqueItems", path, "no array of distinct values meets minItems and prefixItems");
+  return Expr::seq({Expr::literal("["), std::move(*body)});
 }
 
 Expr SchemaCompiler::unique_values(const std::vector<Json>& vals, int min, int max) {

@@ -25,6 +25,8 @@ namespace fathom::grammar::schema {
 using Json = nlohmann::ordered_json;
 
 // Throws fathom::Error "json schema: unsupported keyword '<kw>' at <path>: <why>".
+// A JSON Schema `pattern` (an ECMA-262 search) as a regex matching whole strings.
+std::string search_regex(const std::string& pattern, bool anchored_whole);
 [[noreturn]] void refuse(const std::string& keyword, const std::string& path, const std::string& why);
 
 // The document: $ref resolution (JSON pointers, $id and $anchor inside the document).
@@ -78,6 +80,12 @@ class SchemaCompiler {
   // values used so far, the array closing once min and growing while below max.
   Expr unique_values(const std::vector<Json>& vals, int min, int max);
   static constexpr size_t kMaxUniqueValues = 8;
+  // The values a schema allows when they are a few constants (enum, const, boolean, false: none).
+  std::optional<std::vector<Json>> constant_values(const Json& schema, const std::string& path);
+  // Arrays of distinct constants, position i from prefix_vals[i] and then from item_vals (null:
+  // no items past the prefix); nullopt past a bound on the grammar's size.
+  std::optional<Expr> unique_tuples(const std::vector<std::vector<Json>>& prefix_vals, const std::vector<Json>* item_vals,
+                                    int min, int max, const std::string& path);
 
   // A JSON string whose content matches the regex (JSON Schema `pattern` semantics: a search).
   Expr pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole);

@@ -1,10 +1,13 @@
 // Objects: properties in declaration order, then extra keys (patternProperties,
 // additionalProperties) that never repeat a declared name, with the property-count keywords.
+// Keys appear in declaration order only (as in llguidance and XGrammar): users order fields
+// (reasoning before the answer), and any order of n keys would take 2^n rules.
 #include <algorithm>
 #include <optional>
 #include <regex>
 
 #include "core/error.h"
+#include "grammar/key_automaton.h"
 #include "grammar/schema_compiler.h"
 
 namespace fathom::grammar::schema {
@@ -89,6 +92,41 @@ static Expr key_not_in(SchemaCompiler& c, const std::vector<std::string>& names)
   return Expr::seq({Expr::literal("\""), Expr::ref(ids[0])});
 }
 
+// Extra keys from a product automaton of the patterns and the names (key_automaton.h): a key
+// with the schemas of every pattern it matches, or `other`'s where it matches none, never a
+// declared name. Only where the rules below would lose keys (patterns that overlap each other
+// or a name, a pattern forbidding its keys, additionalProperties beside patterns); nullopt where
+// the automaton is out of bounds.
+static std::optional<std::vector<Expr>> exact_extras(SchemaCompiler& c, const Json& pp, const Json* other,
+                                                     const std::vector<std::string>& names, const std::string& path) {
+  bool lossy = pp.size() > 1 || other;
+  for (auto& [p, ps] : pp.items()) {
+    lossy |= ps == Json(false);
+    for (const auto& n : names) lossy |= may_match(n, p);
+  }
+  if (!lossy) return std::nullopt;
+  std::vector<std::string> regexes;
+  std::vector<Json> schemas;
+  uint64_t forbidden = 0;
+  for (auto& [p, ps] : pp.items()) {
+    if (ps == Json(false)) forbidden |= uint64_t{1} << regexes.size();
+    regexes.push_back(search_regex(p, false));
+    schemas.push_back(ps);
+  }
+  KeyRules rules{[&] { return c.new_rule("key"); }, [&](uint32_t r, Expr e) { c.define(r, std::move(e)); }};
+  auto classes = key_classes(regexes, names, other != nullptr, forbidden, rules);
+  if (!classes) return std::nullopt;
+  std::vector<Expr> extra_alts;
+  for (KeyClass& kc : *classes) {
+    Json value = kc.patterns ? Json(true) : *other;
+    for (size_t i = 0; i < schemas.size(); ++i)
+      if (kc.patterns >> i & 1) value = all_of(value, schemas[i]);
+    const std::string at = kc.patterns ? path + "/patternProperties" : path + "/additionalProperties";
+    extra_alts.push_back(Expr::seq({std::move(kc.key), Expr::literal(":"), SchemaCompiler::sp(), c.as_rule("pval", c.compile(value, at))}));
+  }
+  return extra_alts;
+}
+
 // Extra keys: one per pattern whose language cannot hit a declared name; or, where other keys
 // are allowed (`other`: additionalProperties, or true where it is absent and objects are open),
 // key-character strings outside the declared names.
@@ -100,6 +138,9 @@ static std::vector<Expr> object_extras(SchemaCompiler& c, const Json& s, const J
   Json all_pp = true;
   bool pp_false = false;  // a pattern forbidding its keys: no pattern extras (a subset)
   for (auto& [p, ps] : pp.items()) all_pp = all_of(all_pp, ps), pp_false |= ps == Json(false);
+  if (pn == Json(true) && !pp.empty()) {
+    if (auto exact = exact_extras(c, pp, other, names, path)) return std::move(*exact);
+  }
   if (pn == Json(true) && !pp_false) {
     for (auto& [p, ps] : pp.items()) {
       bool hits = false;
@@ -311,7 +352,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
   // The schema of keys outside properties and patterns, when they may be written.
   const bool declares_keys = has_any(s, {"properties", "required", "dependentRequired", "dependentSchemas"});
   const bool open = objects_open(declares_keys) && !s.contains("additionalProperties") &&
-                    !s.contains("unevaluatedProperties") && pp.empty();
+                    !s.contains("unevaluatedProperties");
   const Json other = has_ap ? ap : Json(true);
   const Json* extra_schema = has_ap || open ? &other : nullptr;
   const Json pn = s.contains("propertyNames") ? flatten(norm(s["propertyNames"], path), path) : Json(true);

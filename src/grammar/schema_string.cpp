@@ -83,7 +83,7 @@ int count(const Json& s, const char* key, const std::string& path, int dflt) {
 }  // namespace
 
 // ECMA-262 `pattern` is a search: an unanchored side may have any text around the match.
-Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole) {
+std::string search_regex(const std::string& pattern, bool anchored_whole) {
   std::string core = pattern;
   bool start = anchored_whole, end = anchored_whole;
   if (!core.empty() && core[0] == '^') start = true, core.erase(0, 1);
@@ -92,7 +92,11 @@ Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::strin
     for (size_t i = core.size() - 1; i-- > 0 && core[i] == '\\';) ++slashes;
     if (slashes % 2 == 0) end = true, core.pop_back();
   }
-  std::string full = std::string(start ? "" : "[\\s\\S]*") + "(?:" + core + ")" + (end ? "" : "[\\s\\S]*");
+  return std::string(start ? "" : "[\\s\\S]*") + "(?:" + core + ")" + (end ? "" : "[\\s\\S]*");
+}
+
+Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole) {
+  const std::string full = search_regex(pattern, anchored_whole);
   Expr body;
   try {
     body = regex_to_expr(full, RegexOptions{true});

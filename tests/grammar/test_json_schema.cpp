@@ -194,6 +194,17 @@ TEST(GrammarJsonSchema, ObjectKeywords) {
   EXPECT_FALSE(full_match(g, R"({"a":1,"x-y":2})"));
   EXPECT_FALSE(full_match(g, R"({"a":1,"b":"s"})"));
   EXPECT_FALSE(full_match(g, R"({"a":1,"x-y":"s","x-z":"t"})"));
+  // Patterns that overlap each other, a declared name, or sit beside additionalProperties: each
+  // key takes the schemas of every pattern it matches, others additionalProperties'.
+  auto pp = grammar_from_json_schema(R"({"type":"object","properties":{"foo":{"type":"array","maxItems":3}},
+      "patternProperties":{"f.o":{"minItems":2},"^a+$":{"type":"integer"},"^aaa":{"maximum":20},"^b":false},
+      "additionalProperties":{"type":"string"}})");
+  for (const char* ok : {R"({"fxo": [1, 2]})", R"({"a": 21})", R"({"a": 21, "aaaa": 18})", R"({"foo": [1, 2, 3], "q": "s"})",
+                         R"({"foo": [1, 2]})", R"({"fao": 1})"})
+    EXPECT_TRUE(full_match(pp, ok)) << ok;
+  for (const char* bad : {R"({"fxo": [1]})", R"({"aaaa": 21})", R"({"a": "s"})", R"({"q": 1})", R"({"bx": 1})",
+                          R"({"foo": [1], "foo": [1, 2]})", R"({"fao": [1]})", R"({"foo": [1]})"})
+    EXPECT_FALSE(full_match(pp, bad)) << bad;
   auto extra = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"}},
       "additionalProperties":{"type":"boolean"},"minProperties":2,"dependentRequired":{"b":["a"]}})");
   EXPECT_TRUE(full_match(extra, R"({"a":1,"b":true})"));
@@ -315,8 +326,27 @@ TEST(GrammarJsonSchema, ArraysAndOneOf) {
   auto one = grammar_from_json_schema(R"({"oneOf":[{"type":["string","null"]},{"type":["number","null"]}]})");
   EXPECT_TRUE(full_match(one, R"("s")") && full_match(one, "1.5"));
   EXPECT_FALSE(full_match(one, "null"));  // valid under both branches, so not under oneOf
-  auto uniq = grammar_from_json_schema(R"({"type":"array","uniqueItems":true})");
-  EXPECT_FALSE(full_match(uniq, "[1,1]"));
+  // uniqueItems over general items: a grammar cannot keep arbitrary values distinct, so it is
+  // refused (naming the keyword and path); best effort leaves it unenforced, with a warning.
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"tags":{"type":"array","items":{"type":"string"},"uniqueItems":true}}})")
+                .find("unsupported keyword 'uniqueItems' at #/properties/tags"),
+            std::string::npos);
+  SchemaReport best;
+  auto uniq = grammar_from_json_schema(R"({"type":"array","items":{"type":"string"},"uniqueItems":true})", {true}, &best);
+  ASSERT_EQ(best.warnings.size(), 1u);
+  EXPECT_NE(best.warnings[0].find("uniqueItems"), std::string::npos);
+  EXPECT_TRUE(full_match(uniq, R"(["a", "b", "c"])"));
+  // Prefix items of a few constants each: the distinct tuples exactly.
+  auto pair = grammar_from_json_schema(
+      R"({"type":"array","prefixItems":[{"type":"boolean"},{"enum":[true,"x"]}],"items":false,"uniqueItems":true})");
+  for (const char* ok : {"[]", "[true]", "[false, true]", R"([true, "x"])", R"([false,"x"])"})
+    EXPECT_TRUE(full_match(pair, ok)) << ok;
+  for (const char* bad : {"[true, true]", R"(["x"])", R"([true, "x", false])"}) EXPECT_FALSE(full_match(pair, bad)) << bad;
+  EXPECT_NE(schema_error(R"({"type":"array","prefixItems":[{"const":1},{"const":1}],"minItems":2,"uniqueItems":true})")
+                .find("'uniqueItems'"),
+            std::string::npos);  // no array meets it
+  EXPECT_NE(schema_error(R"({"type":"array","prefixItems":[{"const":1}],"uniqueItems":true})").find("'uniqueItems'"),
+            std::string::npos);  // general items after the prefix
   // Items from a few constants: any distinct ones, in any order, within minItems/maxItems.
   auto tags = grammar_from_json_schema(
       R"({"type":"array","items":{"enum":["a","b","c",1]},"uniqueItems":true,"maxItems":3})");

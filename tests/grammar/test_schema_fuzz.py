@@ -54,7 +54,11 @@ def random_schema(rng):
         s["additionalProperties"] = rng.choice([False, {"type": "integer"}])
     if rng.random() < 0.15:
         s["patternProperties"] = rng.choice([{"^x": {"type": "boolean"}}, {"a": {"type": "integer"}, "^b": {"maximum": 5}},
-                                             {"^[cd]$": False}])
+                                             {"^[cd]$": False},
+                                             # overlapping each other and the names
+                                             {"a": {"type": "integer"}, "^a": {"maximum": 5}, "e$": {"minimum": 2}},
+                                             {"o": {"type": ["string", "integer"]}, "^[a-c]": False},
+                                             {"^.$": {"type": "array", "maxItems": 1}, "[0-9]": {"minItems": 1}}])
     return s
 
 
