@@ -207,13 +207,18 @@ void Engine::take_snapshots(Request& r) {
   }
 }
 
-// Whether r's conversation snapshot may grow to `at` tokens: the live ones take at most half of
-// the runner's room (in snapshots and in KV tokens).
+// Whether r's conversation snapshot may grow to `at` tokens. Without a host tier the live ones
+// take at most half of the runner's room (in snapshots and in KV tokens): the cache keeps the
+// other half. With one, what they push out of the room moves down instead of being lost, so they
+// may take all of it but the room for one more snapshot of this size, which keeps a cached entry
+// able to come back up.
 bool Engine::turn_room_for(const Request& r, int64_t at) const {
   const ModelRunner::SnapshotRoom room = runner_->snapshot_room();
-  const int64_t mine = r.turn_snapshot ? 1 : 0;
-  return (room.snapshots == 0 || 2 * (turn_snapshots_ - mine + 1) <= room.snapshots) &&
-         (room.tokens == 0 || 2 * (turn_snapshot_tokens_ - r.turn_snapshot_len + at) <= room.tokens);
+  const int64_t snapshots = turn_snapshots_ - (r.turn_snapshot ? 1 : 0) + 1;
+  const int64_t tokens = turn_snapshot_tokens_ - r.turn_snapshot_len + at;
+  if (!host_cache_)
+    return (room.snapshots == 0 || 2 * snapshots <= room.snapshots) && (room.tokens == 0 || 2 * tokens <= room.tokens);
+  return (room.snapshots == 0 || snapshots + 1 <= room.snapshots) && (room.tokens == 0 || tokens + at <= room.tokens);
 }
 
 void Engine::release_turn_snapshot(Request& r) {

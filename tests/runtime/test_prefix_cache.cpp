@@ -679,10 +679,11 @@ TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
 // `at_once` conversations' turns are sent together (the next group's after their answers).
 std::vector<std::vector<int32_t>> converse_in_turns(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
                                                     int vocab, std::string* metrics, size_t conversations_n = 3,
-                                                    size_t at_once = 1) {
+                                                    size_t at_once = 1, size_t system_len = 0) {
   Engine engine(std::move(runner), nullptr, cfg);
   engine.start();
-  std::vector<std::vector<int32_t>> conversations(conversations_n), answers;
+  // Every conversation starts with the same system prompt of system_len tokens.
+  std::vector<std::vector<int32_t>> conversations(conversations_n, random_tokens(system_len, vocab, 99)), answers;
   for (int turn = 0; turn < 3; ++turn)
     for (size_t first = 0; first < conversations.size(); first += at_once) {
       std::vector<std::shared_ptr<OutputChannel>> channels;
@@ -751,7 +752,7 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
 // no room and evict. Outputs equal no caching; the tier keeps conversations the room loses.
 void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runner, EngineConfig base,
                         const std::string& what, size_t conversations = 3, size_t at_once = 1,
-                        ModelRunner::SnapshotRoom room_size = {2, 0}) {
+                        ModelRunner::SnapshotRoom room_size = {2, 0}, size_t system_len = 0) {
   auto bounded = [&] {
     auto r = runner();
     r->set_snapshot_room(room_size, int(base.block_size));
@@ -759,14 +760,14 @@ void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runne
   };
   const int V = runner()->config().vocab_size;
   base.enable_prefix_caching = false;
-  const auto plain = converse_in_turns(runner(), base, V, nullptr, conversations, at_once);
+  const auto plain = converse_in_turns(runner(), base, V, nullptr, conversations, at_once, system_len);
   std::string big_m, room_m, tier_m;
   base.enable_prefix_caching = true;
   base.prefix_cache_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m, conversations, at_once), plain) << what << ": unbounded";
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m, conversations, at_once), plain) << what << ": bounded";
+  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m, conversations, at_once, system_len), plain) << what << ": unbounded";
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m, conversations, at_once, system_len), plain) << what << ": bounded";
   base.prefix_cache_host_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m, conversations, at_once), plain)
+  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m, conversations, at_once, system_len), plain)
       << what << ": bounded, and the host tier";
   const double room = metric(room_m, "fathom:prefix_cache_hits_total");
   const double tier = metric(tier_m, "fathom:prefix_cache_hits_total");
@@ -790,11 +791,18 @@ TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedInTheRunner) {
 }
 
 // Eight conversations, four at a time, in a room of four snapshots and 400 tokens (a third turn's
-// snapshot is about 140): live conversation snapshots take their share of the room while the
-// others' entries move down and come back.
+// snapshot is about 140): with the tier, live conversation snapshots take the room but one
+// snapshot's worth while the others' entries move down and come back.
 TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndConversationsAtOnce) {
   ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
   bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, {4, 400});
+}
+
+// The same with a 48-token system prompt that every conversation starts with: the live
+// conversation snapshots leave room for the shared prefix's entry to come back up.
+TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndASharedSystemPrompt) {
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, {4, 600}, 48);
 }
 
 TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
