@@ -167,6 +167,11 @@ def main():
         def _():
             s, r = complete({"guided_json": {"type": "array", "contains": {}, "maxContains": 1}})
             assert s == 400 and "maxContains" in r["error"]["message"] and r["error"]["param"] == "guided_json", r
+            # A set of strings (pydantic's set[str]): uniqueness of general values is not enforceable.
+            tags = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                              "uniqueItems": True}}, "required": ["tags"]}
+            s, r = complete({"guided_json": tags})
+            assert s == 400 and "'uniqueItems' at #/properties/tags" in r["error"]["message"], r
             s, r = complete({"guided_json": {"type": "integer"}, "guided_regex": "a"})
             assert s == 400 and "only one" in r["error"]["message"], r
             s, r = complete({"response_format": {"type": "yaml"}})
@@ -196,6 +201,13 @@ def main():
                 assert r.status_code == 200, r.text
                 assert "maxContains" in r.headers.get("X-Fathom-Structured-Output-Warning", ""), r.headers
                 assert isinstance(json.loads(r.json()["choices"][0]["text"]), list), r.json()
+                tags = {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True, "maxItems": 4}
+                r = requests.post(best.url + "/v1/completions", timeout=120, json={
+                    "model": name, "prompt": "Answer:", "guided_json": tags, "max_tokens": 200, "seed": 1})
+                assert r.status_code == 200, r.text
+                assert "uniqueItems" in r.headers.get("X-Fathom-Structured-Output-Warning", ""), r.headers
+                if r.json()["choices"][0]["finish_reason"] == "stop":  # left unenforced: any strings
+                    assert isinstance(json.loads(r.json()["choices"][0]["text"]), list), r.json()
                 ok = requests.post(best.url + "/v1/completions", timeout=120, json={
                     "model": name, "prompt": "Answer:", "guided_json": {"type": "integer"}, "max_tokens": 20})
                 assert ok.status_code == 200 and "X-Fathom-Structured-Output-Warning" not in ok.headers, ok.headers
