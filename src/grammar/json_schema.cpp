@@ -130,7 +130,7 @@ Json SchemaCompiler::flatten(Json s, const std::string& path, int depth) {
 
 Expr SchemaCompiler::compile(const Json& raw, const std::string& path) {
   if (raw.is_boolean()) {
-    if (!raw.get<bool>()) refuse("false", path, "no instance is valid");
+    if (!raw.get<bool>()) no_instance("false", path, "no instance is valid");
     return Expr::ref(common("value"));
   }
   if (!raw.is_object()) fail("json schema: schema at ", path, " must be an object or a boolean");
@@ -149,7 +149,12 @@ Expr SchemaCompiler::compile_ref(const std::string& ref, const std::string& path
   const Json& target = doc_.resolve(ref, path);
   uint32_t r = new_rule("ref");
   refs_[key] = r;  // before compiling the target, so that recursion refers to this rule
-  b_.define(r, compile(target, ref));
+  try {
+    b_.define(r, compile(target, ref));
+  } catch (...) {
+    refs_.erase(key);  // the next reference meets the same refusal, not an undefined rule
+    throw;
+  }
   return Expr::ref(r);
 }
 
@@ -168,7 +173,7 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
   bool typed = s.contains("type");
   if (typed) {
     types = types_of(s);
-    if (types.empty()) refuse("type", path, "no type is allowed (an empty list or an allOf without common type)");
+    if (types.empty()) no_instance("type", path, "no type is allowed (an empty list or an allOf without common type)");
   } else {  // the types whose keywords are present (other types stay unconstrained below)
     if (has_any(s, {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
                     "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties"}))
@@ -199,6 +204,24 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
 
 // anyOf: every branch merged with the sibling keywords. oneOf: the same, keeping only the
 // branches whose outputs provably fail every other branch (so exactly one holds).
+bool SchemaCompiler::has_no_instance(const Json& s, const std::string& path, int depth) {
+  try {
+    const Json f = flatten(norm(s, path), path);
+    if (unsatisfiable(f)) return true;
+    // An object-only schema whose required property has no instance has none (two levels down).
+    if (depth >= 2 || !f.is_object() || types_of(f) != std::vector<std::string>{"object"} || !f.contains("required") ||
+        !f.contains("properties"))
+      return false;
+    for (const Json& k : f["required"])
+      if (k.is_string() && f["properties"].contains(k.get<std::string>()) &&
+          has_no_instance(f["properties"][k.get<std::string>()], path + "/properties/" + k.get<std::string>(), depth + 1))
+        return true;
+    return false;
+  } catch (const NoInstance&) {
+    return true;
+  }
+}
+
 Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, const std::string& path, int depth) {
   const Json& list = s[key];
   if (!list.is_array() || list.empty()) refuse(key, path, "must be a non-empty array");
@@ -208,16 +231,24 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
   for (size_t i = 0; i < list.size(); ++i) {
     std::string p = path + "/" + key + "/" + std::to_string(i);
     if (list[i].is_boolean() && !list[i].get<bool>()) continue;
-    branches.push_back(rest.empty() ? list[i] : merge(rest, flatten(norm(list[i], p), p), p));
+    try {
+      branches.push_back(rest.empty() ? list[i] : merge(rest, flatten(norm(list[i], p), p), p));
+    } catch (const NoInstance&) {
+      continue;  // (two different constants, ...): a branch nothing matches adds nothing
+    }
     paths.push_back(p);
   }
   // Each branch flattened once (oneOf compares every pair; large documents have long lists).
   std::vector<std::optional<Json>> flat(branches.size());
   auto flat_at = [&](size_t j) -> const Json& {
-    if (!flat[j]) flat[j] = flatten(norm(branches[j], paths[j]), paths[j]);
+    if (!flat[j]) flat[j] = has_no_instance(branches[j], paths[j]) ? Json(false) : flatten(norm(branches[j], paths[j]), paths[j]);
     return *flat[j];
   };
+  // A branch found to have no instance while compiled is left out like an unsatisfiable one.
   std::vector<Expr> alts;
+  auto add = [&](auto&& compile_it) {
+    if (std::optional<Expr> e = unless_no_instance(compile_it)) alts.push_back(std::move(*e));
+  };
   for (size_t i = 0; i < branches.size(); ++i) {
     Json gen = flat_at(i);
     if (unsatisfiable(gen)) continue;
@@ -241,7 +272,7 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
             }
         }
         if (exclusive(narrowed) && !unsatisfiable(narrowed)) {
-          alts.push_back(closed([&] { return compile_resolved(narrowed, paths[i], depth + 1); }));
+          add([&] { return closed([&] { return compile_resolved(narrowed, paths[i], depth + 1); }); });
           continue;
         }
         // Other branches that are one numeric or length bound: this one past each of them.
@@ -259,8 +290,8 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
             }
           }
         }
-        if (all_bounds && exclusive(past) && !unsatisfiable(flatten(past, paths[i]))) {
-          alts.push_back(closed([&] { return compile_resolved(past, paths[i], depth + 1); }));
+        if (all_bounds && exclusive(past) && !has_no_instance(past, paths[i])) {
+          add([&] { return closed([&] { return compile_resolved(past, paths[i], depth + 1); }); });
           continue;
         }
       }
@@ -273,19 +304,20 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
         }
         if (kept.empty() || kept.size() == types_of(gen).size()) continue;
         gen["type"] = kept;
-        alts.push_back(closed([&] { return compile_resolved(gen, paths[i], depth + 1); }));
+        add([&] { return closed([&] { return compile_resolved(gen, paths[i], depth + 1); }); });
         continue;
       }
     }
     auto branch = [&] {
       return rest.empty() ? compile(branches[i], paths[i]) : compile_resolved(branches[i], paths[i], depth + 1);
     };
-    alts.push_back(key == "oneOf" ? closed(branch) : branch());
+    add([&] { return key == "oneOf" ? closed(branch) : branch(); });
   }
   if (alts.empty()) {
-    if (key == "anyOf") refuse("anyOf", path, "no branch is satisfiable");
+    if (key == "anyOf") no_instance("anyOf", path, "no branch is satisfiable");
     unsupported(key, path, "the branches are not provably exclusive");
-    for (size_t i = 0; i < branches.size(); ++i) alts.push_back(compile(branches[i], paths[i]));
+    for (size_t i = 0; i < branches.size(); ++i) add([&] { return compile(branches[i], paths[i]); });
+    if (alts.empty()) no_instance(key, path, "no branch is satisfiable");
   }
   return as_rule(key == "anyOf" ? "any" : "one", Expr::alt(std::move(alts)));
 }
@@ -297,9 +329,20 @@ Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path,
   Json rest = without(s, {"if", "then", "else"});
   Json cond = flatten(norm(s["if"], path + "/if"), path + "/if");
   std::vector<Expr> alts;
-  Json then_branch = merge(merge(rest, cond, path), s.contains("then") ? flatten(norm(s["then"], path), path) : Json(true), path);
-  if (!unsatisfiable(flatten(then_branch, path))) alts.push_back(compile_resolved(then_branch, path + "/then", depth + 1));
-  Json else_branch = merge(rest, s.contains("else") ? flatten(norm(s["else"], path), path) : Json(true), path);
+  // The `if` side: left out where it has no instance (found when merged, flattened or compiled).
+  std::optional<Expr> then_expr = unless_no_instance([&] {
+    Json then_branch = merge(merge(rest, cond, path), s.contains("then") ? flatten(norm(s["then"], path), path) : Json(true), path);
+    if (unsatisfiable(flatten(then_branch, path))) no_instance("then", path, "no instance");
+    return compile_resolved(then_branch, path + "/then", depth + 1);
+  });
+  if (then_expr) alts.push_back(std::move(*then_expr));
+  Json else_branch;
+  try {
+    else_branch = merge(rest, s.contains("else") ? flatten(norm(s["else"], path), path) : Json(true), path);
+  } catch (const NoInstance&) {
+    if (alts.empty()) throw;  // neither side has an instance
+    return as_rule("if", Expr::alt(std::move(alts)));
+  }
   if (!never_both(else_branch, cond) && cond.is_object() && cond.contains("required")) {
     for (const Json& k : cond["required"]) {  // leave out a property `if` requires
       const Json& req = else_branch.value("required", Json::array());
@@ -311,11 +354,15 @@ Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path,
   bool excluded = never_both(else_branch, cond);
   if (!excluded)
     if (auto fail = failing_bound(cond)) {  // `if` a single bound: else takes the values past it
-      else_branch = merge(else_branch, *fail, path);
-      excluded = true;
+      try {
+        else_branch = merge(else_branch, *fail, path);
+        excluded = true;
+      } catch (const NoInstance&) {  // no value past the bound: the `if` side only
+      }
     }
-  if (excluded && !unsatisfiable(flatten(else_branch, path)))
-    alts.push_back(closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }));
+  if (excluded && !has_no_instance(else_branch, path))
+    if (auto e = unless_no_instance([&] { return closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }); }))
+      alts.push_back(std::move(*e));
   if (alts.empty()) refuse("if", path, "neither branch is provably satisfiable");
   return as_rule("if", Expr::alt(std::move(alts)));
 }
@@ -408,12 +455,12 @@ Expr SchemaCompiler::compile_enum(const Json& s, const std::string& path) {
   if (!values.is_array()) refuse("enum", path, "must be an array");
   if (s.contains("const") && s.contains("enum") &&
       std::find(s["enum"].begin(), s["enum"].end(), s["const"]) == s["enum"].end())
-    refuse("const", path, "not among the enum values (no instance is valid)");
+    no_instance("const", path, "not among the enum values (no instance is valid)");
   Json rest = without(s, {"enum", "const"});
   std::vector<Expr> alts;
   for (const Json& v : values)
     if (value_satisfies(v, rest)) alts.push_back(value_expr(v));
-  if (alts.empty()) refuse(s.contains("const") ? "const" : "enum", path, "no value satisfies the other keywords");
+  if (alts.empty()) no_instance(s.contains("const") ? "const" : "enum", path, "no value satisfies the other keywords");
   return Expr::alt(std::move(alts));
 }
 

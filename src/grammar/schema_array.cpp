@@ -38,7 +38,7 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     if (s.contains("maxContains")) unsupported("maxContains", path, "only minContains is enforced");
     min = std::max(min, need);
   }
-  if (max >= 0 && max < min) refuse("maxItems", path, "below minItems or minContains (no instance is valid)");
+  if (max >= 0 && max < min) no_instance("maxItems", path, "below minItems or minContains (no instance is valid)");
   if (s.value("uniqueItems", false)) {
     // Exact only where every position takes one of a few constants; anything else would need
     // the grammar to remember arbitrary values, so it is refused (best effort: left unenforced).
@@ -49,7 +49,7 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
       if (auto v = constant_values(prefix[i], path + "/prefixItems/" + std::to_string(i))) prefix_vals.push_back(*v);
     const bool finite = need == 0 && prefix_vals.size() == prefix.size() && (items == Json(false) || item_vals);
     if (finite && prefix.empty()) {
-      if (min > static_cast<int>(item_vals->size())) refuse("minItems", path, "more unique items than the items' values");
+      if (min > static_cast<int>(item_vals->size())) no_instance("minItems", path, "more unique items than the items' values");
       return unique_values(*item_vals, min, max);
     }
     if (finite) {
@@ -81,7 +81,7 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
     return i < need ? all_of(x, s["contains"]) : x;
   };
   bool more = items != Json(false);
-  if (!more && min > positions) refuse("items", path, "no items allowed past prefixItems but minItems is larger");
+  if (!more && min > positions) no_instance("items", path, "no items allowed past prefixItems but minItems is larger");
   Expr comma = Expr::seq({Expr::literal(","), sp()});
   if (positions == 0) {
     if (!more) return Expr::literal("[]");
@@ -95,7 +95,7 @@ Expr SchemaCompiler::compile_array(const Json& s, const std::string& path) {
   for (int i = positions; i-- > 0;) {
     Json si = schema_at(i);
     if (si == Json(false)) {
-      if (i < min) refuse("prefixItems", path, "a required position allows no value");
+      if (i < min) no_instance("prefixItems", path, "a required position allows no value");
       tail = Expr::empty();
       continue;
     }
@@ -158,7 +158,7 @@ std::optional<Expr> SchemaCompiler::unique_tuples(const std::vector<std::vector<
   };
   std::optional<Expr> body = from_here();
   if (nodes > kMaxNodes) return std::nullopt;
-  if (!body) refuse("uniqueItems", path, "no array of distinct values meets minItems and prefixItems");
+  if (!body) no_instance("uniqueItems", path, "no array of distinct values meets minItems and prefixItems");
   return Expr::seq({Expr::literal("["), std::move(*body)});
 }
 

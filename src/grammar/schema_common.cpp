@@ -6,6 +6,7 @@ namespace fathom::grammar::schema {
 uint32_t SchemaCompiler::common(const std::string& name) {
   if (b_.has_rule(name)) return b_.rule(name);
   uint32_t r = b_.rule(name);
+  commons_.insert(r);
   Expr body;
   if (name == "string") {
     body = Expr::seq({Expr::literal("\""), Expr::ref(common("strbody"))});

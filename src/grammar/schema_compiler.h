@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 
@@ -28,6 +29,12 @@ using Json = nlohmann::ordered_json;
 // A JSON Schema `pattern` (an ECMA-262 search) as a regex matching whole strings.
 std::string search_regex(const std::string& pattern, bool anchored_whole);
 [[noreturn]] void refuse(const std::string& keyword, const std::string& path, const std::string& why);
+// A subschema no instance satisfies. Refused where it decides the whole schema; an optional
+// property or an anyOf / oneOf / if-then-else branch that has none is left out instead.
+struct NoInstance : fathom::Error {
+  using fathom::Error::Error;
+};
+[[noreturn]] void no_instance(const std::string& keyword, const std::string& path, const std::string& why);
 
 // The document: $ref resolution (JSON pointers, $id and $anchor inside the document).
 class SchemaDoc {
@@ -70,6 +77,9 @@ class SchemaCompiler {
   // Resolves a top-level $ref and allOf (repeatedly) into one normalized schema.
   Json flatten(Json s, const std::string& path, int depth = 0);
   bool never_both(const Json& gen, const Json& other, int depth = 0);
+  // Whether s provably has no instance: unsatisfiable once flattened (its allOf merged), or an
+  // object whose required property has none.
+  bool has_no_instance(const Json& s, const std::string& path, int depth = 0);
   Expr compile(const Json& s, const std::string& path);
 
   Expr compile_number(const Json& s, bool integer, const std::string& path);
@@ -94,6 +104,22 @@ class SchemaCompiler {
   static Expr list(const char* open, Expr item, int min, int max, const char* close);
   static Expr sp() { return Expr::repeat(Expr::literal(" "), 0, 1); }
   static Expr digits(char lo, char hi);
+
+  // compile_it(), or nullopt where it finds no instance (NoInstance). The rules the attempt
+  // made are emptied (nothing refers to them: its $refs are forgotten, the shared rules kept),
+  // so that they cost the vocabulary's classification nothing.
+  template <class F>
+  std::optional<Expr> unless_no_instance(F&& compile_it) {
+    const uint32_t mark = uint32_t(b_.size());
+    try {
+      return compile_it();
+    } catch (const NoInstance&) {
+      for (auto it = refs_.begin(); it != refs_.end();) it = it->second >= mark ? refs_.erase(it) : std::next(it);
+      for (uint32_t r = mark; r < b_.size(); ++r)
+        if (!commons_.count(r)) b_.define(r, Expr::empty());
+      return std::nullopt;
+    }
+  }
 
   // A refusal, or in best-effort mode a warning and `fallback` (the keyword left unenforced).
   void unsupported(const std::string& keyword, const std::string& path, const std::string& why);
@@ -136,6 +162,7 @@ class SchemaCompiler {
   SchemaReport* report_;
   GrammarBuilder b_;
   std::map<std::string, uint32_t> refs_;  // keyed by the reference, "!" in front when closed
+  std::set<uint32_t> commons_;            // the shared rules (common())
   int counter_ = 0;
   int closed_ = 0;
 };

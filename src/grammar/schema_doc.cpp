@@ -38,6 +38,10 @@ void refuse(const std::string& keyword, const std::string& path, const std::stri
   fail("json schema: unsupported keyword '", keyword, "' at ", path, ": ", why);
 }
 
+void no_instance(const std::string& keyword, const std::string& path, const std::string& why) {
+  throw NoInstance("json schema: unsupported keyword '" + keyword + "' at " + path + ": " + why);
+}
+
 // `ref` resolved against the base URI (RFC 3986, the cases schemas use).
 static std::string join_uri(const std::string& base, const std::string& ref) {
   if (ref.empty()) return base;

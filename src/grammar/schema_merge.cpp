@@ -88,7 +88,7 @@ void merge_objects(Json& out, const Json& a, const Json& b) {
 
 Json merge(const Json& a, const Json& b, const std::string& path) {
   if (b.is_boolean()) {
-    if (!b.get<bool>()) refuse("allOf", path, "contains the false schema (no instance is valid)");
+    if (!b.get<bool>()) no_instance("allOf", path, "contains the false schema (no instance is valid)");
     return a;
   }
   if (a.is_boolean()) return merge(b, a, path);
@@ -117,7 +117,7 @@ Json merge(const Json& a, const Json& b, const std::string& path) {
         if (v.is_array() && std::find(v.begin(), v.end(), e) != v.end()) kept.push_back(e);
       x = kept;
     } else if (k == "const") {
-      refuse("allOf", path, "two different constants (no instance is valid)");
+      no_instance("allOf", path, "two different constants (no instance is valid)");
     } else if (kMax.count(k)) {
       if (v.is_number() && x.is_number() && v.get<double>() > x.get<double>()) x = v;
     } else if (kMin.count(k)) {

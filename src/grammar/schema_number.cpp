@@ -251,7 +251,7 @@ Expr SchemaCompiler::compile_number(const Json& s, bool integer, const std::stri
                                        b.lo ? mag(b.lo_text) : std::nullopt, lo_side))
         alts.push_back(Expr::seq({Expr::literal("-"), std::move(e)}));
   }
-  if (alts.empty()) refuse(b.lo ? "minimum" : "maximum", path, "no number satisfies the bounds");
+  if (alts.empty()) no_instance(b.lo ? "minimum" : "maximum", path, "no number satisfies the bounds");
   return as_rule("num", Expr::alt(std::move(alts)));
 }
 

@@ -186,8 +186,12 @@ static Expr object_chain(SchemaCompiler& c, const std::vector<Prop>& props, std:
                                 : Expr::repeat(Expr::seq({*extra, Expr::repeat(Expr::seq({comma, *extra}), 0, rmax < 0 ? -1 : rmax - 1)}), 0, 1);
   for (size_t i = props.size(); i-- > 0;) {
     const Prop& p = props[i];
-    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(),
-                         c.as_rule("prop", c.compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key))});
+    auto value = [&] { return c.compile(p.schema ? *p.schema : p.owned, path + "/properties/" + p.key); };
+    // An optional property whose schema has no instance is never written (a required one: the
+    // object has none either).
+    std::optional<Expr> v = p.required ? std::optional<Expr>(value()) : c.unless_no_instance(value);
+    if (!v) continue;
+    Expr kv = Expr::seq({Expr::literal(Json(p.key).dump()), Expr::literal(":"), sp(), c.as_rule("prop", std::move(*v))});
     Expr r_rule = c.as_rule("rest", Expr::empty());
     // The comma with and without its space as two alternatives of the rule, not a call of an
     // optional-space rule: the keys a state may go on with then share one parent, so a mask
@@ -215,7 +219,7 @@ static Expr object_with_counts(SchemaCompiler& c, std::vector<Prop> props, const
   int min_p = count_of(s, "minProperties", path, 0), max_p = count_of(s, "maxProperties", path, -1);
   for (auto& p : props)
     if (!p.required && n_req < min_p) p.required = true, ++n_req;
-  if (max_p >= 0 && n_req > max_p) refuse("maxProperties", path, "fewer than the required properties");
+  if (max_p >= 0 && n_req > max_p) no_instance("maxProperties", path, "fewer than the required properties");
   if (max_p >= 0) {
     int kept = n_req;
     std::vector<Prop> out;
@@ -388,7 +392,7 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
     bool ok_name = pn == Json(true) || value_satisfies(Json(k), pn);
     Json merged = pp.empty() ? Json(true) : with_patterns(k, v);
     if (v == Json(false) || merged == Json(false) || !ok_name) {
-      if (req) refuse(ok_name ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
+      if (req) no_instance(ok_name ? "properties" : "propertyNames", path, "required property '" + k + "' is not allowed");
       continue;
     }
     if (pp.empty()) props.push_back({k, Json(), &v, req});
@@ -399,10 +403,10 @@ Expr SchemaCompiler::compile_object(const Json& s, const std::string& path) {
     names.push_back(k);
     bool matched = false;
     for (auto& [p, ps] : pp.items()) matched |= may_match(k, p);
-    if (!matched && closed) refuse("required", path, "'" + k + "' is required but additionalProperties is false");
-    if (pn != Json(true) && !value_satisfies(Json(k), pn)) refuse("propertyNames", path, "required '" + k + "' is not allowed");
+    if (!matched && closed) no_instance("required", path, "'" + k + "' is required but additionalProperties is false");
+    if (pn != Json(true) && !value_satisfies(Json(k), pn)) no_instance("propertyNames", path, "required '" + k + "' is not allowed");
     Json v = matched ? with_patterns(k, true) : has_ap ? ap : s.value("unevaluatedProperties", Json(true));
-    if (v == Json(false)) refuse("unevaluatedProperties", path, "required '" + k + "' is not allowed");
+    if (v == Json(false)) no_instance("unevaluatedProperties", path, "required '" + k + "' is not allowed");
     props.push_back({k, v, nullptr, true});
   }
   // Names of dependentRequired that are not declared are never extra keys: where other keys are

@@ -108,7 +108,7 @@ Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::strin
 
 Expr SchemaCompiler::compile_string(const Json& s, const std::string& path) {
   int min = count(s, "minLength", path, 0), max = count(s, "maxLength", path, -1);
-  if (max >= 0 && max < min) refuse("maxLength", path, "below minLength (no instance is valid)");
+  if (max >= 0 && max < min) no_instance("maxLength", path, "below minLength (no instance is valid)");
   if (s.contains("format") && s["format"].is_string()) {
     auto it = formats().find(s["format"].get<std::string>());
     if (it == formats().end()) {

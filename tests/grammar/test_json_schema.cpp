@@ -109,6 +109,40 @@ TEST(GrammarJsonSchema, UnenforceableKeywordsAreNamed) {
   EXPECT_NE(best.warnings[0].find("maxContains"), std::string::npos);
 }
 
+// A subschema with no instance is left out where it may be: an optional property is never
+// written, a branch of anyOf / oneOf / if-then-else adds nothing; where it decides the whole
+// schema it is refused. $refs compiled during a failed attempt are compiled again, not reused
+// (properties compile last to first: t's u, and u's reference to t, come before t fails).
+TEST(GrammarJsonSchema, SubschemasWithoutInstancesAreLeftOut) {
+  auto opt = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},
+      "b":{"allOf":[{"const":1},{"const":2}]}}})");
+  EXPECT_TRUE(full_match(opt, R"({"a":1})") && full_match(opt, "{}"));
+  EXPECT_FALSE(full_match(opt, R"({"a":1,"b":1})") || full_match(opt, R"({"b":2})"));
+  auto any = grammar_from_json_schema(R"({"anyOf":[{"allOf":[{"const":1},{"const":2}]},{"type":"string"}]})");
+  EXPECT_TRUE(full_match(any, R"("s")"));
+  EXPECT_FALSE(full_match(any, "1"));
+  auto one = grammar_from_json_schema(R"({"type":"object","properties":{"k":{"const":"x"}},"oneOf":[
+      {"properties":{"k":{"enum":["y"]},"n":{"type":"integer"}},"required":["k"]},
+      {"properties":{"k":{"const":"x"},"s":{"type":"string"}},"required":["k"]}]})");
+  EXPECT_TRUE(full_match(one, R"({"k":"x","s":"t"})"));
+  EXPECT_FALSE(full_match(one, R"({"k":"y"})") || full_match(one, R"({"k":"x","n":1})"));
+  auto cond = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},"c":{"type":"boolean"}},
+      "if":{"required":["a"]},"then":{"properties":{"a":{"allOf":[{"const":1},{"const":2}]}}}})");
+  EXPECT_TRUE(full_match(cond, "{}") && full_match(cond, R"({"c":true})"));
+  EXPECT_FALSE(full_match(cond, R"({"a":1})"));
+  auto refs = grammar_from_json_schema(R"({"$defs":{
+      "t":{"type":"object","properties":{"dead":{"enum":[1],"const":2},"u":{"$ref":"#/$defs/u"}},"required":["dead"]},
+      "u":{"type":"object","properties":{"t":{"$ref":"#/$defs/t"},"v":{"type":"integer"}}}},
+      "type":"object","properties":{"a":{"$ref":"#/$defs/t"},"b":{"$ref":"#/$defs/u"},"c":{"$ref":"#/$defs/t"}}})");
+  EXPECT_TRUE(full_match(refs, R"({"b":{"v":1}})") && full_match(refs, R"({"b":{}})"));
+  EXPECT_FALSE(full_match(refs, R"({"a":{}})") || full_match(refs, R"({"b":{"t":{}}})") || full_match(refs, R"({"c":{}})"));
+  // Where the whole schema has no instance, the refusal names the keyword and where.
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"b":false},"required":["b"]})").find("required property 'b' is not allowed"),
+            std::string::npos);
+  EXPECT_NE(schema_error(R"({"anyOf":[{"allOf":[{"const":1},{"const":2}]},{"enum":[1],"const":2}]})").find("'anyOf' at #"),
+            std::string::npos);
+}
+
 TEST(GrammarJsonSchema, NumericBounds) {
   auto g = grammar_from_json_schema(R"({"type":"integer","minimum":-12,"exclusiveMaximum":305})");
   for (int v = -20; v < 320; ++v) EXPECT_EQ(full_match(g, std::to_string(v)), v >= -12 && v < 305) << v;

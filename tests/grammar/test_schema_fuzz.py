@@ -21,7 +21,10 @@ import jsonschema
 
 NAMES = ["a", "b", "c", "d", "e"]
 VALUES = [{}, {"type": "integer"}, {"type": "string"}, {"minimum": 3}, {"type": "integer", "maximum": 1},
-          {"enum": [1, "x"]}, {"type": "array", "maxItems": 1}, False]
+          {"enum": [1, "x"]}, {"type": "array", "maxItems": 1}, False,
+          # no instance, found only when compiled: left out where optional, else the object has none
+          {"allOf": [{"const": 1}, {"const": 2}]}, {"type": "object", "properties": {"z": {"enum": [1], "const": 2}},
+                                                    "required": ["z"]}]
 
 
 def random_schema(rng):
@@ -128,6 +131,9 @@ def random_value_schema(rng, depth=0):
                            {"type": "array", "items": {"enum": ["p", "q", "r"]}, "uniqueItems": True,
                             "minItems": rng.randint(0, 3)}])
     branches = [random_value_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]
+    if rng.random() < 0.2:  # a branch with no instance, found only when compiled
+        branches[rng.randrange(len(branches))] = {"type": "object", "properties": {"y": {"allOf": [{"const": 1}, {"const": 2}]}},
+                                                  "required": ["y"]}
     if key == "if":
         return {"if": branches[0], "then": branches[1], **({"else": branches[2]} if len(branches) > 2 else {})}
     return {key: branches}
