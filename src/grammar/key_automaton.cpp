@@ -10,7 +10,6 @@ namespace fathom::grammar {
 
 namespace {
 
-constexpr size_t kMaxNfaStates = 4096;  // per regex
 constexpr size_t kMaxDfaStates = 2048;
 constexpr size_t kMaxRegexes = 16;
 
@@ -18,101 +17,6 @@ bool in_alphabet(unsigned b) { return b >= 0x20 && b <= 0x7E && b != '"' && b !=
 bool key_char(unsigned b) {
   return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9') || b == '_' || b == '-';
 }
-
-// Thompson's construction over the front-ends' expressions (a regex has no rule references).
-struct Nfa {
-  struct State {
-    std::vector<uint32_t> eps;
-    std::vector<std::pair<ByteSet, uint32_t>> edges;
-  };
-  std::vector<State> states;
-  uint32_t final_state = 0;
-
-  uint32_t add() {
-    if (states.size() >= kMaxNfaStates) throw Error("key automaton: regex too large");
-    states.emplace_back();
-    return static_cast<uint32_t>(states.size() - 1);
-  }
-  // Adds `e` starting at `from` (only edges out of `from` are added to it); returns its end.
-  uint32_t build(const Expr& e, uint32_t from) {
-    switch (e.kind) {
-      case Expr::Kind::Bytes: {
-        uint32_t to = add();
-        states[from].edges.emplace_back(e.bytes, to);
-        return to;
-      }
-      case Expr::Kind::Seq:
-        for (const Expr& k : e.kids) from = build(k, from);
-        return from;
-      case Expr::Kind::Alt: {
-        uint32_t end = add();
-        for (const Expr& k : e.kids) {
-          uint32_t start = add();
-          states[from].eps.push_back(start);
-          states[build(k, start)].eps.push_back(end);
-        }
-        return end;
-      }
-      case Expr::Kind::Repeat: {
-        const Expr& kid = e.kids[0];
-        for (int i = 0; i < e.min; ++i) from = build(kid, from);
-        if (e.max >= 0 && e.max <= e.min) return from;
-        uint32_t end = add();
-        states[from].eps.push_back(end);
-        if (e.max < 0) {
-          uint32_t loop = add();
-          states[from].eps.push_back(loop);
-          states[build(kid, loop)].eps.push_back(loop);
-          states[loop].eps.push_back(end);
-          return end;
-        }
-        for (int i = e.min; i < e.max; ++i) {
-          from = build(kid, from);
-          states[from].eps.push_back(end);
-        }
-        return end;
-      }
-      case Expr::Kind::Ref:
-        break;
-    }
-    throw Error("key automaton: rule references are not regular");
-  }
-  std::vector<uint32_t> closure(std::vector<uint32_t> set) const {
-    std::vector<char> seen(states.size());
-    for (uint32_t s : set) seen[s] = 1;
-    for (size_t i = 0; i < set.size(); ++i)
-      for (uint32_t t : states[set[i]].eps)
-        if (!seen[t]) seen[t] = 1, set.push_back(t);
-    std::sort(set.begin(), set.end());
-    return set;
-  }
-};
-
-// One regex's subsets of NFA states, interned, with memoized byte moves.
-struct Subsets {
-  Nfa nfa;
-  std::map<std::vector<uint32_t>, int> ids;
-  std::vector<std::vector<uint32_t>> sets;
-  std::map<std::pair<int, unsigned>, int> moves;
-
-  int intern(std::vector<uint32_t> s) {
-    auto [it, fresh] = ids.try_emplace(std::move(s), static_cast<int>(sets.size()));
-    if (fresh) sets.push_back(it->first);
-    return it->second;
-  }
-  int move(int id, unsigned b) {
-    auto [it, fresh] = moves.try_emplace({id, b}, 0);
-    if (!fresh) return it->second;
-    std::vector<uint32_t> next;
-    for (uint32_t s : sets[id])
-      for (auto& [bytes, to] : nfa.states[s].edges)
-        if (bytes.test(static_cast<uint8_t>(b))) next.push_back(to);
-    std::sort(next.begin(), next.end());
-    next.erase(std::unique(next.begin(), next.end()), next.end());
-    return it->second = intern(nfa.closure(std::move(next)));
-  }
-  bool accepts(int id) const { return std::binary_search(sets[id].begin(), sets[id].end(), nfa.final_state); }
-};
 
 // The names as a trie; -1 is off the trie.
 struct Trie {
@@ -146,17 +50,12 @@ using Product = std::vector<int>;
 
 std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>& regexes,
                                                  const std::vector<std::string>& names, bool others,
-                                                 uint64_t forbidden, const KeyRules& rules) {
+                                                 uint64_t forbidden, const RuleSink& rules) {
   if (regexes.size() > kMaxRegexes) return std::nullopt;
   const size_t n = regexes.size();
-  std::vector<Subsets> subsets(n);
+  std::vector<Subsets> subsets;
   try {
-    for (size_t i = 0; i < n; ++i) {
-      Nfa& nfa = subsets[i].nfa;
-      uint32_t start = nfa.add();
-      nfa.final_state = nfa.build(regex_to_expr(regexes[i]), start);
-      subsets[i].intern(nfa.closure({start}));
-    }
+    for (size_t i = 0; i < n; ++i) subsets.emplace_back(regex_to_expr(regexes[i]));
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -183,7 +82,7 @@ std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>&
       bool alive = false;
       for (size_t i = 0; i < n; ++i) {
         p[i] = subsets[i].move(states[s][i], b);
-        alive |= !subsets[i].sets[p[i]].empty();
+        alive |= !subsets[i].dead(p[i]);
       }
       p[n] = trie.move(states[s][n], b);
       p[n + 1] = states[s][n + 1] && key_char(b);

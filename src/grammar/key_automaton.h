@@ -9,12 +9,12 @@
 // automaton's bounds gives nullopt (the caller keeps its simpler rules).
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/nfa.h"
 
 namespace fathom::grammar {
 
@@ -23,17 +23,12 @@ struct KeyClass {
   Expr key;               // the key as a JSON string, quotes included
 };
 
-struct KeyRules {
-  std::function<uint32_t()> make;             // a new rule
-  std::function<void(uint32_t, Expr)> define;  // its body
-};
-
 // One class per set of regexes some key matches (whole-string matches of `regexes`, at most 16),
 // keys in `names` excluded; with `others`, also the class of non-empty keys no regex matches,
 // made of letters, digits, '_' and '-'. Classes with no key, or matching a regex of `forbidden`
 // (bit i: regex i), are left out.
 std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>& regexes,
                                                  const std::vector<std::string>& names, bool others,
-                                                 uint64_t forbidden, const KeyRules& rules);
+                                                 uint64_t forbidden, const RuleSink& rules);
 
 }  // namespace fathom::grammar

@@ -99,6 +99,8 @@ class SchemaCompiler {
 
   // A JSON string whose content matches the regex (JSON Schema `pattern` semantics: a search).
   Expr pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole);
+  Expr pattern_body(const std::string& pattern, const std::string& path, bool anchored_whole);
+  Expr string_in_all(const std::vector<Expr>& langs, const char* keyword, const std::string& path, const std::string& what);
   // One JSON string character (a safe code point or an escape) as alternatives.
   static std::vector<Expr> char_alternatives();
   static Expr list(const char* open, Expr item, int min, int max, const char* close);

@@ -113,7 +113,7 @@ static std::optional<std::vector<Expr>> exact_extras(SchemaCompiler& c, const Js
     regexes.push_back(search_regex(p, false));
     schemas.push_back(ps);
   }
-  KeyRules rules{[&] { return c.new_rule("key"); }, [&](uint32_t r, Expr e) { c.define(r, std::move(e)); }};
+  RuleSink rules{[&] { return c.new_rule("key"); }, [&](uint32_t r, Expr e) { c.define(r, std::move(e)); }};
   auto classes = key_classes(regexes, names, other != nullptr, forbidden, rules);
   if (!classes) return std::nullopt;
   std::vector<Expr> extra_alts;

@@ -2,6 +2,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "grammar/intersection.h"
 #include "grammar/regex.h"
 #include "grammar/schema_compiler.h"
 
@@ -95,36 +96,59 @@ std::string search_regex(const std::string& pattern, bool anchored_whole) {
   return std::string(start ? "" : "[\\s\\S]*") + "(?:" + core + ")" + (end ? "" : "[\\s\\S]*");
 }
 
-Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole) {
-  const std::string full = search_regex(pattern, anchored_whole);
-  Expr body;
+// The JSON string content (escapes written as a string's grammar writes them) of the regex.
+Expr SchemaCompiler::pattern_body(const std::string& pattern, const std::string& path, bool anchored_whole) {
   try {
-    body = regex_to_expr(full, RegexOptions{true});
+    return regex_to_expr(search_regex(pattern, anchored_whole), RegexOptions{true});
   } catch (const Error& e) {
     refuse("pattern", path, e.what());
   }
-  return Expr::seq({Expr::literal("\""), as_rule("pattern", std::move(body)), Expr::literal("\"")});
+}
+
+Expr SchemaCompiler::pattern_string(const std::string& pattern, const std::string& path, bool anchored_whole) {
+  return Expr::seq({Expr::literal("\""), as_rule("pattern", pattern_body(pattern, path, anchored_whole)), Expr::literal("\"")});
+}
+
+// A string in every one of `langs` (string contents): their automata's product. Too large for
+// it: refused (best effort: the first language alone).
+Expr SchemaCompiler::string_in_all(const std::vector<Expr>& langs, const char* keyword, const std::string& path,
+                                   const std::string& what) {
+  RuleSink rules{[&] { return new_rule("both"); }, [&](uint32_t r, Expr e) { define(r, std::move(e)); }};
+  Intersection x = intersect(langs, rules);
+  if (x.empty) no_instance(keyword, path, "no string has " + what);
+  if (x.too_large) {
+    unsupported(keyword, path, what + " (their intersection is too large)");
+    return Expr::seq({Expr::literal("\""), as_rule("pattern", langs[0]), Expr::literal("\"")});
+  }
+  return Expr::seq({Expr::literal("\""), std::move(x.expr), Expr::literal("\"")});
 }
 
 Expr SchemaCompiler::compile_string(const Json& s, const std::string& path) {
   int min = count(s, "minLength", path, 0), max = count(s, "maxLength", path, -1);
   if (max >= 0 && max < min) no_instance("maxLength", path, "below minLength (no instance is valid)");
+  // minLength / maxLength as a language of string contents (code points, escapes counted once).
+  auto lengths = [&] { return Expr::repeat(Expr::alt(char_alternatives()), min, max); };
   if (s.contains("format") && s["format"].is_string()) {
     auto it = formats().find(s["format"].get<std::string>());
     if (it == formats().end()) {
       if (report_) report_->ignored.push_back(path + ": format " + s["format"].get<std::string>());
     } else {
-      if (s.contains("pattern")) unsupported("format", path, "format with pattern");
       const Format& f = it->second;
-      if (min > f.min_len || (max >= 0 && (f.max_len < 0 || max < f.max_len)))
-        unsupported("format", path, "format with minLength/maxLength narrower than the format");
-      return pattern_string(f.regex, path, true);
+      std::vector<Expr> langs{pattern_body(f.regex, path, true)};
+      if (s.contains("pattern")) {
+        if (!s["pattern"].is_string()) refuse("pattern", path, "must be a string");
+        langs.push_back(pattern_body(s["pattern"].get<std::string>(), path, false));
+      }
+      if (min > f.min_len || (max >= 0 && (f.max_len < 0 || max < f.max_len))) langs.push_back(lengths());
+      if (langs.size() == 1) return pattern_string(f.regex, path, true);
+      return string_in_all(langs, "format", path, "the format and the pattern or lengths");
     }
   }
   if (s.contains("pattern")) {
     if (!s["pattern"].is_string()) refuse("pattern", path, "must be a string");
-    if (min > 0 || max >= 0) unsupported("pattern", path, "pattern with minLength/maxLength");
-    return pattern_string(s["pattern"].get<std::string>(), path, false);
+    if (min == 0 && max < 0) return pattern_string(s["pattern"].get<std::string>(), path, false);
+    return string_in_all({pattern_body(s["pattern"].get<std::string>(), path, false), lengths()}, "pattern", path,
+                         "the pattern and minLength/maxLength");
   }
   if (min == 0 && max < 0) return Expr::ref(common("string"));
   return Expr::seq({Expr::literal("\""), Expr::repeat(Expr::alt(char_alternatives()), min, max), Expr::literal("\"")});

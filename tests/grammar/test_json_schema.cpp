@@ -221,6 +221,25 @@ TEST(GrammarJsonSchema, FormatsAndPatterns) {
   EXPECT_FALSE(full_match(anchored, R"("xab")"));
 }
 
+// pattern with minLength/maxLength, and format with pattern or lengths: the product of their
+// automata, exactly (lengths in code points, an escape counting once).
+TEST(GrammarJsonSchema, PatternsWithLengthsAndFormats) {
+  auto g = grammar_from_json_schema(R"({"type":"string","pattern":"^[a-z]+$","minLength":2,"maxLength":4})");
+  for (const char* ok : {R"("ab")", R"("abcd")"}) EXPECT_TRUE(full_match(g, ok)) << ok;
+  for (const char* bad : {R"("a")", R"("abcde")", R"("aB")"}) EXPECT_FALSE(full_match(g, bad)) << bad;
+  auto search = grammar_from_json_schema(R"({"type":"string","pattern":"x","maxLength":3})");
+  for (const char* ok : {R"("x")", R"("éxé")", R"("\nx\"")"}) EXPECT_TRUE(full_match(search, ok)) << ok;
+  for (const char* bad : {R"("")", R"("abc")", R"("abcx")", R"("éééx")"}) EXPECT_FALSE(full_match(search, bad)) << bad;
+  auto web = grammar_from_json_schema(R"({"type":"string","format":"uri","pattern":"^(https|ftp)://"})");
+  EXPECT_TRUE(full_match(web, R"("https://example.com/a")") && full_match(web, R"("ftp://h")"));
+  EXPECT_FALSE(full_match(web, R"("http://example.com")"));
+  EXPECT_FALSE(full_match(web, R"("https://a b")"));  // the pattern alone would take it
+  auto day = grammar_from_json_schema(R"({"type":"string","format":"date","pattern":"-12-"})");
+  EXPECT_TRUE(full_match(day, R"("2024-12-31")"));
+  EXPECT_FALSE(full_match(day, R"("2024-11-30")") || full_match(day, R"("2024-12-32")"));
+  EXPECT_NE(schema_error(R"({"type":"string","pattern":"^a+$","format":"uuid"})").find("'format'"), std::string::npos);
+}
+
 TEST(GrammarJsonSchema, ObjectKeywords) {
   auto g = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"}},
       "patternProperties":{"^x-":{"type":"string"}},"additionalProperties":false,"maxProperties":2})");
