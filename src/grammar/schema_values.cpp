@@ -131,10 +131,22 @@ bool ranges_disjoint(const Json& a, const Json& b) {
 
 }  // namespace
 
-bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int depth) {
+bool SchemaCompiler::never_both(const Json& gen_raw, const Json& other_raw, int depth) {
   if (depth > 8) return false;
   if (other_raw.is_boolean()) return !other_raw.get<bool>();
-  if (gen.is_boolean()) return false;
+  if (gen_raw.is_boolean()) return false;
+  // A property's schema merged from two places is an allOf (or a $ref): flattened, its constants
+  // and types show.
+  Json gen_flat;
+  if (gen_raw.contains("allOf") || gen_raw.contains("$ref")) {
+    try {
+      gen_flat = flatten(norm(gen_raw, "#"), "#");
+    } catch (const Error&) {
+      return false;
+    }
+    if (gen_flat.is_boolean()) return !gen_flat.get<bool>();
+  }
+  const Json& gen = gen_flat.is_null() ? gen_raw : gen_flat;
   Json other;
   try {
     other = flatten(norm(other_raw, "#"), "#");
@@ -143,6 +155,9 @@ bool SchemaCompiler::never_both(const Json& gen, const Json& other_raw, int dept
   }
   if (other.is_boolean()) return !other.get<bool>();
   if (other.contains("anyOf") || other.contains("oneOf")) {
+    // Failing other's own keywords beside the combinator is enough; else failing every branch.
+    if (Json rest = without(other, {"anyOf", "oneOf"}); rest.is_object() && !rest.empty() && never_both(gen, rest, depth + 1))
+      return true;
     const Json& list = other.contains("anyOf") ? other["anyOf"] : other["oneOf"];
     for (const Json& b : list)
       if (!never_both(gen, b, depth + 1)) return false;

@@ -143,6 +143,22 @@ TEST(GrammarJsonSchema, SubschemasWithoutInstancesAreLeftOut) {
             std::string::npos);
 }
 
+// oneOf exclusivity seen through merges: a oneOf beside another (a $ref to one), and branches
+// told apart by a constant that the outer schema's property also constrains (GitHub's
+// workflow schema has both).
+TEST(GrammarJsonSchema, OneOfProofsSeeMergedSchemas) {
+  auto both = grammar_from_json_schema(R"({"$defs":{"either":{"oneOf":[{"type":"object"},{"type":"null"}]}},
+      "$ref":"#/$defs/either","oneOf":[{"type":"null"},{"type":"object","properties":{"w":{"type":"integer"}}}]})");
+  EXPECT_TRUE(full_match(both, "null") && full_match(both, R"({"w":1})"));
+  EXPECT_FALSE(full_match(both, R"({"w":"s"})") || full_match(both, "1"));
+  auto input = grammar_from_json_schema(R"({"type":"object","properties":{"type":{"type":"string","enum":["s","b"]},"d":{}},
+      "additionalProperties":false,"oneOf":[
+        {"properties":{"type":{"const":"s"},"d":{"type":"string"}},"required":["type"]},
+        {"properties":{"type":{"const":"b"},"d":{"type":"boolean"}},"required":["type"]}]})");
+  EXPECT_TRUE(full_match(input, R"({"type":"s","d":"x"})") && full_match(input, R"({"type":"b","d":true})"));
+  EXPECT_FALSE(full_match(input, R"({"type":"s","d":true})") || full_match(input, R"({"d":"x"})"));
+}
+
 TEST(GrammarJsonSchema, NumericBounds) {
   auto g = grammar_from_json_schema(R"({"type":"integer","minimum":-12,"exclusiveMaximum":305})");
   for (int v = -20; v < 320; ++v) EXPECT_EQ(full_match(g, std::to_string(v)), v >= -12 && v < 305) << v;
