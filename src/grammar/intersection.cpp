@@ -20,7 +20,7 @@ Intersection intersect(const std::vector<Expr>& langs, const RuleSink& rules, si
   // The reachable product states (each part's subset), without the ones where a part is dead.
   std::map<std::vector<int>, uint32_t> ids;
   std::vector<std::vector<int>> states;
-  std::vector<std::vector<std::pair<uint8_t, uint32_t>>> next;
+  Transitions next;
   auto intern = [&](std::vector<int> p) {
     auto [it, fresh] = ids.try_emplace(std::move(p), static_cast<uint32_t>(states.size()));
     if (fresh) states.push_back(it->first), next.emplace_back();
@@ -48,43 +48,13 @@ Intersection intersect(const std::vector<Expr>& langs, const RuleSink& rules, si
       }
     }
   }
-  // The states from which a string of all the languages can still end, and a rule for each.
-  std::vector<std::vector<uint32_t>> prev(states.size());
-  std::vector<char> live(states.size());
-  std::vector<uint32_t> work;
-  auto accepts = [&](size_t s) {
-    for (size_t i = 0; i < n; ++i)
-      if (!parts[i].accepts(states[s][i])) return false;
-    return true;
-  };
-  for (size_t s = 0; s < states.size(); ++s) {
-    for (auto& [b, t] : next[s]) prev[t].push_back(static_cast<uint32_t>(s));
-    if (accepts(s)) live[s] = 1, work.push_back(static_cast<uint32_t>(s));
-  }
-  while (!work.empty()) {
-    const uint32_t t = work.back();
-    work.pop_back();
-    for (uint32_t s : prev[t])
-      if (!live[s]) live[s] = 1, work.push_back(s);
-  }
-  if (!live[0]) {
-    out.empty = true;
-    return out;
-  }
-  std::vector<uint32_t> rule(states.size());
+  std::vector<char> accepting(states.size(), 1);
   for (size_t s = 0; s < states.size(); ++s)
-    if (live[s]) rule[s] = rules.make();
-  for (size_t s = 0; s < states.size(); ++s) {
-    if (!live[s]) continue;
-    std::vector<Expr> alts;
-    if (accepts(s)) alts.push_back(Expr::empty());
-    std::map<uint32_t, ByteSet> by_target;
-    for (auto& [b, t] : next[s])
-      if (live[t]) by_target[t].set(b);
-    for (auto& [t, bytes] : by_target) alts.push_back(Expr::seq({Expr::byte_set(bytes), Expr::ref(rule[t])}));
-    rules.define(rule[s], Expr::alt(std::move(alts)));
-  }
-  out.expr = Expr::ref(rule[0]);
+    for (size_t i = 0; i < n; ++i) accepting[s] &= parts[i].accepts(states[s][i]);
+  if (std::optional<Expr> start = dfa_rules(next, accepting, Expr::empty(), rules))
+    out.expr = std::move(*start);
+  else
+    out.empty = true;
   return out;
 }
 

@@ -65,7 +65,7 @@ std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>&
   // the classes' rules below keep only the states that can still end a key of the class).
   std::map<Product, uint32_t> ids;
   std::vector<Product> states;
-  std::vector<std::vector<std::pair<unsigned, uint32_t>>> next;
+  Transitions next;
   auto intern = [&](Product p) {
     auto [it, fresh] = ids.try_emplace(std::move(p), static_cast<uint32_t>(states.size()));
     if (fresh) states.push_back(it->first), next.emplace_back();
@@ -88,7 +88,7 @@ std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>&
       p[n + 1] = states[s][n + 1] && key_char(b);
       if (!alive && !(others && p[n + 1])) continue;
       uint32_t t = intern(std::move(p));
-      next[s].emplace_back(b, t);
+      next[s].emplace_back(static_cast<uint8_t>(b), t);
     }
   }
 
@@ -109,37 +109,12 @@ std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>&
     if (e && !(*e & forbidden) && std::find(classes.begin(), classes.end(), *e) == classes.end()) classes.push_back(*e);
   std::sort(classes.begin(), classes.end());
 
-  std::vector<std::vector<uint32_t>> prev(states.size());
-  for (size_t s = 0; s < states.size(); ++s)
-    for (auto& [b, t] : next[s]) prev[t].push_back(static_cast<uint32_t>(s));
   std::vector<KeyClass> out;
-  for (uint64_t c : classes) {
-    // States from which a key of class c can still end, and a rule for each.
-    std::vector<char> live(states.size());
-    std::vector<uint32_t> work;
-    for (size_t s = 0; s < states.size(); ++s)
-      if (ends[s] == c) live[s] = 1, work.push_back(static_cast<uint32_t>(s));
-    while (!work.empty()) {
-      uint32_t t = work.back();
-      work.pop_back();
-      for (uint32_t s : prev[t])
-        if (!live[s]) live[s] = 1, work.push_back(s);
-    }
-    if (!live[0]) continue;
-    std::vector<uint32_t> rule(states.size());
-    for (size_t s = 0; s < states.size(); ++s)
-      if (live[s]) rule[s] = rules.make();
-    for (size_t s = 0; s < states.size(); ++s) {
-      if (!live[s]) continue;
-      std::vector<Expr> alts;
-      if (ends[s] == c) alts.push_back(Expr::literal("\""));
-      std::map<uint32_t, ByteSet> by_target;
-      for (auto& [b, t] : next[s])
-        if (live[t]) by_target[t].set(static_cast<uint8_t>(b));
-      for (auto& [t, bytes] : by_target) alts.push_back(Expr::seq({Expr::byte_set(bytes), Expr::ref(rule[t])}));
-      rules.define(rule[s], Expr::alt(std::move(alts)));
-    }
-    out.push_back({c, Expr::seq({Expr::literal("\""), Expr::ref(rule[0])})});
+  for (uint64_t c : classes) {  // the keys of class c: the automaton accepting where they end
+    std::vector<char> accepting(states.size());
+    for (size_t s = 0; s < states.size(); ++s) accepting[s] = ends[s] == c;
+    if (std::optional<Expr> start = dfa_rules(next, accepting, Expr::literal("\""), rules))
+      out.push_back({c, Expr::seq({Expr::literal("\""), std::move(*start)})});
   }
   return out;
 }

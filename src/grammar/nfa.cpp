@@ -101,4 +101,37 @@ ByteSet Subsets::takes(int id) const {
 
 bool Subsets::accepts(int id) const { return std::binary_search(sets[id].begin(), sets[id].end(), nfa.final_state); }
 
+std::optional<Expr> dfa_rules(const Transitions& next, const std::vector<char>& accepting, const Expr& at_end,
+                              const RuleSink& rules) {
+  const size_t n = next.size();
+  std::vector<std::vector<uint32_t>> prev(n);
+  std::vector<char> live(n);
+  std::vector<uint32_t> work;
+  for (size_t s = 0; s < n; ++s) {
+    for (auto& [b, t] : next[s]) prev[t].push_back(static_cast<uint32_t>(s));
+    if (accepting[s]) live[s] = 1, work.push_back(static_cast<uint32_t>(s));
+  }
+  while (!work.empty()) {
+    const uint32_t t = work.back();
+    work.pop_back();
+    for (uint32_t s : prev[t])
+      if (!live[s]) live[s] = 1, work.push_back(s);
+  }
+  if (n == 0 || !live[0]) return std::nullopt;
+  std::vector<uint32_t> rule(n);
+  for (size_t s = 0; s < n; ++s)
+    if (live[s]) rule[s] = rules.make();
+  for (size_t s = 0; s < n; ++s) {
+    if (!live[s]) continue;
+    std::vector<Expr> alts;
+    if (accepting[s]) alts.push_back(at_end);
+    std::map<uint32_t, ByteSet> by_target;
+    for (auto& [b, t] : next[s])
+      if (live[t]) by_target[t].set(b);
+    for (auto& [t, bytes] : by_target) alts.push_back(Expr::seq({Expr::byte_set(bytes), Expr::ref(rule[t])}));
+    rules.define(rule[s], Expr::alt(std::move(alts)));
+  }
+  return Expr::ref(rule[0]);
+}
+
 }  // namespace fathom::grammar

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -51,5 +52,14 @@ struct Subsets {
   bool dead(int id) const { return sets[id].empty(); }
   ByteSet takes(int id) const;  // the bytes some state of the subset has an edge on
 };
+
+// A deterministic automaton's transitions (per state: byte, target; state 0 the start).
+using Transitions = std::vector<std::vector<std::pair<uint8_t, uint32_t>>>;
+
+// The automaton as rules: one per state from which an accepting state can be reached, each
+// taking a byte set to its target's rule, and `at_end` where it accepts. The start's rule, or
+// nullopt where it reaches no accepting state.
+std::optional<Expr> dfa_rules(const Transitions& next, const std::vector<char>& accepting, const Expr& at_end,
+                              const RuleSink& rules);
 
 }  // namespace fathom::grammar
