@@ -202,8 +202,6 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
   return Expr::alt(std::move(alts));
 }
 
-// anyOf: every branch merged with the sibling keywords. oneOf: the same, keeping only the
-// branches whose outputs provably fail every other branch (so exactly one holds).
 bool SchemaCompiler::has_no_instance(const Json& s, const std::string& path, int depth) {
   try {
     const Json f = flatten(norm(s, path), path);
@@ -222,6 +220,8 @@ bool SchemaCompiler::has_no_instance(const Json& s, const std::string& path, int
   }
 }
 
+// anyOf: every branch merged with the sibling keywords. oneOf: the same, keeping only the
+// branches whose outputs provably fail every other branch (so exactly one holds).
 Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, const std::string& path, int depth) {
   const Json& list = s[key];
   if (!list.is_array() || list.empty()) refuse(key, path, "must be a non-empty array");
@@ -360,10 +360,18 @@ Expr SchemaCompiler::compile_conditional(const Json& s, const std::string& path,
       } catch (const NoInstance&) {  // no value past the bound: the `if` side only
       }
     }
-  if (excluded && !has_no_instance(else_branch, path))
-    if (auto e = unless_no_instance([&] { return closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }); }))
-      alts.push_back(std::move(*e));
-  if (alts.empty()) refuse("if", path, "neither branch is provably satisfiable");
+  bool else_dead = false;
+  if (excluded) {
+    std::optional<Expr> e;
+    if (!has_no_instance(else_branch, path))
+      e = unless_no_instance([&] { return closed([&] { return compile_resolved(else_branch, path + "/else", depth + 1); }); });
+    if (e) alts.push_back(std::move(*e));
+    else else_dead = true;
+  }
+  if (alts.empty()) {
+    if (!then_expr && else_dead) no_instance("if", path, "neither branch has an instance");
+    refuse("if", path, "neither branch is provably satisfiable");
+  }
   return as_rule("if", Expr::alt(std::move(alts)));
 }
 

@@ -25,9 +25,9 @@ namespace fathom::grammar::schema {
 
 using Json = nlohmann::ordered_json;
 
-// Throws fathom::Error "json schema: unsupported keyword '<kw>' at <path>: <why>".
 // A JSON Schema `pattern` (an ECMA-262 search) as a regex matching whole strings.
 std::string search_regex(const std::string& pattern, bool anchored_whole);
+// Throws fathom::Error "json schema: unsupported keyword '<kw>' at <path>: <why>".
 [[noreturn]] void refuse(const std::string& keyword, const std::string& path, const std::string& why);
 // A subschema no instance satisfies. Refused where it decides the whole schema; an optional
 // property or an anyOf / oneOf / if-then-else branch that has none is left out instead.

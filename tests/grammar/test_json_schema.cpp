@@ -115,9 +115,10 @@ TEST(GrammarJsonSchema, UnenforceableKeywordsAreNamed) {
 // (properties compile last to first: t's u, and u's reference to t, come before t fails).
 TEST(GrammarJsonSchema, SubschemasWithoutInstancesAreLeftOut) {
   auto opt = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},
-      "b":{"allOf":[{"const":1},{"const":2}]}}})");
+      "b":{"allOf":[{"const":1},{"const":2}]},
+      "c":{"if":{"type":"string"},"then":{"enum":[1],"const":2},"else":{"allOf":[{"const":1},{"const":2}]}}}})");
   EXPECT_TRUE(full_match(opt, R"({"a":1})") && full_match(opt, "{}"));
-  EXPECT_FALSE(full_match(opt, R"({"a":1,"b":1})") || full_match(opt, R"({"b":2})"));
+  EXPECT_FALSE(full_match(opt, R"({"a":1,"b":1})") || full_match(opt, R"({"b":2})") || full_match(opt, R"({"c":1})"));
   auto any = grammar_from_json_schema(R"({"anyOf":[{"allOf":[{"const":1},{"const":2}]},{"type":"string"}]})");
   EXPECT_TRUE(full_match(any, R"("s")"));
   EXPECT_FALSE(full_match(any, "1"));
