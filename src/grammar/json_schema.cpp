@@ -382,12 +382,17 @@ Expr SchemaCompiler::compile_not(Json s, const std::string& path, int depth) {
   std::string p = path + "/not";
   Json neg = flatten(norm(s["not"], p), p);
   s.erase("not");
-  auto requires_of = [](const Json& n) {
+  // {"required": [...]}, also with "type": "object" (a value that is not an object fails it anyway).
+  auto only_required = [](const Json& n) {
+    if (!n.is_object() || !n.contains("required") || !n["required"].is_array()) return false;
+    return n.size() == 1 || (n.size() == 2 && n.contains("type") && types_of(n) == std::vector<std::string>{"object"});
+  };
+  auto requires_of = [&](const Json& n) {
     std::vector<std::vector<std::string>> out;
-    if (n.is_object() && n.size() == 1 && n.contains("required")) out.push_back(n["required"].get<std::vector<std::string>>());
+    if (only_required(n)) out.push_back(n["required"].get<std::vector<std::string>>());
     if (n.is_object() && n.size() == 1 && n.contains("anyOf"))
       for (const Json& b : n["anyOf"])
-        if (b.is_object() && b.size() == 1 && b.contains("required")) out.push_back(b["required"].get<std::vector<std::string>>());
+        if (only_required(b)) out.push_back(b["required"].get<std::vector<std::string>>());
     return out;
   };
   for (const auto& names : requires_of(neg)) {

@@ -158,6 +158,12 @@ TEST(GrammarJsonSchema, OneOfProofsSeeMergedSchemas) {
         {"properties":{"type":{"const":"b"},"d":{"type":"boolean"}},"required":["type"]}]})");
   EXPECT_TRUE(full_match(input, R"({"type":"s","d":"x"})") && full_match(input, R"({"type":"b","d":true})"));
   EXPECT_FALSE(full_match(input, R"({"type":"s","d":true})") || full_match(input, R"({"d":"x"})"));
+  // not {type: object, required: [...]} (GitHub's push filters: not both branches and
+  // branches-ignore): one of the names left out, as for a bare `required`.
+  auto filters = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},
+      "additionalProperties":false,"not":{"type":"object","required":["a","b"]}})");
+  EXPECT_TRUE(full_match(filters, R"({"b":2})") && full_match(filters, "{}"));
+  EXPECT_FALSE(full_match(filters, R"({"a":1,"b":2})"));
 }
 
 TEST(GrammarJsonSchema, NumericBounds) {

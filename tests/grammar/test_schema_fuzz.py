@@ -115,6 +115,7 @@ def random_value_schema(rng, depth=0):
     if key == "not":
         return {**random_value_schema(rng, depth + 1), "not": rng.choice(
             [{"required": [rng.choice(NAMES)]}, {"type": rng.choice(["string", "integer", "object"])},
+             {"type": "object", "required": rng.sample(NAMES, 2)},
              {"const": rng.choice([0, "a", None])}, {"minimum": 2}, {"maxLength": 2}])}
     if key == "ref":  # a definition used twice, and a recursive one
         return {"$defs": {"v": random_value_schema(rng, depth + 1),
