@@ -61,8 +61,9 @@ std::optional<std::vector<KeyClass>> key_classes(const std::vector<std::string>&
   }
   const Trie trie(names);
 
-  // The reachable product states (dead ones, where nothing can be written any more, included:
-  // the classes' rules below keep only the states that can still end a key of the class).
+  // The reachable product states, but for those where no regex can match any more and the key
+  // cannot be one of the others either; the classes' rules (dfa_rules) keep only the states that
+  // can still end a key of their class.
   std::map<Product, uint32_t> ids;
   std::vector<Product> states;
   Transitions next;
