@@ -275,6 +275,36 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
           add([&] { return closed([&] { return compile_resolved(narrowed, paths[i], depth + 1); }); });
           continue;
         }
+        // Or require a property of this branch that no other branch may have (closed objects
+        // with keys of their own: {"env": ...} or {"file": ...}, where {} would match both).
+        if (gen.is_object() && gen.contains("properties") && gen["properties"].is_object()) {
+          const Json mine = gen.value("required", Json::array());
+          std::optional<std::string> own;
+          for (auto& [k, v] : gen["properties"].items()) {
+            if (v == Json(false) || std::find(mine.begin(), mine.end(), Json(k)) != mine.end()) continue;
+            bool others_lack = true;
+            for (size_t j = 0; j < branches.size() && others_lack; ++j) {
+              const Json& other = flat_at(j);
+              if (j == i || !other.is_object()) continue;
+              const bool other_closed = other.value("additionalProperties", Json(true)) == Json(false) &&
+                                        !other.contains("patternProperties");
+              const Json op = other.value("properties", Json::object());
+              others_lack = other_closed && (!op.contains(k) || op[k] == Json(false));
+            }
+            if (others_lack) {
+              own = k;
+              break;
+            }
+          }
+          if (own) {
+            Json with_own = gen;
+            with_own["required"].push_back(*own);
+            if (exclusive(with_own) && !unsatisfiable(with_own)) {
+              add([&] { return closed([&] { return compile_resolved(with_own, paths[i], depth + 1); }); });
+              continue;
+            }
+          }
+        }
         // Other branches that are one numeric or length bound: this one past each of them.
         Json past = gen;
         bool all_bounds = true;

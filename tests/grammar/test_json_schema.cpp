@@ -158,6 +158,13 @@ TEST(GrammarJsonSchema, OneOfProofsSeeMergedSchemas) {
         {"properties":{"type":{"const":"b"},"d":{"type":"boolean"}},"required":["type"]}]})");
   EXPECT_TRUE(full_match(input, R"({"type":"s","d":"x"})") && full_match(input, R"({"type":"b","d":true})"));
   EXPECT_FALSE(full_match(input, R"({"type":"s","d":true})") || full_match(input, R"({"d":"x"})"));
+  // Closed objects with keys of their own (woodpecker's secret targets): {} would match both, so
+  // each branch requires its own key.
+  auto target = grammar_from_json_schema(R"({"oneOf":[
+      {"type":"object","additionalProperties":false,"properties":{"env":{"type":"string"}}},
+      {"type":"object","additionalProperties":false,"properties":{"file":{"type":"string"}}}]})");
+  EXPECT_TRUE(full_match(target, R"({"env":"E"})") && full_match(target, R"({"file":"f"})"));
+  EXPECT_FALSE(full_match(target, "{}") || full_match(target, R"({"env":"E","file":"f"})"));
   // not {type: object, required: [...]} (GitHub's push filters: not both branches and
   // branches-ignore): one of the names left out, as for a bare `required`.
   auto filters = grammar_from_json_schema(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},

@@ -127,6 +127,11 @@ def random_value_schema(rng, depth=0):
         return {"type": "object", "propertyNames": rng.choice([{"maxLength": 2}, {"pattern": "^x"}, {"enum": ["a", "b"]}]),
                 **({"minProperties": 1} if rng.random() < 0.5 else {}),
                 **({"additionalProperties": random_value_schema(rng, depth + 1)} if rng.random() < 0.5 else {})}
+    if key == "oneOf" and rng.random() < 0.3:  # closed objects with keys of their own ({} matches all)
+        names = rng.sample(NAMES, 3)
+        return {"oneOf": [{"type": "object", "additionalProperties": False,
+                           "properties": {n: rng.choice(VALUES) for n in ([names[0], names[2]] if i else [names[1]])}}
+                          for i in range(2)]}
     if key == "const":
         return rng.choice([{"const": {"a": [1, 2], "b": None}}, {"enum": [{"x": 1}, [1, "y"], 2.5, "s"]},
                            {"type": "array", "items": {"enum": ["p", "q", "r"]}, "uniqueItems": True,
