@@ -204,20 +204,23 @@ Expr SchemaCompiler::compile_resolved(Json s, const std::string& path, int depth
 
 bool SchemaCompiler::has_no_instance(const Json& s, const std::string& path, int depth) {
   try {
-    const Json f = flatten(norm(s, path), path);
-    if (unsatisfiable(f)) return true;
-    // An object-only schema whose required property has no instance has none (two levels down).
-    if (depth >= 2 || !f.is_object() || types_of(f) != std::vector<std::string>{"object"} || !f.contains("required") ||
-        !f.contains("properties"))
-      return false;
-    for (const Json& k : f["required"])
-      if (k.is_string() && f["properties"].contains(k.get<std::string>()) &&
-          has_no_instance(f["properties"][k.get<std::string>()], path + "/properties/" + k.get<std::string>(), depth + 1))
-        return true;
-    return false;
+    return flat_has_no_instance(flatten(norm(s, path), path), path, depth);
   } catch (const NoInstance&) {
     return true;
   }
+}
+
+bool SchemaCompiler::flat_has_no_instance(const Json& f, const std::string& path, int depth) {
+  if (unsatisfiable(f)) return true;
+  // An object-only schema whose required property has no instance has none (two levels down).
+  if (depth >= 2 || !f.is_object() || types_of(f) != std::vector<std::string>{"object"} || !f.contains("required") ||
+      !f.contains("properties"))
+    return false;
+  for (const Json& k : f["required"])
+    if (k.is_string() && f["properties"].contains(k.get<std::string>()) &&
+        has_no_instance(f["properties"][k.get<std::string>()], path + "/properties/" + k.get<std::string>(), depth + 1))
+      return true;
+  return false;
 }
 
 // anyOf: every branch merged with the sibling keywords. oneOf: the same, keeping only the
@@ -241,7 +244,14 @@ Expr SchemaCompiler::compile_combinator(const Json& s, const std::string& key, c
   // Each branch flattened once (oneOf compares every pair; large documents have long lists).
   std::vector<std::optional<Json>> flat(branches.size());
   auto flat_at = [&](size_t j) -> const Json& {
-    if (!flat[j]) flat[j] = has_no_instance(branches[j], paths[j]) ? Json(false) : flatten(norm(branches[j], paths[j]), paths[j]);
+    if (!flat[j]) {
+      try {
+        flat[j] = flatten(norm(branches[j], paths[j]), paths[j]);
+        if (flat_has_no_instance(*flat[j], paths[j])) flat[j] = Json(false);
+      } catch (const NoInstance&) {
+        flat[j] = Json(false);
+      }
+    }
     return *flat[j];
   };
   // A branch found to have no instance while compiled is left out like an unsatisfiable one.

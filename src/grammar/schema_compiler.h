@@ -80,6 +80,7 @@ class SchemaCompiler {
   // Whether s provably has no instance: unsatisfiable once flattened (its allOf merged), or an
   // object whose required property has none.
   bool has_no_instance(const Json& s, const std::string& path, int depth = 0);
+  bool flat_has_no_instance(const Json& flat, const std::string& path, int depth = 0);  // s flattened already
   Expr compile(const Json& s, const std::string& path);
 
   Expr compile_number(const Json& s, bool integer, const std::string& path);
