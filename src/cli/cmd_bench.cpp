@@ -27,6 +27,8 @@
 #include "model/cuda/backend_tuning.h"
 #include "runtime/offline_generate.h"
 #ifdef FATHOM_HAVE_CUDA
+#include <cuda_profiler_api.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
@@ -41,6 +43,7 @@ struct BenchArgs {
   std::string model, load_format = "auto", batches = "1,8,64", json_out;
   int input_len = 4096, output_len = 128, num_layers = 0, repeats = 3;
   bool profile = false, bf16_experts = false, no_graphs = false, load_only = false;
+  bool profiler_range = false;  // one more decode step between cudaProfilerStart and Stop
   std::string dummy_dense = "bf16";
   std::string dummy_experts = "nvfp4";
   BackendOptions backends;
@@ -506,6 +509,16 @@ void bench_decode(Bench& b, int batch) {
                                 {"tbs", tbs}, {"pct_copy_ceiling", 100 * tbs / ceil.copy_tbs}, {"tflops", tflops},
                                 {"pct_bf16_ceiling", 100 * tflops / ceil.gemm_tflops}});
   if (b.nccl) b.report["decode"].back()["collective_bytes_sent_per_gpu"] = collective_sent;
+  if (a.profiler_range) {
+    // For `ncu --profile-from-start off`: exactly one decode step's kernels (graph nodes with
+    // --graph-profiling node).
+    const std::vector<ForwardStep> steps = Bench::decode_steps(seqs, last);
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    FATHOM_CUDA_CHECK(cudaProfilerStart());
+    b.runner->forward_argmax(steps);
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    FATHOM_CUDA_CHECK(cudaProfilerStop());
+  }
   if (a.profile) {
     char title[64];
     std::snprintf(title, sizeof title, "one decode step at batch %d", batch);
@@ -720,6 +733,9 @@ CommandRegistrar reg([](CLI::App& app) {
                   "(FP8 W8A8 per tensor, the NVFP4-V2 release)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   sub->add_flag("--no-cuda-graphs", args->no_graphs, "Launch decode steps without CUDA graphs");
+  sub->add_flag("--profiler-range", args->profiler_range,
+                "Run one more decode step at each batch size between cudaProfilerStart and cudaProfilerStop "
+                "(for `ncu --profile-from-start off`)");
   add_parallel_options(sub, args->parallel);
   add_kv_cache_dtype_option(sub, args->kv_cache_dtype);
   sub->add_flag("--load-only", args->load_only, "Checkpoint folder: measure the load against its ceiling, then stop");
