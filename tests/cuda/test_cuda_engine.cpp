@@ -505,6 +505,53 @@ TEST(CudaGemv, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// The staged form (weights copied into shared memory before the PDL wait, gemv.cuh) has the plain
+// form's bits at every step size in both staging modes; in mode 1 it is taken where the grid fits
+// one wave (the 35B's DeltaNet output projection and router, not a 33 MB matrix).
+TEST(CudaGemv, StagedFormHasThePlainBits) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  struct Shape {
+    int N, K;
+    bool f32;
+  };
+  cuda::set_gemv_staging_mode(1);
+  EXPECT_TRUE(cuda::gemv_staged_for(1, 2048, 4096, 2));
+  EXPECT_TRUE(cuda::gemv_staged_for(1, 256, 2048, 4));
+  EXPECT_FALSE(cuda::gemv_staged_for(1, 4099, 4096, 2));
+  cuda::set_gemv_staging_mode(2);  // every grid, several waves too
+  EXPECT_TRUE(cuda::gemv_staged_for(1, 4099, 4096, 2));
+  cuda::set_gemv_staging_mode(0);
+  EXPECT_FALSE(cuda::gemv_staged_for(1, 2048, 4096, 2));
+  for (const Shape sh : {Shape{2048, 4096, false}, Shape{256, 2048, true}, Shape{300, 520, false}, Shape{1000, 72, true},
+                         Shape{4099, 4096, false}}) {
+    const int N = sh.N, K = sh.K, T = cuda::kGemvMaxTokens;
+    std::vector<uint16_t> wb(size_t(N) * K), xb(size_t(T) * K);
+    std::vector<float> wf(wb.size()), xf(xb.size());
+    for (size_t i = 0; i < wb.size(); ++i) wf[i] = from_bf16(wb[i] = to_bf16(nd(rng)));
+    for (size_t i = 0; i < xb.size(); ++i) xf[i] = from_bf16(xb[i] = to_bf16(nd(rng)));
+    auto w = sh.f32 ? cuda::DeviceBuffer::from_host(wf) : cuda::DeviceBuffer::from_host(wb);
+    auto x = sh.f32 ? cuda::DeviceBuffer::from_host(xf) : cuda::DeviceBuffer::from_host(xb);
+    for (int t = 1; t <= T; ++t) {
+      std::vector<float> out[3];
+      for (int mode : {0, 1, 2}) {
+        cuda::set_gemv_staging_mode(mode);
+        cuda::DeviceBuffer y(size_t(t) * N * 4);
+        FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+        ASSERT_TRUE(sh.f32 ? cuda::gemv_small_batch(x.as<float>(), w.as<float>(), y.as<float>(), t, N, K, nullptr)
+                           : cuda::gemv_small_batch(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), t, N,
+                                                    K, nullptr));
+        out[mode].resize(size_t(t) * N);
+        FATHOM_CUDA_CHECK(cudaMemcpy(out[mode].data(), y.data(), y.bytes(), cudaMemcpyDeviceToHost));
+      }
+      for (int mode : {1, 2})
+        ASSERT_EQ(std::memcmp(out[0].data(), out[mode].data(), out[0].size() * 4), 0)
+            << "N=" << N << " K=" << K << " T=" << t << (sh.f32 ? " fp32" : " bf16") << " staging mode " << mode;
+    }
+  }
+  cuda::set_gemv_staging_mode(-1);
+}
+
 }  // namespace
 }  // namespace fathom
 

@@ -3,7 +3,8 @@
 // fused launch computing exactly what its chain computes. Each case draws fresh random inputs,
 // poisons the outputs, runs both paths on copies of the same state, and runs the fused path
 // several times in a row (their completion counters must return to zero after every launch).
-//   moe_route             = linear_f32 + moe_topk + moe_group_pairs
+//   moe_route             = linear_f32 + moe_topk + moe_group_pairs (at one token, the same tiles
+//                           in k order)
 //   gdn_in_proj_conv      = gemm_bf16 (GEMV) + gdn_conv (with and without history)
 //   gdn_recurrent + norm  = gdn_recurrent + gated_rms_norm
 //   combine_add_rms_norm  = moe_combine_pairs + add_rms_norm
@@ -100,26 +101,46 @@ TEST(CudaFusedDecode, RouteEqualsRouterTopkGroup) {
         DeviceBuffer logits_ref = poisoned(size_t(T) * sh.E * 4), logits = poisoned(size_t(T) * sh.E * 4);
         DeviceBuffer ids_ref = poisoned(size_t(P) * 4), ids = poisoned(size_t(P) * 4);
         DeviceBuffer w_ref = poisoned(size_t(P) * 4), wts = poisoned(size_t(P) * 4);
+        // The chain with plain GEMVs, the fused launch staged where it fits (gemv.cuh): same bits.
+        cuda::set_gemv_staging_mode(0);
         cuda::linear_f32(router, x.as<float>(), logits_ref.as<float>(), T, nullptr);
         cuda::moe_topk(logits_ref.as<float>(), ids_ref.as<int32_t>(), w_ref.as<float>(), T, sh.E, sh.K, true, nullptr);
         cuda::moe_group_pairs(ids_ref.as<int32_t>(), P, sh.E, g_ref, tile, nullptr);
+        cuda::set_gemv_staging_mode(rep % 2 == 0 ? 2 : 0);
         ASSERT_TRUE(cuda::moe_route(dw.as<float>(), x.as<float>(), logits.as<float>(), T, sh.E, sh.H, sh.K, true,
                                     ids.as<int32_t>(), wts.as<float>(), g, tile, nullptr));
         FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
         expect_same_bits(host<float>(logits), host<float>(logits_ref), "router logits");
         EXPECT_EQ(host<int32_t>(ids), host<int32_t>(ids_ref));
         expect_same_bits(host<float>(wts), host<float>(w_ref), "routing weights");
+        const auto all_ref = host<int32_t>(g_ref_buf), all = host<int32_t>(g_buf);
+        const int32_t num_tiles = all[g.num_tiles - g.sorted_pairs];
+        EXPECT_EQ(num_tiles, all_ref[g_ref.num_tiles - g_ref.sorted_pairs]);
+        EXPECT_EQ(all[g.done - g.sorted_pairs], 0) << "the completion count must return to zero";
+        if (T == 1) {
+          // One token: a tile per pair in k order, the same (expert, pair) tiles as the grouping's.
+          std::vector<std::pair<int32_t, int32_t>> got, want;
+          for (int i = 0; i < num_tiles; ++i) {
+            const int32_t* t = all.data() + (g.tiles - g.sorted_pairs) + 4 * i;
+            const int32_t* r = all_ref.data() + (g_ref.tiles - g_ref.sorted_pairs) + 4 * i;
+            ASSERT_EQ(t[2], 1) << "tile " << i;
+            ASSERT_EQ(r[2], 1) << "reference tile " << i;
+            got.push_back({t[0], all[t[1]]});
+            want.push_back({r[0], all_ref[r[1]]});
+          }
+          std::sort(got.begin(), got.end());
+          std::sort(want.begin(), want.end());
+          EXPECT_EQ(got, want) << "(expert, pair) of the tiles";
+          continue;
+        }
         // The grouping: expert starts, active list and tiles equal; pairs equal as a set per expert
         // (their order within an expert is the atomics' and no result depends on it).
-        const auto all_ref = host<int32_t>(g_ref_buf), all = host<int32_t>(g_buf);
         const size_t sorted = size_t(P_max), starts = sorted, n_starts = size_t(sh.E) + 1;
         std::vector<int32_t> st_ref(all_ref.begin() + starts, all_ref.begin() + starts + n_starts);
         std::vector<int32_t> st(all.begin() + starts, all.begin() + starts + n_starts);
         ASSERT_EQ(st, st_ref) << "expert starts";
-        const int32_t num_active = all[g.num_active - g.sorted_pairs], num_tiles = all[g.num_tiles - g.sorted_pairs];
+        const int32_t num_active = all[g.num_active - g.sorted_pairs];
         EXPECT_EQ(num_active, all_ref[g_ref.num_active - g_ref.sorted_pairs]);
-        EXPECT_EQ(num_tiles, all_ref[g_ref.num_tiles - g_ref.sorted_pairs]);
-        EXPECT_EQ(all[g.done - g.sorted_pairs], 0) << "the completion count must return to zero";
         for (int i = 0; i < num_active; ++i)
           EXPECT_EQ(all[g.active - g.sorted_pairs + i], all_ref[g_ref.active - g_ref.sorted_pairs + i]);
         for (int i = 0; i < 4 * num_tiles; ++i)
@@ -134,6 +155,7 @@ TEST(CudaFusedDecode, RouteEqualsRouterTopkGroup) {
         }
       }
   }
+  cuda::set_gemv_staging_mode(-1);
 }
 
 // ---- gdn_in_proj_conv
@@ -175,8 +197,11 @@ TEST(CudaFusedDecode, InProjConvEqualsGemvThenConv) {
       DeviceBuffer hist_ref = poisoned(hist_bytes), hist = poisoned(hist_bytes);
       cuda::StateHistory h_ref{hist_ref.as<float>(), nullptr, dkeep.as<int32_t>(), entries};
       cuda::StateHistory h{hist.as<float>(), nullptr, dkeep.as<int32_t>(), entries};
+      // The plain GEMV against the fused kernel, staged on the first repeat (gemv.cuh).
+      cuda::set_gemv_staging_mode(0);
       cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), mixed_ref.as<float>(), T, N, c.H, nullptr,
                       cuda::kGemvMaxTokens);
+      cuda::set_gemv_staging_mode(rep == 0 ? 2 : 0);
       cuda::gdn_conv(mixed_ref.as<float>(), N, conv_w.as<float>(), state_ref.as<float>(), dstart.as<int32_t>(),
                      dslot.as<int32_t>(), u_ref.as<float>(), S, c.conv_dim, kc, nullptr, c.history ? &h_ref : nullptr,
                      *std::max_element(c.lens.begin(), c.lens.end()));
@@ -191,6 +216,7 @@ TEST(CudaFusedDecode, InProjConvEqualsGemvThenConv) {
       if (c.history) expect_same_bits(host<float>(hist), host<float>(hist_ref), "conv history");
     }
   }
+  cuda::set_gemv_staging_mode(-1);
   // Outside its sizes it declines and launches nothing.
   EXPECT_FALSE(cuda::gdn_in_proj_conv(nullptr, nullptr, nullptr, cuda::kGemvMaxTokens + 1, 64, 64, nullptr, nullptr,
                                       nullptr, nullptr, nullptr, 1, 32, 4, nullptr, cuda::kGemvMaxTokens, nullptr));

@@ -70,6 +70,19 @@ __global__ void __launch_bounds__(kGemvBlock) gdn_in_proj_conv_kernel(const bf16
   gemv_block<bf16_t, MAX_T, R>(w, x, ep, T, N, K, G);
 }
 
+// The staged form (gemv.cuh). Its grid is several waves (the 35B: 1,544 blocks), so it takes the
+// form in mode 2 only: the first wave's rows are copied while the input norm runs, the later
+// waves' as blocks finish.
+template <int MAX_T, int R>
+__global__ void __launch_bounds__(kGemvBlock) gdn_in_proj_conv_staged_kernel(const bf16_t* __restrict__ w,
+                                                                             const bf16_t* __restrict__ x,
+                                                                             ConvEpilogue ep, int T, int N, int K,
+                                                                             int G) {
+  extern __shared__ __align__(128) uint4 stage[];
+  __shared__ uint64_t bar;
+  gemv_block<bf16_t, MAX_T, R, ConvEpilogue, true>(w, x, ep, T, N, K, G, reinterpret_cast<bf16_t*>(stage), &bar);
+}
+
 }  // namespace
 
 bool gdn_in_proj_conv(const bf16_t* x, const bf16_t* w, float* mixed, int T, int N, int K, const float* conv_w,
@@ -84,8 +97,14 @@ bool gdn_in_proj_conv(const bf16_t* x, const bf16_t* w, float* mixed, int T, int
   const int G = gemv_warps_per_row<bf16_t>(N, K);
   for_gemv_bucket(T, [&](auto b) {
     using B = decltype(b);
-    launch(gdn_in_proj_conv_kernel<B::kMaxT, B::kRows>, gemv_blocks(N, G, B::kRows), kGemvBlock, 0, s, w, x, ep, T,
-           N, K, G);
+    const int blocks = gemv_blocks(N, G, B::kRows);
+    const size_t stage = gemv_stage_bytes(G, B::kRows, K, sizeof(bf16_t));
+    if (gemv_takes_staged_form(reinterpret_cast<const void*>(gdn_in_proj_conv_staged_kernel<B::kMaxT, B::kRows>),
+                               blocks, stage)) {
+      launch(gdn_in_proj_conv_staged_kernel<B::kMaxT, B::kRows>, blocks, kGemvBlock, stage, s, w, x, ep, T, N, K, G);
+    } else {
+      launch(gdn_in_proj_conv_kernel<B::kMaxT, B::kRows>, blocks, kGemvBlock, 0, s, w, x, ep, T, N, K, G);
+    }
   });
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;

@@ -8,13 +8,29 @@
 // fixed by (N, K) (lane-strided partial sums, a butterfly shuffle, then the G partials in order),
 // never by T, so a verify step over several tokens gives bit-identical rows to decode steps of
 // one token each; cuBLASLt picks different algorithms for different T and does not.
+//
+// Staged form (kStaged): the block's weight rows are copied into shared memory by bulk copies
+// issued before the PDL wait. Weights are constant during a forward, so the copy overlaps the
+// kernel before this one (a norm, the recurrent step, attention: latency-bound kernels during
+// which HBM idles); after the wait the rows are read from shared memory in the same order, so
+// the bits are the plain GEMV's.
 #pragma once
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace fathom::cuda {
 
 constexpr int kGemvBlock = 256;  // 8 warps
+
+// 16 bytes of a staged row (shared memory).
+__device__ __forceinline__ uint4 load_staged(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
 
 // The V values of a 16-byte vector as floats (8 bf16 or 4 fp32).
 template <typename W>
@@ -74,11 +90,40 @@ struct GemvStoreRows {
   }
 };
 
+// Rows one block of gemv_block covers: G warps a row, R rows a warp group.
+__host__ __device__ inline int gemv_rows_per_block(int G, int R) { return kGemvBlock / 32 / G * R; }
+
+// The staged form's prologue: warp 0 copies the block's rows (contiguous in w, one bulk copy a
+// row) into `stage`, completing on `bar`; then the PDL wait, then every thread waits for the
+// copies. Returns the first row staged.
+template <typename W>
+__device__ __forceinline__ int stage_rows_then_wait(const W* __restrict__ w, W* stage, uint64_t* bar, int N, int K,
+                                                    int rows_per_block) {
+  const int first = blockIdx.x * rows_per_block;
+  const int rows = min(rows_per_block, N - first);
+  const uint32_t row_bytes = uint32_t(K) * sizeof(W);
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar, 1);
+      mbarrier_expect_bytes(bar, row_bytes * uint32_t(rows));
+    }
+    __syncwarp();
+    for (int r = threadIdx.x; r < rows; r += 32)
+      bulk_copy_to_shared(stage + int64_t(r) * K, w + int64_t(first + r) * K, row_bytes, bar);
+  }
+  pdl_prologue();
+  __syncthreads();  // the barrier's initialization, before anyone waits on it
+  mbarrier_wait(bar, 0);
+  return first;
+}
+
 // R rows per warp group: each activation vector loaded is used for R rows (several tokens would
 // otherwise be bound by the activation loads). Per row the sum runs in the same order as R = 1.
-template <typename W, int MAX_T, int R, class Store>
+// kStaged: the rows come from `stage` (shared memory, filled by stage_rows_then_wait; `bar` its
+// barrier), read in the order the plain form reads them from `w`.
+template <typename W, int MAX_T, int R, class Store, bool kStaged = false>
 __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __restrict__ x, const Store& store,
-                                           int T, int N, int K, int G) {
+                                           int T, int N, int K, int G, W* stage = nullptr, uint64_t* bar = nullptr) {
   constexpr int V = Vec<W>::V;
   __shared__ float part[kGemvBlock / 32][R][MAX_T];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -92,35 +137,44 @@ __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __r
   const int chunk = ((K / V + G - 1) / G) * V;  // this warp's K range, a multiple of V
   const int kb = g * chunk, ke = min(K, kb + chunk);
   int k = kb + lane * V;
+  // Row n's elements: in w, or at row n - first of the stage.
+  int first = 0;
+  auto load_w = [&](int n, int kk) {
+    if constexpr (kStaged) return load_staged(stage + int64_t(n - first) * K + kk);
+    else return load_stream(w + int64_t(n) * K + kk);
+  };
   // The weights are constant during a forward: the first loads are issued before waiting for the
   // kernel that writes x (programmatic dependent launch), overlapping its tail.
   uint4 first0 = make_uint4(0, 0, 0, 0), first1 = first0;
-  const bool early = R == 1 && n0 < N && k + 32 * V < ke;
-  if (early) {
-    first0 = load_stream(w + int64_t(n0) * K + k);
-    first1 = load_stream(w + int64_t(n0) * K + k + 32 * V);
+  const bool early = !kStaged && R == 1 && n0 < N && k + 32 * V < ke;
+  if constexpr (kStaged) {
+    first = stage_rows_then_wait(w, stage, bar, N, K, gemv_rows_per_block(G, R));
+  } else {
+    if (early) {
+      first0 = load_w(n0, k);
+      first1 = load_w(n0, k + 32 * V);
+    }
+    pdl_prologue();
   }
-  pdl_prologue();
   if (n0 < N) {
     if constexpr (R == 1) {
-      const W* row = w + int64_t(n0) * K;
       if (early) {
         accumulate<W, MAX_T>(first0, x, k, T, K, acc[0]);
         accumulate<W, MAX_T>(first1, x, k + 32 * V, T, K, acc[0]);
         k += 64 * V;
       }
       for (; k + 32 * V < ke; k += 64 * V) {  // two loads in flight per lane (four measured slower)
-        const uint4 w0 = load_stream(row + k), w1 = load_stream(row + k + 32 * V);
+        const uint4 w0 = load_w(n0, k), w1 = load_w(n0, k + 32 * V);
         accumulate<W, MAX_T>(w0, x, k, T, K, acc[0]);
         accumulate<W, MAX_T>(w1, x, k + 32 * V, T, K, acc[0]);
       }
-      if (k < ke) accumulate<W, MAX_T>(load_stream(row + k), x, k, T, K, acc[0]);
+      if (k < ke) accumulate<W, MAX_T>(load_w(n0, k), x, k, T, K, acc[0]);
     } else {
       for (; k < ke; k += 32 * V) {
         float wf[R][V];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const uint4 wv = n0 + r < N ? load_stream(w + int64_t(n0 + r) * K + k) : make_uint4(0, 0, 0, 0);
+          const uint4 wv = n0 + r < N ? load_w(n0 + r, k) : make_uint4(0, 0, 0, 0);
           Vec<W>::unpack(wv, wf[r]);
         }
 #pragma unroll
@@ -186,9 +240,23 @@ void for_gemv_bucket(int T, Fn&& fn) {
 }
 // Blocks of a launch over N rows, G warps a row, R rows a warp group.
 inline int gemv_blocks(int N, int G, int R) {
-  const int rows_per_block = kGemvBlock / 32 / G * R;
+  const int rows_per_block = gemv_rows_per_block(G, R);
   return (N + rows_per_block - 1) / rows_per_block;
 }
+
+// The staged form: which GEMVs take it (FATHOM_GEMV_STAGED, else kGemvStagingDefault; tests set
+// it with set_gemv_staging_mode): 0 none, 1 those whose grid is resident in one wave (every
+// block's rows copied while the kernel before runs), 2 all (grids of several waves stage their
+// first wave early, the later ones as blocks finish). A block stages at most kGemvStageMaxBytes,
+// so that blocks of the kernel before it still fit beside its blocks.
+inline constexpr int kGemvStagingDefault = 1;
+inline constexpr size_t kGemvStageMaxBytes = 64 * 1024;
+int gemv_staging_mode();
+// Shared memory a staged block of G warps a row and R rows a warp group takes for rows of K elements.
+size_t gemv_stage_bytes(int G, int R, int K, size_t elem);
+// Whether a launch of `blocks` blocks of the staged `kernel` (stage_bytes a block) takes the
+// staged form in the current mode; if so, grants the kernel its shared memory.
+bool gemv_takes_staged_form(const void* kernel, int blocks, size_t stage_bytes);
 
 // Warps per row, from N and K only (so per-row sums never depend on T): enough rows x warps to
 // fill the GPU (about 4K warps), while every lane still gets two or more 16-byte loads.

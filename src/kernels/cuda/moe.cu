@@ -293,12 +293,21 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
 // grouping of the pairs. Each block writes its logits, fences, and counts itself in on
 // g.done; atomicInc wraps the count back to 0 at the last block, so the counter is ready for the
 // next launch without a reset. Saves two kernel boundaries a MoE layer (docs/perf.md, issue 32).
-template <int MAX_T, int R>
+// kStaged: the router's rows are copied into shared memory before the PDL wait (gemv.cuh), while
+// the norm before it runs.
+template <int MAX_T, int R, bool kStaged>
 __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* router, const float* x, float* logits,
                                                                int T, int E, int H, int G, int K, bool renorm,
                                                                int32_t* ids, float* weights, MoeGroupScratch g,
                                                                int tile_tokens) {
-  gemv_block<float, MAX_T, R>(router, x, GemvStoreRows{logits, E}, T, E, H, G);
+  if constexpr (kStaged) {
+    extern __shared__ __align__(128) uint4 stage[];
+    __shared__ uint64_t bar;
+    gemv_block<float, MAX_T, R, GemvStoreRows, true>(router, x, GemvStoreRows{logits, E}, T, E, H, G,
+                                                     reinterpret_cast<float*>(stage), &bar);
+  } else {
+    gemv_block<float, MAX_T, R>(router, x, GemvStoreRows{logits, E}, T, E, H, G);
+  }
   __shared__ int last;
   __shared__ int32_t counts[2 * kMaxExperts];
   __threadfence();
@@ -307,6 +316,22 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
   __syncthreads();
   if (!last) return;
   __threadfence();
+  if (T == 1 && tile_tokens > 0 && K <= 32) {
+    // One token: its K experts are distinct, so the grouping is a tile per pair, in k order (the
+    // packed expert kernels' results do not depend on the tiles' order); one warp, no block-wide
+    // counting sort. expert_start and active are not written (only moe_group_pairs' users read them).
+    if (threadIdx.x >= 32) return;
+    topk_token(logits, ids, weights, 0, E, K, renorm);
+    __syncwarp();
+    const int k = threadIdx.x;
+    if (k < K) {
+      g.sorted_pairs[k] = k;
+      int32_t* tile = g.tiles + 4 * k;
+      tile[0] = ids[k], tile[1] = k, tile[2] = 1, tile[3] = 0;
+    }
+    if (k == 0) *g.num_tiles = K;
+    return;
+  }
   for (int t = threadIdx.x / 32; t < T; t += blockDim.x / 32) topk_token(logits, ids, weights, t, E, K, renorm);
   __syncthreads();
   group_pairs_block(ids, T * K, E, counts, g.sorted_pairs, g.expert_start, g.active, g.num_active, tile_tokens, g.tiles,
@@ -448,8 +473,15 @@ bool moe_route(const float* router, const float* x, float* logits, int T, int E,
   const int G = gemv_warps_per_row<float>(E, H);
   for_gemv_bucket(T, [&](auto b) {  // the GEMV's buckets, so the logits have linear_f32's bits
     using B = decltype(b);
-    launch(moe_route_kernel<B::kMaxT, B::kRows>, gemv_blocks(E, G, B::kRows), kGemvBlock, 0, s, router, x, logits, T, E,
-           H, G, K, renorm, topk_ids, topk_w, g, tile_tokens);
+    const int blocks = gemv_blocks(E, G, B::kRows);
+    const size_t stage = gemv_stage_bytes(G, B::kRows, H, sizeof(float));
+    if (gemv_takes_staged_form(reinterpret_cast<const void*>(moe_route_kernel<B::kMaxT, B::kRows, true>), blocks,
+                               stage))
+      launch(moe_route_kernel<B::kMaxT, B::kRows, true>, blocks, kGemvBlock, stage, s, router, x, logits, T, E, H, G, K,
+             renorm, topk_ids, topk_w, g, tile_tokens);
+    else
+      launch(moe_route_kernel<B::kMaxT, B::kRows, false>, blocks, kGemvBlock, 0, s, router, x, logits, T, E, H, G, K,
+             renorm, topk_ids, topk_w, g, tile_tokens);
   });
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;

@@ -104,6 +104,13 @@ GemmContext* gemm_context();
 // decode at batch 1 and its verify steps (K <= 4); kGemvMaxTokens is in kernel_plan.h.
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
+// Which GEMVs copy their weight rows into shared memory before the PDL wait (gemv.cuh: 0 none,
+// 1 grids resident in one wave, 2 all); overrides FATHOM_GEMV_STAGED (-1: back to it). Speed
+// only: the bits are the same in every mode.
+void set_gemv_staging_mode(int mode);
+// Whether gemv_small_batch of T tokens over [N, K] weights of weight_bytes (2: bf16, 4: fp32)
+// takes the staged form in the current mode.
+bool gemv_staged_for(int T, int N, int K, size_t weight_bytes);
 // y[T, N] = x[T, K] * W^T. bf16 weights: gemv_small_batch up to plan.gemv_max_tokens, else
 // cuBLASLt. NVFP4: a decode kernel up to plan.fp4_gemv_max_tokens (at most 16), else dequantize
 // into `scratch` (N*K bf16) and use cuBLASLt. FP8: fp8_gemv up to plan.fp8_gemv_max_tokens (at
@@ -469,7 +476,9 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   return g;
 }
 // The routing of a decode-sized MoE step in one launch: logits = x router^T (fp32, the GEMV of
-// linear_f32, so the same bits), moe_topk, then moe_group_pairs with tile_tokens. False, with
+// linear_f32, so the same bits), moe_topk, then moe_group_pairs with tile_tokens; at one token
+// only the sorted pairs and the tiles (a tile a pair, in k order), what the packed expert kernels
+// read. False, with
 // nothing launched, past the GEMV's sizes (T > kGemvMaxTokens) or without g.done.
 bool moe_route(const float* router, const float* x, float* logits, int T, int E, int H, int K, bool renorm,
                int32_t* topk_ids, float* topk_w, const MoeGroupScratch& g, int tile_tokens, cudaStream_t s);
