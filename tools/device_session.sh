@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -296,6 +296,63 @@ for what in "${@:-all}"; do
         kill $SRV; wait $SRV 2>/dev/null
         grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tier.log" | head -6
       done ;;
+    ncu32)
+      # Issue 32: every kernel of one batch-1 decode step alone (Nsight Compute, clocks and caches
+      # left alone: its duration, DRAM bytes and grid), beside the step's median in a graph: what
+      # the kernels themselves take and what chaining them adds. NCU_SPECS: config:layers ...
+      NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for spec in ${NCU_SPECS:-"qwen3.5-35b-a3b:"}; do
+        IFS=: read -r name layers <<< "$spec"
+        extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+        timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 --input-len 4096 \
+          --output-len 64 2>&1 | grep -E "^decode" | tee "$OUT/ncu32_${name}_step.log"
+        timeout 400 "$NCU" --profile-from-start off --graph-profiling node --clock-control none --cache-control none \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
+          --csv --page raw "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 --input-len 4096 \
+          --output-len 4 --profiler-range > "$OUT/ncu32_$name.csv" 2> "$OUT/ncu32_$name.err"
+        echo "ncu $name rc=$? $(grep -c '^"' "$OUT/ncu32_$name.csv") rows"; tail -2 "$OUT/ncu32_$name.err"
+      done ;;
+    staged)
+      # Issue 32: GEMV weights copied into shared memory before the PDL wait (gemv.cuh's staged
+      # form). The bit-equality tests and memcheck over them, then `fathom bench` with the previous
+      # commit's binary (base) and FATHOM_GEMV_STAGED=0 (off), 1 (one-wave grids and the router) and
+      # 2 (every GEMV), alternated STAGED_REPS times, on STAGED_SPECS (config:layers).
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
+        --gtest_filter="${STAGED_TESTS:-CudaGemv.*:CudaFusedDecode.*}" > "$OUT/staged_tests.log" 2>&1
+      echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|differs|Expected|Which|tests ran" "$OUT/staged_tests.log" | tail -40
+      timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='CudaGemv.Staged*:CudaFusedDecode.Route*:CudaFusedDecode.InProj*' > "$OUT/staged_memcheck.log" 2>&1
+      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/staged_memcheck.log" | tail -1)"
+      [ -n "${STAGED_RACECHECK:-}" ] && { timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+        "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.Route*' > "$OUT/staged_racecheck.log" 2>&1
+        echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/staged_racecheck.log" | tail -1)"; }
+      for rep in $(seq "${STAGED_REPS:-2}"); do
+        for spec in ${STAGED_SPECS:-"qwen3.5-35b-a3b:"}; do
+          IFS=: read -r name layers <<< "$spec"
+          extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+          for mode in ${STAGED_MODES:-base 0 1 2}; do
+            # base: the previous commit's binary (fathom_old, carried beside this one), when there is one.
+            bin=$BIN/fathom; [ $mode = base ] && bin=$BIN/fathom_old
+            [ -x "$bin" ] || continue
+            FATHOM_GEMV_STAGED=${mode/base/0} timeout 300 "$bin" bench configs/$name.json --load-format dummy $extra \
+              --batch ${STAGED_BATCH:-1,8} --input-len 4096 --output-len 64 --json-out "$OUT/staged_${name}_${mode}_$rep.json" \
+              2>&1 | grep -E "^decode" | sed "s/^/$name staged=$mode rep $rep: /" | tee -a "$OUT/staged_bench.log"
+          done
+        done
+      done ;;
+    serve32)
+      # Issue 32: the served path beside the engine on the 35B (dummy weights): the engine's step at
+      # a 512-token context, then `fathom serve` driven at concurrency 1 and 64.
+      timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
+        --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/serve32_engine.log"
+      "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+        --max-model-len 2048 --max-num-seqs 64 --port 18631 > "$OUT/serve32.log" 2>&1 &
+      SRV=$!
+      if wait_healthy 18631 $SRV; then
+        bench_serve 18631 serve32_c1 --input-len 512 --concurrency 1 --num-prompts 6
+        bench_serve 18631 serve32_c64 --input-len 512 --concurrency 64 --num-prompts 192
+      fi
+      kill $SRV; wait $SRV 2>/dev/null ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;
