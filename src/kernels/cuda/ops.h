@@ -478,8 +478,7 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
 // The routing of a decode-sized MoE step in one launch: logits = x router^T (fp32, the GEMV of
 // linear_f32, so the same bits), moe_topk, then moe_group_pairs with tile_tokens; at one token
 // only the sorted pairs and the tiles (a tile a pair, in k order), what the packed expert kernels
-// read. False, with
-// nothing launched, past the GEMV's sizes (T > kGemvMaxTokens) or without g.done.
+// read. False, with nothing launched, past the GEMV's sizes (T > kGemvMaxTokens) or without g.done.
 bool moe_route(const float* router, const float* x, float* logits, int T, int E, int H, int K, bool renorm,
                int32_t* topk_ids, float* topk_w, const MoeGroupScratch& g, int tile_tokens, cudaStream_t s);
 // Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp),
