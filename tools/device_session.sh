@@ -40,6 +40,13 @@ bench_serve() {
     --vocab-size 248320 --no-progress "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "concurrency|rate|throughput|Median|P99|P90|Mean TPOT|goodput|Failed"
 }
 stop_server() { kill $SRV; wait $SRV 2>/dev/null; grep -E "captured|KV cache|error" "$OUT/$1.log" | head -5; }
+# compute-sanitizer memcheck over the test_cuda tests FILTER ($3), at most $1 seconds, logged to
+# $OUT/$2_memcheck.log; prints the exit status and the error summary.
+memcheck() {
+  timeout "$1" compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
+    --gtest_filter="$3" > "$OUT/$2_memcheck.log" 2>&1
+  echo "$2 memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/$2_memcheck.log" | tail -1)"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for what in "${@:-all}"; do
   case $what in
@@ -320,9 +327,7 @@ for what in "${@:-all}"; do
       FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
         --gtest_filter="${STAGED_TESTS:-CudaGemv.*:CudaFusedDecode.*}" > "$OUT/staged_tests.log" 2>&1
       echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|differs|Expected|Which|tests ran" "$OUT/staged_tests.log" | tail -40
-      timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
-        --gtest_filter='CudaGemv.Staged*:CudaFusedDecode.Route*:CudaFusedDecode.InProj*' > "$OUT/staged_memcheck.log" 2>&1
-      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/staged_memcheck.log" | tail -1)"
+      memcheck 300 staged 'CudaGemv.Staged*:CudaFusedDecode.Route*:CudaFusedDecode.InProj*'
       [ -n "${STAGED_RACECHECK:-}" ] && { timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
         "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.Route*' > "$OUT/staged_racecheck.log" 2>&1
         echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/staged_racecheck.log" | tail -1)"; }
@@ -450,9 +455,7 @@ for what in "${@:-all}"; do
           > "$OUT/fp8x_${name}_$experts.log" 2>&1
         echo "== $name $experts"; grep -E "^(prefill|decode|weights|device)|rror|moe.experts" "$OUT/fp8x_${name}_$experts.log" | head -12
       done
-      timeout ${FP8X_MEMCHECK_S:-180} compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 \
-        "$BIN/test_cuda" --gtest_filter='CudaMoePacked.*:CudaMoeFp8.*' > "$OUT/fp8x_memcheck.log" 2>&1
-      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8x_memcheck.log" | tail -1)"; grep -E "OK \]" "$OUT/fp8x_memcheck.log" ;;
+      memcheck "${FP8X_MEMCHECK_S:-180}" fp8x 'CudaMoePacked.*:CudaMoeFp8.*'; grep -E "OK \]" "$OUT/fp8x_memcheck.log" ;;
     fp8gemv)
       # Issue 31: the FP8 GEMVs against the exact reference at every scaling and step size, the
       # fixtures against the CPU engine, memcheck, then decode-GEMV bandwidth at the 397B widths
@@ -460,9 +463,7 @@ for what in "${@:-all}"; do
       FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 240 "$BIN/test_cuda" \
         --gtest_filter='CudaFp8Linear.*:*CudaFixture*:*CudaW8A8*:*Fp8*' > "$OUT/fp8gemv_tests.log" 2>&1
       echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|Expected|Which|error" "$OUT/fp8gemv_tests.log" | head -60
-      timeout 200 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
-        --gtest_filter='CudaFp8Linear.*' > "$OUT/fp8gemv_memcheck.log" 2>&1
-      echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fp8gemv_memcheck.log" | tail -1)"
+      memcheck 200 fp8gemv 'CudaFp8Linear.*'
       timeout 200 "$BIN/gemv_bench" ${GEMV_TOKENS:-1 2 4 8} 2>&1 | tee "$OUT/fp8gemv_bench.log" ;;
     fp8synth)
       # Issue 31: the synthetic Qwen3.6-35B-A3B-FP8 (block FP8 everywhere, FP8 experts packed at
@@ -494,9 +495,7 @@ for what in "${@:-all}"; do
       # memcheck too, then the engine against the CPU engine and the exactness tests they serve.
       timeout 300 "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.*' > "$OUT/fused_tests.log" 2>&1
       echo "fused tests rc=$?"; grep -E "OK \]|FAILED|Failure|differs|Expected|Which" "$OUT/fused_tests.log" | head -30
-      timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
-        --gtest_filter='CudaFusedDecode.*' > "$OUT/fused_memcheck.log" 2>&1
-      echo "fused memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/fused_memcheck.log" | tail -1)"
+      memcheck 300 fused 'CudaFusedDecode.*'
       timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
         --gtest_filter='CudaFusedDecode.Recurrent*:CudaFusedDecode.Route*' > "$OUT/fused_racecheck.log" 2>&1
       echo "fused racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/fused_racecheck.log" | tail -1)"
@@ -544,9 +543,7 @@ for what in "${@:-all}"; do
           FATHOM_ATTENTION_DEEP=$deep timeout 120 "$BIN/test_cuda" --gtest_filter='CudaAttentionDecode.Speed' 2>&1 \
             | grep -vE "^\[|^Note|^$" | sed "s/^/deep=$deep: /" | tee -a "$OUT/deep_attention_speed.log"
         done
-        timeout 300 compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
-          --gtest_filter='CudaAttentionDecode.MatchesSplitKernel:CudaMoePacked.*:CudaMoeFp8.*' > "$OUT/deep_memcheck.log" 2>&1
-        echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/deep_memcheck.log" | tail -1)"
+        memcheck 300 deep 'CudaAttentionDecode.MatchesSplitKernel:CudaMoePacked.*:CudaMoeFp8.*'
         grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Invalid" "$OUT/deep_memcheck.log" | head -6
       fi
       for spec in ${DEEP_SPECS:-"qwen3.5-35b-a3b:bf16"}; do
