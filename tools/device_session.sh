@@ -336,10 +336,17 @@ for what in "${@:-all}"; do
           IFS=: read -r name layers <<< "$spec"
           extra=; [ -n "$layers" ] && extra="--num-layers $layers"
           for mode in ${STAGED_MODES:-base 0 1 2}; do
-            # base: the previous commit's binary (fathom_old, carried beside this one), when there is one.
-            bin=$BIN/fathom; [ $mode = base ] && bin=$BIN/fathom_old
+            # A number: this build with FATHOM_GEMV_STAGED at it. base: the previous commit's binary
+            # (fathom_old, carried beside this one); another word W: the binary fathom_W. Those
+            # two run with the staging at its default.
+            bin=$BIN/fathom; staging=$mode
+            case $mode in
+              [0-9]) ;;
+              base) bin=$BIN/fathom_old; staging= ;;
+              *) bin=$BIN/fathom_$mode; staging= ;;
+            esac
             [ -x "$bin" ] || continue
-            FATHOM_GEMV_STAGED=${mode/base/0} timeout 300 "$bin" bench configs/$name.json --load-format dummy $extra \
+            env ${staging:+FATHOM_GEMV_STAGED=$staging} timeout 300 "$bin" bench configs/$name.json --load-format dummy $extra \
               --batch ${STAGED_BATCH:-1,8} --input-len 4096 --output-len 64 --json-out "$OUT/staged_${name}_${mode}_$rep.json" \
               2>&1 | grep -E "^decode" | sed "s/^/$name staged=$mode rep $rep: /" | tee -a "$OUT/staged_bench.log"
           done
