@@ -327,7 +327,7 @@ for what in "${@:-all}"; do
       FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 "$BIN/test_cuda" \
         --gtest_filter="${STAGED_TESTS:-CudaGemv.*:CudaFusedDecode.*}" > "$OUT/staged_tests.log" 2>&1
       echo "tests rc=$?"; grep -E "OK \]|FAILED|Failure|differs|Expected|Which|tests ran" "$OUT/staged_tests.log" | tail -40
-      memcheck 300 staged 'CudaGemv.Staged*:CudaFusedDecode.Route*:CudaFusedDecode.InProj*'
+      memcheck 300 staged "${STAGED_MEMCHECK:-CudaGemv.Staged*:CudaFusedDecode.Route*:CudaFusedDecode.InProj*}"
       [ -n "${STAGED_RACECHECK:-}" ] && { timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
         "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.Route*' > "$OUT/staged_racecheck.log" 2>&1
         echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/staged_racecheck.log" | tail -1)"; }
