@@ -39,6 +39,21 @@ bench_serve() {
   timeout 400 "$BIN/fathom" bench serve --url "http://127.0.0.1:$port" --output-len 256 \
     --vocab-size 248320 --no-progress "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "concurrency|rate|throughput|Median|P99|P90|Mean TPOT|goodput|Failed"
 }
+# The 35B's engine step at a 512-token context (batch 1 and 64), then `fathom serve` on port $2
+# driven at concurrency 1 and 64 (issue 32: served against the engine); logs under $OUT/$1*.
+engine_beside_served() {
+  local name=$1 port=$2
+  timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
+    --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/${name}_engine.log"
+  "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+    --max-model-len 2048 --max-num-seqs 64 --port "$port" > "$OUT/$name.log" 2>&1 &
+  SRV=$!
+  if wait_healthy "$port" $SRV; then
+    bench_serve "$port" "${name}_c1" --input-len 512 --concurrency 1 --num-prompts 6
+    bench_serve "$port" "${name}_c64" --input-len 512 --concurrency 64 --num-prompts 192
+  fi
+  kill $SRV; wait $SRV 2>/dev/null
+}
 stop_server() { kill $SRV; wait $SRV 2>/dev/null; grep -E "captured|KV cache|error" "$OUT/$1.log" | head -5; }
 # compute-sanitizer memcheck over the test_cuda tests FILTER ($3), at most $1 seconds, logged to
 # $OUT/$2_memcheck.log; prints the exit status and the error summary.
@@ -355,16 +370,7 @@ for what in "${@:-all}"; do
     serve32)
       # Issue 32: the served path beside the engine on the 35B (dummy weights): the engine's step at
       # a 512-token context, then `fathom serve` driven at concurrency 1 and 64.
-      timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
-        --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/serve32_engine.log"
-      "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
-        --max-model-len 2048 --max-num-seqs 64 --port 18631 > "$OUT/serve32.log" 2>&1 &
-      SRV=$!
-      if wait_healthy 18631 $SRV; then
-        bench_serve 18631 serve32_c1 --input-len 512 --concurrency 1 --num-prompts 6
-        bench_serve 18631 serve32_c64 --input-len 512 --concurrency 64 --num-prompts 192
-      fi
-      kill $SRV; wait $SRV 2>/dev/null ;;
+      engine_beside_served serve32 18631 ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;
@@ -525,16 +531,7 @@ for what in "${@:-all}"; do
         echo "== $name $dense $extra"; grep -E "^(decode|device)|rror" "$OUT/decode_${name}_$dense.log"
       done
       grep -A14 "one decode step at batch 1" "$OUT/decode_qwen3.5-35b-a3b_bf16.log" | head -16
-      timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
-        --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/decode_serve_engine.log"
-      "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
-        --max-model-len 2048 --max-num-seqs 64 --port 18630 > "$OUT/decode_serve.log" 2>&1 &
-      SRV=$!
-      if wait_healthy 18630 $SRV; then
-        bench_serve 18630 decode_serve_c1 --input-len 512 --concurrency 1 --num-prompts 6
-        bench_serve 18630 decode_serve_c64 --input-len 512 --concurrency 64 --num-prompts 192
-      fi
-      kill $SRV; wait $SRV 2>/dev/null ;;
+      engine_beside_served decode_serve 18630 ;;
     deep|deepbench)
       # Issue 32, second session: one-token attention with several K/V tiles in flight (the deep
       # form, FATHOM_ATTENTION_DEEP=0 turns it off) and the expert decode variants as chosen by
