@@ -198,30 +198,6 @@ __global__ void silu_mul_rows_kernel(const float* gu, int64_t ld, bf16_t* out, i
     out[r * inter + i] = to_bf(silu_f(gu[r * ld + i]) * gu[r * ld + inter + i]);
 }
 
-__global__ void argmax_kernel(const float* logits, int32_t* out, int n) {
-  pdl_prologue();
-  const float* row = logits + int64_t(blockIdx.x) * n;
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (row[i] > best) best = row[i], idx = i;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffff, best, o);
-    const int oi = __shfl_xor_sync(0xffffffff, idx, o);
-    if (ob > best || (ob == best && oi < idx)) best = ob, idx = oi;
-  }
-  __shared__ float sb[32];
-  __shared__ int si[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sb[warp] = best, si[warp] = idx;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x / 32); ++w)
-      if (sb[w] > best || (sb[w] == best && si[w] < idx)) best = sb[w], idx = si[w];
-    out[blockIdx.x] = idx;
-  }
-}
-
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -341,12 +317,6 @@ void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count,
 void silu_mul_rows(const float* gu, int64_t ld, bf16_t* out, int rows, int inter, cudaStream_t s) {
   if (rows == 0) return;
   launch(silu_mul_rows_kernel, rows, 256, 0, s, gu, ld, out, inter);
-  FATHOM_CUDA_LAUNCH_CHECK();
-}
-
-void argmax_rows(const float* logits, int32_t* out, int rows, int n, cudaStream_t s) {
-  if (rows == 0) return;
-  launch(argmax_kernel, rows, 1024, 0, s, logits, out, n);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -82,8 +82,11 @@ void gather_rows_f32(const float* x, const int32_t* rows, float* out, int count,
 void silu_mul(const float* gate, const float* up, bf16_t* out, int64_t n, cudaStream_t s);
 // Fused gate/up output: out[r, i] = silu(gu[r*ld + i]) * gu[r*ld + inter + i] as bf16 ([rows, inter]).
 void silu_mul_rows(const float* gu, int64_t ld, bf16_t* out, int rows, int inter, cudaStream_t s);
-// Row-wise argmax (ties to the lowest index).
-void argmax_rows(const float* logits, int32_t* out, int rows, int n, cudaStream_t s);
+// Row-wise argmax (argmax.cu): the largest value, ties to the lowest index, NaN never chosen
+// (INT32_MAX for a row of NaN). A row is split over blocks, which post into `scratch`:
+// argmax_scratch_bytes(rows) bytes, zeroed once when allocated and left zeroed by every call.
+size_t argmax_scratch_bytes(int rows);
+void argmax_rows(const float* logits, int32_t* out, int rows, int n, void* scratch, cudaStream_t s);
 // Fills with deterministic pseudo-random values (dummy weights): bf16 N(0, std) approx, fp4 codes, e4m3 scales.
 void fill_random_bf16(bf16_t* p, int64_t n, float std, uint64_t seed, cudaStream_t s);
 void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, uint8_t mask, uint8_t add, cudaStream_t s);

@@ -165,12 +165,25 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
                                                                LogitAdjustment* adjust, RowSample* out,
                                                                int32_t* top_ids, float* top_lp, int32_t* last_token,
-                                                               const uint32_t* masks) {
+                                                               const uint32_t* masks, const int32_t* row_argmax) {
   pdl_prologue();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x;
   const RowSampling P = params[row];
   if (P.skip) return;
+  // A plain greedy row (no logprobs, adjustments or mask) takes the argmax already found: one
+  // block would read the whole row again.
+  if (row_argmax && P.temperature <= 0.f && P.logprobs < 0 && P.adjust_begin == P.adjust_end &&
+      (P.mask_row < 0 || !masks)) {
+    if (tid == 0) {
+      RowSample res{};
+      res.token = row_argmax[row];
+      res.accepted = P.draft >= 0 && res.token == P.draft ? 1 : 0;
+      out[row] = res;
+      if (last_token && P.state_slot >= 0) last_token[P.state_slot] = res.token;
+    }
+    return;
+  }
   float* l = logits + int64_t(row) * V;
   RowSample res{};
 
@@ -311,12 +324,12 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
 
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token,
-                 const uint32_t* masks) {
+                 const uint32_t* masks, const int32_t* row_argmax) {
   if (rows == 0) return;
   // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
   // and one launch per step costs nothing worth saving.
   sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
-                                               masks);
+                                               masks, row_argmax);
   FATHOM_CUDA_LAUNCH_CHECK();
   inject_backend_fault(kSamplingOp, kDeviceSampling, out, size_t(rows) * sizeof(RowSample), s);
 }

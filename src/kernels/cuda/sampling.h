@@ -14,8 +14,11 @@ namespace fathom::cuda {
 // (their `raw` fields are written). top_ids / top_logprobs: [rows, kMaxTopLogprobs].
 // last_token (may be null): [slots] tokens chosen per state slot (RowSampling::state_slot).
 // masks (may be null): the rows' token masks (RowSampling::mask_row), mask_words(vocab) words each.
+// row_argmax (may be null): argmax_rows' result on these logits; greedy rows with nothing to
+// apply (no logprobs, adjustments or mask) take it instead of reading their row.
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s,
-                 int32_t* last_token = nullptr, const uint32_t* masks = nullptr);
+                 int32_t* last_token = nullptr, const uint32_t* masks = nullptr,
+                 const int32_t* row_argmax = nullptr);
 
 }  // namespace fathom::cuda

@@ -102,6 +102,8 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
     logits_all = f32(R * tp.vocab_rows * tp.size);
   }
   argmax = DeviceBuffer(size_t(R) * 4);
+  argmax_scratch = DeviceBuffer(argmax_scratch_bytes(int(R)));
+  FATHOM_CUDA_CHECK(cudaMemset(argmax_scratch.data(), 0, argmax_scratch.bytes()));  // argmax_rows' counts start at zero
 }
 
 }  // namespace fathom::cuda

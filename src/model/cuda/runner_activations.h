@@ -48,8 +48,8 @@ struct Activations {
   // sizes, or a W8A8 projection's E4M3 activations.
   DeviceBuffer dequant;
   // Output rows: selected hidden states, their normed bf16 form, logits (a split lm_head's own
-  // slice and every rank's), argmax.
-  DeviceBuffer sel, hidden_bf, logits, logits_part, logits_all, argmax;
+  // slice and every rank's), argmax and its blocks' posts.
+  DeviceBuffer sel, hidden_bf, logits, logits_part, logits_all, argmax, argmax_scratch;
   // The MTP layer's inputs: hidden rows, normed embedding and hidden halves.
   DeviceBuffer mtp_hidden, mtp_e, mtp_h;
 

@@ -431,7 +431,7 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
                                           act.logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
                                           size_t(Vr) * 4, size_t(p.RL), cudaMemcpyDeviceToDevice, s));
   }
-  argmax_rows(act.logits.as<float>(), act.argmax.as<int32_t>(), p.RL, V, s);
+  argmax_rows(act.logits.as<float>(), act.argmax.as<int32_t>(), p.RL, V, act.argmax_scratch.data(), s);
 }
 
 // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.

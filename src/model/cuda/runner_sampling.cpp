@@ -178,7 +178,7 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   sample_rows(m.act.logits.as<float>(), c.RL, int(V), m.sampling.row_params.as<RowSampling>(),
               c.n_adjust > 0 ? m.sampling.adjust_dev.as<LogitAdjustment>() : nullptr, m.sampling.row_out.as<RowSample>(),
               m.sampling.row_top_ids.as<int32_t>(), m.sampling.row_top_lp.as<float>(), s, m.sampling.last_token.as<int32_t>(),
-              n_masks > 0 ? m.sampling.mask_dev.as<uint32_t>() : nullptr);
+              n_masks > 0 ? m.sampling.mask_dev.as<uint32_t>() : nullptr, m.act.argmax.as<int32_t>());
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_out_host[c.buf], m.sampling.row_out.data(), size_t(c.RL) * sizeof(RowSample),
                                     cudaMemcpyDeviceToHost, s));
   if (ls.any_logprobs) {
