@@ -1,6 +1,6 @@
 // Row-wise argmax over the logits, each row split over blocks. One block a row streamed a 248K
 // vocabulary's 1 MB through one SM (57 us a step at batch 1 on an H100, docs/perf.md issue 32);
-// stripes of kStripe logits over ~60 blocks take the copy engine's rate. Each block reduces its
+// in stripes of kStripe logits ~60 blocks on as many SMs read it at once. Each block reduces its
 // stripe, posts (value, index) and counts itself in; the row's last block reduces the posts and
 // sets the row's count back to zero, so the scratch stays zeroed between calls (and in graphs).
 // The pick, largest value and lowest index among equals with NaN never chosen, is an order-free
