@@ -4,7 +4,10 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
@@ -18,11 +21,41 @@ bool environment_allows() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 const bool g_allowed = environment_allows();
+// FATHOM_KNOCKOUT's names (comma-separated), empty when unset.
+std::vector<std::string> knockout_names() {
+  std::vector<std::string> names;
+  const char* v = std::getenv("FATHOM_KNOCKOUT");
+  std::string_view rest = v ? v : "";
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    if (comma != 0) names.emplace_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return names;
+}
+const std::vector<std::string> g_knockout = knockout_names();
 bool g_on = true;
 }  // namespace
 
 bool programmatic_launch_enabled() { return g_allowed && g_on; }
 void set_programmatic_launch(bool on) { g_on = on; }
+
+bool knockout_enabled() { return !g_knockout.empty(); }
+
+bool knocked_out(const void* kernel) {
+  static std::mutex mu;
+  static std::map<const void*, bool> verdict;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = verdict.try_emplace(kernel, false);
+  if (fresh) {
+    const char* name = nullptr;
+    FATHOM_CUDA_CHECK(cudaFuncGetName(&name, kernel));
+    for (const std::string& n : g_knockout)
+      if (name && std::string_view(name).find(n) != std::string_view::npos) it->second = true;
+  }
+  return it->second;
+}
 
 void allow_dynamic_smem(const void* kernel, int bytes) {
   static std::mutex mu;

@@ -26,6 +26,12 @@ bool programmatic_launch_enabled();
 // default 48 KB; done once per kernel and device).
 void allow_dynamic_smem(const void* kernel, int bytes);
 
+// A profiling tool: with FATHOM_KNOCKOUT=name[,name...] set, launch() skips every kernel whose
+// name contains one of the names, so a step's time without them shows what they cost inside the
+// decode graph (`fathom bench`); the step's results are wrong while it is set.
+bool knockout_enabled();
+bool knocked_out(const void* kernel);
+
 inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <typename... Params, typename... Args>
@@ -40,6 +46,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  if (knockout_enabled() && knocked_out(reinterpret_cast<const void*>(kernel))) return;
   FATHOM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
