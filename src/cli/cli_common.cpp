@@ -73,7 +73,7 @@ void add_backend_options(CLI::App* sub, BackendOptions& b, bool allow_none) {
       ->check(CLI::IsMember(policies))
       ->capture_default_str();
   sub->add_option("--moe-runner-backend", b.moe_runner_backend,
-                  "Pin an NVFP4 expert kernel: d0..d7 (decode-shaped) or p0..p4 (prefill-shaped); `fathom tune` lists them");
+                  "Pin an NVFP4 expert kernel: d0..d9 (decode-shaped) or p0..p4 (prefill-shaped); `fathom tune` lists them");
   sub->add_option("--attention-backend", b.attention_backend, "Pin the attention kernels: tensor-core or cuda-core")
       ->check(CLI::IsMember({"tensor-core", "cuda-core"}));
   sub->add_option("--fp4-gemm-backend", b.fp4_gemm_backend,

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -71,6 +73,37 @@ TEST(CudaMoePacked, DecodeStepsAreBatchInvariant) {
   }
 }
 
+
+// The decode variants' sums run in an order fixed by their warp splits (warp w of W takes slabs
+// w, w + W, ...): how many slabs a warp has in flight and how many blocks share an SM must not
+// change a bit (the tuner groups candidates by their bits; speculative decoding needs one group). Variants are grouped by their gate/up and
+// down warp counts (from their names) and compared within each group.
+TEST(CudaMoePacked, VariantsOfOneWarpSplitHaveTheSameBits) {
+  for (const cuda::PackedFormat format : {cuda::PackedFormat::Nvfp4, cuda::PackedFormat::Fp8}) {
+    MoeFp4Rig rig(MoeCase{32, 8, 512, 256}, 8, 13, true, format);
+    for (const int T : {1, 5}) {
+      std::map<std::string, std::pair<int, std::vector<float>>> first;  // warp split -> (variant, output)
+      int compared = 0;
+      for (int v = 0; v < cuda::moe_fp4_small_variants(); ++v) {
+        const std::string name = cuda::moe_fp4_small_variant_name(v);
+        const size_t down = name.find(" down ");
+        int gate_warps = 0, down_warps = 0;
+        ASSERT_TRUE(down != std::string::npos && std::sscanf(name.c_str(), "gate %dw/", &gate_warps) == 1 &&
+                    std::sscanf(name.c_str() + down, " down %dw/", &down_warps) == 1)
+            << name;
+        rig.plan = cuda::MoeFp4Plan::decode_variant(v);
+        std::vector<float> y = rig.run(T);
+        auto [it, fresh] = first.try_emplace(std::to_string(gate_warps) + "/" + std::to_string(down_warps), v, y);
+        if (fresh) continue;
+        ++compared;
+        EXPECT_EQ(std::memcmp(y.data(), it->second.second.data(), y.size() * 4), 0)
+            << "variant " << v << " (" << name << ") against variant " << it->second.first << ", T=" << T;
+      }
+      EXPECT_GE(compared, 4) << "too few variants share a warp split to compare";
+      rig.plan = {};
+    }
+  }
+}
 
 // The routers' prefill product: fp32 weights and activations split into bf16 parts, one bf16
 // GEMM over three times the width. It must stay within about 2^-16 of the exact product (a

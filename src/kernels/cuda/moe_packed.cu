@@ -345,10 +345,15 @@ constexpr SmallVariant kSmallVariantsOf[] = {
     {{4, 2, 8}, {4, 2, 8}, gate_up_kernel<F, 4, 2, 8>, down_kernel<F, 4, 2, 8>},
     {{4, 1, 8}, {4, 1, 8}, gate_up_kernel<F, 4, 1, 8>, down_kernel<F, 4, 1, 8>},
     {{8, 2, 1}, {8, 1, 1}, gate_up_kernel<F, 8, 2, 1>, down_kernel<F, 8, 1, 1>},
+    // d1's and d7's gate/up beside d0's down kernel (d1's own down kernel, at 143 registers three
+    // blocks an SM, takes two waves for the 35B's 576 blocks; d7's is 8w/u1): d9 is the fastest
+    // at one token on the 35B (docs/perf.md, issue 32, stop 54).
+    {{4, 4, 1}, {4, 2, 1}, gate_up_kernel<F, 4, 4, 1>, down_kernel<F, 4, 2, 1>},
+    {{8, 2, 1}, {4, 2, 1}, gate_up_kernel<F, 8, 2, 1>, down_kernel<F, 4, 2, 1>},
 };
 // (Gate/up with 8 slabs a warp in flight, one round trip at the 35B's widths, was measured and
 // never chosen: docs/perf.md, issue 32's second session.)
-constexpr const SmallVariant (&kSmallVariants)[8] = kSmallVariantsOf<Nvfp4Slabs>;  // shapes and names
+constexpr const SmallVariant (&kSmallVariants)[10] = kSmallVariantsOf<Nvfp4Slabs>;  // shapes and names
 constexpr int kFewTokensVariant = 0, kManyTokensVariant = 6;  // 4 warps split k in both
 int small_variant_for(const MoeFp4Plan& plan, int T) {
   if (plan.small_variant >= 0) return plan.small_variant;

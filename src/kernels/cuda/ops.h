@@ -492,7 +492,7 @@ std::string moe_fp4_small_variant_name(int variant);
 int moe_fp4_large_variants();
 std::string moe_fp4_large_variant_name(int variant);
 // As backends (core/backend_selection.h): ops "moe.fp4.decode" (the decode-shaped kernels,
-// candidates "d0".."d7") and "moe.fp4.prefill" ("p0".."p4"); FATHOM_BACKEND_FAULT applies to them.
+// candidates "d0".."d9") and "moe.fp4.prefill" ("p0".."p4"); FATHOM_BACKEND_FAULT applies to them.
 inline constexpr const char* kMoeFp4DecodeOp = "moe.fp4.decode";
 inline constexpr const char* kMoeFp4PrefillOp = "moe.fp4.prefill";
 std::string moe_fp4_small_variant_id(int variant);

@@ -1,5 +1,5 @@
 // The NVFP4 expert kernels as backends: op "moe.fp4.decode" (the decode-shaped kernels,
-// candidates d0..d7, bucketed by step tokens) and "moe.fp4.prefill" (the prefill-shaped ones,
+// candidates d0..d9, bucketed by step tokens) and "moe.fp4.prefill" (the prefill-shaped ones,
 // p0..p4). Checked at the model's MoE widths against a double-precision host reference
 // (kernels/cuda/moe_fp4_rig.h; bound: the kernels' one rounding, bf16 h, 1e-2 of a row's largest
 // value); decode candidates must also be batch invariant. Before that, each bucket's step runs
