@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32|sizes32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -42,10 +42,10 @@ bench_serve() {
 # The 35B's engine step at a 512-token context (batch 1 and 64), then `fathom serve` on port $2
 # driven at concurrency 1 and 64 (issue 32: served against the engine); logs under $OUT/$1*.
 engine_beside_served() {
-  local name=$1 port=$2
-  timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
+  local name=$1 port=$2 fathom=${3:-$BIN/fathom}
+  timeout 200 "$fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
     --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/${name}_engine.log"
-  "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+  "$fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
     --max-model-len 2048 --max-num-seqs 64 --port "$port" > "$OUT/$name.log" 2>&1 &
   SRV=$!
   if wait_healthy "$port" $SRV; then
@@ -369,8 +369,26 @@ for what in "${@:-all}"; do
       done ;;
     serve32)
       # Issue 32: the served path beside the engine on the 35B (dummy weights): the engine's step at
-      # a 512-token context, then `fathom serve` driven at concurrency 1 and 64.
-      engine_beside_served serve32 18631 ;;
+      # a 512-token context, then `fathom serve` driven at concurrency 1 and 64. SERVE32_BINS: the
+      # carried binaries to run it with, one after another (default: fathom).
+      for b in ${SERVE32_BINS:-fathom}; do
+        name=serve32; [ "$b" = fathom ] || name=serve32_$b
+        engine_beside_served "$name" 18631 "$BIN/$b"
+      done ;;
+    sizes32)
+      # Issue 32's table: `fathom bench` at batch 1, 8 and 64 (4K context) on SIZES_SPECS
+      # (config:layers), with each of SIZES_BINS (carried binaries), alternated SIZES_REPS times.
+      for rep in $(seq "${SIZES_REPS:-1}"); do
+        for spec in ${SIZES_SPECS:-"qwen3.5-35b-a3b:"}; do
+          IFS=: read -r name layers <<< "$spec"
+          extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+          for b in ${SIZES_BINS:-fathom}; do
+            timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra --batch 1,8,64 --input-len 4096 \
+              --output-len 64 --json-out "$OUT/sizes_${name}_${b}_$rep.json" 2>&1 | grep -E "^decode" \
+              | sed "s/^/$name${layers:+:$layers} $b rep $rep: /" | tee -a "$OUT/sizes32.log"
+          done
+        done
+      done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;
