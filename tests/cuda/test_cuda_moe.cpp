@@ -76,8 +76,9 @@ TEST(CudaMoePacked, DecodeStepsAreBatchInvariant) {
 
 // The decode variants' sums run in an order fixed by their warp splits (warp w of W takes slabs
 // w, w + W, ...): how many slabs a warp has in flight and how many blocks share an SM must not
-// change a bit (the tuner groups candidates by their bits; speculative decoding needs one group). Variants are grouped by their gate/up and
-// down warp counts (from their names) and compared within each group.
+// change a bit (the tuner groups candidates by their bits; speculative decoding needs one group).
+// Variants are grouped by their gate/up and down warp counts (from their names) and compared
+// within each group.
 TEST(CudaMoePacked, VariantsOfOneWarpSplitHaveTheSameBits) {
   for (const cuda::PackedFormat format : {cuda::PackedFormat::Nvfp4, cuda::PackedFormat::Fp8}) {
     MoeFp4Rig rig(MoeCase{32, 8, 512, 256}, 8, 13, true, format);
