@@ -1,5 +1,6 @@
 // The programmatic-dependent-launch switch of launch.cuh (on unless FATHOM_PDL=0) and the
 // dynamic-shared-memory opt-ins.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -32,6 +33,9 @@ std::vector<std::string> knockout_names() {
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
+  if (!names.empty())
+    std::fprintf(stderr, "fathom: FATHOM_KNOCKOUT=%s: kernels whose names contain these are not launched, so "
+                 "results are wrong (a profiling switch)\n", v);
   return names;
 }
 const std::vector<std::string> g_knockout = knockout_names();
