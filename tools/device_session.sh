@@ -54,6 +54,12 @@ engine_beside_served() {
   fi
   kill $SRV; wait $SRV 2>/dev/null
 }
+# A config:layers spec ($1, e.g. qwen3.5-397b-a17b:28) into name, layers and extra (the
+# --num-layers flag, empty for all layers).
+split_spec() {
+  IFS=: read -r name layers <<< "$1"
+  extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+}
 stop_server() { kill $SRV; wait $SRV 2>/dev/null; grep -E "captured|KV cache|error" "$OUT/$1.log" | head -5; }
 # compute-sanitizer memcheck over the test_cuda tests FILTER ($3), at most $1 seconds, logged to
 # $OUT/$2_memcheck.log; prints the exit status and the error summary.
@@ -324,8 +330,7 @@ for what in "${@:-all}"; do
       # the kernels themselves take and what chaining them adds. NCU_SPECS: config:layers ...
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for spec in ${NCU_SPECS:-"qwen3.5-35b-a3b:"}; do
-        IFS=: read -r name layers <<< "$spec"
-        extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+        split_spec "$spec"
         timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 --input-len 4096 \
           --output-len 64 2>&1 | grep -E "^decode" | tee "$OUT/ncu32_${name}_step.log"
         timeout 400 "$NCU" --profile-from-start off --graph-profiling node --clock-control none --cache-control none \
@@ -348,8 +353,7 @@ for what in "${@:-all}"; do
         echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/staged_racecheck.log" | tail -1)"; }
       for rep in $(seq "${STAGED_REPS:-2}"); do
         for spec in ${STAGED_SPECS:-"qwen3.5-35b-a3b:"}; do
-          IFS=: read -r name layers <<< "$spec"
-          extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+          split_spec "$spec"
           for mode in ${STAGED_MODES:-base 0 1 2}; do
             # A number: this build with FATHOM_GEMV_STAGED at it. base: the previous commit's binary
             # (fathom_old, carried beside this one); another word W: the binary fathom_W. Those
@@ -380,8 +384,7 @@ for what in "${@:-all}"; do
       # (config:layers), with each of SIZES_BINS (carried binaries), alternated SIZES_REPS times.
       for rep in $(seq "${SIZES_REPS:-1}"); do
         for spec in ${SIZES_SPECS:-"qwen3.5-35b-a3b:"}; do
-          IFS=: read -r name layers <<< "$spec"
-          extra=; [ -n "$layers" ] && extra="--num-layers $layers"
+          split_spec "$spec"
           for b in ${SIZES_BINS:-fathom}; do
             timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra --batch 1,8,64 --input-len 4096 \
               --output-len 64 --json-out "$OUT/sizes_${name}_${b}_$rep.json" 2>&1 | grep -E "^decode" \
