@@ -16,6 +16,12 @@
 
 namespace fathom::testing {
 
+// Whether a CUDA device is present (tests that can run without one skip, saying so).
+inline bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 inline cuda::bf16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
   std::memcpy(&u, &f, 4);

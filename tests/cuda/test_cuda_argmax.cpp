@@ -9,17 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom {
 namespace {
-
-bool gpu_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 int32_t host_pick(const float* l, int n) {
   float best = -INFINITY;
@@ -79,7 +75,7 @@ std::vector<int32_t> run(const cuda::DeviceBuffer& logits, cuda::DeviceBuffer& s
 }
 
 TEST(CudaArgmax, EqualsHostScanAtEverySplit) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   // One block, one block and one more, ragged stripes, the 35B's and Qwen3's vocabularies,
   // exactly the most blocks a row takes, and past that (longer stripes).
   for (int n : {1, 17, 4096, 4097, 151936, 248320, 1048576, 1500007}) {
@@ -97,7 +93,7 @@ TEST(CudaArgmax, EqualsHostScanAtEverySplit) {
 }
 
 TEST(CudaArgmax, ReplaysFromAGraph) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int rows = 5, n = 248320;
   cudaStream_t s;
   FATHOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

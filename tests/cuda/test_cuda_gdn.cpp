@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
@@ -205,11 +206,6 @@ class GdnRig {
   cuda::DeviceBuffer a_log_, dt_bias_, pool_;
 };
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 // Ragged sequences (lengths `lens`) in a non-trivial slot mapping, one step: outputs and every
 // slot of the state pool against the double-precision recurrence within `tol` (slots no sequence
 // uses must not change at all). Sequences of at least `chunked_from` tokens (if positive) take
@@ -257,7 +253,7 @@ struct GdnCase {
 constexpr bool kDecodeKernels[] = {false, true};
 
 TEST(CudaGdn, RecurrentMatchesHostReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
   const GdnCase cases[] = {
       {{4, 8, 128, 128}, {1, 7, 300}},
       {{4, 8, 32, 32}, {7, 300, 1}},
@@ -283,7 +279,7 @@ TEST(CudaGdn, RecurrentMatchesHostReference) {
 // 64-token chunk, several column slices, a partial slice. Precise (3xTF32) to the recurrent
 // kernel's tolerance; plain tf32 (the default) looser.
 TEST(CudaGdn, ChunkedMatchesHostReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda::gdn_chunked_supported(128, 128)) GTEST_SKIP() << "the chunked form needs more shared memory";
   const GdnCase cases[] = {
       {{16, 64, 128, 128}, {300, 1, 64}},  // Qwen3.5-397B's heads
@@ -304,7 +300,7 @@ TEST(CudaGdn, ChunkedMatchesHostReference) {
 // 12 tokens in one step, alone, in slot 1, against the same tokens in steps of 1, 2, 4 and 5
 // tokens, in slot 2, each step led by another sequence with 1-3 tokens: the same bits.
 TEST(CudaGdn, TokensPerStepDoNotChangeBits) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
   for (const bool smem : kDecodeKernels)
   for (const GdnShape sh : {GdnShape{4, 8, 128, 128}, GdnShape{2, 4, 16, 16}, GdnShape{1, 2, 64, 37}}) {
     const DecodeKernel k(smem);
@@ -395,7 +391,7 @@ void expect_history_keeps_state() {
 }
 
 TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
   for (const bool smem : kDecodeKernels) {
     const DecodeKernel k(smem);
     SCOPED_TRACE(smem ? "shared-memory kernel" : "register-tiled kernel");
@@ -406,7 +402,7 @@ TEST(CudaGdn, HistoryKeepsStateAfterEachToken) {
 // Prefill of one 4,096-token sequence with Qwen3.5-397B's heads: prints the time of one call of
 // the recurrent form and of the chunked form (3xTF32 and tf32).
 TEST(CudaGdn, PrefillTime) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
   const GdnShape sh{16, 64, 128, 128};
   const int T = 4096;
   cuda::DeviceBuffer u(size_t(T) * sh.conv_total() * sizeof(float)), ba(size_t(T) * 2 * sh.hv * sizeof(float));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/row_sampling.h"
+#include "cuda_test_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
@@ -71,16 +72,11 @@ std::vector<float> random_logits(int rows, int V, float scale, uint32_t seed) {
   return l;
 }
 
-bool gpu_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 // Greedy picks equal the CPU's argmax bit for bit, with ties (to the lowest id), with the
 // adjustments applied as apply_logit_adjustments and min_tokens masking apply them, and with a
 // draft (accepted exactly when it is the argmax).
 TEST(CudaSampling, GreedyEqualsCpuArgmax) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   for (int V : {1000, 248320}) {
     const int rows = 48;
     std::vector<float> logits = random_logits(rows, V, 3.f, 7u + uint32_t(V));
@@ -148,7 +144,7 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
 // Logprobs come from the raw logits (before the adjustments): the chosen token's and the top k,
 // as compute_logprobs gives them.
 TEST(CudaSampling, LogprobsMatchCpu) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 248320, rows = 8;
   const std::vector<float> logits = random_logits(rows, V, 2.f, 99u);
   std::vector<RowSampling> params(rows);
@@ -216,7 +212,7 @@ ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<doubl
 // the accepted-or-replaced token still follows it (rejection sampling is lossless) and the draft
 // is accepted with probability p(draft).
 TEST(CudaSampling, DistributionsMatchCpuSampler) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 96, N = 200000;
   std::vector<float> base = random_logits(1, V, 2.f, 4242u);
   struct Case {
@@ -306,7 +302,7 @@ TEST(CudaSampling, DistributionsMatchCpuSampler) {
 // A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
 // it: the random numbers depend on (seed, draw) only.
 TEST(CudaSampling, SeededRowsIndependentOfBatch) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 248320, rows = 16;
   const std::vector<float> logits = random_logits(rows, V, 1.f, 5u);
   std::vector<RowSampling> params(rows);
@@ -338,7 +334,7 @@ TEST(CudaSampling, SeededRowsIndependentOfBatch) {
 // tokens, a sampled row picks only allowed tokens (whatever the logits prefer), and a draft
 // outside the mask is rejected.
 TEST(CudaSampling, TokenMasksRestrictTheChoice) {
-  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 248320, rows = 32;
   const int64_t W = mask_words(V);
   const std::vector<float> logits = random_logits(rows, V, 2.f, 11u);
