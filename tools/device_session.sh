@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32|sizes32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32|sizes32|knockout32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -325,17 +325,18 @@ for what in "${@:-all}"; do
         grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tier.log" | head -6
       done ;;
     ncu32)
-      # Issue 32: every kernel of one batch-1 decode step alone (Nsight Compute, clocks and caches
-      # left alone: its duration, DRAM bytes and grid), beside the step's median in a graph: what
-      # the kernels themselves take and what chaining them adds. NCU_SPECS: config:layers ...
+      # Issue 32: every kernel of one decode step alone (Nsight Compute, clocks and caches left
+      # alone: its duration, DRAM bytes and grid), beside the step's median in a graph: what the
+      # kernels themselves take and what chaining them adds. NCU_SPECS: config:layers ...;
+      # NCU_BATCH: the batch size (default 1).
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for spec in ${NCU_SPECS:-"qwen3.5-35b-a3b:"}; do
         split_spec "$spec"
-        timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 --input-len 4096 \
-          --output-len 64 2>&1 | grep -E "^decode" | tee "$OUT/ncu32_${name}_step.log"
+        timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch "${NCU_BATCH:-1}" \
+          --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" | tee "$OUT/ncu32_${name}_step.log"
         timeout 400 "$NCU" --profile-from-start off --graph-profiling node --clock-control none --cache-control none \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
-          --csv --page raw "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 --input-len 4096 \
+          --csv --page raw "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch "${NCU_BATCH:-1}" --input-len 4096 \
           --output-len 4 --profiler-range > "$OUT/ncu32_$name.csv" 2> "$OUT/ncu32_$name.err"
         echo "ncu $name rc=$? $(grep -c '^"' "$OUT/ncu32_$name.csv") rows"; tail -2 "$OUT/ncu32_$name.err"
       done ;;
@@ -378,6 +379,18 @@ for what in "${@:-all}"; do
       for b in ${SERVE32_BINS:-fathom}; do
         name=serve32; [ "$b" = fathom ] || name=serve32_$b
         engine_beside_served "$name" 18631 "$BIN/$b"
+      done ;;
+    knockout32)
+      # Issue 32: a kernel's cost inside the decode graph (FATHOM_KNOCKOUT skips the kernels whose
+      # names contain a name; results are wrong, times are what is left). One baseline run first
+      # (it also fills the tune cache), then one run per entry of KNOCK_NAMES (comma lists allowed)
+      # on KNOCK_SPEC (config:layers) at batch KNOCK_BATCH, then the baseline again.
+      split_spec "${KNOCK_SPEC:-qwen3.5-35b-a3b:}"
+      for names in - ${KNOCK_NAMES:-rms_norm} -; do
+        [ "$names" = - ] && names=
+        FATHOM_KNOCKOUT=$names timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
+          --batch "${KNOCK_BATCH:-1}" --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
+          | sed "s/^/knockout ${names:-none}: /" | tee -a "$OUT/knockout32.log"
       done ;;
     sizes32)
       # Issue 32's table: `fathom bench` at batch 1, 8 and 64 (4K context) on SIZES_SPECS
