@@ -5,12 +5,14 @@
 // several times in a row (their completion counters must return to zero after every launch).
 //   moe_route             = linear_f32 + moe_topk + moe_group_pairs (at one token, the same tiles
 //                           in k order)
+//   moe_topk_group        = moe_topk + moe_group_pairs
 //   gdn_in_proj_conv      = gemm_bf16 (GEMV) + gdn_conv (with and without history)
 //   gdn_recurrent + norm  = gdn_recurrent + gated_rms_norm
 //   combine_add_rms_norm  = moe_combine_pairs + add_rms_norm
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -75,6 +77,32 @@ void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, 
 
 // ---- moe_route
 
+// The grouping written into two scratch buffers (all, all_ref: their whole contents): expert
+// starts, active list and tiles equal; pairs equal as a set per expert (their order within an
+// expert is the atomics' and no result depends on it).
+void expect_same_grouping(const std::vector<int32_t>& all, const cuda::MoeGroupScratch& g,
+                          const std::vector<int32_t>& all_ref, const cuda::MoeGroupScratch& g_ref, int P_max, int E) {
+  const int32_t num_tiles = all[g.num_tiles - g.sorted_pairs];
+  ASSERT_EQ(num_tiles, all_ref[g_ref.num_tiles - g_ref.sorted_pairs]);
+  const size_t starts = size_t(P_max), n_starts = size_t(E) + 1;
+  std::vector<int32_t> st_ref(all_ref.begin() + starts, all_ref.begin() + starts + n_starts);
+  std::vector<int32_t> st(all.begin() + starts, all.begin() + starts + n_starts);
+  ASSERT_EQ(st, st_ref) << "expert starts";
+  const int32_t num_active = all[g.num_active - g.sorted_pairs];
+  EXPECT_EQ(num_active, all_ref[g_ref.num_active - g_ref.sorted_pairs]);
+  for (int i = 0; i < num_active; ++i)
+    EXPECT_EQ(all[g.active - g.sorted_pairs + i], all_ref[g_ref.active - g_ref.sorted_pairs + i]);
+  for (int i = 0; i < 4 * num_tiles; ++i)
+    EXPECT_EQ(all[g.tiles - g.sorted_pairs + i], all_ref[g_ref.tiles - g_ref.sorted_pairs + i]) << "tile int " << i;
+  for (int e = 0; e < E; ++e) {
+    std::vector<int32_t> a(all.begin() + st[e], all.begin() + st[e + 1]);
+    std::vector<int32_t> b(all_ref.begin() + st[e], all_ref.begin() + st[e + 1]);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    ASSERT_EQ(a, b) << "pairs of expert " << e;
+  }
+}
+
 struct RouteShape {
   int E, H, K;
 };
@@ -133,29 +161,51 @@ TEST(CudaFusedDecode, RouteEqualsRouterTopkGroup) {
           EXPECT_EQ(got, want) << "(expert, pair) of the tiles";
           continue;
         }
-        // The grouping: expert starts, active list and tiles equal; pairs equal as a set per expert
-        // (their order within an expert is the atomics' and no result depends on it).
-        const size_t sorted = size_t(P_max), starts = sorted, n_starts = size_t(sh.E) + 1;
-        std::vector<int32_t> st_ref(all_ref.begin() + starts, all_ref.begin() + starts + n_starts);
-        std::vector<int32_t> st(all.begin() + starts, all.begin() + starts + n_starts);
-        ASSERT_EQ(st, st_ref) << "expert starts";
-        const int32_t num_active = all[g.num_active - g.sorted_pairs];
-        EXPECT_EQ(num_active, all_ref[g_ref.num_active - g_ref.sorted_pairs]);
-        for (int i = 0; i < num_active; ++i)
-          EXPECT_EQ(all[g.active - g.sorted_pairs + i], all_ref[g_ref.active - g_ref.sorted_pairs + i]);
-        for (int i = 0; i < 4 * num_tiles; ++i)
-          EXPECT_EQ(all[g.tiles - g.sorted_pairs + i], all_ref[g_ref.tiles - g_ref.sorted_pairs + i])
-              << "tile int " << i;
-        for (int e = 0; e < sh.E; ++e) {
-          std::vector<int32_t> a(all.begin() + st[e], all.begin() + st[e + 1]);
-          std::vector<int32_t> b(all_ref.begin() + st[e], all_ref.begin() + st[e + 1]);
-          std::sort(a.begin(), a.end());
-          std::sort(b.begin(), b.end());
-          ASSERT_EQ(a, b) << "pairs of expert " << e;
-        }
+        expect_same_grouping(all, g, all_ref, g_ref, P_max, sh.E);
       }
   }
   cuda::set_gemv_staging_mode(-1);
+}
+
+// Steps past the routing GEMV's sizes: moe_topk_group (a block per 4 tokens, the last one groups)
+// against moe_topk + moe_group_pairs, on logits with ties (values on a coarse grid) so the tie
+// order is compared too; up to its limit, and refused past it.
+TEST(CudaFusedDecode, TopkGroupEqualsTopkThenGroup) {
+  std::mt19937 rng(4321);
+  for (const RouteShape& sh : {RouteShape{256, 0, 8}, RouteShape{512, 0, 10}, RouteShape{100, 0, 3}}) {
+    for (const int tile : {8, 64}) {
+      const int P_max = cuda::kTopkGroupMaxTokens * sh.K;
+      const size_t scratch_ints = size_t(cuda::moe_group_scratch_ints(P_max, sh.E));
+      DeviceBuffer g_ref_buf(scratch_ints * 4), g_buf(scratch_ints * 4);
+      const cuda::MoeGroupScratch g_ref = cuda::moe_group_scratch(g_ref_buf.as<int32_t>(), P_max, sh.E);
+      const cuda::MoeGroupScratch g = cuda::moe_group_scratch(g_buf.as<int32_t>(), P_max, sh.E);
+      for (const int T : {1, 6, 8, 37, 64, cuda::kTopkGroupMaxTokens}) {
+        SCOPED_TRACE("E=" + std::to_string(sh.E) + " K=" + std::to_string(sh.K) + " tile " + std::to_string(tile) +
+                     " T=" + std::to_string(T));
+        const int P = T * sh.K;
+        std::vector<float> l = normal(size_t(T) * sh.E, rng, 2.f);
+        for (float& v : l) v = std::round(v * 4.f) / 4.f;
+        const DeviceBuffer logits = DeviceBuffer::from_host(l);
+        FATHOM_CUDA_CHECK(cudaMemset(g_ref_buf.data(), 0xFF, g_ref_buf.bytes()));
+        FATHOM_CUDA_CHECK(cudaMemset(g_buf.data(), 0xFF, g_buf.bytes()));
+        FATHOM_CUDA_CHECK(cudaMemset(g.done, 0, sizeof(int32_t)));  // zero when the scratch is made
+        DeviceBuffer ids_ref = poisoned(size_t(P) * 4), ids = poisoned(size_t(P) * 4);
+        DeviceBuffer w_ref = poisoned(size_t(P) * 4), wts = poisoned(size_t(P) * 4);
+        cuda::moe_topk(logits.as<float>(), ids_ref.as<int32_t>(), w_ref.as<float>(), T, sh.E, sh.K, true, nullptr);
+        cuda::moe_group_pairs(ids_ref.as<int32_t>(), P, sh.E, g_ref, tile, nullptr);
+        ASSERT_TRUE(cuda::moe_topk_group(logits.as<float>(), ids.as<int32_t>(), wts.as<float>(), T, sh.E, sh.K, true, g,
+                                         tile, nullptr));
+        FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(host<int32_t>(ids), host<int32_t>(ids_ref));
+        expect_same_bits(host<float>(wts), host<float>(w_ref), "routing weights");
+        const auto all = host<int32_t>(g_buf);
+        expect_same_grouping(all, g, host<int32_t>(g_ref_buf), g_ref, P_max, sh.E);
+        EXPECT_EQ(all[g.done - g.sorted_pairs], 0) << "the completion count must return to zero";
+      }
+      EXPECT_FALSE(cuda::moe_topk_group(nullptr, nullptr, nullptr, cuda::kTopkGroupMaxTokens + 1, sh.E, sh.K, true, g,
+                                        tile, nullptr));
+    }
+  }
 }
 
 // ---- gdn_in_proj_conv

@@ -242,8 +242,11 @@ __device__ void group_pairs_block(const int32_t* ids, int P, int E, int32_t* cou
   int32_t* cursor = counts + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x)
-    if (ids[p] >= 0) atomicAdd(&counts[ids[p]], 1);  // < 0: another rank's expert (expert parallel)
+  // ids through L2 (__ldcg): moe_topk_group's other blocks wrote them.
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int id = __ldcg(ids + p);
+    if (id >= 0) atomicAdd(&counts[id], 1);  // < 0: another rank's expert (expert parallel)
+  }
   __syncthreads();
   const int per = (E + blockDim.x - 1) / blockDim.x;
   const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
@@ -276,8 +279,10 @@ __device__ void group_pairs_block(const int32_t* ids, int P, int E, int32_t* cou
     if (tile_tokens > 0) *num_tiles = total.z;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x)
-    if (ids[p] >= 0) sorted_pairs[atomicAdd(&cursor[ids[p]], 1)] = p;
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int id = __ldcg(ids + p);
+    if (id >= 0) sorted_pairs[atomicAdd(&cursor[id], 1)] = p;
+  }
 }
 
 __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sorted_pairs, int32_t* expert_start,
@@ -286,6 +291,26 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
   pdl_prologue();
   extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
   group_pairs_block(ids, P, E, counts, sorted_pairs, expert_start, active, num_active, tile_tokens, tiles, num_tiles);
+}
+
+// Softmax + top-k of every token (a warp a token, as moe_topk), then the grouping of the pairs by
+// the last block to finish (as moe_route's tail, counted on g.done): steps past the routing GEMV's
+// sizes (batch 8 to 128) save the launch between moe_topk and moe_group_pairs, with their results.
+__global__ void moe_topk_group_kernel(const float* logits, int T, int E, int K, bool renorm, int32_t* ids,
+                                      float* weights, MoeGroupScratch g, int tile_tokens) {
+  pdl_prologue();
+  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+  __shared__ int last;
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t < T) topk_token(logits, ids, weights, t, E, K, renorm);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(reinterpret_cast<unsigned*>(g.done), gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  group_pairs_block(ids, T * K, E, counts, g.sorted_pairs, g.expert_start, g.active, g.num_active, tile_tokens, g.tiles,
+                    g.num_tiles);
 }
 
 // A decode-sized step's routing in one launch: the router's fp32 GEMV (gemv_block: the bits of
@@ -483,6 +508,15 @@ bool moe_route(const float* router, const float* x, float* logits, int T, int E,
       launch(moe_route_kernel<B::kMaxT, B::kRows, false>, blocks, kGemvBlock, 0, s, router, x, logits, T, E, H, G, K,
              renorm, topk_ids, topk_w, g, tile_tokens);
   });
+  FATHOM_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool moe_topk_group(const float* logits, int32_t* topk_ids, float* topk_w, int T, int E, int K, bool renorm,
+                    const MoeGroupScratch& g, int tile_tokens, cudaStream_t s) {
+  if (T < 1 || T > kTopkGroupMaxTokens || E > kMaxExperts || K > E || g.done == nullptr) return false;
+  launch(moe_topk_group_kernel, (T + 3) / 4, 128, 2 * E * sizeof(int32_t), s, logits, T, E, K, renorm, topk_ids, topk_w,
+         g, tile_tokens);
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;
 }

@@ -380,6 +380,11 @@ struct MoeGroupScratch {
   int32_t *tiles = nullptr, *num_tiles = nullptr;
   int32_t* done = nullptr;  // moe_route's count of finished blocks (zero when the scratch is made)
 };
+// moe_topk, then moe_group_pairs with tile_tokens, in one launch (the same results). False, with
+// nothing launched, past kTopkGroupMaxTokens tokens (one block groups them all) or without g.done.
+inline constexpr int kTopkGroupMaxTokens = 128;
+bool moe_topk_group(const float* logits, int32_t* topk_ids, float* topk_w, int T, int E, int K, bool renorm,
+                    const MoeGroupScratch& g, int tile_tokens, cudaStream_t s);
 // Counting sort of the P = T*K pairs by expert (ids < 0 left out); with tile_tokens > 0 also the work tiles
 // (expert, first sorted pair, count <= tile_tokens), at most min(E, P) + P / tile_tokens of them.
 void moe_group_pairs(const int32_t* topk_ids, int P, int E, const MoeGroupScratch& g, int tile_tokens,

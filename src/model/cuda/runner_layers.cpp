@@ -328,8 +328,13 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       } else {
         linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
       }
-      moe_topk(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T, E, K,
-               cfg.norm_topk_prob, s);
+      if (l.packed && !tp.expert_parallel)  // top-k and the grouping in one launch where it fits
+        grouped = moe_topk_group(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T,
+                                 E, K, cfg.norm_topk_prob, act.group,
+                                 moe_fp4_tile_tokens(l.pexperts, T, K, opt.kernels.moe), s);
+      if (!grouped)
+        moe_topk(act.router_logits.as<float>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), T, E, K,
+                 cfg.norm_topk_prob, s);
       if (tp.expert_parallel) moe_localize_ids(act.topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
     }
   }
