@@ -172,7 +172,10 @@ TEST(CudaFusedDecode, RouteEqualsRouterTopkGroup) {
 // order is compared too; up to its limit, and refused past it.
 TEST(CudaFusedDecode, TopkGroupEqualsTopkThenGroup) {
   std::mt19937 rng(4321);
-  for (const RouteShape& sh : {RouteShape{256, 0, 8}, RouteShape{512, 0, 10}, RouteShape{100, 0, 3}}) {
+  struct TopkShape {
+    int E, K;
+  };
+  for (const TopkShape& sh : {TopkShape{256, 8}, TopkShape{512, 10}, TopkShape{100, 3}}) {
     for (const int tile : {8, 64}) {
       const int P_max = cuda::kTopkGroupMaxTokens * sh.K;
       const size_t scratch_ints = size_t(cuda::moe_group_scratch_ints(P_max, sh.E));

@@ -295,7 +295,7 @@ __global__ void moe_group_kernel(const int32_t* ids, int P, int E, int32_t* sort
 
 // Softmax + top-k of every token (a warp a token, as moe_topk), then the grouping of the pairs by
 // the last block to finish (as moe_route's tail, counted on g.done): steps past the routing GEMV's
-// sizes (batch 8 to 128) save the launch between moe_topk and moe_group_pairs, with their results.
+// sizes (6 to 128 tokens) save the launch between moe_topk and moe_group_pairs, with their results.
 __global__ void moe_topk_group_kernel(const float* logits, int T, int E, int K, bool renorm, int32_t* ids,
                                       float* weights, MoeGroupScratch g, int tile_tokens) {
   pdl_prologue();
