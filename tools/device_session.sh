@@ -375,10 +375,14 @@ for what in "${@:-all}"; do
     serve32)
       # Issue 32: the served path beside the engine on the 35B (dummy weights): the engine's step at
       # a 512-token context, then `fathom serve` driven at concurrency 1 and 64. SERVE32_BINS: the
-      # carried binaries to run it with, one after another (default: fathom).
-      for b in ${SERVE32_BINS:-fathom}; do
-        name=serve32; [ "$b" = fathom ] || name=serve32_$b
-        engine_beside_served "$name" 18631 "$BIN/$b"
+      # carried binaries to run it with, one after another (default: fathom), alternated
+      # SERVE32_REPS times (default 1; single concurrency-64 runs move by +-10%).
+      for rep in $(seq "${SERVE32_REPS:-1}"); do
+        for b in ${SERVE32_BINS:-fathom}; do
+          name=serve32; [ "$b" = fathom ] || name=serve32_$b
+          [ "${SERVE32_REPS:-1}" = 1 ] || name=${name}_rep$rep
+          engine_beside_served "$name" 18631 "$BIN/$b"
+        done
       done ;;
     knockout32)
       # Issue 32: a kernel's cost inside the decode graph (FATHOM_KNOCKOUT skips the kernels whose
