@@ -1,14 +1,16 @@
 // Row-wise argmax over the logits, each row split over blocks. One block a row streamed a 248K
 // vocabulary's 1 MB through one SM (57 us a step at batch 1 on an H100, docs/perf.md issue 32);
 // in stripes of kStripe logits ~60 blocks on as many SMs read it at once. Each block reduces its
-// stripe, posts (value, index) and counts itself in; the row's last block reduces the posts and
-// sets the row's count back to zero, so the scratch stays zeroed between calls (and in graphs).
+// stripe, posts (value, index) and counts itself in (last_block_to_finish, whose count wraps back
+// to zero, so the scratch stays zeroed between calls and in graphs); the row's last block reduces
+// the posts.
 // The pick, largest value and lowest index among equals with NaN never chosen, is an order-free
 // reduction: the same index whatever the split.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -73,25 +75,15 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, i
     return;
   }
   RowScratch& rs = scratch[row];
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    rs.posts[b] = Post{best, idx};
-    __threadfence();  // the post is visible before the count says so
-    last = atomicAdd(&rs.count, 1u) == unsigned(blocks - 1);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (threadIdx.x == 0) rs.posts[b] = Post{best, idx};
+  if (!last_block_to_finish(&rs.count)) return;  // the row's count wraps back to zero
   best = -INFINITY, idx = INT_MAX;
   if (int(threadIdx.x) < blocks) {  // read past L1: other blocks wrote these
     best = __ldcg(&rs.posts[threadIdx.x].value);
     idx = __ldcg(&rs.posts[threadIdx.x].index);
   }
   block_pick(best, idx);
-  if (threadIdx.x == 0) {
-    out[row] = idx;
-    rs.count = 0;
-  }
+  if (threadIdx.x == 0) out[row] = idx;
 }
 
 }  // namespace

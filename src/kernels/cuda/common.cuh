@@ -46,6 +46,20 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// Whether this block is the last of the grid's gridDim.x blocks to get here; every thread of the
+// block gets the answer. Each block fences its writes, then counts itself in on `counter`;
+// atomicInc wraps the count back to 0 at the last block, so the counter is ready for the next
+// launch without a reset. The last block fences again before it reads what the others wrote.
+__device__ __forceinline__ bool last_block_to_finish(unsigned* counter) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(counter, gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + __expf(-x)); }
 

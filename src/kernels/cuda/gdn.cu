@@ -374,15 +374,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
   if (active) gdn_store_column<F>(S, st, dv);
   if (gn.counters == nullptr) return;
   // The gated norm of this sequence's rows of head h, by the last of the head's column blocks to
-  // finish (each fences its outputs, then counts itself in; atomicInc wraps the count to 0).
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicInc(gn.counters + int64_t(s) * hv + h, gridDim.x - 1) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  // finish.
+  if (!last_block_to_finish(gn.counters + int64_t(s) * hv + h)) return;
   for (int t = t_begin + int(threadIdx.x / 32); t < t_end; t += kGdnThreads / 32)
     gated_norm_row_vec(out, gn.z, gn.z_ld, hv, gn.w, gn.y, t * hv + h, dv, gn.eps);
 }

@@ -300,24 +300,17 @@ __global__ void moe_topk_group_kernel(const float* logits, int T, int E, int K, 
                                       float* weights, MoeGroupScratch g, int tile_tokens) {
   pdl_prologue();
   extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
-  __shared__ int last;
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (t < T) topk_token(logits, ids, weights, t, E, K, renorm);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicInc(reinterpret_cast<unsigned*>(g.done), gridDim.x - 1) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_to_finish(reinterpret_cast<unsigned*>(g.done))) return;
   group_pairs_block(ids, T * K, E, counts, g.sorted_pairs, g.expert_start, g.active, g.num_active, tile_tokens, g.tiles,
                     g.num_tiles);
 }
 
 // A decode-sized step's routing in one launch: the router's fp32 GEMV (gemv_block: the bits of
 // linear_f32), then the last block to finish takes the softmax + top-k of every token and the
-// grouping of the pairs. Each block writes its logits, fences, and counts itself in on
-// g.done; atomicInc wraps the count back to 0 at the last block, so the counter is ready for the
-// next launch without a reset. Saves two kernel boundaries a MoE layer (docs/perf.md, issue 32).
+// grouping of the pairs (last_block_to_finish, counted on g.done). Saves two kernel boundaries a
+// MoE layer (docs/perf.md, issue 32).
 // kStaged: the router's rows are copied into shared memory before the PDL wait (gemv.cuh), while
 // the norm before it runs.
 template <int MAX_T, int R, bool kStaged>
@@ -333,14 +326,8 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
   } else {
     gemv_block<float, MAX_T, R>(router, x, GemvStoreRows{logits, E}, T, E, H, G);
   }
-  __shared__ int last;
   __shared__ int32_t counts[2 * kMaxExperts];
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicInc(reinterpret_cast<unsigned*>(g.done), gridDim.x - 1) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_to_finish(reinterpret_cast<unsigned*>(g.done))) return;
   if (T == 1 && tile_tokens > 0 && K <= 32) {
     // One token: its K experts are distinct, so the grouping is a tile per pair, in k order (the
     // packed expert kernels' results do not depend on the tiles' order); one warp, no block-wide
