@@ -208,19 +208,29 @@ __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __r
 #pragma unroll
       for (int t = 0; t < MAX_T; ++t) part[warp][r][t] = acc[r][t];
   __syncthreads();
-  if (g == 0 && lane == 0)
+  // Lane r * MAX_T + t sums element (r, t) over the group's G warps, in warp order (the order one
+  // thread summing them all would take: the same bits), so the R * MAX_T sums run side by side
+  // instead of as one thread's chain of R * MAX_T * G shared-memory loads; the result goes back
+  // into the group's first slot, where lane 0 hands each row to `store`.
+  static_assert(R * MAX_T <= 32, "one lane a (row, token) element");
+  if (g == 0) {
+    float* first_slot = &part[group * G][0][0];
+    if (lane < R * MAX_T) {
+      float s = 0.f;
+      for (int i = 0; i < G; ++i) s += (&part[group * G + i][0][0])[lane];
+      first_slot[lane] = s;
+    }
+    __syncwarp();
+    if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (n0 + r < N) {
-        float v[MAX_T];
+      for (int r = 0; r < R; ++r)
+        if (n0 + r < N) {
+          float v[MAX_T];
 #pragma unroll
-        for (int t = 0; t < MAX_T; ++t) {
-          float s = 0.f;
-          for (int i = 0; i < G; ++i) s += part[group * G + i][r][t];
-          v[t] = s;
+          for (int t = 0; t < MAX_T; ++t) v[t] = first_slot[r * MAX_T + t];
+          store(n0 + r, v, T);
         }
-        store(n0 + r, v, T);
-      }
+  }
 }
 
 // The GEMV's token buckets: fn(GemvBucket<MAX_T, R>{}) for a step of T <= kGemvMaxTokens tokens.
