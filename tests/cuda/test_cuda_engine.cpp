@@ -505,6 +505,58 @@ TEST(CudaGemv, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// Past kGemvMaxTokens, fp32 products (the router at batch 6 to 64) run the GEMV over chunks of 8
+// tokens: every row bit-identical to the one-token GEMV of that row (so routing does not depend
+// on the batch), close to a double-precision product; linear_f32 takes it up to
+// kGemvChunkedMaxTokens and cuBLASLt after.
+TEST(CudaGemv, ChunkedFp32RowsEqualOneTokenRows) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  struct Shape {
+    int N, K;
+  };
+  const int T_max = cuda::kGemvChunkedMaxTokens;
+  for (const Shape sh : {Shape{256, 2048}, Shape{512, 4096}, Shape{300, 520}, Shape{100, 64}}) {
+    const int N = sh.N, K = sh.K;
+    std::vector<float> wf(size_t(N) * K), xf(size_t(T_max + 1) * K);
+    for (float& v : wf) v = nd(rng);
+    for (float& v : xf) v = nd(rng);
+    const auto w = cuda::DeviceBuffer::from_host(wf), x = cuda::DeviceBuffer::from_host(xf);
+    cuda::DeviceLinear lin;
+    lin.out = N, lin.in = K, lin.f32 = w.as<float>();
+    // Each row alone, by the one-token GEMV.
+    std::vector<float> alone(size_t(T_max) * N);
+    cuda::DeviceBuffer y1(size_t(N) * 4);
+    for (int r = 0; r < T_max; ++r) {
+      ASSERT_TRUE(cuda::gemv_small_batch(x.as<float>() + size_t(r) * K, w.as<float>(), y1.as<float>(), 1, N, K, nullptr));
+      FATHOM_CUDA_CHECK(cudaMemcpy(alone.data() + size_t(r) * N, y1.data(), size_t(N) * 4, cudaMemcpyDeviceToHost));
+    }
+    for (const int T : {6, 8, 9, 37, T_max}) {
+      cuda::DeviceBuffer y(size_t(T) * N * 4), yl(size_t(T) * N * 4);
+      FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+      ASSERT_TRUE(cuda::gemv_chunked(x.as<float>(), w.as<float>(), y.as<float>(), T, N, K, nullptr));
+      cuda::linear_f32(lin, x.as<float>(), yl.as<float>(), T, nullptr);
+      std::vector<float> got(size_t(T) * N), via_linear(got.size());
+      FATHOM_CUDA_CHECK(cudaMemcpy(got.data(), y.data(), y.bytes(), cudaMemcpyDeviceToHost));
+      FATHOM_CUDA_CHECK(cudaMemcpy(via_linear.data(), yl.data(), yl.bytes(), cudaMemcpyDeviceToHost));
+      ASSERT_EQ(std::memcmp(got.data(), alone.data(), got.size() * 4), 0) << "N=" << N << " K=" << K << " T=" << T;
+      ASSERT_EQ(std::memcmp(got.data(), via_linear.data(), got.size() * 4), 0) << "linear_f32, N=" << N << " T=" << T;
+      double worst = 0;
+      for (int r = 0; r < T; r += 5)
+        for (int n = 0; n < N; n += 7) {
+          double ref = 0;
+          for (int k = 0; k < K; ++k) ref += double(wf[size_t(n) * K + k]) * double(xf[size_t(r) * K + k]);
+          worst = std::max(worst, std::fabs(ref - double(got[size_t(r) * N + n])) / std::sqrt(double(K)));
+        }
+      EXPECT_LT(worst, 1e-4) << "N=" << N << " K=" << K << " T=" << T;
+    }
+    cuda::DeviceBuffer y(size_t(T_max + 1) * N * 4);
+    EXPECT_FALSE(cuda::gemv_chunked(x.as<float>(), w.as<float>(), y.as<float>(), T_max + 1, N, K, nullptr));
+    EXPECT_FALSE(cuda::gemv_chunked(x.as<float>() + 1, w.as<float>(), y.as<float>(), 8, N, K, nullptr))
+        << "x not 16-byte aligned";
+  }
+}
+
 // The staged form (weights copied into shared memory before the PDL wait, gemv.cuh) has the plain
 // form's bits at every step size in both staging modes; in mode 1 it is taken where the grid fits
 // one wave (the 35B's DeltaNet output projection and router, not a 33 MB matrix).

@@ -134,7 +134,7 @@ void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, 
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s) {
   if (T == 0) return;
   FATHOM_CHECK(w.f32 != nullptr, "linear_f32 needs fp32 weights");
-  if (gemv_small_batch(x, w.f32, y, T, w.out, w.in, s)) return;
+  if (gemv_small_batch(x, w.f32, y, T, w.out, w.in, s) || gemv_chunked(x, w.f32, y, T, w.out, w.in, s)) return;
   gemm_context()->run(x, w.f32, y, T, w.out, w.in, s, /*f32=*/true);
 }
 

@@ -34,6 +34,19 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_staged_kernel(const W* __rest
                                                &bar);
 }
 
+// Past kGemvMaxTokens (the fp32 router at batch 6 to kGemvChunkedMaxTokens): the GEMV over
+// chunks of 8 tokens, a chunk a grid row. A token's sum runs in an order fixed by (N, K) alone
+// (batch invariance), so these rows have the bits of one-token GEMVs; the weights are read
+// once a chunk, from L2 after the first.
+template <typename W>
+__global__ void __launch_bounds__(kGemvBlock) gemv_chunked_kernel(const W* __restrict__ w, const W* __restrict__ x,
+                                                                  float* __restrict__ y, int T, int N, int K, int G) {
+  using B = GemvBucket<8, 4>;
+  const int t0 = blockIdx.y * B::kMaxT;
+  gemv_block<W, B::kMaxT, B::kRows>(w, x + int64_t(t0) * K, GemvStoreRows{y + int64_t(t0) * N, N},
+                                    min(B::kMaxT, T - t0), N, K, G);
+}
+
 template <typename W>
 void launch_gemv(const W* x, const W* w, float* y, int T, int N, int K, cudaStream_t s) {
   const int G = gemv_warps_per_row<W>(N, K);
@@ -49,9 +62,9 @@ void launch_gemv(const W* x, const W* w, float* y, int T, int N, int K, cudaStre
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 
-bool usable(const void* x, const void* w, int T, int K, int elem) {
+bool usable(const void* x, const void* w, int T, int K, int elem, int max_tokens = kGemvMaxTokens) {
   const int V = 16 / elem;
-  return T >= 1 && T <= kGemvMaxTokens && K % V == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
+  return T >= 1 && T <= max_tokens && K % V == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
          (reinterpret_cast<uintptr_t>(w) % 16) == 0;
 }
 
@@ -121,6 +134,14 @@ bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, 
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (!usable(x, w, T, K, 4)) return false;
   launch_gemv(x, w, y, T, N, K, s);
+  return true;
+}
+
+bool gemv_chunked(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s) {
+  if (!usable(x, w, T, K, 4, kGemvChunkedMaxTokens)) return false;
+  const int G = gemv_warps_per_row<float>(N, K);
+  launch(gemv_chunked_kernel<float>, dim3(gemv_blocks(N, G, 4), (T + 7) / 8), kGemvBlock, 0, s, w, x, y, T, N, K, G);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
   return true;
 }
 

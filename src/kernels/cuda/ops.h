@@ -107,6 +107,11 @@ GemmContext* gemm_context();
 // decode at batch 1 and its verify steps (K <= 4); kGemvMaxTokens is in kernel_plan.h.
 bool gemv_small_batch(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
+// The fp32 GEMV over chunks of 8 tokens, one launch, for T <= kGemvChunkedMaxTokens: rows
+// bit-identical to gemv_small_batch's of one token (the router's logits, and so its choices, do
+// not depend on the batch). False (nothing launched) past that or misaligned.
+inline constexpr int kGemvChunkedMaxTokens = 64;
+bool gemv_chunked(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s);
 // Which GEMVs copy their weight rows into shared memory before the PDL wait (gemv.cuh: 0 none,
 // 1 grids resident in one wave, 2 all); overrides FATHOM_GEMV_STAGED (-1: back to it). Speed
 // only: the bits are the same in every mode.

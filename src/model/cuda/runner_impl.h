@@ -323,7 +323,9 @@ struct CudaRunner::Impl {
   // (at [t * gate_ld]), or null without a shared expert.
   const float* shared_expert(const DevLayer& l, int T, cudaStream_t s, int64_t* gate_ld);
 
-  // Prefill-sized steps route with the split bf16 product; decode and verify stay exact fp32.
+  // Prefill-sized steps route with the split bf16 product; decode and verify stay exact fp32
+  // (linear_f32: the GEMV, over 8-token chunks past kGemvMaxTokens, so a token's logits have the
+  // same bits at every step size up to kSplitTokens).
   static bool router_split(const DevLayer& l, int T) { return T > kSplitTokens && l.router3.bf16; }
 
   void moe_block(const DevLayer& l, const Plan& p);
