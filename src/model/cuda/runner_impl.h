@@ -327,6 +327,7 @@ struct CudaRunner::Impl {
   // (linear_f32: the GEMV, over 8-token chunks past kGemvMaxTokens, so a token's logits have the
   // same bits at every step size up to kSplitTokens).
   static bool router_split(const DevLayer& l, int T) { return T > kSplitTokens && l.router3.bf16; }
+  static_assert(kGemvChunkedMaxTokens >= kSplitTokens, "decode-sized routing past the chunked GEMV would leave its bits");
 
   void moe_block(const DevLayer& l, const Plan& p);
 
