@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|staged|serve32|sizes32|knockout32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -340,6 +340,21 @@ for what in "${@:-all}"; do
           --output-len 4 --profiler-range > "$OUT/ncu32_$name.csv" 2> "$OUT/ncu32_$name.err"
         echo "ncu $name rc=$? $(grep -c '^"' "$OUT/ncu32_$name.csv") rows"; tail -2 "$OUT/ncu32_$name.err"
       done ;;
+    ncudetail32)
+      # Issue 32: Nsight Compute's full sections (warp stalls, memory throughput, occupancy) for
+      # the kernels whose names match NCU_KERNELS (default: the routed-expert and top-k kernels)
+      # in one decode step of NCU_SPEC (config:layers, default the 35B) at NCU_BATCH (default 8),
+      # NCU_COUNT launches (default 6); the report in $OUT/ncudetail32.ncu-rep, a text summary beside.
+      NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      split_spec "${NCU_SPEC:-qwen3.5-35b-a3b:}"
+      timeout 400 "$NCU" --profile-from-start off --graph-profiling node --clock-control none --set full \
+        -k "regex:${NCU_KERNELS:-moe_packed_small|moe_topk_group}" -c "${NCU_COUNT:-6}" -o "$OUT/ncudetail32" \
+        "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch "${NCU_BATCH:-8}" --input-len 4096 \
+        --output-len 4 --repeats 1 --profiler-range > "$OUT/ncudetail32.log" 2>&1
+      echo "ncu detail rc=$?"
+      "$NCU" --import "$OUT/ncudetail32.ncu-rep" --page details > "$OUT/ncudetail32.txt" 2>&1
+      grep -E "^  [a-z_:<>]|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|One or More" \
+        "$OUT/ncudetail32.txt" | head -80 ;;
     staged)
       # Issue 32: GEMV weights copied into shared memory before the PDL wait (gemv.cuh's staged
       # form). The bit-equality tests and memcheck over them, then `fathom bench` with the previous
