@@ -38,10 +38,11 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_staged_kernel(const W* __rest
 // chunks of 8 tokens, a chunk a grid row. A token's sum runs in an order fixed by (N, K) alone
 // (batch invariance), so these rows have the bits of one-token GEMVs; the weights are read
 // once a chunk, from L2 after the first.
+using GemvChunk = GemvBucket<8, 4>;  // tokens a chunk, rows a warp group
 template <typename W>
 __global__ void __launch_bounds__(kGemvBlock) gemv_chunked_kernel(const W* __restrict__ w, const W* __restrict__ x,
                                                                   float* __restrict__ y, int T, int N, int K, int G) {
-  using B = GemvBucket<8, 4>;
+  using B = GemvChunk;
   const int t0 = blockIdx.y * B::kMaxT;
   gemv_block<W, B::kMaxT, B::kRows>(w, x + int64_t(t0) * K, GemvStoreRows{y + int64_t(t0) * N, N},
                                     min(B::kMaxT, T - t0), N, K, G);
@@ -140,7 +141,8 @@ bool gemv_small_batch(const float* x, const float* w, float* y, int T, int N, in
 bool gemv_chunked(const float* x, const float* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (!usable(x, w, T, K, 4, kGemvChunkedMaxTokens)) return false;
   const int G = gemv_warps_per_row<float>(N, K);
-  launch(gemv_chunked_kernel<float>, dim3(gemv_blocks(N, G, 4), (T + 7) / 8), kGemvBlock, 0, s, w, x, y, T, N, K, G);
+  const dim3 grid(gemv_blocks(N, G, GemvChunk::kRows), (T + GemvChunk::kMaxT - 1) / GemvChunk::kMaxT);
+  launch(gemv_chunked_kernel<float>, grid, kGemvBlock, 0, s, w, x, y, T, N, K, G);
   FATHOM_CUDA_CHECK(cudaGetLastError());
   return true;
 }
