@@ -30,9 +30,11 @@ void add_engine_options(CLI::App* sub, const std::shared_ptr<ServeOptions>& a) {
                   "0: up to --max-num-batched-tokens)")
       ->capture_default_str();
   sub->add_option("--sampler", a->sampler,
-                  "device: choose tokens on the GPU (only ids and asked-for logprobs come back); host: copy the "
-                  "logits and sample on the CPU")
-      ->check(CLI::IsMember({"device", "host"}))
+                  "auto: choose tokens where the logits are (on the GPU; the CPU engine samples on the host); "
+                  "device: the engine chooses tokens itself (only ids and asked-for logprobs come back; the CPU "
+                  "engine then runs the GPU sampler's semantics and overlapped steps); host: copy the logits and "
+                  "sample with the CPU sampler")
+      ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   sub->add_flag_callback(
       "--enable-prefix-caching", [a] { a->engine.enable_prefix_caching = true; },

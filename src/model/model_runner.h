@@ -62,12 +62,18 @@ struct GreedyOutput {
   std::vector<float> hidden;              // [rows, hidden]
 };
 
-// A greedy speculative round with the MTP draft in the same launch (forward_verify_draft): per
-// row of the steps, the main model's argmax and the MTP layer's argmax for the position after it.
+// A speculative round with the MTP draft in the same launch (forward_verify_draft): per row of
+// the steps, the token chosen there (the main model's argmax, or by the row's sampling) and the
+// MTP layer's argmax for the position after it.
 struct VerifyDraftOutput {
-  std::vector<int32_t> target;  // [rows] the main model's argmax
+  std::vector<int32_t> target;  // [rows] the token chosen at each row
   std::vector<int32_t> draft;   // [rows] the MTP layer's argmax, given row i's hidden and target[i]
   std::vector<int64_t> row_begin;
+  // With sampling rows: each row's choice (accepted: the row's draft was), and the top logprobs
+  // of rows that ask, as SampledOutput's.
+  std::vector<RowSample> samples;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
 };
 
 struct MtpStep {
@@ -157,35 +163,20 @@ class ModelRunner {
     return g;
   }
 
-  // One greedy MTP round in one launch, for engines that can (supports_fused_mtp_round): each
-  // step (all_rows and keep_history; its sequence's MTP layer caught up, mtp_length == length)
-  // runs through the main model, then the MTP layer runs over the same rows, row i's hidden state
-  // with target[i] as its next token. Both lengths advance by every token: the caller rolls both
-  // back to what it accepted. Saves the draft step's own host round trip.
-  // Engines without a fused launch run the same round as a forward and an MTP forward.
+  // One MTP round in one launch, for engines that can (supports_fused_mtp_round): each step
+  // (all_rows and keep_history; its sequence's MTP layer caught up, mtp_length == length) runs
+  // through the main model, each row's token is chosen (the argmax when `rows` is empty, else by
+  // its RowSampling, as forward_sampled: drafts verified by rejection sampling, adjustments,
+  // masks, logprobs), then the MTP layer runs over the same rows, row i's hidden state with the
+  // token chosen there as its next token. Both lengths advance by every token: the caller rolls
+  // both back to what it accepted. Saves the draft step's own host round trip.
+  // Engines without a fused launch run the same round as a forward, the CPU row sampler
+  // (kernels/cpu/row_sampler.h) and an MTP forward (model_runner.cpp).
   virtual bool supports_fused_mtp_round() const { return has_mtp(); }
-  virtual VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps) {
-    const int64_t V = config().vocab_size, H = config().hidden_size;
-    for (const ForwardStep& st : steps)
-      FATHOM_CHECK(st.all_rows && st.keep_history && mtp_length(st.seq) == length(st.seq),
-                   "forward_verify_draft: steps take all rows, keep history and start where the MTP layer is");
-    const ForwardOutput fo = forward(steps);
-    VerifyDraftOutput out;
-    out.row_begin = fo.row_begin;
-    for (int64_t r = 0; r < fo.rows; ++r) {  // ties to the lowest id, as torch.argmax
-      const float* row = fo.logits.data() + r * V;
-      out.target.push_back(int32_t(std::max_element(row, row + V) - row));
-    }
-    std::vector<MtpStep> mtp;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const size_t n = steps[i].tokens.size();
-      mtp.push_back(MtpStep{steps[i].seq,
-                            std::span<const float>(fo.hidden.data() + fo.hidden_row_begin[i] * H, n * size_t(H)),
-                            std::span<const int32_t>(out.target.data() + fo.row_begin[i], n), true});
-    }
-    out.draft = mtp_forward_greedy(mtp).ids;
-    return out;
-  }
+  virtual VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps,
+                                                 std::span<const RowSampling> rows = {},
+                                                 std::span<const LogitAdjustment> adjust = {},
+                                                 std::span<const uint32_t> masks = {});
 
   // Prefix caching (runtime/prefix_cache.h): a snapshot is a copy of a sequence's whole state at
   // its current length (every layer's KV, the linear-attention states, the MTP layer's KV), which

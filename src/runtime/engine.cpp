@@ -50,7 +50,7 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
     spec_ = std::make_unique<Speculator>(*runner_, cfg.spec,
                                          cfg.max_chunk_tokens > 0 ? cfg.max_chunk_tokens : cfg.max_num_batched_tokens);
   fused_rounds_ = cfg.spec.algorithm == SpecAlgorithm::Mtp && cfg.spec.num_steps == 1 &&
-                  runner_->supports_fused_mtp_round() && fused_mtp_rounds_enabled();
+                  runner_->supports_fused_mtp_round() && cfg.fused_mtp_rounds && fused_mtp_rounds_enabled();
   if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);

@@ -49,6 +49,9 @@ struct EngineConfig {
   int64_t num_kv_blocks = 0;   // 0: enough for max_num_seqs sequences of max_model_len
   std::vector<int32_t> eos_token_ids;
   SpecOptions spec;  // algorithm None: plain decoding
+  // MTP with one draft a round: verify and draft in one launch where the runner can (engine_mtp_round.cpp;
+  // also off with FATHOM_FUSED_MTP=0).
+  bool fused_mtp_rounds = true;
   // Choose tokens where the logits are when the runner can (only ids and the logprobs asked for
   // come back); false: copy every logits row to the host and sample there.
   bool device_sampling = true;
@@ -168,10 +171,12 @@ class Engine {
   StepTiming begin_speculative_timing(const SchedulerOutput& plan, Clock::time_point start);
   void end_speculative_timing(const StepTiming& t);
   void time_plain_step(bool decode_only, int batch);
-  // Fused greedy MTP rounds (engine_mtp_round.cpp): a step whose sequences are all plain greedy
-  // decodes with their MTP layer caught up runs the verify and the next draft in one launch
-  // (ModelRunner::forward_verify_draft), with no draft step of its own.
-  bool fused_round_eligible(const Request& r) const;  // greedy, no logits processing
+  // Fused MTP rounds (engine_mtp_round.cpp): a step whose sequences all decode with their MTP
+  // layer caught up (plain greedy, or anything the device sampler takes) runs the verify and the
+  // next draft in one launch (ModelRunner::forward_verify_draft), with no draft step of its own.
+  bool plain_greedy(const Request& r) const;  // the argmax of the raw logits (no processing, no logprobs)
+  // Fault injection aside, any decode with device sampling, else a plain greedy one.
+  bool fused_round_eligible(const Request& r) const;
   bool fused_round_possible(const SchedulerOutput& plan) const;
   void run_fused_round(const SchedulerOutput& plan);
   void finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now);
@@ -199,6 +204,9 @@ class Engine {
   // request asks for logprobs.
   Acceptance pick(Request& r, const StepResult& res, int64_t row, const int32_t* draft, TokenLogprob& lp);
   Acceptance pick_from_row(Request& r, const float* logits, const int32_t* draft, TokenLogprob& lp);  // host logits
+  // A row's logprobs as the device reported them: the chosen token's and the top n.
+  static TokenLogprob device_logprob(const RowSample& s, const std::vector<int32_t>& top_ids,
+                                     const std::vector<float>& top_logprobs, int64_t row, int n);
   // The rest of a step for one sequence: sampling, draft verification, streaming, bookkeeping.
   void finish_chunk(Request& r, const ForwardStep& step, const StepResult& res, size_t i, int64_t pos,
                     Clock::time_point now);

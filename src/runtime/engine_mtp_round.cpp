@@ -1,13 +1,16 @@
-// Fused greedy MTP rounds in the serving engine (issue 34). A speculative round otherwise takes
-// two launches and two host round trips: the MTP draft step (Speculator::propose), then the
-// verify step. When every sequence of a step is a plain greedy decode (argmax of the raw logits:
-// no penalties, bias, grammar, logprobs or min_tokens masking) drafting one token a round, and
-// its MTP layer is caught up with the model, the step runs ModelRunner::forward_verify_draft:
-// the verify rows, then the MTP layer over the same rows with their argmax tokens, in one
-// launch. The MTP row after the last accepted token is the next round's draft (kept in
-// Request::next_draft), so the MTP layer stays caught up and the next round needs no draft step.
-// A step that cannot be fused (a sequence prefilling, sampling, or in a grammar) runs as usual:
-// its drafts are verified as any drafts are, and the sequence drafts through the speculator again.
+// Fused MTP rounds in the serving engine (issue 34). A speculative round otherwise takes two
+// launches and two host round trips: the MTP draft step (Speculator::propose), then the verify
+// step. When every sequence of a step decodes one draft a round with its MTP layer caught up,
+// the step runs ModelRunner::forward_verify_draft: the verify rows, each row's token chosen where
+// the logits are, then the MTP layer over the same rows with those tokens, in one launch. Plain
+// greedy rows take the argmax; with device sampling any other decode (temperature, penalties,
+// logit bias, min_tokens, logprobs, a grammar) takes the round's sampling rows, its draft
+// verified by rejection sampling on the device (lossless in distribution: accepted with p(draft),
+// else drawn from p without it). The MTP row after the last accepted token is the next round's
+// draft (kept in Request::next_draft), so the MTP layer stays caught up and the next round needs
+// no draft step. A step that cannot be fused (a sequence prefilling, or sampling on the host)
+// runs as usual: its drafts are verified as any drafts are, and the sequence drafts through the
+// speculator again.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -25,11 +28,15 @@ bool fused_mtp_rounds_enabled() {  // FATHOM_FUSED_MTP=0 turns them off (A/B run
   return on;
 }
 
-bool Engine::fused_round_eligible(const Request& r) const {
+bool Engine::plain_greedy(const Request& r) const {
   const RequestParams& p = r.spec.params;
   const bool min_tokens_mask = r.num_output() < p.min_tokens && (!eos_.empty() || !p.stop_token_ids.empty());
   return p.sampling.temperature <= 0.f && !r.sampler.adjusts_logits() && !r.matcher && p.logprobs < 0 &&
-         p.fault.site == FaultSite::None && !min_tokens_mask;
+         !min_tokens_mask;
+}
+
+bool Engine::fused_round_eligible(const Request& r) const {
+  return r.spec.params.fault.site == FaultSite::None && (device_sampling_ || plain_greedy(r));
 }
 
 bool Engine::fused_round_possible(const SchedulerOutput& plan) const {
@@ -50,14 +57,25 @@ bool Engine::fused_round_possible(const SchedulerOutput& plan) const {
 void Engine::run_fused_round(const SchedulerOutput& plan) {
   std::vector<ForwardStep> steps;
   steps.reserve(plan.chunks.size());
+  bool sampled = false;  // some row needs more than the argmax of its raw logits
   for (const ScheduledChunk& c : plan.chunks) {
     Request& r = *c.req;
     r.step_tokens.assign(1, r.tokens.back());
     r.step_tokens.insert(r.step_tokens.end(), r.drafts.begin(), r.drafts.end());
     steps.push_back(ForwardStep{r.seq, r.step_tokens, /*all_rows=*/true, /*keep_history=*/true});
+    sampled = sampled || !plain_greedy(r);
   }
   VerifyDraftOutput out;
-  if (!guarded_forward(plan.chunks, [&] { out = runner_->forward_verify_draft(steps); })) {
+  const bool ran = guarded_forward(plan.chunks, [&] {
+    if (!sampled) {
+      out = runner_->forward_verify_draft(steps);
+      return;
+    }
+    add_sampling_rows(plan.chunks, steps);
+    out = runner_->forward_verify_draft(steps, sampling_rows_.rows(), sampling_rows_.adjustments(),
+                                        sampling_rows_.masks());
+  });
+  if (!ran) {
     for (auto& [r, up] : live_) r->drafts.clear(), r->next_draft = -1;
     return;
   }
@@ -86,11 +104,15 @@ void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t
   r.num_computed += 1 + nd;
   int accepted = 0;
   std::string reason;
+  const int n_logprobs = r.spec.params.logprobs;
   for (int d = 0; d <= nd && reason.empty(); ++d) {
-    const int32_t token = out.target[size_t(row + d)];
-    const bool hit = d < nd && token == r.drafts[size_t(d)];
+    const size_t at = size_t(row + d);
+    const int32_t token = out.target[at];
+    const bool hit = d < nd && (out.samples.empty() ? token == r.drafts[size_t(d)] : out.samples[at].accepted != 0);
     accepted += hit ? 1 : 0;
-    reason = process_token(r, int64_t(r.tokens.size()), token, nullptr, now);
+    TokenLogprob lp;
+    if (n_logprobs >= 0) lp = device_logprob(out.samples[at], out.top_ids, out.top_logprobs, int64_t(at), n_logprobs);
+    reason = process_token(r, int64_t(r.tokens.size()), token, n_logprobs >= 0 ? &lp : nullptr, now);
     if (d < nd && !hit) break;
   }
   record_round(r, nd, accepted);

@@ -181,13 +181,16 @@ Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const in
   if (res.fo) return pick_from_row(r, res.fo->logits.data() + row * runner_->config().vocab_size, draft, lp);
   maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
   const RowSample& s = res.so->samples[size_t(row)];
-  if (p.logprobs >= 0) {
-    lp = TokenLogprob{s.token, s.logprob, {}};
-    for (int j = 0; j < std::min(p.logprobs, kMaxTopLogprobs); ++j)
-      lp.top.emplace_back(res.so->top_ids[size_t(row * kMaxTopLogprobs + j)],
-                          res.so->top_logprobs[size_t(row * kMaxTopLogprobs + j)]);
-  }
+  if (p.logprobs >= 0) lp = device_logprob(s, res.so->top_ids, res.so->top_logprobs, row, p.logprobs);
   return Acceptance{draft != nullptr && s.accepted != 0, s.token};
+}
+
+TokenLogprob Engine::device_logprob(const RowSample& s, const std::vector<int32_t>& top_ids,
+                                    const std::vector<float>& top_logprobs, int64_t row, int n) {
+  TokenLogprob lp{s.token, s.logprob, {}};
+  for (int j = 0; j < std::min(n, kMaxTopLogprobs); ++j)
+    lp.top.emplace_back(top_ids[size_t(row * kMaxTopLogprobs + j)], top_logprobs[size_t(row * kMaxTopLogprobs + j)]);
+  return lp;
 }
 
 void Engine::fail_request(Request& r, const std::string& stage, const std::string& what) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "grammar/compiler.h"
 #include "model/model_runner.h"
+#include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
 #include "server/anthropic_messages.h"
 #include "server/anthropic_stream.h"
@@ -525,8 +526,13 @@ void OpenAIServer::load() {
   load_output_parsers();
   if (!opts_.api.skip_tokenizer_init) load_tokenizer();
   const SpecOptions spec = speculative_options(opts_);
-  auto runner = open_model(opts_.model, opts_.device, /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp,
-                           runner_options(opts_, spec));
+  std::unique_ptr<ModelRunner> runner = open_model(opts_.model, opts_.device,
+                                                   /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp,
+                                                   runner_options(opts_, spec));
+  // --sampler device on an engine without a device sampler (the CPU engine): the runner chooses
+  // tokens with the GPU sampler's semantics, and steps overlap as on the GPU.
+  if (opts_.sampler == "device" && !runner->samples_on_device())
+    runner = std::make_unique<RowSamplingRunner>(std::move(runner));
   // One limit for the server and the engine (serve_options.h).
   const int64_t max_model_len = served_max_model_len(opts_, *runner);
   report_capacity(*runner, max_model_len);

@@ -58,7 +58,8 @@ struct ServeOptions {
   // enable_prefix_caching, prefix_cache_interval and spec's steps, n-gram window, adaptive and
   // disable_by_batch_size. engine_config() fills in the rest from the flags below.
   EngineConfig engine;
-  std::string sampler = "device";         // device: tokens chosen on the GPU when the engine can; host
+  std::string sampler = "auto";           // auto: on the GPU when the engine can; device: by the runner
+                                          // (the CPU engine: RowSamplingRunner); host
   bool disable_overlap_schedule = false;  // plan each step only after the previous one's tokens are back
   int64_t prefix_cache_mb = 2048;         // prefix snapshots kept, least recently used dropped first
   // The host tier for prefix snapshots (GB; < 0: auto, half the host's available memory on engines

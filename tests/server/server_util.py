@@ -112,12 +112,13 @@ def wait_until_up(proc, url, what, timeout_s=60, interval_s=0.1):
 
 
 class Server:
-    def __init__(self, fathom, model, *extra):
+    def __init__(self, fathom, model, *extra, env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.devnull, "w") if not os.environ.get("FATHOM_TEST_VERBOSE") else None
         self.proc = subprocess.Popen([fathom, "serve", model, "--device", "cpu", "--host", "127.0.0.1",
-                                      "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--port", str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env} if env else None)
         wait_until_up(self.proc, self.url + "/health", "server")
 
     def client(self, key="none"):

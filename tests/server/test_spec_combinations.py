@@ -7,13 +7,20 @@ penalties, structured output (json_schema), tool calls (tool_choice required, an
 hermes parser), a repeated prompt (prefix cache hits), chat with a reasoning split, and all of
 them at once. Users of other servers report MTP breaking these (prefix-cache hits falling to zero,
 JSON-schema output running away, tool calls coming back as raw XML).
+The same with `--sampler device` (the CPU engine choosing tokens as the GPU does, where fused rounds
+also take sampled, penalised, logprobs and grammar requests): greedy cases equal plain decoding,
+and seeded sampled requests give the same output with fused rounds and without
+(FATHOM_FUSED_MTP=0), the same drafts being verified with the same random numbers.
 
 Run by ctest as: python3 test_spec_combinations.py --fathom BIN --fixtures FIXTURES_DIR
 """
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import sys
+
+import jsonschema
 
 from server_util import Server, check, summary
 
@@ -82,6 +89,17 @@ CASES = {
 }
 
 
+SAMPLED = {
+    "sampled (temperature, top-p, seed)": lambda cl, n: choice_view(completion(
+        cl, n, temperature=0.8, top_p=0.9, seed=7, extra_body={"ignore_eos": True}).choices[0]),
+    "sampled with logprobs and a penalty": lambda cl, n: choice_view(completion(
+        cl, n, temperature=1.0, seed=11, logprobs=2, presence_penalty=0.6, extra_body={"ignore_eos": True}).choices[0]),
+    "sampled json_schema": lambda cl, n: message_view(chat(cl, n, "Name a book of the Bible.", max_tokens=96,
+        temperature=0.7, seed=5, response_format={"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA}}
+        ).choices[0]),
+}
+
+
 def prefix_repeat(cl, name):
     """A prompt of some 400 tokens three times: the cache learns where the repeated part ends from
     the second and serves the third from there (issue 37: exact repeats do not hit sooner yet)."""
@@ -98,9 +116,10 @@ def main():
               "--max-num-seqs", "16"]
     servers = {"plain": Server(args.fathom, MODEL, *common)}
     try:
+        mtp = ["--speculative-algorithm", "mtp", "--no-speculative-adaptive", "--speculative-num-steps"]
         for k in (1, 2):
-            servers[f"mtp K={k}"] = Server(args.fathom, MODEL, *common, "--speculative-algorithm", "mtp",
-                                           "--speculative-num-steps", str(k), "--no-speculative-adaptive")
+            servers[f"mtp K={k}"] = Server(args.fathom, MODEL, *common, *mtp, str(k))
+        servers["mtp K=1, device sampler"] = Server(args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device")
         name = servers["plain"].client().models.list().data[0].id
         want = {case: fn(servers["plain"].client(), name) for case, fn in CASES.items()}
         want_prefix = prefix_repeat(servers["plain"].client(), name)
@@ -132,11 +151,28 @@ def main():
                 assert not bad, bad
             _()
 
-            @check(f"{label}: drafts were verified" + (", in fused rounds" if label == "mtp K=1" else ""))
+            fused = label.startswith("mtp K=1")
+
+            @check(f"{label}: drafts were verified" + (", in fused rounds" if fused else ""))
             def _():
                 assert srv.metric("fathom:spec_decode_num_draft_tokens_total") > 0
-                if label == "mtp K=1":
+                if fused:
                     assert srv.metric("fathom:spec_decode_fused_rounds_total") > 0
+            _()
+
+        device = servers["mtp K=1, device sampler"]
+        unfused = Server(args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device", env={"FATHOM_FUSED_MTP": "0"})
+        servers["unfused"] = unfused
+        for case, fn in SAMPLED.items():
+            @check(f"device sampler: {case}: fused rounds give the unfused rounds' output")
+            def _():
+                rounds = device.metric("fathom:spec_decode_fused_rounds_total")
+                got, ref = fn(device.client(), name), fn(unfused.client(), name)
+                assert got == ref, (got, ref)
+                if "json_schema" in case:  # the grammar held in sampled fused rounds
+                    jsonschema.validate(json.loads(got[0]), SCHEMA)
+                assert device.metric("fathom:spec_decode_fused_rounds_total") > rounds
+                assert unfused.metric("fathom:spec_decode_fused_rounds_total") == 0
             _()
     finally:
         for srv in servers.values():

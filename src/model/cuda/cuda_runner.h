@@ -119,7 +119,9 @@ class CudaRunner final : public ModelRunner {
                       bool defer_masks = false) override;
   int64_t deferred_mask_tokens() const override;
   bool supports_fused_mtp_round() const override;
-  VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps) override;
+  VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
+                                         std::span<const LogitAdjustment> adjust = {},
+                                         std::span<const uint32_t> masks = {}) override;  // runner_mtp_round.cpp
   void supply_masks(std::span<const uint32_t> masks) override;
   SampledOutput finish_sampled() override;
   int64_t kv_capacity_tokens() const override;

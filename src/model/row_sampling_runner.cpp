@@ -1,0 +1,125 @@
+#include "model/row_sampling_runner.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cpu/row_sampler.h"
+
+namespace fathom {
+
+RowSamplingRunner::RowSamplingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {
+  FATHOM_CHECK(inner_ != nullptr, "RowSamplingRunner: no engine to wrap");
+}
+
+void RowSamplingRunner::remove_sequence(SequenceId seq) {
+  last_token_.erase(seq);
+  inner_->remove_sequence(seq);
+}
+
+VerifyDraftOutput RowSamplingRunner::forward_verify_draft(std::span<const ForwardStep> steps,
+                                                          std::span<const RowSampling> rows,
+                                                          std::span<const LogitAdjustment> adjust,
+                                                          std::span<const uint32_t> masks) {
+  FATHOM_CHECK(launched_.empty(), "forward_verify_draft: an overlapped step is still in flight");
+  return inner_->forward_verify_draft(steps, rows, adjust, masks);
+}
+
+SampledOutput RowSamplingRunner::forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                                 std::span<const LogitAdjustment> adjust, bool want_hidden,
+                                                 std::span<const uint32_t> masks) {
+  launch(steps, rows, adjust, want_hidden, masks, /*defer_masks=*/false);
+  return finish_sampled();
+}
+
+void RowSamplingRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                       std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                                       bool defer_masks) {
+  launch(steps, rows, adjust, /*want_hidden=*/false, masks, defer_masks);
+}
+
+void RowSamplingRunner::launch(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                               std::span<const LogitAdjustment> adjust, bool want_hidden,
+                               std::span<const uint32_t> masks, bool defer_masks) {
+  FATHOM_CHECK(launched_.size() < 2, "launch_sampled: two launched steps are not finished yet");
+  FATHOM_CHECK(launched_.empty() || launched_.back().sampled,
+               "launch_sampled: the previous step still waits for its token masks");
+  // A pending token is the one the sequence's last sampled row chose (sampled already: launches
+  // compute at once, and a step waiting for its masks blocks the next launch).
+  std::vector<std::vector<int32_t>> resolved_tokens(steps.size());
+  std::vector<ForwardStep> resolved(steps.begin(), steps.end());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (std::find(steps[i].tokens.begin(), steps[i].tokens.end(), kPendingToken) == steps[i].tokens.end()) continue;
+    std::vector<int32_t>& t = resolved_tokens[i];
+    t.assign(steps[i].tokens.begin(), steps[i].tokens.end());
+    for (int32_t& x : t) {
+      if (x != kPendingToken) continue;
+      const auto it = last_token_.find(steps[i].seq);
+      FATHOM_CHECK(it != last_token_.end(), "launch_sampled: sequence ", steps[i].seq,
+                   " has a pending token but no sampled row before it");
+      x = it->second;
+    }
+    resolved[i].tokens = t;
+  }
+  for (const RowSampling& r : rows) {
+    FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
+                 "forward_sampled: a row's adjustments lie outside the list");
+  }
+  Launched l;
+  l.fo = inner_->forward(resolved);
+  FATHOM_CHECK(int64_t(rows.size()) == l.fo.rows, "forward_sampled: ", rows.size(), " sampling rows for ", l.fo.rows,
+               " logits rows");
+  l.rows.assign(rows.begin(), rows.end());
+  l.adjust.assign(adjust.begin(), adjust.end());
+  l.last_row_seq.assign(size_t(l.fo.rows), 0);
+  for (size_t i = 0; i < steps.size(); ++i)  // as the device's state slots: a step's last row, unless all_rows
+    if (!steps[i].all_rows) l.last_row_seq[size_t(l.fo.row_begin[i])] = steps[i].seq;
+  l.want_hidden = want_hidden;
+  if (!defer_masks) sample(l, masks);
+  launched_.push_back(std::move(l));
+}
+
+void RowSamplingRunner::sample(Launched& l, std::span<const uint32_t> masks) {
+  const int64_t V = config().vocab_size, W = mask_words(V);
+  for (const RowSampling& r : l.rows)
+    FATHOM_CHECK(r.skip || r.mask_row < 0 || (int64_t(r.mask_row) + 1) * W <= int64_t(masks.size()),
+                 "forward_sampled: a row's token mask lies outside the mask table");
+  SampledOutput& out = l.out;
+  out.rows = l.fo.rows;
+  out.row_begin = l.fo.row_begin;
+  out.samples.resize(size_t(out.rows));
+  bool any_logprobs = false;
+  for (const RowSampling& r : l.rows) any_logprobs = any_logprobs || (r.logprobs >= 0 && !r.skip);
+  if (any_logprobs) {
+    out.top_ids.assign(size_t(out.rows) * kMaxTopLogprobs, -1);
+    out.top_logprobs.assign(size_t(out.rows) * kMaxTopLogprobs, 0.f);
+  }
+  cpu::sample_rows(l.fo.logits.data(), out.rows, V, l.rows.data(), l.adjust.data(), out.samples.data(),
+                   any_logprobs ? out.top_ids.data() : nullptr, any_logprobs ? out.top_logprobs.data() : nullptr,
+                   masks.empty() ? nullptr : masks.data());
+  for (int64_t r = 0; r < out.rows; ++r)
+    if (const SequenceId seq = l.last_row_seq[size_t(r)]; seq != 0 && !l.rows[size_t(r)].skip)
+      last_token_[seq] = out.samples[size_t(r)].token;
+  if (l.want_hidden) {
+    out.hidden = std::move(l.fo.hidden);
+    out.hidden_row_begin = std::move(l.fo.hidden_row_begin);
+  }
+  l.fo = ForwardOutput{};
+  l.sampled = true;
+}
+
+int64_t RowSamplingRunner::deferred_mask_tokens() const { return std::numeric_limits<int64_t>::max(); }
+
+void RowSamplingRunner::supply_masks(std::span<const uint32_t> masks) {
+  FATHOM_CHECK(!launched_.empty() && !launched_.back().sampled, "supply_masks: no launched step waits for its token masks");
+  sample(launched_.back(), masks);
+}
+
+SampledOutput RowSamplingRunner::finish_sampled() {
+  FATHOM_CHECK(!launched_.empty(), "finish_sampled: no step was launched");
+  FATHOM_CHECK(launched_.front().sampled, "finish_sampled: the step still waits for its token masks");
+  SampledOutput out = std::move(launched_.front().out);
+  launched_.pop_front();
+  return out;
+}
+
+}  // namespace fathom

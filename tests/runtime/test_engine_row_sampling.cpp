@@ -1,0 +1,193 @@
+// The serving engine's device-sampling path on the CPU engine (model/row_sampling_runner.h: the
+// runner chooses each row's token, launches overlap, pending tokens are resolved by the runner):
+// greedy outputs equal the host sampler's; seeded sampling gives the same tokens overlapped or
+// not; with MTP one draft a round, fused rounds take sampled, penalised, min_tokens and logprobs
+// requests, and give exactly what the unfused rounds give (the same drafts, verified with the
+// same random numbers), greedy ones what plain decoding gives.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden_reader.h"
+#include "model/cpu_runner.h"
+#include "model/row_sampling_runner.h"
+#include "runtime/engine.h"
+#include "runtime/engine_test_util.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Finished;
+using testing::Job;
+using testing::metric;
+using testing::run_engine;
+
+std::unique_ptr<CpuRunner> load_cpu(const std::string& name) {
+  const fs::path dir = testing::fixtures_dir() / name;
+  if (!fs::exists(dir / "config.json")) return nullptr;
+  return std::make_unique<CpuRunner>(HybridModel::load(dir, /*with_mtp=*/true));
+}
+
+std::unique_ptr<ModelRunner> load_row_sampling(const std::string& name) {
+  auto cpu = load_cpu(name);
+  return cpu ? std::make_unique<RowSamplingRunner>(std::move(cpu)) : nullptr;
+}
+
+Job job(int len, int vocab, uint32_t seed, int max_tokens) {
+  std::mt19937 rng(seed);
+  Job j;
+  j.prompt.resize(size_t(len));
+  for (auto& t : j.prompt) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
+  j.params.max_tokens = max_tokens;
+  j.params.ignore_eos = true;
+  return j;
+}
+
+// Greedy jobs with and without logits processing and logprobs; `sampled` adds temperature jobs.
+std::vector<Job> jobs_for(int V, bool sampled) {
+  std::vector<Job> jobs;
+  jobs.push_back(job(5, V, 10, 20));
+  jobs.push_back(job(23, V, 11, 31));
+  Job pen = job(14, V, 12, 18);
+  pen.params.sampling.repetition_penalty = 1.3f;
+  pen.params.sampling.frequency_penalty = 0.3f;
+  pen.params.sampling.logit_bias = {{7, 1.5f}};
+  jobs.push_back(pen);
+  Job lp = job(9, V, 13, 12);
+  lp.params.logprobs = 3;
+  jobs.push_back(lp);
+  Job mt = job(30, V, 14, 16);
+  mt.params.min_tokens = 10;
+  mt.params.ignore_eos = false;
+  jobs.push_back(mt);
+  if (!sampled) return jobs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    Job s = job(6 + 7 * int(i), V, 20 + i, 24);
+    s.params.sampling.temperature = 0.6f + 0.3f * float(i);
+    s.params.sampling.top_p = i % 2 ? 0.9f : 1.f;
+    s.params.sampling.top_k = i == 2 ? 20 : 0;
+    s.params.sampling.seed = 500 + i;
+    if (i == 3) s.params.logprobs = 2, s.params.sampling.presence_penalty = 0.5f;
+    jobs.push_back(s);
+  }
+  return jobs;
+}
+
+EngineConfig config(int64_t budget, bool overlap) {
+  EngineConfig c;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = budget;
+  c.max_model_len = 512;
+  c.eos_token_ids = {1};
+  c.overlap_schedule = overlap;
+  return c;
+}
+
+void expect_same(const std::vector<Finished>& got, const std::vector<Finished>& want, const std::string& what,
+                 double logprob_tolerance = 0) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      const TokenLogprob &a = got[i].logprobs[t], &b = want[i].logprobs[t];
+      EXPECT_NEAR(a.logprob, b.logprob, logprob_tolerance) << what << " job " << i << " token " << t;
+      ASSERT_EQ(a.top.size(), b.top.size()) << what << " job " << i << " token " << t;
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_EQ(a.top[k].first, b.top[k].first) << what << " job " << i << " token " << t;
+        EXPECT_NEAR(a.top[k].second, b.top[k].second, logprob_tolerance) << what << " job " << i << " token " << t;
+      }
+    }
+  }
+}
+
+TEST(RowSamplingEngine, GreedyOutputsEqualTheHostSampler) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_cpu(fixture);
+  ASSERT_TRUE(probe) << fixture << " missing";
+  const std::vector<Job> jobs = jobs_for(probe->config().vocab_size, /*sampled=*/false);
+  for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill
+    const auto host = run_engine(load_cpu(fixture), config(budget, true), jobs);
+    for (bool overlap : {true, false}) {
+      Engine probe_engine(load_row_sampling(fixture), nullptr, config(budget, overlap));
+      EXPECT_TRUE(probe_engine.samples_on_device());
+      EXPECT_EQ(probe_engine.overlaps_steps(), overlap);
+      const auto got = run_engine(load_row_sampling(fixture), config(budget, overlap), jobs);
+      expect_same(got, host, std::string("budget ") + std::to_string(budget) + (overlap ? " overlapped" : ""), 2e-4);
+    }
+  }
+}
+
+TEST(RowSamplingEngine, SeededSamplingIsTheSameOverlappedOrNot) {
+  const char* fixture = "qwen3_next";
+  auto probe = load_cpu(fixture);
+  ASSERT_TRUE(probe) << fixture << " missing";
+  const std::vector<Job> jobs = jobs_for(probe->config().vocab_size, /*sampled=*/true);
+  const auto plain = run_engine(load_row_sampling(fixture), config(2048, false), jobs);
+  const auto overlapped = run_engine(load_row_sampling(fixture), config(2048, true), jobs);
+  expect_same(overlapped, plain, "overlapped");
+  const auto chunked = run_engine(load_row_sampling(fixture), config(13, true), jobs);
+  expect_same(chunked, plain, "chunked prefill, overlapped");
+  // The sampled jobs are not their greedy selves (the draws take effect).
+  std::vector<Job> greedy = jobs;
+  for (Job& j : greedy) j.params.sampling.temperature = 0.f;
+  const auto g = run_engine(load_row_sampling(fixture), config(2048, true), greedy);
+  int differ = 0;
+  for (size_t i = 5; i < jobs.size(); ++i) differ += g[i].ids != plain[i].ids;
+  EXPECT_GT(differ, 0);
+}
+
+// MTP with one draft a round: fused rounds take every request the device sampler takes.
+class FusedSampledMtpTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FusedSampledMtpTest, OutputsEqualUnfusedRounds) {
+  auto probe = load_cpu(GetParam());
+  ASSERT_TRUE(probe && probe->has_mtp()) << GetParam() << " with its MTP layer missing";
+  const std::vector<Job> jobs = jobs_for(probe->config().vocab_size, /*sampled=*/true);
+  const auto plain = run_engine(load_row_sampling(GetParam()), config(2048, true), jobs);
+  for (int64_t budget : {int64_t(2048), int64_t(13)}) {
+    EngineConfig cfg = config(budget, true);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 1;
+    std::string fused_metrics, unfused_metrics;
+    const auto fused = run_engine(load_row_sampling(GetParam()), cfg, jobs, &fused_metrics);
+    cfg.fused_mtp_rounds = false;
+    const auto unfused = run_engine(load_row_sampling(GetParam()), cfg, jobs, &unfused_metrics);
+    const std::string what = std::string(GetParam()) + " budget " + std::to_string(budget);
+    expect_same(fused, unfused, what + ": fused against unfused rounds");
+    for (size_t i = 0; i < 4; ++i)  // greedy jobs: lossless against plain decoding, token for token
+      EXPECT_EQ(fused[i].ids, plain[i].ids) << what << " job " << i;
+    const double rounds = metric(fused_metrics, "fathom:spec_decode_fused_rounds_total");
+    const double drafts = metric(fused_metrics, "fathom:spec_decode_num_draft_tokens_total");
+    std::printf("  %s: %.0f fused rounds, %.0f drafts, %.0f accepted (unfused: %.0f drafts, %.0f accepted)\n",
+                what.c_str(), rounds, drafts, metric(fused_metrics, "fathom:spec_decode_num_accepted_tokens_total"),
+                metric(unfused_metrics, "fathom:spec_decode_num_draft_tokens_total"),
+                metric(unfused_metrics, "fathom:spec_decode_num_accepted_tokens_total"));
+    if (budget == 2048) EXPECT_GT(rounds, 0) << what;  // 13 tokens a step: rounds beside prefill chunks
+    EXPECT_EQ(metric(unfused_metrics, "fathom:spec_decode_fused_rounds_total"), 0) << what;
+    EXPECT_EQ(drafts, metric(unfused_metrics, "fathom:spec_decode_num_draft_tokens_total")) << what;
+  }
+  // Sampled requests alone (temperature, top-p / top-k, logprobs, a penalty): their rounds fuse.
+  const std::vector<Job> sampled(jobs.begin() + 5, jobs.end());
+  EngineConfig cfg = config(2048, true);
+  cfg.spec.algorithm = SpecAlgorithm::Mtp;
+  cfg.spec.num_steps = 1;
+  std::string m;
+  const auto fused = run_engine(load_row_sampling(GetParam()), cfg, sampled, &m);
+  cfg.fused_mtp_rounds = false;
+  expect_same(fused, run_engine(load_row_sampling(GetParam()), cfg, sampled), "sampled jobs alone");
+  EXPECT_GT(metric(m, "fathom:spec_decode_fused_rounds_total"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FusedSampledMtpTest, ::testing::Values("qwen35_moe", "qwen35_moe_mtp_oracle"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace fathom
