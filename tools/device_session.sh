@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -619,6 +619,25 @@ for what in "${@:-all}"; do
           echo "== $name $dense $extra $form"; grep -E "^(decode|prefill)|moe.fp4.decode, steps of up to (1|2|8|64):|rror" "$log" | head -12
         done
       done ;;
+    spec34)
+      # Issue 34: sampled fused MTP rounds on the GPU. The engine tests (sampled jobs fuse, fused
+      # rounds equal unfused ones, greedy stays lossless), the CPU row sampler against the device
+      # sampler, memcheck over both; then the default model served plain / MTP K=1 fused / unfused
+      # at temperature 0 and 0.7, medians of 3 (the held-out text: HELDOUT, or the corpus that
+      # tools/default_model_session.sh carries in .traincarry/gz/heldout.txt.gz).
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
+      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaSpeculative.*:CudaSampling.*' > "$OUT/spec34_tests.log" 2>&1
+      echo "spec34 tests rc=$?"
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|rows drew|fused rounds" "$OUT/spec34_tests.log" | head -20
+      memcheck 400 spec34 'CudaSpeculative.SampledFusedRoundsEqualUnfusedRounds:CudaSampling.CpuRowSampler*'
+      heldout=${HELDOUT:-}
+      if [ -z "$heldout" ] && [ -f .traincarry/gz/heldout.txt.gz ]; then
+        heldout=/tmp/heldout.txt; gunzip -c .traincarry/gz/heldout.txt.gz > "$heldout"
+      fi
+      [ -n "$heldout" ] || { echo "spec34: no held-out text (HELDOUT), served runs skipped"; continue; }
+      timeout 520 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
+        --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --modes plain mtp1 mtp1-unfused \
+        --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34.json" 2>&1 | tee "$OUT/spec34_serve.md" ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

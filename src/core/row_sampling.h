@@ -28,6 +28,7 @@ struct RowSampling {
                             // device (the next step may read it before the host has it)
   int32_t mask_row = -1;    // >= 0: this row's entry of the step's token masks (structured output):
                             // only tokens whose bit is set may be chosen, after the adjustments
+  int32_t keep_logits = 0;  // 1: also return the row's raw logits (a prompt's end, for the prefix cache)
 };
 
 // Words of one row's token mask: bit (t % 32) of word t / 32 is token t.

@@ -53,6 +53,15 @@ struct SampledOutput {
   std::vector<float> top_logprobs;
   std::vector<float> hidden;              // as ForwardOutput, when want_hidden
   std::vector<int64_t> hidden_row_begin;
+  // The raw logits of the rows with RowSampling::keep_logits: kept_rows[i]'s row is
+  // kept_logits[i * vocab, (i + 1) * vocab).
+  std::vector<int64_t> kept_rows;
+  std::vector<float> kept_logits;
+  const float* kept_row_logits(int64_t row, int64_t vocab) const {
+    for (size_t i = 0; i < kept_rows.size(); ++i)
+      if (kept_rows[i] == row) return kept_logits.data() + int64_t(i) * vocab;
+    return nullptr;
+  }
 };
 
 // The argmax of each MTP row and its hidden state (the draft chain needs nothing else).
@@ -118,6 +127,9 @@ class ModelRunner {
   // one entry per logits row forward() would return (in its order), pointing into `adjust` and,
   // with mask_row >= 0, into `masks` (mask_words(vocab) words a row).
   virtual bool samples_on_device() const { return false; }
+  // Whether sampled steps return the raw logits of rows with RowSampling::keep_logits
+  // (SampledOutput::kept_logits): the prefix cache's prompt ends under device sampling.
+  virtual bool returns_kept_logits() const { return false; }
   virtual SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                         std::span<const LogitAdjustment> adjust, bool want_hidden,
                                         std::span<const uint32_t> masks = {}) {

@@ -93,6 +93,11 @@ void RowSamplingRunner::sample(Launched& l, std::span<const uint32_t> masks) {
     out.top_ids.assign(size_t(out.rows) * kMaxTopLogprobs, -1);
     out.top_logprobs.assign(size_t(out.rows) * kMaxTopLogprobs, 0.f);
   }
+  for (int64_t r = 0; r < out.rows; ++r)  // raw rows, before the sampler adjusts them in place
+    if (l.rows[size_t(r)].keep_logits && !l.rows[size_t(r)].skip) {
+      out.kept_rows.push_back(r);
+      out.kept_logits.insert(out.kept_logits.end(), l.fo.logits.begin() + r * V, l.fo.logits.begin() + (r + 1) * V);
+    }
   cpu::sample_rows(l.fo.logits.data(), out.rows, V, l.rows.data(), l.adjust.data(), out.samples.data(),
                    any_logprobs ? out.top_ids.data() : nullptr, any_logprobs ? out.top_logprobs.data() : nullptr,
                    masks.empty() ? nullptr : masks.data());

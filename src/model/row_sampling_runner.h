@@ -37,6 +37,7 @@ class RowSamplingRunner final : public ModelRunner {
                                          std::span<const uint32_t> masks = {}) override;
 
   bool samples_on_device() const override { return true; }
+  bool returns_kept_logits() const override { return true; }
   SampledOutput forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                 std::span<const LogitAdjustment> adjust, bool want_hidden,
                                 std::span<const uint32_t> masks = {}) override;

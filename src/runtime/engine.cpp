@@ -56,7 +56,7 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
     sched_.set_admit_hook([this](Request& r) { return admit(r); });
     sched_.set_align_chunks(true);
-    prompt_end_snapshots_ = !device_sampling_;
+    prompt_end_snapshots_ = !device_sampling_ || runner_->returns_kept_logits();
     FATHOM_CHECK(cfg.prefix_cache_host_bytes >= 0, "--prefix-cache-host-gb must not be negative");
     if (cfg.prefix_cache_host_bytes > 0) {
       FATHOM_CHECK(runner_->supports_host_snapshots(), "--prefix-cache-host-gb: the ", runner_->device_name(),
@@ -174,6 +174,7 @@ void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const 
         continue;
       }
       sampling_rows_.add(r, {}, -1, eos_, r.matcher ? all_allowed_.data() : nullptr);
+      if (wants_prompt_end(r)) sampling_rows_.keep_last_logits();
     }
     return;
   }
@@ -193,6 +194,7 @@ void Engine::add_sampling_rows(const std::vector<ScheduledChunk>& chunks, const 
       if (taken > 0) r.matcher->rollback(taken);
     } else if (r.num_computed + int64_t(steps[i].tokens.size()) >= int64_t(r.tokens.size())) {
       sampling_rows_.add(r, {}, -1, eos_, grammar_mask(r, vocab));
+      if (wants_prompt_end(r)) sampling_rows_.keep_last_logits();
     } else {
       sampling_rows_.add_skip();  // a prefill chunk before the prompt's end
     }

@@ -222,6 +222,7 @@ class Engine {
     SequenceId seq;    // to tell a request that ended meanwhile (and a new one at its address)
     int64_t out_pos;   // where its token goes in req->tokens; -1: a chunk before the prompt's end
     int32_t mask_row;  // its row's grammar mask in sampling_rows_, or -1
+    int64_t end_snapshot = 0;  // the state where its prompt ends, cached with the row's logits once read
   };
   struct InflightStep {
     bool active = false;
@@ -251,6 +252,14 @@ class Engine {
   // The state where r's prompt ends, with its last row's logits and hidden state (null without
   // MTP), into the cache.
   void snapshot_prompt_end(Request& r, const float* logits, const float* hidden);
+  // A snapshot saved at r's prompt end (`snap`), into the cache with that row's logits.
+  void cache_prompt_end(Request& r, int64_t snap, const float* logits, const float* hidden);
+  // Whether the row ending r's prompt (r has no output yet) is to be cached as a prompt end: its
+  // runner returns that row's logits with device sampling.
+  bool wants_prompt_end(const Request& r) const;
+  // The device sampler's choice of r's next token from host logits, by the CPU row sampler (its
+  // semantics and random numbers): an exact repeat's first token from a cached prompt end.
+  Acceptance pick_like_device(Request& r, const float* logits, TokenLogprob& lp);
   std::optional<uint64_t> prompt_blocks_hash(const Request& r) const;  // (nullopt: hash the prompt)
   bool wait_for_shared_prefill(const Request& r, int64_t cached);
   void add_snapshot_target(Request& r, int64_t at);
@@ -286,8 +295,9 @@ class Engine {
   std::unique_ptr<Speculator> spec_;
   std::unique_ptr<PrefixCache> prefix_cache_;
   std::unique_ptr<PrefixCache> host_cache_;  // the host tier's entries (EngineConfig::prefix_cache_host_bytes)
-  // Snapshots where prompts end need their last row's logits on the host: engines that sample on
-  // the host (the CPU engine) take them; device sampling keeps only block-aligned ones for now.
+  // Snapshots where prompts end, with their last row's logits on the host: host sampling has them;
+  // with device sampling, runners that return kept rows (RowSampling::keep_logits; not the CUDA
+  // runner yet, whose device-sampling path keeps block-aligned snapshots only).
   bool prompt_end_snapshots_ = false;
   struct EndedAtAdmission {
     Request* req;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "grammar/matcher.h"
+#include "kernels/cpu/row_sampler.h"
 #include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -185,6 +186,23 @@ Acceptance Engine::pick(Request& r, const StepResult& res, int64_t row, const in
   return Acceptance{draft != nullptr && s.accepted != 0, s.token};
 }
 
+Acceptance Engine::pick_like_device(Request& r, const float* logits, TokenLogprob& lp) {
+  const RequestParams& p = r.spec.params;
+  maybe_inject_fault(p.fault, FaultSite::Sample, r.num_output());
+  const int64_t vocab = runner_->config().vocab_size;
+  SamplingRows one(vocab);
+  one.add(r, {}, -1, eos_, grammar_mask(r, vocab));
+  std::vector<float> row(logits, logits + vocab);
+  std::vector<LogitAdjustment> adjust = one.adjustments();
+  RowSample s;
+  std::vector<int32_t> top_ids(kMaxTopLogprobs, -1);
+  std::vector<float> top_logprobs(kMaxTopLogprobs, 0.f);
+  cpu::sample_rows(row.data(), 1, vocab, one.rows().data(), adjust.data(), &s, top_ids.data(), top_logprobs.data(),
+                   one.masks().empty() ? nullptr : one.masks().data());
+  if (p.logprobs >= 0) lp = device_logprob(s, top_ids, top_logprobs, 0, p.logprobs);
+  return Acceptance{false, s.token};
+}
+
 TokenLogprob Engine::device_logprob(const RowSample& s, const std::vector<int32_t>& top_ids,
                                     const std::vector<float>& top_logprobs, int64_t row, int n) {
   TokenLogprob lp{s.token, s.logprob, {}};
@@ -244,15 +262,18 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
     observe(n);
     return;
   }
-  if (prompt_end_snapshots_ && res.fo && nd == 0 && r.num_output() == 0 &&
-      !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r))) {  // the prompt's end, cached
+  const int64_t V = runner_->config().vocab_size, last_row = first_row + rows - 1;
+  const float* end_logits = !prompt_end_snapshots_ || nd > 0 || r.num_output() > 0 ? nullptr
+                            : res.fo                                             ? res.fo->logits.data() + last_row * V
+                                                                                 : res.so->kept_row_logits(last_row, V);
+  if (end_logits && !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r))) {  // the prompt's end, cached
     const float* hidden = nullptr;
     if (need_hidden) {  // the MTP layer catches up to the last row, which waits for the token after it
       observe(n - 1);
       spec_->catch_up(seq);
       hidden = res.hidden().data() + (res.hidden_row_begin()[i] + n - 1) * H;
     }
-    snapshot_prompt_end(r, res.fo->logits.data() + (first_row + rows - 1) * runner_->config().vocab_size, hidden);
+    snapshot_prompt_end(r, end_logits, hidden);
   }
   // Row `rows - 1 - nd` is the pending token's; each draft row after it verifies one draft.
   int accepted = 0;

@@ -97,7 +97,10 @@ Engine::InflightStep Engine::launch_overlapped(const SchedulerOutput& plan, bool
       out_pos = int64_t(r->tokens.size());
       if (!decodes_certainly_end(*r, out_pos)) r->tokens.push_back(kPendingToken);
     }
-    in.chunks.push_back({r, r->seq, out_pos, sampling_rows_.rows()[i].mask_row});
+    // A prompt's end: its state now (the runner orders this copy after the step, before the next
+    // one), cached with the row's logits once the step is read.
+    const int64_t end_snapshot = sampling_rows_.rows()[i].keep_logits ? save_snapshot(*r) : 0;
+    in.chunks.push_back({r, r->seq, out_pos, sampling_rows_.rows()[i].mask_row, end_snapshot});
   }
   return in;
 }
@@ -147,8 +150,10 @@ void Engine::finish_overlapped(InflightStep& in) {
     so = runner_->finish_sampled();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
-    for (const InflightChunk& c : in.chunks)
+    for (const InflightChunk& c : in.chunks) {
+      if (c.end_snapshot) runner_->drop_snapshot(c.end_snapshot);
       if (live_.count(c.req) && c.req->seq == c.seq) fail_request(*c.req, "forward", e.what());
+    }
     in.active = false;
     return;
   }
@@ -156,10 +161,17 @@ void Engine::finish_overlapped(InflightStep& in) {
   StepResult res;
   res.so = &so;
   const auto now = Clock::now();
+  const int64_t vocab = runner_->config().vocab_size;
   for (size_t i = 0; i < in.chunks.size(); ++i) {
     const InflightChunk& c = in.chunks[i];
     Request& r = *c.req;
-    if (c.out_pos < 0 || !live_.count(c.req) || r.seq != c.seq) continue;  // ended meanwhile, or mid-prompt
+    const bool live = live_.count(c.req) && r.seq == c.seq;
+    if (c.end_snapshot) {  // the prompt's end, with its row's logits (r's prompt: while r lives)
+      const float* logits = so.kept_row_logits(so.row_begin[i], vocab);
+      if (live && logits) cache_prompt_end(r, c.end_snapshot, logits, nullptr);
+      else runner_->drop_snapshot(c.end_snapshot);
+    }
+    if (c.out_pos < 0 || !live) continue;  // ended meanwhile, or mid-prompt
     try {
       if (c.out_pos > r.num_prompt) ++r.decode_steps;  // not the prompt's first token
       TokenLogprob lp;

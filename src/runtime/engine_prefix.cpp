@@ -87,7 +87,8 @@ bool Engine::resume_at_prompt_end(Request& r, const PromptEnd& end, int64_t leng
   EndedAtAdmission ended{&r, "", "", ""};
   try {
     TokenLogprob lp;
-    const int32_t token = pick_from_row(r, end.logits.data(), nullptr, lp).token;
+    const int32_t token = device_sampling_ ? pick_like_device(r, end.logits.data(), lp).token
+                                           : pick_from_row(r, end.logits.data(), nullptr, lp).token;
     ended.reason = process_token(r, len, token, r.spec.params.logprobs >= 0 ? &lp : nullptr, Clock::now());
     if (ended.reason.empty() && mtp) spec_->observe(r.seq, len - 1, end.hidden, {r.tokens.data() + len, 1});
   } catch (const RequestError& e) {
@@ -116,11 +117,17 @@ void Engine::finish_ended_at_admission() {
 bool Engine::wait_for_shared_prefill(const Request& r, int64_t cached) {
   const int64_t B = cfg_.block_size, len = int64_t(r.tokens.size());
   for (auto& [p, owned] : live_) {
-    if (p == &r || p->status != RequestStatus::Running || p->num_computed >= p->num_prompt) continue;
+    const bool prefilling = p->num_computed < p->num_prompt;
+    // An overlapped step in flight ends p's prompt: its end is cached when that step is read.
+    bool end_in_flight = false;
+    for (const InflightChunk& c : inflight_.chunks)
+      end_in_flight = end_in_flight || (inflight_.active && c.req == p && c.seq == p->seq && c.end_snapshot);
+    if (p == &r || p->status != RequestStatus::Running || !(prefilling || end_in_flight)) continue;
     // The same prompt (n > 1, or a burst of one question): its end is worth the wait.
-    if (prompt_end_snapshots_ && cached < len && p->num_output() == 0 && p->num_prompt == len &&
+    if (prompt_end_snapshots_ && cached < len && (end_in_flight || p->num_output() == 0) && p->num_prompt == len &&
         std::equal(r.tokens.begin(), r.tokens.end(), p->tokens.begin()))
       return true;
+    if (!prefilling) continue;
     // Blocks in common: the hashes are chained, so they agree up to a point and differ after it.
     size_t lo = 0, hi = std::min(r.block_hashes.size(), p->block_hashes.size());
     while (lo < hi) {
@@ -238,16 +245,29 @@ void Engine::forget_turn_snapshot(Request& r) {
 // chosen: r's state is the prompt's, and with MTP the layer has caught up to the last position
 // (whose row waits for the token chosen next).
 void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* hidden) {
-  const std::span<const int32_t> prompt = r.prompt_span();
   const bool mtp = spec_ && spec_->needs_hidden();
   if (mtp && (!hidden || runner_->mtp_length(r.seq) != r.num_prompt - 1)) return;
-  const int64_t snap = save_snapshot(r);
-  if (!snap) return;
+  if (const int64_t snap = save_snapshot(r)) cache_prompt_end(r, snap, logits, hidden);
+}
+
+void Engine::cache_prompt_end(Request& r, int64_t snap, const float* logits, const float* hidden) {
+  const std::span<const int32_t> prompt = r.prompt_span();
+  const bool mtp = spec_ && spec_->needs_hidden();
+  if (mtp && !hidden) {  // the MTP layer could not resume there
+    runner_->drop_snapshot(snap);
+    return;
+  }
   auto end = std::make_shared<PromptEnd>();
   end->logits.assign(logits, logits + runner_->config().vocab_size);
   if (mtp) end->hidden.assign(hidden, hidden + runner_->config().hidden_size);
   spill(prefix_cache_->insert_prompt_end(prompt, snap, runner_->snapshot_bytes(snap), std::move(end),
                                          prompt_blocks_hash(r)));
+}
+
+bool Engine::wants_prompt_end(const Request& r) const {
+  if (!prompt_end_snapshots_ || r.num_output() > 0) return false;
+  if (spec_ && spec_->needs_hidden() && r.spec_off) return false;  // no hidden row for the MTP layer
+  return !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r));
 }
 
 // The hash r's prompt end is listed under, from the block hashes of its admission (which cover the

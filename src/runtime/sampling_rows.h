@@ -23,6 +23,8 @@ class SamplingRows {
   // `mask` (mask_words(vocab) words, or null): the tokens a grammar allows at that row.
   void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
            const uint32_t* mask = nullptr);
+  // The last row added also returns its raw logits (RowSampling::keep_logits).
+  void keep_last_logits() { rows_.back().keep_logits = 1; }
   void clear();
   // The mask of rows whose mask_row is `mask_row` (mask_words(vocab) words), to fill in later.
   uint32_t* mask(int32_t mask_row);

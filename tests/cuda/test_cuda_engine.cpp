@@ -355,6 +355,63 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
   }
 }
 
+// Fused MTP rounds with device sampling: sampled requests (temperature, top-p, top-k, logprobs, a
+// penalty) fuse too, their drafts verified by the device sampler inside the round. Greedy jobs stay
+// lossless against plain decoding; every job's output equals the unfused rounds' (the same drafts,
+// verified with the same random numbers, as decode-side kernels keep a row's bits in verify steps
+// of any size); sampled jobs alone run fused rounds.
+TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
+  for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
+    const fs::path dir = fixtures_dir() / fixture;
+    EngineOptions eo;
+    eo.max_seqs = 8;
+    eo.max_model_len = 512;
+    eo.backends.speculative = true;
+    auto open = [&] { return open_model(dir.string(), "cuda", true, eo); };
+    const int V = open()->config().vocab_size;
+    std::vector<testing::Job> jobs(6);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      jobs[i].prompt = random_prompt(6 + 9 * int(i), V, 800 + uint32_t(i));
+      jobs[i].params.max_tokens = 20 + int(i);
+      jobs[i].params.ignore_eos = true;
+      if (i < 3) continue;
+      SamplingParams& sp = jobs[i].params.sampling;
+      sp.temperature = 0.7f + 0.2f * float(i - 3);
+      sp.top_p = i == 4 ? 0.9f : 1.f;
+      sp.top_k = i == 5 ? 30 : 0;
+      sp.seed = 60 + i;
+    }
+    jobs[2].params.logprobs = 3;
+    jobs[5].params.logprobs = 2;
+    jobs[5].params.sampling.presence_penalty = 0.5f;
+    EngineConfig cfg;
+    cfg.max_num_seqs = 8;
+    cfg.max_model_len = 512;
+    const auto plain = testing::run_engine(open(), cfg, jobs);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 1;
+    cfg.spec.adaptive = false;
+    std::string m;
+    const auto fused = testing::run_engine(open(), cfg, jobs, &m);
+    cfg.fused_mtp_rounds = false;
+    const auto unfused = testing::run_engine(open(), cfg, jobs);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (i < 3) EXPECT_EQ(fused[i].ids, plain[i].ids) << fixture << " greedy job " << i;
+      EXPECT_EQ(fused[i].ids, unfused[i].ids) << fixture << " job " << i;
+      EXPECT_EQ(fused[i].logprobs.size(), fused[i].ids.size() * (jobs[i].params.logprobs >= 0)) << fixture << " job " << i;
+    }
+    const std::vector<testing::Job> sampled(jobs.begin() + 3, jobs.end());
+    cfg.fused_mtp_rounds = true;
+    std::string ms;
+    testing::run_engine(open(), cfg, sampled, &ms);
+    const double rounds = testing::metric(ms, "fathom:spec_decode_fused_rounds_total");
+    std::printf("  %s: %.0f fused rounds with greedy and sampled jobs, %.0f with sampled jobs alone, acceptance %.3f\n",
+                fixture, testing::metric(m, "fathom:spec_decode_fused_rounds_total"), rounds,
+                testing::metric(ms, "fathom:spec_decode_draft_acceptance_rate"));
+    EXPECT_GT(rounds, 0) << fixture;
+  }
+}
+
 // The serving engine choosing tokens on the device against the same engine sampling on the
 // host from copied logits: greedy requests (plain, with logprobs, with penalties and a logit
 // bias, with min_tokens masking and stop ids) give the same tokens and logprobs; seeded sampled

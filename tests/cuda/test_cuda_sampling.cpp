@@ -17,6 +17,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "runtime/sampler.h"
+#include "kernels/cpu/row_sampler.h"
 #include "runtime/spec_sampling.h"
 
 namespace fathom {
@@ -373,6 +374,45 @@ TEST(CudaSampling, TokenMasksRestrictTheChoice) {
       EXPECT_EQ(token, argmax(ref.data(), V)) << "row " << r;
     }
   }
+}
+
+// The CPU row sampler (kernels/cpu/row_sampler.h: the CPU engine's --sampler device) draws what
+// the device draws: the same filters, fixed-point weights and random numbers, so tokens agree
+// except where exp() rounds a weight differently at its last bit (and greedy rows always).
+TEST(CudaSampling, CpuRowSamplerDrawsTheDevicesTokens) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 3000, rows = 512;
+  const std::vector<float> logits = random_logits(rows, V, 2.5f, 77);
+  std::vector<RowSampling> params(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    RowSampling& p = params[size_t(r)];
+    p.temperature = r % 5 == 0 ? 0.f : 0.5f + 0.1f * float(r % 7);
+    p.top_k = r % 3 == 0 ? 40 : 0;
+    p.top_p = r % 4 == 1 ? 0.9f : 1.f;
+    p.min_p = r % 6 == 2 ? 0.02f : 0.f;
+    p.seed = 4242 + uint64_t(r % 11), p.draw = uint64_t(r);
+    if (r % 2 == 1) {  // a draft: the row's second most likely token
+      const float* row = logits.data() + size_t(r) * V;
+      const int32_t first = argmax(row, V);
+      int32_t second = first == 0 ? 1 : 0;
+      for (int32_t t = 0; t < V; ++t)
+        if (t != first && row[t] > row[second]) second = t;
+      p.draft = second;
+    }
+  }
+  const DeviceResult dev = run_device(logits, V, params, {});
+  std::vector<float> work = logits;
+  std::vector<RowSample> host(static_cast<size_t>(rows));
+  cpu::sample_rows(work.data(), rows, V, params.data(), nullptr, host.data(), nullptr, nullptr);
+  int same = 0;
+  for (int r = 0; r < rows; ++r) {
+    const bool eq = host[size_t(r)].token == dev.samples[size_t(r)].token &&
+                    host[size_t(r)].accepted == dev.samples[size_t(r)].accepted;
+    same += eq;
+    if (params[size_t(r)].temperature <= 0.f) EXPECT_TRUE(eq) << "greedy row " << r;
+  }
+  std::printf("  %d of %d rows drew the same token on the CPU and the GPU\n", same, rows);
+  EXPECT_GE(same, rows * 99 / 100);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "golden_reader.h"
 #include "model/cpu_runner.h"
+#include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 #include "runtime/prefix_cache.h"
@@ -572,6 +573,30 @@ TEST_P(PrefixCacheEngine, ExactRepeatsHitOverTensorParallelRanksAndChunks) {
   EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits);
 }
 
+// The same where the runner chooses tokens (device sampling, model/row_sampling_runner.h: the
+// GPU's path, overlapped steps included): the prompt's last row comes back with its raw logits
+// (RowSampling::keep_logits), the state is snapshotted as the step is launched, and an exact
+// repeat's first token is the device sampler's choice from the cached row (the same semantics and
+// random numbers): outputs and logprobs equal the uncached engine's, every repeat hits whole.
+TEST_P(PrefixCacheEngine, ExactRepeatsHitWithDeviceSampling) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  auto device = [&] { return std::make_unique<RowSamplingRunner>(load_runner(GetParam())); };
+  const std::vector<Job> jobs = repeat_jobs(probe->config().vocab_size);
+  for (int64_t budget : {int64_t(2048), int64_t(13)})
+    for (bool overlap : {true, false}) {
+      EngineConfig off = config(budget, false), on = config(budget, true);
+      off.overlap_schedule = on.overlap_schedule = overlap;
+      const std::string what = std::string(GetParam()) + " budget " + std::to_string(budget) + (overlap ? " overlapped" : "");
+      const auto plain = run_one_by_one_finished(device(), off, jobs, nullptr);
+      std::string m;
+      const auto cached = run_one_by_one_finished(device(), on, jobs, &m);
+      expect_same(cached, plain, what);
+      EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits) << what;
+      EXPECT_EQ(plain[jobs.size() - 2].reason, "error") << what;
+    }
+}
+
 // Requests with one prompt arriving together: the first prefills it, the others wait for its end
 // and start there (no prefill of their own).
 TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
@@ -583,6 +608,24 @@ TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
   jobs[2].params.sampling.seed = 3;
   auto burst = [&](bool caching, std::string* m) {
     return run_burst(load_runner(GetParam()), config(2048, caching), jobs, m);
+  };
+  std::string m;
+  const auto plain = burst(false, nullptr);
+  expect_same(burst(true, &m), plain, GetParam());
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 3 * 21);
+}
+
+// A burst of one prompt with device sampling (overlapped steps): the others wait for the first's
+// prompt end, cached once its step is read.
+TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnceWithDeviceSampling) {
+  auto probe = load_runner(GetParam());
+  ASSERT_TRUE(probe) << GetParam() << " missing";
+  std::vector<Job> jobs(4, greedy(random_tokens(21, probe->config().vocab_size, 91), 5));
+  jobs[1].params.logprobs = 2;
+  jobs[2].params.sampling.temperature = 0.7f;
+  jobs[2].params.sampling.seed = 3;
+  auto burst = [&](bool caching, std::string* m) {
+    return run_burst(std::make_unique<RowSamplingRunner>(load_runner(GetParam())), config(2048, caching), jobs, m);
   };
   std::string m;
   const auto plain = burst(false, nullptr);
@@ -602,14 +645,21 @@ TEST(PrefixCacheMtp, ExactRepeatsOfAnyLengthHitFromTheSecondRequest) {
   ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
   const std::vector<Job> jobs = repeat_jobs(probe->config().vocab_size);
   const auto plain = run_one_by_one_finished(load_runner(fixture), config(2048, false), jobs, nullptr);
+  // Host sampling, and device sampling (the runner choosing tokens: prompt ends come back as kept rows).
+  for (bool device : {false, true})
   for (int k : {1, 2}) {
+    auto runner = [&]() -> std::unique_ptr<ModelRunner> {
+      if (device) return std::make_unique<RowSamplingRunner>(load_runner(fixture, true));
+      return load_runner(fixture, true);
+    };
     EngineConfig c = config(2048, false);
     c.spec.algorithm = SpecAlgorithm::Mtp;
     c.spec.num_steps = k;
-    const auto uncached = run_one_by_one_finished(load_runner(fixture, true), c, jobs, nullptr);
+    const auto uncached = run_one_by_one_finished(runner(), c, jobs, nullptr);
     c.enable_prefix_caching = true;
     std::string m;
-    const auto cached = run_one_by_one_finished(load_runner(fixture, true), c, jobs, &m);
+    const auto cached = run_one_by_one_finished(runner(), c, jobs, &m);
+    SCOPED_TRACE(device ? "device sampling" : "host sampling");
     std::vector<testing::Finished> greedy_cached, greedy_uncached;
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (jobs[i].params.sampling.temperature == 0.f) {
