@@ -2,7 +2,8 @@
 // sampling, detokenizing, stop handling, or a forward error raised for it) ends that sequence
 // alone with finish reason "error"; the other sequences of the same steps produce exactly what
 // they produce without the fault, and /metrics counts the error by stage. Faults come from the
-// test-only fault injection of RequestParams (serve --enable-fault-injection).
+// test-only fault injection of RequestParams (serve --enable-fault-injection). Also where the
+// runner chooses tokens (device sampling, RowSamplingRunner: overlapped steps, fused MTP rounds).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +14,7 @@
 
 #include "golden_reader.h"
 #include "model/cpu_runner.h"
+#include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 
@@ -24,9 +26,11 @@ using testing::Job;
 using testing::metric;
 using testing::run_engine;
 
-std::unique_ptr<CpuRunner> load_runner() {
+std::unique_ptr<ModelRunner> load_runner(bool device_sampling = false) {
   const fs::path dir = testing::fixtures_dir() / "qwen35_moe";
-  return std::make_unique<CpuRunner>(HybridModel::load(dir, /*with_mtp=*/true));
+  auto cpu = std::make_unique<CpuRunner>(HybridModel::load(dir, /*with_mtp=*/true));
+  if (device_sampling) return std::make_unique<RowSamplingRunner>(std::move(cpu));
+  return cpu;
 }
 
 std::vector<Job> greedy_jobs(int count, int vocab) {
@@ -44,6 +48,7 @@ std::vector<Job> greedy_jobs(int count, int vocab) {
 struct FaultCase {
   FaultSite site;
   SpecAlgorithm spec;
+  bool device_sampling = false;
 };
 
 class EngineFaults : public ::testing::TestWithParam<FaultCase> {};
@@ -59,12 +64,12 @@ TEST_P(EngineFaults, OneFailingSequenceLeavesTheOthersExact) {
   cfg.spec.adaptive = false;
   auto probe = load_runner();
   const std::vector<Job> jobs = greedy_jobs(8, int(probe->config().vocab_size));
-  const auto want = run_engine(load_runner(), cfg, jobs);
+  const auto want = run_engine(load_runner(fc.device_sampling), cfg, jobs);
   for (size_t faulty : {size_t(0), size_t(5)}) {
     std::vector<Job> with_fault = jobs;
     with_fault[faulty].params.fault = FaultInjection{fc.site, 3};
     std::string m;
-    const auto got = run_engine(load_runner(), cfg, with_fault, &m);
+    const auto got = run_engine(load_runner(fc.device_sampling), cfg, with_fault, &m);
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (i == faulty) {
         EXPECT_EQ(got[i].reason, "error") << "faulty request " << i;
@@ -86,12 +91,18 @@ INSTANTIATE_TEST_SUITE_P(Sites, EngineFaults,
                                            FaultCase{FaultSite::Forward, SpecAlgorithm::None},
                                            FaultCase{FaultSite::Sample, SpecAlgorithm::Mtp},
                                            FaultCase{FaultSite::Forward, SpecAlgorithm::Mtp},
-                                           FaultCase{FaultSite::Forward, SpecAlgorithm::Ngram}),
+                                           FaultCase{FaultSite::Forward, SpecAlgorithm::Ngram},
+                                           FaultCase{FaultSite::Sample, SpecAlgorithm::None, true},
+                                           FaultCase{FaultSite::Stop, SpecAlgorithm::None, true},
+                                           FaultCase{FaultSite::Forward, SpecAlgorithm::None, true},
+                                           FaultCase{FaultSite::Sample, SpecAlgorithm::Mtp, true},
+                                           FaultCase{FaultSite::Forward, SpecAlgorithm::Mtp, true}),
                          [](const auto& info) {
                            const char* spec = info.param.spec == SpecAlgorithm::None  ? "plain"
                                               : info.param.spec == SpecAlgorithm::Mtp ? "mtp"
                                                                                       : "ngram";
-                           return std::string(fault_site_name(info.param.site)) + "_" + spec;
+                           return std::string(fault_site_name(info.param.site)) + "_" + spec +
+                                  (info.param.device_sampling ? "_device_sampling" : "");
                          });
 
 // A token outside the vocabulary is refused by the runner for that sequence alone, before any

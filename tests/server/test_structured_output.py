@@ -6,7 +6,9 @@ a pydantic model parses what comes back; concurrent requests each keep their own
 tool_choice "required" and a named function give calls whose arguments validate (streamed as
 non-streamed); objects without additionalProperties take undeclared keys as the mode says (free-form
 by default, vLLM's disable_additional_properties, --structured-output-undeclared-keys any); a
-server drafting with n-grams keeps every output valid; unsupported schema
+server drafting with n-grams keeps every output valid, as do servers choosing tokens in the runner
+(`--sampler device`: overlapped steps whose masks come after the step before is read; with MTP,
+sampled fused rounds under the grammar); unsupported schema
 keywords, conflicting constraints and hostile nesting get a 400 naming them.
 
 Run by ctest as: python3 test_structured_output.py --fathom BIN --fixtures FIXTURES_DIR
@@ -268,6 +270,29 @@ def main():
         _()
     finally:
         srv.stop()
+    # The runner choosing tokens (the GPU's path on the CPU engine): overlapped steps with deferred
+    # masks, and with MTP one draft a round, sampled fused rounds verifying drafts under the grammar.
+    for label, extra in (("device sampler", []),
+                         ("device sampler, MTP", ["--speculative-algorithm", "mtp", "--speculative-num-steps", "1"])):
+        srv = Server(args.fathom, model, "--max-num-seqs", "32", "--sampler", "device", *extra)
+        try:
+            @check(f"{label}: sampled outputs of every schema validate")
+            def _():
+                def one(seed):
+                    schema = SCHEMAS[seed % len(SCHEMAS)]
+                    r = requests.post(srv.url + "/v1/completions", timeout=120, json={
+                        "prompt": "Answer:", "structured_outputs": {"json": schema}, "temperature": 1.0, "seed": seed,
+                        "max_tokens": 400})
+                    c = r.json()["choices"][0]
+                    assert c["finish_reason"] == "stop", (seed, c)
+                    jsonschema.validate(json.loads(c["text"]), schema)
+                with ThreadPoolExecutor(32) as pool:
+                    list(pool.map(one, range(8 * len(SCHEMAS))))
+                if extra:
+                    assert srv.metric("fathom:spec_decode_fused_rounds_total") > 0
+            _()
+        finally:
+            srv.stop()
     return summary()
 
 
