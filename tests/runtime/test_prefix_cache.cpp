@@ -559,18 +559,25 @@ TEST_P(PrefixCacheEngine, ExactRepeatsOfAnyLengthHitFromTheSecondRequest) {
   EXPECT_EQ(plain[jobs.size() - 4].ids, plain[jobs.size() - 5].ids);  // one seed, one sample
 }
 
-// The same with tensor-parallel CPU ranks, and with chunked prefill (a 13-token budget: the
-// prompt's end is the last chunk's).
+// The same with tensor-parallel CPU ranks (host and device sampling), and with chunked prefill
+// (a 13-token budget: the prompt's end is the last chunk's).
 TEST_P(PrefixCacheEngine, ExactRepeatsHitOverTensorParallelRanksAndChunks) {
   const fs::path dir = testing::fixtures_dir() / GetParam();
   ASSERT_TRUE(fs::exists(dir / "config.json")) << GetParam() << " missing";
   auto ranks = [&] { return CpuRunner::open(dir, /*with_mtp=*/false, /*tensor_parallel_size=*/2); };
   const std::vector<Job> jobs = repeat_jobs(ranks()->config().vocab_size);
-  const auto plain = run_one_by_one_finished(ranks(), config(13, false), jobs, nullptr);
-  std::string m;
-  const auto cached = run_one_by_one_finished(ranks(), config(13, true), jobs, &m);
-  expect_same(cached, plain, GetParam());
-  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits);
+  for (bool device : {false, true}) {  // host sampling; the runner choosing tokens over the ranks
+    auto runner = [&]() -> std::unique_ptr<ModelRunner> {
+      if (device) return std::make_unique<RowSamplingRunner>(ranks());
+      return ranks();
+    };
+    const std::string what = std::string(GetParam()) + (device ? " device sampling" : "");
+    const auto plain = run_one_by_one_finished(runner(), config(13, false), jobs, nullptr);
+    std::string m;
+    const auto cached = run_one_by_one_finished(runner(), config(13, true), jobs, &m);
+    expect_same(cached, plain, what);
+    EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), kRepeatHits) << what;
+  }
 }
 
 // The same where the runner chooses tokens (device sampling, model/row_sampling_runner.h: the
