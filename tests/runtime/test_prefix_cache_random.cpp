@@ -2,8 +2,9 @@
 // goes (exact repeats, extensions, truncations, one token changed, unrelated prompts), lengths
 // around the 16-token block, greedy and seeded sampling, logprobs, random max_tokens; random
 // engine configurations (token budget, cache room from about one snapshot to plenty, the host
-// tier, the snapshot interval, MTP, tensor-parallel CPU ranks). Half the requests arrive together, the rest while the first
-// decodes. Every output, finish reason and logprob equals the uncached engine's; with MTP the
+// tier, the snapshot interval, MTP, tensor-parallel CPU ranks, the runner choosing tokens as on
+// the GPU: RowSamplingRunner, overlapped steps). Half the requests arrive together, the rest while
+// the first decodes. Every output, finish reason and logprob equals the uncached engine's; with MTP the
 // requests are greedy without logprobs (its sampled outputs are lossless in distribution, not
 // draw for draw, and its verify rows are not computed as plain decoding's) and equal plain
 // decoding's.
@@ -17,6 +18,7 @@
 
 #include "golden_reader.h"
 #include "model/cpu_runner.h"
+#include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 
@@ -115,14 +117,20 @@ TEST_P(PrefixCacheRandom, OutputsEqualWithoutCaching) {
   for (uint32_t seed = 1; seed <= 30; ++seed) {
     const bool mtp = has_mtp && seed % 3 == 0;
     const int ranks = seed % 4 == 1 ? 2 : 1;  // tensor-parallel CPU ranks, both runs alike
+    const bool device = seed % 2 == 0;        // device sampling, both runs alike
+    auto open = [&](bool with_mtp) -> std::unique_ptr<ModelRunner> {
+      auto cpu = CpuRunner::open(dir, with_mtp, ranks);
+      if (device) return std::make_unique<RowSamplingRunner>(std::move(cpu));
+      return cpu;
+    };
     Scenario s = random_scenario(seed, vocab, one, mtp);
-    s.what += " ranks " + std::to_string(ranks);
+    s.what += " ranks " + std::to_string(ranks) + (device ? " device sampling" : "");
     EngineConfig uncached = s.cfg;
     uncached.enable_prefix_caching = false;
     uncached.spec = {};
-    const std::vector<Finished> plain = run_engine(CpuRunner::open(dir, false, ranks), uncached, s.jobs);
+    const std::vector<Finished> plain = run_engine(open(false), uncached, s.jobs);
     std::string m;
-    const std::vector<Finished> got = run_engine(CpuRunner::open(dir, mtp, ranks), s.cfg, s.jobs, &m);
+    const std::vector<Finished> got = run_engine(open(mtp), s.cfg, s.jobs, &m);
     for (size_t i = 0; i < s.jobs.size(); ++i) {
       EXPECT_EQ(got[i].ids, plain[i].ids) << GetParam() << " " << s.what << " job " << i;
       EXPECT_EQ(got[i].reason, plain[i].reason) << GetParam() << " " << s.what << " job " << i;
