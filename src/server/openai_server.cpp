@@ -529,9 +529,10 @@ void OpenAIServer::load() {
   std::unique_ptr<ModelRunner> runner = open_model(opts_.model, opts_.device,
                                                    /*with_mtp=*/spec.algorithm == SpecAlgorithm::Mtp,
                                                    runner_options(opts_, spec));
-  // --sampler device on an engine without a device sampler (the CPU engine): the runner chooses
-  // tokens with the GPU sampler's semantics, and steps overlap as on the GPU.
-  if (opts_.sampler == "device" && !runner->samples_on_device())
+  // --sampler device on the CPU engine: the runner chooses tokens with the GPU sampler's
+  // semantics, and steps overlap as on the GPU (a GPU engine whose sampler the tuner refused
+  // samples on the host, as before).
+  if (opts_.sampler == "device" && !runner->samples_on_device() && runner->device_name().rfind("cpu", 0) == 0)
     runner = std::make_unique<RowSamplingRunner>(std::move(runner));
   // One limit for the server and the engine (serve_options.h).
   const int64_t max_model_len = served_max_model_len(opts_, *runner);
