@@ -20,6 +20,7 @@
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/prefix_cache_test_util.h"
 
 namespace fathom {
 namespace {
@@ -28,6 +29,7 @@ namespace fs = std::filesystem;
 using testing::Job;
 using testing::metric;
 using testing::run_engine;
+using namespace prefix_test;
 
 std::vector<int32_t> seq_of(int n, int32_t first) {
   std::vector<int32_t> v;
@@ -202,38 +204,6 @@ TEST(PrefixCache, EntriesMoveBetweenTiersAsTheyWere) {
   EXPECT_TRUE(device.insert({t.data(), 4}, 5, 10)[0].duplicate);
 }
 
-std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
-  const fs::path dir = testing::fixtures_dir() / name;
-  if (!fs::exists(dir / "config.json")) return nullptr;
-  return std::make_unique<CpuRunner>(HybridModel::load(dir, mtp));
-}
-
-std::vector<int32_t> random_tokens(int len, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len), 0);
-  for (auto& t : p) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
-  return p;
-}
-
-Job greedy(std::vector<int32_t> prompt, int max_tokens) {
-  Job j;
-  j.prompt = std::move(prompt);
-  j.params.max_tokens = max_tokens;
-  j.params.ignore_eos = true;
-  return j;
-}
-
-EngineConfig config(int64_t budget, bool caching) {
-  EngineConfig c;
-  c.max_num_seqs = 8;
-  c.max_num_batched_tokens = budget;
-  c.max_model_len = 512;
-  c.enable_prefix_caching = caching;
-  c.prefix_cache_interval = 32;
-  c.prefix_cache_min_shared = 16;  // the fixtures' prompts are short
-  return c;
-}
-
 // A base prompt of 65 tokens and prompts sharing 0, 1, 4 blocks (16 tokens each) and all but its
 // last token with it; the first half arrive together (sharing a prefix still being prefilled),
 // the rest while those decode (the base prompt's snapshots exist by then), then the base again.
@@ -310,74 +280,6 @@ TEST(PrefixCacheMtp, GreedyOutputsEqualWithoutCaching) {
     EXPECT_GT(metric(m, "fathom:spec_decode_num_draft_tokens_total"), 0) << "K=" << k;
     if (k == 1) EXPECT_GT(metric(m, "fathom:spec_decode_fused_rounds_total"), 0);
   }
-}
-
-// A request's tokens, logprobs and finish reason, once it has finished (a minute at most).
-testing::Finished finished_of(OutputChannel& ch) {
-  testing::Finished f;
-  for (bool done = false; !done;) {
-    auto ev = ch.pop(std::chrono::milliseconds(60000));
-    if (!ev) break;
-    f.ids.insert(f.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
-    f.logprobs.insert(f.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
-    done = ev->finished;
-    if (done) f.reason = ev->finish_reason;
-  }
-  return f;
-}
-
-std::vector<int32_t> tokens_of(OutputChannel& ch) { return finished_of(ch).ids; }
-
-// Jobs one after another (each submitted when the one before has finished): the cache's inserts
-// and evictions happen in a fixed order.
-std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                       const std::vector<Job>& jobs, std::string* metrics) {
-  Engine engine(std::move(runner), nullptr, cfg);
-  engine.start();
-  std::vector<testing::Finished> out;
-  for (const Job& j : jobs) {
-    auto ch = std::make_shared<OutputChannel>();
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = ch;
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    out.push_back(finished_of(*ch));
-  }
-  engine.shutdown();
-  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
-  return out;
-}
-
-std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                 const std::vector<Job>& jobs, std::string* metrics) {
-  std::vector<std::vector<int32_t>> ids;
-  for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics))
-    ids.push_back(std::move(f.ids));
-  return ids;
-}
-
-// Jobs all submitted before the engine's first step (they arrive together).
-std::vector<testing::Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                         const std::vector<Job>& jobs, std::string* metrics) {
-  Engine engine(std::move(runner), nullptr, cfg);
-  std::vector<std::shared_ptr<OutputChannel>> chans;
-  for (const Job& j : jobs) {
-    chans.push_back(std::make_shared<OutputChannel>());
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = chans.back();
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-  }
-  engine.start();
-  std::vector<testing::Finished> out;
-  for (auto& ch : chans) out.push_back(finished_of(*ch));
-  engine.shutdown();
-  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
-  return out;
 }
 
 // `n` prompts: one 64-token prefix (from `seed`), then tails of their own of tail + i * step tokens.
@@ -489,62 +391,6 @@ TEST_P(PrefixCacheEngine, ChatTurnsStartFromTheConversationSoFar) {
   EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 32 + 96);
 }
 
-// Exact repeats of any length (issue 37), one by one: where a prompt's prefill ended its state is
-// cached with the last position's logits, so the same prompt again starts there with no forward
-// (its first token chosen from those logits) and a longer prompt that begins with it prefills
-// only the rest. Lengths around the 16-token block; repeats asking for logprobs, sampling with a
-// seed, ending at their first token, and failing there (an injected sampling fault).
-std::vector<Job> repeat_jobs(int vocab) {
-  std::map<int, std::vector<int32_t>> prompt;
-  int32_t first = 2;
-  for (int len : {1, 5, 15, 16, 17, 40}) {
-    prompt[len] = random_tokens(len, vocab, 60 + uint32_t(len));
-    prompt[len][0] = first++;  // no prompt begins with another by chance
-  }
-  std::vector<Job> jobs;
-  for (const auto& [len, p] : prompt) {
-    jobs.push_back(greedy(p, 6));
-    jobs.push_back(greedy(p, 6));
-  }
-  std::vector<int32_t> longer = prompt[17];
-  for (int32_t t : random_tokens(6, vocab, 77)) longer.push_back(t);
-  jobs.push_back(greedy(longer, 5));
-  Job logprobs = greedy(prompt[40], 4);
-  logprobs.params.logprobs = 3;
-  jobs.push_back(logprobs);
-  Job sampled = greedy(prompt[16], 8);
-  sampled.params.sampling.temperature = 0.9f;
-  sampled.params.sampling.top_k = 20;
-  sampled.params.sampling.seed = 11;
-  sampled.params.sampling.presence_penalty = 0.5f;
-  jobs.push_back(sampled);
-  jobs.push_back(sampled);
-  jobs.push_back(greedy(prompt[5], 1));
-  Job faulty = greedy(prompt[15], 4);
-  faulty.params.fault = FaultInjection{FaultSite::Sample, 0};
-  jobs.push_back(faulty);
-  jobs.push_back(greedy(prompt[15], 3));
-  return jobs;
-}
-// Tokens the jobs above find cached: each repeat whole, the longer prompt its 17, the later
-// requests on prompts 40, 16, 16, 5, 15, 15 whole.
-constexpr int kRepeatHits = (1 + 5 + 15 + 16 + 17 + 40) + 17 + 40 + 16 + 16 + 5 + 15 + 15;
-
-void expect_same(const std::vector<testing::Finished>& got, const std::vector<testing::Finished>& want,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
-    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
-    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
-      EXPECT_EQ(got[i].logprobs[t].token, want[i].logprobs[t].token);
-      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " job " << i << " token " << t;
-      EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " job " << i << " token " << t;
-    }
-  }
-}
-
 TEST_P(PrefixCacheEngine, ExactRepeatsOfAnyLengthHitFromTheSecondRequest) {
   auto probe = load_runner(GetParam());
   ASSERT_TRUE(probe) << GetParam() << " missing";
@@ -594,7 +440,8 @@ TEST_P(PrefixCacheEngine, ExactRepeatsHitWithDeviceSampling) {
     for (bool overlap : {true, false}) {
       EngineConfig off = config(budget, false), on = config(budget, true);
       off.overlap_schedule = on.overlap_schedule = overlap;
-      const std::string what = std::string(GetParam()) + " budget " + std::to_string(budget) + (overlap ? " overlapped" : "");
+      const std::string what =
+          std::string(GetParam()) + " budget " + std::to_string(budget) + (overlap ? " overlapped" : "");
       const auto plain = run_one_by_one_finished(device(), off, jobs, nullptr);
       std::string m;
       const auto cached = run_one_by_one_finished(device(), on, jobs, &m);
@@ -726,161 +573,6 @@ TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
           ++compared;
         }
     EXPECT_GE(compared, int(jobs.size())) << "K=" << k;
-  }
-}
-
-// The host tier (issue 37): conversations taking turns, one request at a time, with a device
-// cache too small to keep one conversation's snapshot until its next turn. Without the tier the
-// later turns start over; with it each finds its conversation in host memory, moved back: the
-// same hits as a device cache large enough for everything, and the same outputs as no caching.
-// `at_once` conversations' turns are sent together (the next group's after their answers).
-std::vector<std::vector<int32_t>> converse_in_turns(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                    int vocab, std::string* metrics, size_t conversations_n = 3,
-                                                    size_t at_once = 1, size_t system_len = 0) {
-  Engine engine(std::move(runner), nullptr, cfg);
-  engine.start();
-  // Every conversation starts with the same system prompt of system_len tokens.
-  std::vector<std::vector<int32_t>> conversations(conversations_n, random_tokens(system_len, vocab, 99)), answers;
-  for (int turn = 0; turn < 3; ++turn)
-    for (size_t first = 0; first < conversations.size(); first += at_once) {
-      std::vector<std::shared_ptr<OutputChannel>> channels;
-      for (size_t c = first; c < std::min(first + at_once, conversations.size()); ++c) {
-        const std::vector<int32_t> message =
-            random_tokens(20 + 3 * turn, vocab, 300 + uint32_t(10 * c) + uint32_t(turn));
-        std::vector<int32_t>& conv = conversations[c];
-        conv.insert(conv.end(), message.begin(), message.end());
-        channels.push_back(std::make_shared<OutputChannel>());
-        RequestSpec s;
-        s.group = engine.new_group_id();
-        s.prompt = conv;
-        s.params = greedy({}, 21).params;
-        s.out = channels.back();
-        EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-      }
-      for (size_t c = first; c < std::min(first + at_once, conversations.size()); ++c) {
-        answers.push_back(tokens_of(*channels[c - first]));
-        conversations[c].insert(conversations[c].end(), answers.back().begin(), answers.back().end());
-      }
-    }
-  engine.shutdown();
-  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
-  return answers;
-}
-
-void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner, EngineConfig base,
-                     const std::string& what) {
-  const int V = runner()->config().vocab_size;
-  // One snapshot of a conversation's first turn (20 + 21 tokens), measured: the device's room.
-  int64_t one = 0;
-  {
-    auto r = runner();
-    const SequenceId s = r->add_sequence();
-    const std::vector<int32_t> p = random_tokens(41, V, 5);
-    r->forward(std::vector<ForwardStep>{{s, p}});
-    one = r->snapshot_bytes(r->save_snapshot(s));
-  }
-  base.enable_prefix_caching = false;
-  const auto plain = converse_in_turns(runner(), base, V, nullptr);
-  std::string big_m, tiny_m, tier_m;
-  base.enable_prefix_caching = true;
-  base.prefix_cache_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m), plain) << what << ": a large device cache";
-  base.prefix_cache_bytes = one + one / 2;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &tiny_m), plain) << what << ": a small device cache";
-  base.prefix_cache_host_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &tier_m), plain) << what << ": a small device cache and the host tier";
-  const double big = metric(big_m, "fathom:prefix_cache_hits_total");
-  const double tiny = metric(tiny_m, "fathom:prefix_cache_hits_total");
-  std::printf("  %s: %.0f prompt tokens cached with a large device cache, %.0f with a small one, %.0f with "
-              "the host tier (%.0f from it; %.0f snapshots moved down, %.0f up)\n",
-              what.c_str(), big, tiny, metric(tier_m, "fathom:prefix_cache_hits_total"),
-              metric(tier_m, "fathom:external_prefix_cache_hits_total"),
-              metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
-              metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
-  EXPECT_LT(tiny, big) << what << ": the small cache must lose conversations between turns";
-  EXPECT_EQ(metric(tier_m, "fathom:prefix_cache_hits_total"), big) << what;
-  EXPECT_GT(metric(tier_m, "fathom:external_prefix_cache_hits_total"), 0) << what;
-  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
-  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_host_bytes"), 0) << what;
-}
-
-// The room bounded in the runner, as on the GPU (two snapshots at once), the cache's bytes not:
-// saves fail and evict, live conversation snapshots get their share of the room, moves up find
-// no room and evict. Outputs equal no caching; the tier keeps conversations the room loses.
-void bounded_room_check(const std::function<std::unique_ptr<CpuRunner>()>& runner, EngineConfig base,
-                        const std::string& what, size_t conversations = 3, size_t at_once = 1,
-                        ModelRunner::SnapshotRoom room_size = {2, 0}, size_t system_len = 0) {
-  auto bounded = [&] {
-    auto r = runner();
-    r->set_snapshot_room(room_size, int(base.block_size));
-    return r;
-  };
-  const int V = runner()->config().vocab_size;
-  base.enable_prefix_caching = false;
-  const auto plain = converse_in_turns(runner(), base, V, nullptr, conversations, at_once, system_len);
-  std::string big_m, room_m, tier_m;
-  base.enable_prefix_caching = true;
-  base.prefix_cache_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(runner(), base, V, &big_m, conversations, at_once, system_len), plain) << what << ": unbounded";
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &room_m, conversations, at_once, system_len), plain) << what << ": bounded";
-  base.prefix_cache_host_bytes = int64_t(1) << 30;
-  EXPECT_EQ(converse_in_turns(bounded(), base, V, &tier_m, conversations, at_once, system_len), plain)
-      << what << ": bounded, and the host tier";
-  const double room = metric(room_m, "fathom:prefix_cache_hits_total");
-  const double tier = metric(tier_m, "fathom:prefix_cache_hits_total");
-  std::printf("  %s, a room of %lld snapshots and %lld tokens (0: any): %.0f prompt tokens cached (%.0f unbounded), "
-              "%.0f with the host tier (%.0f from it; %.0f snapshots moved down, %.0f up)\n",
-              what.c_str(), (long long)room_size.snapshots, (long long)room_size.tokens, room, metric(big_m, "fathom:prefix_cache_hits_total"), tier,
-              metric(tier_m, "fathom:external_prefix_cache_hits_total"),
-              metric(tier_m, "fathom:prefix_cache_offloaded_snapshots_total"),
-              metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"));
-  EXPECT_LT(room, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the room must lose conversations";
-  if (at_once == 1)  // one at a time, nothing crowds the room but the cache's own entries
-    EXPECT_EQ(tier, metric(big_m, "fathom:prefix_cache_hits_total")) << what << ": the tier keeps what the room loses";
-  else
-    EXPECT_GT(tier, room) << what << ": the tier keeps conversations the room loses";
-  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
-}
-
-TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedInTheRunner) {
-  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
-  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
-}
-
-// Eight conversations, four at a time, in a room of four snapshots and 400 tokens (a third turn's
-// snapshot is about 140): with the tier, live conversation snapshots take the room but one
-// snapshot's worth while the others' entries move down and come back.
-TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndConversationsAtOnce) {
-  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
-  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, {4, 400});
-}
-
-// The same with a 48-token system prompt that every conversation starts with: the live
-// conversation snapshots leave room for the shared prefix's entry to come back up.
-TEST_P(PrefixCacheEngine, HostTierWithTheRoomBoundedAndASharedSystemPrompt) {
-  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
-  bounded_room_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam(), 8, 4, {4, 600}, 48);
-}
-
-TEST_P(PrefixCacheEngine, HostTierKeepsWhatTheDeviceEvicts) {
-  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
-  host_tier_check([&] { return load_runner(GetParam()); }, config(2048, true), GetParam());
-}
-
-TEST_P(PrefixCacheEngine, HostTierOverTensorParallelRanks) {
-  const fs::path dir = testing::fixtures_dir() / GetParam();
-  ASSERT_TRUE(fs::exists(dir / "config.json")) << GetParam() << " missing";
-  host_tier_check([&] { return CpuRunner::open(dir, /*with_mtp=*/false, /*tensor_parallel_size=*/2); },
-                  config(13, true), std::string(GetParam()) + " over 2 ranks");
-}
-
-TEST(PrefixCacheMtp, HostTierKeepsWhatTheDeviceEvicts) {
-  ASSERT_TRUE(load_runner("qwen35_moe", true)) << "qwen35_moe missing";
-  for (int k : {1, 2}) {
-    EngineConfig c = config(2048, true);
-    c.spec.algorithm = SpecAlgorithm::Mtp;
-    c.spec.num_steps = k;
-    host_tier_check([] { return load_runner("qwen35_moe", true); }, c, "qwen35_moe MTP K=" + std::to_string(k));
   }
 }
 

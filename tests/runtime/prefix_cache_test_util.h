@@ -1,0 +1,181 @@
+// The prefix-cache engine tests' helpers (test_prefix_cache*.cpp): fixtures on the CPU engine,
+// jobs, engines driven one request at a time or in a burst, the exact-repeat workload and the
+// comparison of finished requests.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden_reader.h"
+#include "model/cpu_runner.h"
+#include "runtime/engine.h"
+#include "runtime/engine_test_util.h"
+
+namespace fathom::prefix_test {
+
+using testing::Job;
+
+inline std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
+  const std::filesystem::path dir = testing::fixtures_dir() / name;
+  if (!std::filesystem::exists(dir / "config.json")) return nullptr;
+  return std::make_unique<CpuRunner>(HybridModel::load(dir, mtp));
+}
+
+inline std::vector<int32_t> random_tokens(int len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(len), 0);
+  for (auto& t : p) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
+  return p;
+}
+
+inline Job greedy(std::vector<int32_t> prompt, int max_tokens) {
+  Job j;
+  j.prompt = std::move(prompt);
+  j.params.max_tokens = max_tokens;
+  j.params.ignore_eos = true;
+  return j;
+}
+
+inline EngineConfig config(int64_t budget, bool caching) {
+  EngineConfig c;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = budget;
+  c.max_model_len = 512;
+  c.enable_prefix_caching = caching;
+  c.prefix_cache_interval = 32;
+  c.prefix_cache_min_shared = 16;  // the fixtures' prompts are short
+  return c;
+}
+
+// A request's tokens, logprobs and finish reason, once it has finished (a minute at most).
+inline testing::Finished finished_of(OutputChannel& ch) {
+  testing::Finished f;
+  for (bool done = false; !done;) {
+    auto ev = ch.pop(std::chrono::milliseconds(60000));
+    if (!ev) break;
+    f.ids.insert(f.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    f.logprobs.insert(f.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
+    done = ev->finished;
+    if (done) f.reason = ev->finish_reason;
+  }
+  return f;
+}
+
+inline std::vector<int32_t> tokens_of(OutputChannel& ch) { return finished_of(ch).ids; }
+
+// Jobs one after another (each submitted when the one before has finished): the cache's inserts
+// and evictions happen in a fixed order.
+inline std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<ModelRunner> runner,
+                                                              const EngineConfig& cfg, const std::vector<Job>& jobs,
+                                                              std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  engine.start();
+  std::vector<testing::Finished> out;
+  for (const Job& j : jobs) {
+    auto ch = std::make_shared<OutputChannel>();
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = ch;
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    out.push_back(finished_of(*ch));
+  }
+  engine.shutdown();
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return out;
+}
+
+inline std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                        const std::vector<Job>& jobs, std::string* metrics) {
+  std::vector<std::vector<int32_t>> ids;
+  for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics))
+    ids.push_back(std::move(f.ids));
+  return ids;
+}
+
+// Jobs all submitted before the engine's first step (they arrive together).
+inline std::vector<testing::Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                                const std::vector<Job>& jobs, std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  std::vector<std::shared_ptr<OutputChannel>> chans;
+  for (const Job& j : jobs) {
+    chans.push_back(std::make_shared<OutputChannel>());
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = chans.back();
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+  }
+  engine.start();
+  std::vector<testing::Finished> out;
+  for (auto& ch : chans) out.push_back(finished_of(*ch));
+  engine.shutdown();
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return out;
+}
+
+// Exact repeats of any length (issue 37), one by one: where a prompt's prefill ended its state is
+// cached with the last position's logits, so the same prompt again starts there with no forward
+// (its first token chosen from those logits) and a longer prompt that begins with it prefills
+// only the rest. Lengths around the 16-token block; repeats asking for logprobs, sampling with a
+// seed, ending at their first token, and failing there (an injected sampling fault).
+inline std::vector<Job> repeat_jobs(int vocab) {
+  std::map<int, std::vector<int32_t>> prompt;
+  int32_t first = 2;
+  for (int len : {1, 5, 15, 16, 17, 40}) {
+    prompt[len] = random_tokens(len, vocab, 60 + uint32_t(len));
+    prompt[len][0] = first++;  // no prompt begins with another by chance
+  }
+  std::vector<Job> jobs;
+  for (const auto& [len, p] : prompt) {
+    jobs.push_back(greedy(p, 6));
+    jobs.push_back(greedy(p, 6));
+  }
+  std::vector<int32_t> longer = prompt[17];
+  for (int32_t t : random_tokens(6, vocab, 77)) longer.push_back(t);
+  jobs.push_back(greedy(longer, 5));
+  Job logprobs = greedy(prompt[40], 4);
+  logprobs.params.logprobs = 3;
+  jobs.push_back(logprobs);
+  Job sampled = greedy(prompt[16], 8);
+  sampled.params.sampling.temperature = 0.9f;
+  sampled.params.sampling.top_k = 20;
+  sampled.params.sampling.seed = 11;
+  sampled.params.sampling.presence_penalty = 0.5f;
+  jobs.push_back(sampled);
+  jobs.push_back(sampled);
+  jobs.push_back(greedy(prompt[5], 1));
+  Job faulty = greedy(prompt[15], 4);
+  faulty.params.fault = FaultInjection{FaultSite::Sample, 0};
+  jobs.push_back(faulty);
+  jobs.push_back(greedy(prompt[15], 3));
+  return jobs;
+}
+// Tokens the jobs above find cached: each repeat whole, the longer prompt its 17, the later
+// requests on prompts 40, 16, 16, 5, 15, 15 whole.
+inline constexpr int kRepeatHits = (1 + 5 + 15 + 16 + 17 + 40) + 17 + 40 + 16 + 16 + 5 + 15 + 15;
+
+inline void expect_same(const std::vector<testing::Finished>& got, const std::vector<testing::Finished>& want,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      EXPECT_EQ(got[i].logprobs[t].token, want[i].logprobs[t].token);
+      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " job " << i << " token " << t;
+      EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " job " << i << " token " << t;
+    }
+  }
+}
+
+}  // namespace fathom::prefix_test
