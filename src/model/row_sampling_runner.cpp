@@ -60,9 +60,12 @@ void RowSamplingRunner::launch(std::span<const ForwardStep> steps, std::span<con
     }
     resolved[i].tokens = t;
   }
-  for (const RowSampling& r : rows) {
+  const int64_t W = mask_words(config().vocab_size);
+  for (const RowSampling& r : rows) {  // before the forward, which advances the sequences
     FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
                  "forward_sampled: a row's adjustments lie outside the list");
+    FATHOM_CHECK(defer_masks || r.skip || r.mask_row < 0 || (int64_t(r.mask_row) + 1) * W <= int64_t(masks.size()),
+                 "forward_sampled: a row's token mask lies outside the mask table");
   }
   Launched l;
   l.fo = inner_->forward(resolved);
