@@ -1,7 +1,7 @@
 // Speculative decoding inside the serving engine (continuous batching) on the CPU engine:
 // greedy outputs equal the plain engine's token for token, with requests arriving while others
 // decode, chunked prefill, budget-cut drafts, penalties, stop tokens, min_tokens and preemption,
-// also in fused greedy MTP rounds;
+// also in fused greedy MTP rounds, and where the runner chooses tokens (device sampling);
 // sampled outputs keep the exact target distribution; /metrics reports the acceptance.
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 
 #include "golden_reader.h"
 #include "model/cpu_runner.h"
+#include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 #include "runtime/spec_test_util.h"
@@ -86,7 +87,14 @@ EngineConfig base_config(int64_t budget) {
 struct Case {
   const char* fixture;
   SpecAlgorithm algorithm;
+  bool device_sampling = false;  // the runner chooses tokens (RowSamplingRunner: the GPU's path)
 };
+
+std::unique_ptr<ModelRunner> load_case(const Case& c) {
+  auto cpu = load_runner(c.fixture);
+  if (cpu && c.device_sampling) return std::make_unique<RowSamplingRunner>(std::move(cpu));
+  return cpu;
+}
 
 class EngineSpecTest : public ::testing::TestWithParam<Case> {};
 
@@ -105,12 +113,12 @@ TEST_P(EngineSpecTest, GreedyLosslessInContinuousBatching) {
   jobs.push_back(with_min_tokens(jobs[4]));
 
   for (int64_t budget : {int64_t(2048), int64_t(13)}) {  // 13: chunked prefill and budget-cut drafts
-    const auto plain = run_engine(load_runner(c.fixture), base_config(budget), jobs);
+    const auto plain = run_engine(load_case(c), base_config(budget), jobs);
     // Stop at the 4th token of job 0 and (ignored before min_tokens) at the 3rd of job 8.
     std::vector<Job> jobs2 = jobs;
     jobs2[0].params.stop_token_ids = {plain[0].ids[3]};
     jobs2[8].params.stop_token_ids = {plain[8].ids[2]};
-    const auto plain2 = run_engine(load_runner(c.fixture), base_config(budget), jobs2);
+    const auto plain2 = run_engine(load_case(c), base_config(budget), jobs2);
     EXPECT_EQ(plain2[0].reason, "stop");
     for (int k = 1; k <= 4; ++k) {
       for (bool adaptive : {false, true}) {
@@ -120,7 +128,7 @@ TEST_P(EngineSpecTest, GreedyLosslessInContinuousBatching) {
         cfg.spec.num_steps = k;
         cfg.spec.adaptive = adaptive;
         std::string m;
-        const auto got = run_engine(load_runner(c.fixture), cfg, jobs2, &m);
+        const auto got = run_engine(load_case(c), cfg, jobs2, &m);
         for (size_t i = 0; i < jobs.size(); ++i) {
           EXPECT_EQ(got[i].ids, plain2[i].ids) << c.fixture << " K=" << k << (adaptive ? " adaptive" : "")
                                                << " budget " << budget << " job " << i;
@@ -141,9 +149,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineSpecTest,
                          ::testing::Values(Case{"qwen35_moe", SpecAlgorithm::Mtp},
                                            Case{"qwen35_moe_mtp_oracle", SpecAlgorithm::Mtp},
                                            Case{"qwen3_next", SpecAlgorithm::Ngram},
-                                           Case{"qwen3_dense", SpecAlgorithm::Ngram}),
+                                           Case{"qwen3_dense", SpecAlgorithm::Ngram},
+                                           Case{"qwen35_moe_mtp_oracle", SpecAlgorithm::Mtp, true},
+                                           Case{"qwen3_next", SpecAlgorithm::Ngram, true}),
                          [](const auto& info) {
-                           return std::string(info.param.fixture) + "_" + spec_algorithm_name(info.param.algorithm);
+                           return std::string(info.param.fixture) + "_" + spec_algorithm_name(info.param.algorithm) +
+                                  (info.param.device_sampling ? "_device_sampling" : "");
                          });
 
 // Preemption by recompute under a tight KV budget drops a sequence's drafts and MTP state (at
