@@ -1,5 +1,6 @@
 #include "model/row_sampling_runner.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/error.h"
@@ -118,7 +119,8 @@ void RowSamplingRunner::sample(Launched& l, std::span<const uint32_t> masks) {
 int64_t RowSamplingRunner::deferred_mask_tokens() const { return std::numeric_limits<int64_t>::max(); }
 
 void RowSamplingRunner::supply_masks(std::span<const uint32_t> masks) {
-  FATHOM_CHECK(!launched_.empty() && !launched_.back().sampled, "supply_masks: no launched step waits for its token masks");
+  FATHOM_CHECK(!launched_.empty() && !launched_.back().sampled,
+               "supply_masks: no launched step waits for its token masks");
   sample(launched_.back(), masks);
 }
 

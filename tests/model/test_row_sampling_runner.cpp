@@ -80,8 +80,8 @@ TEST(RowSamplingRunner, DeferredMasksHoldTheNextLaunch) {
   runner->launch_sampled(std::vector<ForwardStep>{{s, prompt}}, std::vector<RowSampling>{masked}, {}, {},
                          /*defer_masks=*/true);
   const std::vector<int32_t> pending = {kPendingToken};
-  EXPECT_THROW(runner->launch_sampled(std::vector<ForwardStep>{{s, pending}}, std::vector<RowSampling>{RowSampling{}}, {}),
-               Error);
+  const std::vector<RowSampling> plain_row(1);
+  EXPECT_THROW(runner->launch_sampled(std::vector<ForwardStep>{{s, pending}}, plain_row, {}), Error);
   EXPECT_THROW(runner->finish_sampled(), Error);  // its sampler still waits
   std::vector<uint32_t> mask(size_t(mask_words(V)), 0u);
   mask[0] = 1u << 6;  // token 6 alone

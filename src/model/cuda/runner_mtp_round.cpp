@@ -59,7 +59,8 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
     FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m.dmeta.ids, sizeof(int32_t), first, sizeof(RowSample), sizeof(int32_t),
                                         size_t(total), cudaMemcpyDeviceToDevice, s));
   } else {
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
+    FATHOM_CUDA_CHECK(
+        cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
   }
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
                                     cudaMemcpyDeviceToDevice, s));
@@ -68,7 +69,8 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   out.draft.resize(size_t(total));
   if (!sampled)
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.target.data(), m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.draft.data(), m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(
+      cudaMemcpyAsync(out.draft.data(), m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
   if (sampled) {  // the sampler's results (its copies were queued before the MTP step)
     SampledOutput so = finish_sampled();
     out.samples = std::move(so.samples);
