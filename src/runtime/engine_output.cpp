@@ -266,8 +266,8 @@ void Engine::finish_chunk(Request& r, const ForwardStep& step, const StepResult&
   const float* end_logits = !prompt_end_snapshots_ || nd > 0 || r.num_output() > 0 ? nullptr
                             : res.fo                                             ? res.fo->logits.data() + last_row * V
                                                                                  : res.so->kept_row_logits(last_row, V);
-  // The prompt's end, cached.
-  if (end_logits && !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r))) {
+  // The prompt's end, cached (a device row comes back only when wants_prompt_end() asked for it).
+  if (end_logits && (res.so || !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r)))) {
     const float* hidden = nullptr;
     if (need_hidden) {  // the MTP layer catches up to the last row, which waits for the token after it
       observe(n - 1);

@@ -116,12 +116,14 @@ void Engine::finish_ended_at_admission() {
 // and has not passed its end: that request is told to snapshot there, and r waits for it.
 bool Engine::wait_for_shared_prefill(const Request& r, int64_t cached) {
   const int64_t B = cfg_.block_size, len = int64_t(r.tokens.size());
+  // Requests whose prompt an overlapped step in flight ends: their ends are cached when it is read.
+  std::vector<const Request*> ends_in_flight;
+  for (const InflightChunk& c : inflight_.chunks)
+    if (inflight_.active && c.end_snapshot && live_.count(c.req) && c.req->seq == c.seq)
+      ends_in_flight.push_back(c.req);
   for (auto& [p, owned] : live_) {
     const bool prefilling = p->num_computed < p->num_prompt;
-    // An overlapped step in flight ends p's prompt: its end is cached when that step is read.
-    bool end_in_flight = false;
-    for (const InflightChunk& c : inflight_.chunks)
-      end_in_flight = end_in_flight || (inflight_.active && c.req == p && c.seq == p->seq && c.end_snapshot);
+    const bool end_in_flight = std::find(ends_in_flight.begin(), ends_in_flight.end(), p) != ends_in_flight.end();
     if (p == &r || p->status != RequestStatus::Running || !(prefilling || end_in_flight)) continue;
     // The same prompt (n > 1, or a burst of one question): its end is worth the wait.
     if (prompt_end_snapshots_ && cached < len && (end_in_flight || p->num_output() == 0) && p->num_prompt == len &&

@@ -76,6 +76,33 @@ inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, Eng
   return out;
 }
 
+// Finished requests equal one by one: tokens, finish reasons, and logprobs (the chosen token's
+// and the top alternatives') exactly, or within `logprob_tolerance` when it is positive.
+inline void expect_same(const std::vector<Finished>& got, const std::vector<Finished>& want, const std::string& what,
+                        double logprob_tolerance = 0) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      const TokenLogprob &a = got[i].logprobs[t], &b = want[i].logprobs[t];
+      EXPECT_EQ(a.token, b.token) << what << " job " << i << " token " << t;
+      if (logprob_tolerance <= 0) {
+        EXPECT_EQ(a.logprob, b.logprob) << what << " job " << i << " token " << t;
+        EXPECT_EQ(a.top, b.top) << what << " job " << i << " token " << t;
+        continue;
+      }
+      EXPECT_NEAR(a.logprob, b.logprob, logprob_tolerance) << what << " job " << i << " token " << t;
+      ASSERT_EQ(a.top.size(), b.top.size()) << what << " job " << i << " token " << t;
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_EQ(a.top[k].first, b.top[k].first) << what << " job " << i << " token " << t;
+        EXPECT_NEAR(a.top[k].second, b.top[k].second, logprob_tolerance) << what << " job " << i << " token " << t;
+      }
+    }
+  }
+}
+
 // A metric's value from Prometheus text (first sample whose line starts with `name{` and
 // contains `label`), or -1.
 inline double metric(const std::string& text, const std::string& name, const std::string& label = "") {

@@ -163,19 +163,6 @@ inline std::vector<Job> repeat_jobs(int vocab) {
 // requests on prompts 40, 16, 16, 5, 15, 15 whole.
 inline constexpr int kRepeatHits = (1 + 5 + 15 + 16 + 17 + 40) + 17 + 40 + 16 + 16 + 5 + 15 + 15;
 
-inline void expect_same(const std::vector<testing::Finished>& got, const std::vector<testing::Finished>& want,
-                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
-    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
-    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
-      EXPECT_EQ(got[i].logprobs[t].token, want[i].logprobs[t].token);
-      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " job " << i << " token " << t;
-      EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " job " << i << " token " << t;
-    }
-  }
-}
+using testing::expect_same;
 
 }  // namespace fathom::prefix_test

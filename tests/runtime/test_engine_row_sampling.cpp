@@ -23,6 +23,7 @@ namespace fathom {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_same;
 using testing::Finished;
 using testing::Job;
 using testing::metric;
@@ -87,25 +88,6 @@ EngineConfig config(int64_t budget, bool overlap) {
   c.eos_token_ids = {1};
   c.overlap_schedule = overlap;
   return c;
-}
-
-void expect_same(const std::vector<Finished>& got, const std::vector<Finished>& want, const std::string& what,
-                 double logprob_tolerance = 0) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].ids, want[i].ids) << what << " job " << i;
-    EXPECT_EQ(got[i].reason, want[i].reason) << what << " job " << i;
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " job " << i;
-    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
-      const TokenLogprob &a = got[i].logprobs[t], &b = want[i].logprobs[t];
-      EXPECT_NEAR(a.logprob, b.logprob, logprob_tolerance) << what << " job " << i << " token " << t;
-      ASSERT_EQ(a.top.size(), b.top.size()) << what << " job " << i << " token " << t;
-      for (size_t k = 0; k < a.top.size(); ++k) {
-        EXPECT_EQ(a.top[k].first, b.top[k].first) << what << " job " << i << " token " << t;
-        EXPECT_NEAR(a.top[k].second, b.top[k].second, logprob_tolerance) << what << " job " << i << " token " << t;
-      }
-    }
-  }
 }
 
 TEST(RowSamplingEngine, GreedyOutputsEqualTheHostSampler) {

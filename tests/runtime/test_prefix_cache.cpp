@@ -451,40 +451,31 @@ TEST_P(PrefixCacheEngine, ExactRepeatsHitWithDeviceSampling) {
     }
 }
 
-// Requests with one prompt arriving together: the first prefills it, the others wait for its end
-// and start there (no prefill of their own).
-TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
-  auto probe = load_runner(GetParam());
-  ASSERT_TRUE(probe) << GetParam() << " missing";
-  std::vector<Job> jobs(4, greedy(random_tokens(21, probe->config().vocab_size, 91), 5));
+// Requests with one prompt arriving together over the runners `open` makes: the first prefills
+// it, the others wait for its end and start there (no prefill of their own).
+void expect_burst_of_one_prompt_prefilled_once(const std::function<std::unique_ptr<ModelRunner>()>& open,
+                                              const std::string& what) {
+  std::vector<Job> jobs(4, greedy(random_tokens(21, open()->config().vocab_size, 91), 5));
   jobs[1].params.logprobs = 2;
   jobs[2].params.sampling.temperature = 0.7f;
   jobs[2].params.sampling.seed = 3;
-  auto burst = [&](bool caching, std::string* m) {
-    return run_burst(load_runner(GetParam()), config(2048, caching), jobs, m);
-  };
   std::string m;
-  const auto plain = burst(false, nullptr);
-  expect_same(burst(true, &m), plain, GetParam());
-  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 3 * 21);
+  const auto plain = run_burst(open(), config(2048, false), jobs, nullptr);
+  expect_same(run_burst(open(), config(2048, true), jobs, &m), plain, what);
+  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 3 * 21) << what;
 }
 
-// A burst of one prompt with device sampling (overlapped steps): the others wait for the first's
-// prompt end, cached once its step is read.
+TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnce) {
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  expect_burst_of_one_prompt_prefilled_once([&] { return load_runner(GetParam()); }, GetParam());
+}
+
+// The same with device sampling (overlapped steps): the others wait for the first's prompt end,
+// cached once its step is read.
 TEST_P(PrefixCacheEngine, BurstOfOnePromptPrefillsItOnceWithDeviceSampling) {
-  auto probe = load_runner(GetParam());
-  ASSERT_TRUE(probe) << GetParam() << " missing";
-  std::vector<Job> jobs(4, greedy(random_tokens(21, probe->config().vocab_size, 91), 5));
-  jobs[1].params.logprobs = 2;
-  jobs[2].params.sampling.temperature = 0.7f;
-  jobs[2].params.sampling.seed = 3;
-  auto burst = [&](bool caching, std::string* m) {
-    return run_burst(std::make_unique<RowSamplingRunner>(load_runner(GetParam())), config(2048, caching), jobs, m);
-  };
-  std::string m;
-  const auto plain = burst(false, nullptr);
-  expect_same(burst(true, &m), plain, GetParam());
-  EXPECT_EQ(metric(m, "fathom:prefix_cache_hits_total"), 3 * 21);
+  ASSERT_TRUE(load_runner(GetParam())) << GetParam() << " missing";
+  expect_burst_of_one_prompt_prefilled_once(
+      [&] { return std::make_unique<RowSamplingRunner>(load_runner(GetParam())); }, GetParam());
 }
 
 // Exact repeats with MTP: a prompt end holds the MTP layer's KV up to the position before the
