@@ -136,6 +136,50 @@ TEST(CudaRouter, SplitBf16ProductMatchesFp32) {
   EXPECT_LT(worst / scale, 1e-4);
 }
 
+// Softmax + top-k (moe_topk, whose per-token routine moe_route and moe_topk_group share) against a
+// double-precision host softmax: the ids in the order of larger probability, ties to the lower id
+// (logits on a coarse grid, so ties are common), the weights within float rounding, with and
+// without renormalisation. Expert counts at and around the sizes where a lane holds 4, 8, 16 or 32
+// logits, and K past a warp's 32 lanes.
+TEST(CudaRouter, TopkMatchesHostSoftmaxTopk) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  const int T = 5;
+  for (const int E : {3, 64, 100, 128, 129, 256, 257, 512, 513, 1000, 1024})
+    for (const int K : {1, 3, 8, 10, 33})
+      for (const bool renorm : {true, false}) {
+        if (K > E) continue;
+        SCOPED_TRACE("E=" + std::to_string(E) + " K=" + std::to_string(K) + " renorm " + std::to_string(renorm));
+        std::vector<float> logits(size_t(T) * E);
+        for (float& v : logits) v = std::round(nd(rng) * 4.f) / 4.f;
+        auto dl = cuda::DeviceBuffer::from_host(logits);
+        cuda::DeviceBuffer ids(size_t(T) * K * 4), w(size_t(T) * K * 4);
+        FATHOM_CUDA_CHECK(cudaMemset(ids.data(), 0xFF, ids.bytes()));
+        cuda::moe_topk(dl.as<float>(), ids.as<int32_t>(), w.as<float>(), T, E, K, renorm, nullptr);
+        std::vector<int32_t> got_ids(size_t(T) * K);
+        std::vector<float> got_w(got_ids.size());
+        FATHOM_CUDA_CHECK(cudaMemcpy(got_ids.data(), ids.data(), ids.bytes(), cudaMemcpyDeviceToHost));
+        FATHOM_CUDA_CHECK(cudaMemcpy(got_w.data(), w.data(), w.bytes(), cudaMemcpyDeviceToHost));
+        for (int t = 0; t < T; ++t) {
+          const float* row = logits.data() + size_t(t) * E;
+          const float mx = *std::max_element(row, row + E);
+          std::vector<double> p(E);
+          double sum = 0;
+          for (int e = 0; e < E; ++e) sum += p[e] = std::exp(double(row[e]) - mx);
+          std::vector<int> order(E);
+          for (int e = 0; e < E; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+          double picked = 0;
+          for (int k = 0; k < K; ++k) picked += p[order[k]] / sum;
+          for (int k = 0; k < K; ++k) {
+            ASSERT_EQ(got_ids[size_t(t) * K + k], order[k]) << "token " << t << " pick " << k;
+            const double want = p[order[k]] / sum / (renorm ? picked : 1.0);
+            EXPECT_NEAR(got_w[size_t(t) * K + k], want, 1e-5 * want) << "token " << t << " pick " << k;
+          }
+        }
+      }
+}
+
 // Prefill steps take the router's split activations from the norm before the MoE block: they must
 // be split_bf16x3 of the norm's fp32 output, bit for bit, on the vectorised path (n = 4096) and
 // the scalar one (n = 102).

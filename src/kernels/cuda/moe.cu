@@ -11,18 +11,20 @@
 namespace fathom::cuda {
 namespace {
 
-constexpr int kMaxExpertsPerLane = kMaxExperts / 32;
 constexpr int kCombineLoads = 8;  // pair rows loaded before they are summed
 
-// Softmax and top-k of token t's logits, by one warp. The logits are read through L2 (ld.cg):
-// in moe_route_kernel other blocks of the same launch wrote them.
-__device__ void topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
+// Softmax and top-k of token t's logits, by one warp holding N of them a lane (N * 32 >= E). The
+// logits are read through L2 (ld.cg): in moe_route_kernel other blocks of the same launch wrote
+// them. N only bounds the registers scanned: the padding is never picked and adds nothing to the
+// sum, so every N gives the same ids and weights. Returns lane k's pick k (K <= 32; else -1).
+template <int N>
+__device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
   const int lane = threadIdx.x % 32;
   const float* row = logits + int64_t(t) * E;
-  float p[kMaxExpertsPerLane];
+  float p[N];
   float mx = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+  for (int i = 0; i < N; ++i) {
     const int e = lane + 32 * i;
     p[i] = e < E ? __ldcg(row + e) : -INFINITY;
     mx = fmaxf(mx, p[i]);
@@ -30,17 +32,18 @@ __device__ void topk_token(const float* logits, int32_t* ids, float* weights, in
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+  for (int i = 0; i < N; ++i) {
     p[i] = (lane + 32 * i) < E ? expf(p[i] - mx) : -1.f;
     sum += p[i] > 0.f ? p[i] : 0.f;
   }
   sum = warp_sum(sum);
-  float picked_sum = 0.f;
+  float picked_sum = 0.f, my_prob = 0.f;
+  int my_e = 0;
   for (int k = 0; k < K; ++k) {
     float best = -1.f;
     int best_e = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < kMaxExpertsPerLane; ++i)
+    for (int i = 0; i < N; ++i)
       if (p[i] > best) best = p[i], best_e = lane + 32 * i;
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffff, best, o);
@@ -49,18 +52,39 @@ __device__ void topk_token(const float* logits, int32_t* ids, float* weights, in
     }
     if ((best_e % 32) == lane) {
 #pragma unroll
-      for (int i = 0; i < kMaxExpertsPerLane; ++i)
+      for (int i = 0; i < N; ++i)
         if (lane + 32 * i == best_e) p[i] = -1.f;
     }
     const float prob = best / sum;
     picked_sum += prob;
-    if (lane == 0) {
+    if (K <= 32) {
+      if (lane == k) my_e = best_e, my_prob = prob;
+    } else if (lane == 0) {
       ids[int64_t(t) * K + k] = best_e;
       weights[int64_t(t) * K + k] = prob;
     }
   }
+  // Every lane holds the same picks and sums (xor reductions), so lane k writes pick k once the
+  // sum is known (no stores read back for the renormalisation).
+  if (K <= 32) {
+    if (lane < K) {
+      ids[int64_t(t) * K + lane] = my_e;
+      weights[int64_t(t) * K + lane] = renorm ? my_prob / picked_sum : my_prob;
+    }
+    return lane < K ? my_e : -1;
+  }
   if (renorm && lane == 0)
     for (int k = 0; k < K; ++k) weights[int64_t(t) * K + k] /= picked_sum;
+  return -1;
+}
+
+// topk_token_lanes with the fewest registers a lane that hold E logits (a warp-uniform choice):
+// 256 experts scan 8 a lane, not kMaxExperts / 32 = 32, in each of the K rounds.
+__device__ int topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
+  if (E <= 128) return topk_token_lanes<4>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 256) return topk_token_lanes<8>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 512) return topk_token_lanes<16>(logits, ids, weights, t, E, K, renorm);
+  return topk_token_lanes<kMaxExperts / 32>(logits, ids, weights, t, E, K, renorm);
 }
 
 // One warp per token.
@@ -333,13 +357,12 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
     // packed expert kernels' results do not depend on the tiles' order); one warp, no block-wide
     // counting sort. expert_start and active are not written (only moe_group_pairs' users read them).
     if (threadIdx.x >= 32) return;
-    topk_token(logits, ids, weights, 0, E, K, renorm);
-    __syncwarp();
+    const int e = topk_token(logits, ids, weights, 0, E, K, renorm);  // lane k's pick k
     const int k = threadIdx.x;
     if (k < K) {
       g.sorted_pairs[k] = k;
       int32_t* tile = g.tiles + 4 * k;
-      tile[0] = ids[k], tile[1] = k, tile[2] = 1, tile[3] = 0;
+      tile[0] = e, tile[1] = k, tile[2] = 1, tile[3] = 0;
     }
     if (k == 0) *g.num_tiles = K;
     return;
