@@ -49,7 +49,10 @@ struct SlabLoads {
 
 template <class F, bool kGateUp, int W, int U, int kMinBlocks>
 __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(MoeFp4Args a) {
-  if constexpr (kGateUp) pdl_prologue();
+  if constexpr (kGateUp) {
+    if (a.prefetch_descriptors) prefetch_expert_descriptors(a.ex);
+    pdl_prologue();
+  }
   // The tile is read beside the tile count, not after it (one dependent load fewer before the
   // weights stream; the grid's rows never pass the tile buffer, and a tile past the count is
   // not used).
@@ -483,6 +486,15 @@ int moe_fp4_small_pairs_per_expert() {
   return n;
 }
 
+// FATHOM_MOE_PREFETCH_DESCRIPTORS=0 turns prefetch_expert_descriptors off (A/B measurements).
+static bool moe_prefetch_descriptors() {
+  static const bool on = [] {
+    const char* v = std::getenv("FATHOM_MOE_PREFETCH_DESCRIPTORS");
+    return !v || std::atoi(v) != 0;
+  }();
+  return on;
+}
+
 // Few tokens per expert (a decode step, or one with a prefill chunk beside it): the 8-token
 // tiles, which read each expert once per 8 of its tokens; the 64-token tiles compute all 64
 // columns however few tokens an expert has.
@@ -508,7 +520,7 @@ void moe_experts_packed(const PackedExperts& ex, const bf16_t* x, const int32_t*
   if (!grouped) moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
   const int max_tiles = std::min(ex.num, P) + P / tile;
   const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
-  MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out};
+  MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out, moe_prefetch_descriptors()};
   const int variant = small ? small_variant_for(plan, T) : plan.large_variant;
   FATHOM_CHECK(!small || (variant >= 0 && variant < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", variant);
   const bool fp8 = ex.format == PackedFormat::Fp8;

@@ -117,7 +117,25 @@ struct MoeFp4Args {
   const float* topk_w;
   bf16_t* h;        // gate/up output
   float* pair_out;  // down output
+  bool prefetch_descriptors = false;  // the decode gate/up kernel warms L2 with every expert's descriptors
 };
+
+// Asks L2 for the lines of the experts' gate, up and down descriptors, spread over the grid's
+// threads (a line each). A decode step streams gigabytes of weights, so a layer's descriptors are
+// long gone from L2 when its routing picks experts; fetched while the routing runs, the expert
+// kernels' chain tile -> descriptor -> weights loses a DRAM round trip.
+__device__ __forceinline__ void prefetch_expert_descriptors(const PackedExperts& ex) {
+  constexpr int kLine = 128;
+  const int64_t bytes = int64_t(ex.num) * int64_t(sizeof(PackedMatrix));
+  const int64_t lines = (bytes + kLine - 1) / kLine;
+  const int64_t i = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= 3 * lines) return;
+  const PackedMatrix* arrays[3] = {ex.gate, ex.up, ex.down};
+  const char* line = reinterpret_cast<const char*>(arrays[i / lines]) + (i % lines) * kLine;
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+#endif
+}
 
 // The two A operands of a warp: gate and up row tile rt (SwiGLU needs both at the same rows),
 // or down row tiles rt and rt + 1.
