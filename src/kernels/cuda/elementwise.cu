@@ -114,8 +114,17 @@ template <bool kAdd, bool kCombine = false>
 __global__ void __launch_bounds__(1024)
     rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, bf16_t* y3, int n,
                         float eps, bool zc, MoeCombineRows c) {
-  pdl_prologue();
   const int n4 = n / 4;
+  // The norm's weights before the wait: constant in a forward, and long gone from L2 by the time
+  // this layer runs, so read after the sum they would add a DRAM round trip to the chain.
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 wv[kNormPer];
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < n4) wv[j] = w4[i];
+  }
+  pdl_prologue();
   float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * n);
   const float4* dr = kAdd && !kCombine ? reinterpret_cast<const float4*>(delta + int64_t(blockIdx.x) * n) : nullptr;
   float4 v[kNormPer];
@@ -135,12 +144,11 @@ __global__ void __launch_bounds__(1024)
     }
   }
   const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
     if (i < n4) {
-      const float4 ww = w4[i];
+      const float4 ww = wv[j];
       const float4 o = make_float4(v[j].x * inv * (zc ? 1.f + ww.x : ww.x), v[j].y * inv * (zc ? 1.f + ww.y : ww.y),
                                    v[j].z * inv * (zc ? 1.f + ww.z : ww.z), v[j].w * inv * (zc ? 1.f + ww.w : ww.w));
       if (y) {

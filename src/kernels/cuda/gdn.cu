@@ -300,6 +300,10 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
   float S[4 * F] = {};
   float* st = state + (int64_t(state_slot[s]) * hv + h) * DK * dv + lane_offset;
   if (active) gdn_load_column<F>(S, st, dv);
+  // The head's constants and (for the gated norm at the end) the norm's weights: weights, long
+  // gone from L2 when this layer runs; asked for before the wait they leave the chain.
+  const float A = expf(a_log[h]), dtb = dt_bias[h];
+  if (gn.counters && threadIdx.x * 32 < dv) prefetch_l2(gn.w + threadIdx.x * 32);
   pdl_prologue();
   // Fault injection (backend_switches.h): the step's token count is on the device only, so the
   // kernel itself writes NaN or wrong values, an illegal address, or just past its output (oob).
@@ -316,7 +320,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
                     : nullptr;
   const int64_t entry_stride = int64_t(hv) * DK * dv;
   if (keep && active) gdn_store_column<F>(S, keep, dv);
-  const float A = expf(a_log[h]), dtb = dt_bias[h];
 
   int buf = 0;
   for (int t0 = t_begin; t0 < t_end; t0 += kGdnChunk, buf ^= 1) {

@@ -131,10 +131,7 @@ __device__ __forceinline__ void prefetch_expert_descriptors(const PackedExperts&
   const int64_t i = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= 3 * lines) return;
   const PackedMatrix* arrays[3] = {ex.gate, ex.up, ex.down};
-  const char* line = reinterpret_cast<const char*>(arrays[i / lines]) + (i % lines) * kLine;
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-#endif
+  prefetch_l2(reinterpret_cast<const char*>(arrays[i / lines]) + (i % lines) * kLine);
 }
 
 // The two A operands of a warp: gate and up row tile rt (SwiGLU needs both at the same rows),
