@@ -43,6 +43,8 @@ __global__ void attention_prepare_kernel(const float* q_raw, const float* k_raw,
                                          CacheT* v_cache, float k_scale, float v_scale, int nh, int nkv, int d,
                                          int rotary_dim, float theta, float eps, bool gated, bool zc, int64_t q_ld,
                                          int64_t kv_ld) {
+  // The q / k norms' weights are asked for before the wait (weights: long gone from L2 by now).
+  if (threadIdx.x * 32 < d) prefetch_l2((blockIdx.y < nh ? q_norm : k_norm) + threadIdx.x * 32);
   pdl_prologue();
   __shared__ float buf[kMaxHeadDim];
   const int t = blockIdx.x, j = blockIdx.y;
