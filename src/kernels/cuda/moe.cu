@@ -16,8 +16,10 @@ constexpr int kCombineLoads = 8;  // pair rows loaded before they are summed
 // Softmax and top-k of token t's logits, by one warp holding N of them a lane (N * 32 >= E). The
 // logits are read through L2 (ld.cg): in moe_route_kernel other blocks of the same launch wrote
 // them. N only bounds the registers scanned: the padding is never picked and adds nothing to the
-// sum, so every N gives the same ids and weights. Returns lane k's pick k (K <= 32; else -1).
-template <int N>
+// sum, so every N gives the same ids and weights. kLaneWrites (K <= 32): lane k keeps pick k and
+// writes it once the sum is known, and returns it; else lane 0 writes each pick, renormalises
+// from memory, and every lane returns -1.
+template <int N, bool kLaneWrites>
 __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
   const int lane = threadIdx.x % 32;
   const float* row = logits + int64_t(t) * E;
@@ -57,7 +59,7 @@ __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weight
     }
     const float prob = best / sum;
     picked_sum += prob;
-    if (K <= 32) {
+    if (kLaneWrites && K <= 32) {
       if (lane == k) my_e = best_e, my_prob = prob;
     } else if (lane == 0) {
       ids[int64_t(t) * K + k] = best_e;
@@ -66,7 +68,7 @@ __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weight
   }
   // Every lane holds the same picks and sums (xor reductions), so lane k writes pick k once the
   // sum is known (no stores read back for the renormalisation).
-  if (K <= 32) {
+  if (kLaneWrites && K <= 32) {
     if (lane < K) {
       ids[int64_t(t) * K + lane] = my_e;
       weights[int64_t(t) * K + lane] = renorm ? my_prob / picked_sum : my_prob;
@@ -78,13 +80,14 @@ __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weight
   return -1;
 }
 
-// topk_token_lanes with the fewest registers a lane that hold E logits (a warp-uniform choice):
-// 256 experts scan 8 a lane, not kMaxExperts / 32 = 32, in each of the K rounds.
+// Up to 256 experts, topk_token_lanes with the fewest registers a lane that hold E logits and
+// lane writes (8 registers scanned a round at 256 experts, not kMaxExperts / 32 = 32); past that
+// the form before, which 16 registers with lane writes measured slower than at 512 experts
+// (docs/perf.md, stop 58). A warp-uniform choice.
 __device__ int topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
-  if (E <= 128) return topk_token_lanes<4>(logits, ids, weights, t, E, K, renorm);
-  if (E <= 256) return topk_token_lanes<8>(logits, ids, weights, t, E, K, renorm);
-  if (E <= 512) return topk_token_lanes<16>(logits, ids, weights, t, E, K, renorm);
-  return topk_token_lanes<kMaxExperts / 32>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 128) return topk_token_lanes<4, true>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 256) return topk_token_lanes<8, true>(logits, ids, weights, t, E, K, renorm);
+  return topk_token_lanes<kMaxExperts / 32, false>(logits, ids, weights, t, E, K, renorm);
 }
 
 // One warp per token.
@@ -357,12 +360,13 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
     // packed expert kernels' results do not depend on the tiles' order); one warp, no block-wide
     // counting sort. expert_start and active are not written (only moe_group_pairs' users read them).
     if (threadIdx.x >= 32) return;
-    const int e = topk_token(logits, ids, weights, 0, E, K, renorm);  // lane k's pick k
+    const int e = topk_token(logits, ids, weights, 0, E, K, renorm);  // lane k's pick k, or -1
+    __syncwarp();  // ids written by lane 0 where topk_token returned -1
     const int k = threadIdx.x;
     if (k < K) {
       g.sorted_pairs[k] = k;
       int32_t* tile = g.tiles + 4 * k;
-      tile[0] = e, tile[1] = k, tile[2] = 1, tile[3] = 0;
+      tile[0] = e >= 0 ? e : ids[k], tile[1] = k, tile[2] = 1, tile[3] = 0;
     }
     if (k == 0) *g.num_tiles = K;
     return;
