@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--json-out")
     a = ap.parse_args()
+    os.makedirs(a.log_dir, exist_ok=True)  # the servers' logs go there
     prompts, _ = prompts_from(a.heldout, os.path.join(a.model, "tokenizer.json"), a.prompts, a.prompt_tokens)
     results = {mode: run_mode(a, mode, prompts) for mode in a.modes}
     base = results.get("plain")

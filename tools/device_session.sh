@@ -412,15 +412,18 @@ for what in "${@:-all}"; do
           | sed "s/^/knockout ${names:-none}: /" | tee -a "$OUT/knockout32.log"
       done ;;
     sizes32)
-      # Issue 32's table: `fathom bench` at batch 1, 8 and 64 (4K context) on SIZES_SPECS
-      # (config:layers), with each of SIZES_BINS (carried binaries), alternated SIZES_REPS times.
+      # Issue 32's table: `fathom bench` at SIZES_BATCH (default 1,8,64; 4K context) on SIZES_SPECS
+      # (config:layers), with each of SIZES_BINS (carried binaries; BIN@VAR=VALUE runs BIN with
+      # that environment, e.g. fathom@FATHOM_MOE_PREFETCH_DESCRIPTORS=0), alternated SIZES_REPS times.
       for rep in $(seq "${SIZES_REPS:-1}"); do
         for spec in ${SIZES_SPECS:-"qwen3.5-35b-a3b:"}; do
           split_spec "$spec"
-          for b in ${SIZES_BINS:-fathom}; do
-            timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra --batch 1,8,64 --input-len 4096 \
-              --output-len 64 --json-out "$OUT/sizes_${name}_${b}_$rep.json" 2>&1 | grep -E "^decode" \
-              | sed "s/^/$name${layers:+:$layers} $b rep $rep: /" | tee -a "$OUT/sizes32.log"
+          for entry in ${SIZES_BINS:-fathom}; do
+            b=${entry%%@*}; env=; [ "$b" = "$entry" ] || env=${entry#*@}
+            tag=$(echo "$entry" | tr -c 'A-Za-z0-9_.\n-' '_')
+            env $env timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra --batch "${SIZES_BATCH:-1,8,64}" \
+              --input-len 4096 --output-len 64 --json-out "$OUT/sizes_${name}_${tag}_$rep.json" 2>&1 | grep -E "^decode" \
+              | sed "s/^/$name${layers:+:$layers} $entry rep $rep: /" | tee -a "$OUT/sizes32.log"
           done
         done
       done ;;
@@ -623,17 +626,18 @@ for what in "${@:-all}"; do
       # Issue 34: sampled fused MTP rounds on the GPU. The engine tests (sampled jobs fuse, fused
       # rounds equal unfused ones, greedy stays lossless), the CPU row sampler against the device
       # sampler, memcheck over both; then the default model served plain / MTP K=1 fused / unfused
-      # at temperature 0 and 0.7, medians of 3 (the held-out text: HELDOUT, or the corpus that
-      # tools/default_model_session.sh carries in .traincarry/gz/heldout.txt.gz).
+      # at temperature 0 and 0.7, medians of 3.
       export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
       timeout 300 "$BIN/test_cuda" --gtest_filter='CudaSpeculative.*:CudaSampling.*' > "$OUT/spec34_tests.log" 2>&1
       echo "spec34 tests rc=$?"
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|rows drew|fused rounds" "$OUT/spec34_tests.log" | head -20
       memcheck 400 spec34 'CudaSpeculative.SampledFusedRoundsEqualUnfusedRounds:CudaSampling.CpuRowSampler*'
+      # The held-out text: HELDOUT, or gzipped in .devcarry (tools/make_default_corpus.py's
+      # heldout.txt, rebuilt from the Debian packages it names) or .traincarry/gz.
       heldout=${HELDOUT:-}
-      if [ -z "$heldout" ] && [ -f .traincarry/gz/heldout.txt.gz ]; then
-        heldout=/tmp/heldout.txt; gunzip -c .traincarry/gz/heldout.txt.gz > "$heldout"
-      fi
+      for gz in .devcarry/heldout.txt.gz .traincarry/gz/heldout.txt.gz; do
+        [ -z "$heldout" ] && [ -f $gz ] && { heldout=/tmp/heldout.txt; gunzip -c $gz > "$heldout"; }
+      done
       [ -n "$heldout" ] || { echo "spec34: no held-out text (HELDOUT), served runs skipped"; continue; }
       timeout 520 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --modes plain mtp1 mtp1-unfused \
