@@ -421,8 +421,9 @@ for what in "${@:-all}"; do
           for entry in ${SIZES_BINS:-fathom}; do
             b=${entry%%@*}; env=; [ "$b" = "$entry" ] || env=${entry#*@}
             tag=$(echo "$entry" | tr -c 'A-Za-z0-9_.\n-' '_')
-            env $env timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra --batch "${SIZES_BATCH:-1,8,64}" \
-              --input-len 4096 --output-len 64 --json-out "$OUT/sizes_${name}_${tag}_$rep.json" 2>&1 | grep -E "^decode" \
+            env $env timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra \
+              --batch "${SIZES_BATCH:-1,8,64}" --input-len 4096 --output-len 64 \
+              --json-out "$OUT/sizes_${name}_${tag}_$rep.json" 2>&1 | grep -E "^decode" \
               | sed "s/^/$name${layers:+:$layers} $entry rep $rep: /" | tee -a "$OUT/sizes32.log"
           done
         done

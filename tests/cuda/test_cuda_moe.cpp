@@ -139,7 +139,7 @@ TEST(CudaRouter, SplitBf16ProductMatchesFp32) {
 // Softmax + top-k (moe_topk, whose per-token routine moe_route and moe_topk_group share) against a
 // double-precision host softmax: the ids in the order of larger probability, ties to the lower id
 // (logits on a coarse grid, so ties are common), the weights within float rounding, with and
-// without renormalisation. Expert counts at and around the sizes where a lane holds 4, 8, 16 or 32
+// without renormalisation. Expert counts at and around the sizes where a lane holds 4, 8 or 32
 // logits, and K past a warp's 32 lanes.
 TEST(CudaRouter, TopkMatchesHostSoftmaxTopk) {
   std::mt19937 rng(77);

@@ -520,7 +520,8 @@ void moe_experts_packed(const PackedExperts& ex, const bf16_t* x, const int32_t*
   if (!grouped) moe_group_pairs(topk_ids, P, ex.num, g, tile, s);
   const int max_tiles = std::min(ex.num, P) + P / tile;
   const int gate_tiles = (ex.inter + kTileRows - 1) / kTileRows, down_tiles = (ex.hidden + kTileRows - 1) / kTileRows;
-  MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out, moe_prefetch_descriptors()};
+  MoeFp4Args a{ex, x, ex.hidden, K, g.sorted_pairs, g.tiles, g.num_tiles, topk_w, h, pair_out,
+               moe_prefetch_descriptors()};
   const int variant = small ? small_variant_for(plan, T) : plan.large_variant;
   FATHOM_CHECK(!small || (variant >= 0 && variant < moe_fp4_small_variants()), "moe_fp4: no small-kernel variant ", variant);
   const bool fp8 = ex.format == PackedFormat::Fp8;
