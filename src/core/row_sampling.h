@@ -9,7 +9,14 @@
 // token is drawn from p without the draft. Random numbers are a function of (seed, draw, j) only,
 // so a seeded request gets the same tokens whatever batch it runs in.
 #pragma once
+#include <cmath>
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define FATHOM_HOST_DEVICE __host__ __device__
+#else
+#define FATHOM_HOST_DEVICE
+#endif
 
 namespace fathom {
 
@@ -47,6 +54,14 @@ struct LogitAdjustment {
   int32_t mask = 0;
   float raw = 0.f;
 };
+
+// Logit x of e.token after e: the one definition of the device sampler and the CPU row sampler.
+FATHOM_HOST_DEVICE inline float adjusted_logit(const LogitAdjustment& e, float x) {
+  if (e.rep != 1.f) x = x > 0 ? x / e.rep : x * e.rep;
+  x -= e.sub;
+  x += e.bias;
+  return e.mask ? -INFINITY : x;
+}
 
 struct RowSample {
   int32_t token = -1;

@@ -80,13 +80,9 @@ RowSample sample_row(float* l, int64_t V, const RowSampling& P, LogitAdjustment*
   // 2. Penalties, logit bias and min_tokens masking (one entry per token of the row).
   for (int32_t a = P.adjust_begin; a < P.adjust_end; ++a) {
     LogitAdjustment& e = adjust[a];
-    float x = l[e.token];
+    const float x = l[e.token];
     e.raw = x;
-    if (e.rep != 1.f) x = x > 0 ? x / e.rep : x * e.rep;
-    x -= e.sub;
-    x += e.bias;
-    if (e.mask) x = -std::numeric_limits<float>::infinity();
-    l[e.token] = x;
+    l[e.token] = adjusted_logit(e, x);
   }
   if (P.mask_row >= 0 && masks) {  // structured output
     const uint32_t* mw = masks + int64_t(P.mask_row) * mask_words(V);

@@ -219,13 +219,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
   // 2. Penalties, logit bias and min_tokens masking (one entry per token of the row).
   for (int a = P.adjust_begin + tid; a < P.adjust_end; a += kThreads) {
     LogitAdjustment& e = adjust[a];
-    float x = l[e.token];
+    const float x = l[e.token];
     e.raw = x;
-    if (e.rep != 1.f) x = x > 0 ? x / e.rep : x * e.rep;
-    x -= e.sub;
-    x += e.bias;
-    if (e.mask) x = -INFINITY;
-    l[e.token] = x;
+    l[e.token] = adjusted_logit(e, x);
   }
   __syncthreads();
   // Structured output: tokens outside the grammar's mask (bit t of word t / 32) are impossible.
