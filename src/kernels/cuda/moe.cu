@@ -1,6 +1,7 @@
 // Mixture of experts: softmax + top-k routing, and the decode path that runs each selected
 // (token, expert) pair directly off the expert weights (bf16 or NVFP4) with SwiGLU fused.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -83,11 +84,29 @@ __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weight
 // Up to 256 experts, topk_token_lanes with the fewest registers a lane that hold E logits and
 // lane writes (8 registers scanned a round at 256 experts, not kMaxExperts / 32 = 32); past that
 // the form before, which 16 registers with lane writes measured slower than at 512 experts
-// (docs/perf.md, stop 58). A warp-uniform choice.
+// (docs/perf.md, stop 58). N: the registers a lane (topk_lanes_for).
+constexpr int kTopkPlainLanes = kMaxExperts / 32;
+constexpr int topk_lanes_for(int E) { return E <= 128 ? 4 : E <= 256 ? 8 : kTopkPlainLanes; }
+template <int N>
+__device__ int topk_token_n(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
+  return topk_token_lanes<N, (N < kTopkPlainLanes)>(logits, ids, weights, t, E, K, renorm);
+}
+// The same chosen in the kernel (a warp-uniform branch), for the kernels off the one-token chain.
 __device__ int topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
-  if (E <= 128) return topk_token_lanes<4, true>(logits, ids, weights, t, E, K, renorm);
-  if (E <= 256) return topk_token_lanes<8, true>(logits, ids, weights, t, E, K, renorm);
-  return topk_token_lanes<kMaxExperts / 32, false>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 128) return topk_token_n<4>(logits, ids, weights, t, E, K, renorm);
+  if (E <= 256) return topk_token_n<8>(logits, ids, weights, t, E, K, renorm);
+  return topk_token_n<kTopkPlainLanes>(logits, ids, weights, t, E, K, renorm);
+}
+// Calls f(std::integral_constant<int, topk_lanes_for(E)>): the one-token routing kernel takes its
+// form as a template argument, so it holds one form's code only (the three inlined together made
+// the 512-expert tail slower than the form alone: docs/perf.md, stop 59).
+template <class F>
+void for_topk_form(int E, F&& f) {
+  switch (topk_lanes_for(E)) {
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    default: f(std::integral_constant<int, kTopkPlainLanes>{});
+  }
 }
 
 // One warp per token.
@@ -340,7 +359,7 @@ __global__ void moe_topk_group_kernel(const float* logits, int T, int E, int K, 
 // MoE layer (docs/perf.md, issue 32).
 // kStaged: the router's rows are copied into shared memory before the PDL wait (gemv.cuh), while
 // the norm before it runs.
-template <int MAX_T, int R, bool kStaged>
+template <int MAX_T, int R, bool kStaged, int N>
 __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* router, const float* x, float* logits,
                                                                int T, int E, int H, int G, int K, bool renorm,
                                                                int32_t* ids, float* weights, MoeGroupScratch g,
@@ -360,7 +379,7 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
     // packed expert kernels' results do not depend on the tiles' order); one warp, no block-wide
     // counting sort. expert_start and active are not written (only moe_group_pairs' users read them).
     if (threadIdx.x >= 32) return;
-    const int e = topk_token(logits, ids, weights, 0, E, K, renorm);  // lane k's pick k, or -1
+    const int e = topk_token_n<N>(logits, ids, weights, 0, E, K, renorm);  // lane k's pick k, or -1
     __syncwarp();  // ids written by lane 0 where topk_token returned -1
     const int k = threadIdx.x;
     if (k < K) {
@@ -371,7 +390,7 @@ __global__ void __launch_bounds__(kGemvBlock) moe_route_kernel(const float* rout
     if (k == 0) *g.num_tiles = K;
     return;
   }
-  for (int t = threadIdx.x / 32; t < T; t += blockDim.x / 32) topk_token(logits, ids, weights, t, E, K, renorm);
+  for (int t = threadIdx.x / 32; t < T; t += blockDim.x / 32) topk_token_n<N>(logits, ids, weights, t, E, K, renorm);
   __syncthreads();
   group_pairs_block(ids, T * K, E, counts, g.sorted_pairs, g.expert_start, g.active, g.num_active, tile_tokens, g.tiles,
                     g.num_tiles);
@@ -514,13 +533,16 @@ bool moe_route(const float* router, const float* x, float* logits, int T, int E,
     using B = decltype(b);
     const int blocks = gemv_blocks(E, G, B::kRows);
     const size_t stage = gemv_stage_bytes(G, B::kRows, H, sizeof(float));
-    if (gemv_takes_staged_form(reinterpret_cast<const void*>(moe_route_kernel<B::kMaxT, B::kRows, true>), blocks,
-                               stage))
-      launch(moe_route_kernel<B::kMaxT, B::kRows, true>, blocks, kGemvBlock, stage, s, router, x, logits, T, E, H, G, K,
-             renorm, topk_ids, topk_w, g, tile_tokens);
-    else
-      launch(moe_route_kernel<B::kMaxT, B::kRows, false>, blocks, kGemvBlock, 0, s, router, x, logits, T, E, H, G, K,
-             renorm, topk_ids, topk_w, g, tile_tokens);
+    for_topk_form(E, [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if (gemv_takes_staged_form(reinterpret_cast<const void*>(moe_route_kernel<B::kMaxT, B::kRows, true, N>), blocks,
+                                 stage))
+        launch(moe_route_kernel<B::kMaxT, B::kRows, true, N>, blocks, kGemvBlock, stage, s, router, x, logits, T, E, H,
+               G, K, renorm, topk_ids, topk_w, g, tile_tokens);
+      else
+        launch(moe_route_kernel<B::kMaxT, B::kRows, false, N>, blocks, kGemvBlock, 0, s, router, x, logits, T, E, H, G,
+               K, renorm, topk_ids, topk_w, g, tile_tokens);
+    });
   });
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;
