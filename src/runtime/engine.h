@@ -296,8 +296,8 @@ class Engine {
   std::unique_ptr<PrefixCache> prefix_cache_;
   std::unique_ptr<PrefixCache> host_cache_;  // the host tier's entries (EngineConfig::prefix_cache_host_bytes)
   // Snapshots where prompts end, with their last row's logits on the host: host sampling has them;
-  // with device sampling, runners that return kept rows (RowSampling::keep_logits; not the CUDA
-  // runner yet, whose device-sampling path keeps block-aligned snapshots only).
+  // with device sampling, runners that return kept rows (RowSampling::keep_logits: the CPU
+  // engine's RowSamplingRunner and the CUDA runner).
   bool prompt_end_snapshots_ = false;
   struct EndedAtAdmission {
     Request* req;

@@ -147,6 +147,7 @@ struct CudaRunner::Impl {
     int32_t n_adjust = 0;             // adjustments uploaded for its rows
     std::vector<int64_t> source;  // logits row -> row of the launched steps (-1: nobody reads it)
     std::vector<int32_t> mask_source;  // its i-th mask -> row of the caller's mask table
+    std::vector<int32_t> kept;         // its rows whose raw logits return (RowSampling::keep_logits)
     std::vector<RowCopy> hidden_copies;
     std::vector<float> hidden;
   };

@@ -1,5 +1,8 @@
 // Device sampling for the CUDA engine: forward passes that return chosen token ids instead of
 // logits (the engine's serving path), and the MTP draft chain's argmax rows.
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/backend_switches.h"
 #include "model/cuda/runner_impl.h"
 
@@ -28,6 +31,12 @@ void CudaRunner::Impl::scatter(LaunchedStep& ls, const SampledChunk& c) {
   }
   for (const auto& hc : c.hidden_copies)
     std::copy_n(c.hidden.begin() + hc.from * H, hc.n * H, ls.out.hidden.begin() + hc.to * H);
+  const int64_t V = m.cfg.vocab_size;
+  for (size_t i = 0; i < c.kept.size(); ++i) {
+    ls.out.kept_rows.push_back(c.source[size_t(c.kept[i])]);
+    const float* row = m.sampling.kept_host[c.buf] + int64_t(i) * V;
+    ls.out.kept_logits.insert(ls.out.kept_logits.end(), row, row + V);
+  }
 }
 
 void CudaRunner::launch_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
@@ -139,6 +148,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
           c.mask_source.push_back(dst.mask_row);
           dst.mask_row = int32_t(c.mask_source.size()) - 1;
         }
+        if (dst.keep_logits && !dst.skip && c.kept.size() < size_t(SamplingBuffers::kMaxKeptRows)) c.kept.push_back(r);
       }
       c.n_adjust = next;
       const cudaStream_t s = m.stream;
@@ -175,6 +185,12 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   if (n_masks > 0)
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.mask_dev.data(), m.sampling.mask_host[c.buf], size_t(n_masks) * size_t(W) * 4,
                                       cudaMemcpyHostToDevice, s));
+  // Kept rows as they left lm_head: the sampler adjusts its rows in place.
+  m.sampling.reserve_kept(c.buf, c.kept.size() * size_t(V));
+  for (size_t i = 0; i < c.kept.size(); ++i)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.kept_host[c.buf] + int64_t(i) * V,
+                                      m.act.logits.as<float>() + int64_t(c.kept[i]) * V, size_t(V) * 4,
+                                      cudaMemcpyDeviceToHost, s));
   sample_rows(m.act.logits.as<float>(), c.RL, int(V), m.sampling.row_params.as<RowSampling>(),
               c.n_adjust > 0 ? m.sampling.adjust_dev.as<LogitAdjustment>() : nullptr, m.sampling.row_out.as<RowSample>(),
               m.sampling.row_top_ids.as<int32_t>(), m.sampling.row_top_lp.as<float>(), s, m.sampling.last_token.as<int32_t>(),
@@ -197,6 +213,14 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
     ls.chunk.reset();
   }
   ls.chunk = std::move(c);
+}
+
+bool CudaRunner::returns_kept_logits() const {
+  static const bool on = [] {
+    const char* v = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
+    return !v || std::string_view(v) != "0";
+  }();
+  return on;
 }
 
 // One forward chunk at most: the engine's token budget (the runner's chunk size).

@@ -9,7 +9,7 @@ namespace fathom::cuda {
 SamplingBuffers::~SamplingBuffers() {
   for (int b = 0; b < 2; ++b)
     for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
-                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b]})
+                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b], (void*)kept_host[b]})
       if (p) cudaFreeHost(p);
   for (cudaEvent_t e : chunk_done)
     if (e) cudaEventDestroy(e);
@@ -48,6 +48,13 @@ void SamplingBuffers::reserve_masks(int buf, size_t words) {
     FATHOM_CUDA_CHECK(cudaMallocHost(&mask_host[buf], mask_cap[buf] * 4));
   }
   if (words * 4 > mask_dev.bytes()) mask_dev = DeviceBuffer(std::max(mask_cap[0], mask_cap[1]) * 4);
+}
+
+void SamplingBuffers::reserve_kept(int buf, size_t floats) {
+  if (floats <= kept_cap[buf]) return;
+  if (kept_host[buf]) cudaFreeHost(kept_host[buf]);
+  kept_cap[buf] = floats;
+  FATHOM_CUDA_CHECK(cudaMallocHost(&kept_host[buf], floats * 4));
 }
 
 }  // namespace fathom::cuda

@@ -24,6 +24,11 @@ struct SamplingBuffers {
   size_t adjust_cap[2] = {};
   uint32_t* mask_host[2] = {};
   size_t mask_cap[2] = {};  // words
+  // Raw logits rows a chunk returns (RowSampling::keep_logits: prompt ends for the prefix cache),
+  // at most kMaxKeptRows a chunk: rows past it are not returned (their snapshots are dropped).
+  static constexpr int kMaxKeptRows = 16;
+  float* kept_host[2] = {};
+  size_t kept_cap[2] = {};  // floats
   int io_buf = 0;           // the pinned half the next launch uses
   cudaEvent_t chunk_done[2] = {};  // per half: its chunk's results have arrived
   // The token each state slot's last sampled row chose (kPendingToken's value on the device).
@@ -39,6 +44,7 @@ struct SamplingBuffers {
   // Half `buf` holds at least `n` adjustments / `words` mask words (the device side: both halves' most).
   void reserve_adjustments(int buf, size_t n);
   void reserve_masks(int buf, size_t words);
+  void reserve_kept(int buf, size_t floats);
 };
 
 }  // namespace fathom::cuda
