@@ -414,14 +414,15 @@ for what in "${@:-all}"; do
     sizes32)
       # Issue 32's table: `fathom bench` at SIZES_BATCH (default 1,8,64; 4K context) on SIZES_SPECS
       # (config:layers), with each of SIZES_BINS (carried binaries; BIN@VAR=VALUE runs BIN with
-      # that environment, e.g. fathom@FATHOM_MOE_PREFETCH_DESCRIPTORS=0), alternated SIZES_REPS times.
+      # that environment, e.g. fathom@FATHOM_MOE_PREFETCH_DESCRIPTORS=0; BIN@A=1@B=2 sets both),
+      # alternated SIZES_REPS times.
       for rep in $(seq "${SIZES_REPS:-1}"); do
         for spec in ${SIZES_SPECS:-"qwen3.5-35b-a3b:"}; do
           split_spec "$spec"
           for entry in ${SIZES_BINS:-fathom}; do
             b=${entry%%@*}; env=; [ "$b" = "$entry" ] || env=${entry#*@}
             tag=$(echo "$entry" | tr -c 'A-Za-z0-9_.\n-' '_')
-            env $env timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra \
+            env ${env//@/ } timeout 300 "$BIN/$b" bench configs/$name.json --load-format dummy $extra \
               --batch "${SIZES_BATCH:-1,8,64}" --input-len 4096 --output-len 64 \
               --json-out "$OUT/sizes_${name}_${tag}_$rep.json" 2>&1 | grep -E "^decode" \
               | sed "s/^/$name${layers:+:$layers} $entry rep $rep: /" | tee -a "$OUT/sizes32.log"
