@@ -118,7 +118,8 @@ class CudaRunner final : public ModelRunner {
                       std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks = {},
                       bool defer_masks = false) override;
   int64_t deferred_mask_tokens() const override;
-  // Prompt ends under device sampling (issue 37); FATHOM_DEVICE_PROMPT_ENDS=0 turns them off (A/B).
+  // Prompt ends under device sampling (issue 37): kept rows are always returned; the engine is told
+  // so (and snapshots prompt ends) with FATHOM_DEVICE_PROMPT_ENDS=1.
   bool returns_kept_logits() const override;
   bool supports_fused_mtp_round() const override;
   VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},

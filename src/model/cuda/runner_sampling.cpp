@@ -215,12 +215,11 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   ls.chunk = std::move(c);
 }
 
+// Off by default until their cost beside a concurrency-64 load of unshared prompts is measured
+// with repeats (docs/perf.md, stop 59); read when an engine is built.
 bool CudaRunner::returns_kept_logits() const {
-  static const bool on = [] {
-    const char* v = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
-    return !v || std::string_view(v) != "0";
-  }();
-  return on;
+  const char* v = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
+  return v && std::string_view(v) == "1";
 }
 
 // One forward chunk at most: the engine's token budget (the runner's chunk size).
