@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -397,6 +397,26 @@ for what in "${@:-all}"; do
           name=serve32; [ "$b" = fathom ] || name=serve32_$b
           [ "${SERVE32_REPS:-1}" = 1 ] || name=${name}_rep$rep
           engine_beside_served "$name" 18631 "$BIN/$b"
+        done
+      done ;;
+    promptends37)
+      # Issue 37 on the device-sampling path: the new GPU tests (memcheck on the kept rows), then
+      # `fathom serve` on the 35B (dummy) with prompt ends off and on (FATHOM_DEVICE_PROMPT_ENDS=1)
+      # alternated PROMPTENDS_REPS times (default 3) at concurrency 64 with unshared 512-token
+      # prompts: every prompt end a snapshot nobody reuses, the case that costs most.
+      FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 200 "$BIN/test_cuda" --gtest_filter='CudaPromptEnds.*' \
+        > "$OUT/promptends_tests.log" 2>&1
+      echo "prompt-end tests rc=$?"; grep -E "OK \]|FAILED|served from" "$OUT/promptends_tests.log"
+      memcheck 200 promptends 'CudaPromptEnds.KeptRowsAreTheRawLogits'
+      for rep in $(seq "${PROMPTENDS_REPS:-3}"); do
+        for ends in 0 1; do
+          FATHOM_DEVICE_PROMPT_ENDS=$ends "$BIN/fathom" serve configs/qwen3.5-35b-a3b.json --device cuda \
+            --load-format dummy --skip-tokenizer-init --max-model-len 2048 --max-num-seqs 64 --port 18637 \
+            > "$OUT/promptends_serve_${ends}_$rep.log" 2>&1 &
+          SRV=$!
+          wait_healthy 18637 $SRV && bench_serve 18637 "promptends_c64_${ends}_$rep" --input-len 512 --concurrency 64 \
+            --num-prompts 192 | grep -E "Output token|Median TTFT|Median TPOT" | sed "s/^/ends=$ends rep $rep: /"
+          kill $SRV; wait $SRV 2>/dev/null
         done
       done ;;
     knockout32)
