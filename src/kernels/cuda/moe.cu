@@ -86,27 +86,30 @@ __device__ int topk_token_lanes(const float* logits, int32_t* ids, float* weight
 // the form before, which 16 registers with lane writes measured slower than at 512 experts
 // (docs/perf.md, stop 58). N: the registers a lane (topk_lanes_for).
 constexpr int kTopkPlainLanes = kMaxExperts / 32;
-constexpr int topk_lanes_for(int E) { return E <= 128 ? 4 : E <= 256 ? 8 : kTopkPlainLanes; }
+constexpr int kTopk4LaneExperts = 4 * 32, kTopk8LaneExperts = 8 * 32;  // the most experts each form holds
+constexpr int topk_lanes_for(int E) {
+  return E <= kTopk4LaneExperts ? 4 : E <= kTopk8LaneExperts ? 8 : kTopkPlainLanes;
+}
 template <int N>
 __device__ int topk_token_n(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
   return topk_token_lanes<N, (N < kTopkPlainLanes)>(logits, ids, weights, t, E, K, renorm);
 }
+// Returns f(std::integral_constant<int, topk_lanes_for(E)>{}). The one-token routing kernel takes
+// its form as a template argument chosen at launch, so it holds one form's code only (the three
+// inlined together made the 512-expert tail slower than the form alone: docs/perf.md, stop 59).
+template <class F>
+decltype(auto) for_topk_form(int E, F&& f) {
+  switch (topk_lanes_for(E)) {
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, kTopkPlainLanes>{});
+  }
+}
 // The same chosen in the kernel (a warp-uniform branch), for the kernels off the one-token chain.
 __device__ int topk_token(const float* logits, int32_t* ids, float* weights, int t, int E, int K, bool renorm) {
-  if (E <= 128) return topk_token_n<4>(logits, ids, weights, t, E, K, renorm);
-  if (E <= 256) return topk_token_n<8>(logits, ids, weights, t, E, K, renorm);
+  if (E <= kTopk4LaneExperts) return topk_token_n<4>(logits, ids, weights, t, E, K, renorm);
+  if (E <= kTopk8LaneExperts) return topk_token_n<8>(logits, ids, weights, t, E, K, renorm);
   return topk_token_n<kTopkPlainLanes>(logits, ids, weights, t, E, K, renorm);
-}
-// Calls f(std::integral_constant<int, topk_lanes_for(E)>): the one-token routing kernel takes its
-// form as a template argument, so it holds one form's code only (the three inlined together made
-// the 512-expert tail slower than the form alone: docs/perf.md, stop 59).
-template <class F>
-void for_topk_form(int E, F&& f) {
-  switch (topk_lanes_for(E)) {
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    default: f(std::integral_constant<int, kTopkPlainLanes>{});
-  }
 }
 
 // One warp per token.
