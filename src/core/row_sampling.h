@@ -27,7 +27,8 @@ struct RowSampling {
   float min_p = 0.f;
   uint64_t seed = 0;
   uint64_t draw = 0;        // the request's draw counter (its output position)
-  int32_t draft = -1;       // >= 0: verify this deterministic draft
+  int32_t draft = -1;       // >= 0: verify this deterministic draft (kDraftFromRound: a chained
+                            // round's, which the runner fills in: ModelRunner::launch_verify_draft)
   int32_t logprobs = -1;    // -1: none; k >= 0: the chosen token's logprob and the top k (k <= kMaxTopLogprobs)
   int32_t adjust_begin = 0, adjust_end = 0;  // this row's entries of the adjustment list
   int32_t skip = 0;         // a row nobody reads (a prefill chunk that is not the last): no work
@@ -37,6 +38,10 @@ struct RowSampling {
                             // only tokens whose bit is set may be chosen, after the adjustments
   int32_t keep_logits = 0;  // 1: also return the row's raw logits (a prompt's end, for the prefix cache)
 };
+
+// RowSampling::draft of a chained MTP round's first row: the draft the round before it made,
+// known only where that round ran.
+inline constexpr int32_t kDraftFromRound = -2;
 
 // Words of one row's token mask: bit (t % 32) of word t / 32 is token t.
 inline constexpr int64_t mask_words(int64_t vocab) { return (vocab + 31) / 32; }

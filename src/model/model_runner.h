@@ -190,6 +190,27 @@ class ModelRunner {
                                                  std::span<const LogitAdjustment> adjust = {},
                                                  std::span<const uint32_t> masks = {});
 
+  // Chained rounds (issue 34): forward_verify_draft() in two halves, so that round N + 1 is
+  // queued before round N is read. launch_verify_draft returns once the round is queued;
+  // finish_verify_draft waits for the oldest launched round and returns its output. At most two
+  // rounds in flight, and no other launch meanwhile. A step whose two tokens are both
+  // kPendingToken continues its sequence's round in flight, whose outcome the runner takes where
+  // it is: a = the drafts that round accepted (greedy: target row by row equal to the token fed
+  // after it; sampled: RowSample::accepted), the sequence (and its MTP layer) back to its length
+  // before that round + 1 + a, then [target[a], draft[a]] fed; that step's sampling rows draw
+  // a further (RowSampling::draw + a), and a row with draft kDraftFromRound verifies draft[a].
+  // The caller rolls back nothing of a round that a chained step continues.
+  virtual bool supports_chained_rounds() const { return false; }
+  virtual void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
+                                   std::span<const LogitAdjustment> adjust = {},
+                                   std::span<const uint32_t> masks = {}) {
+    (void)steps, (void)rows, (void)adjust, (void)masks;
+    fail("launch_verify_draft: ", device_name(), " cannot chain MTP rounds");
+  }
+  virtual VerifyDraftOutput finish_verify_draft() {
+    fail("finish_verify_draft: ", device_name(), " cannot chain MTP rounds");
+  }
+
   // Prefix caching (runtime/prefix_cache.h): a snapshot is a copy of a sequence's whole state at
   // its current length (every layer's KV, the linear-attention states, the MTP layer's KV), which
   // later sequences start from. Copies, not shared blocks: a Gated DeltaNet state cannot be cut

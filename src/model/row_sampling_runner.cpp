@@ -1,6 +1,7 @@
 #include "model/row_sampling_runner.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@ RowSamplingRunner::RowSamplingRunner(std::unique_ptr<ModelRunner> inner) : inner
 
 void RowSamplingRunner::remove_sequence(SequenceId seq) {
   last_token_.erase(seq);
+  last_round_.erase(seq);
   inner_->remove_sequence(seq);
 }
 
@@ -21,8 +23,61 @@ VerifyDraftOutput RowSamplingRunner::forward_verify_draft(std::span<const Forwar
                                                           std::span<const RowSampling> rows,
                                                           std::span<const LogitAdjustment> adjust,
                                                           std::span<const uint32_t> masks) {
-  FATHOM_CHECK(launched_.empty(), "forward_verify_draft: an overlapped step is still in flight");
+  FATHOM_CHECK(launched_.empty() && rounds_.empty(), "forward_verify_draft: an overlapped step is still in flight");
   return inner_->forward_verify_draft(steps, rows, adjust, masks);
+}
+
+// The round computes at once, chained steps resolved from the outcome recorded at the previous
+// launch (what the GPU does on the device); only its output waits for finish_verify_draft.
+void RowSamplingRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                            std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks) {
+  FATHOM_CHECK(launched_.empty() && rounds_.size() < 2,
+               "launch_verify_draft: two rounds (or an overlapped step) are still in flight");
+  std::vector<ForwardStep> resolved(steps.begin(), steps.end());
+  std::vector<std::array<int32_t, 2>> tokens(steps.size());
+  std::vector<RowSampling> rs(rows.begin(), rows.end());
+  int64_t row = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const ForwardStep& st = steps[i];
+    const int64_t n = int64_t(st.tokens.size());
+    const bool chained = std::find(st.tokens.begin(), st.tokens.end(), kPendingToken) != st.tokens.end();
+    if (chained) {
+      FATHOM_CHECK(n == 2 && st.tokens[0] == kPendingToken && st.tokens[1] == kPendingToken,
+                   "launch_verify_draft: a chained step of sequence ", st.seq, " must be two pending tokens");
+      const auto it = last_round_.find(st.seq);
+      FATHOM_CHECK(it != last_round_.end(), "launch_verify_draft: sequence ", st.seq, " has no round to continue");
+      const RoundOutcome& o = it->second;
+      const int64_t length = o.length_before + 1 + o.accepted;
+      inner_->rollback(st.seq, length);
+      inner_->mtp_rollback(st.seq, length);
+      tokens[i] = {o.target, o.draft};
+      resolved[i].tokens = tokens[i];
+      for (int64_t r = row; r < row + n && size_t(r) < rs.size(); ++r) {
+        rs[size_t(r)].draw += uint64_t(o.accepted);
+        if (rs[size_t(r)].draft == kDraftFromRound) rs[size_t(r)].draft = o.draft;
+      }
+    }
+    row += n;
+  }
+  std::vector<int64_t> before(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) before[i] = inner_->length(steps[i].seq);
+  VerifyDraftOutput out = inner_->forward_verify_draft(resolved, rs, adjust, masks);
+  for (size_t i = 0; i < resolved.size(); ++i) {  // this round's outcome, for a step that continues it
+    const int64_t r0 = out.row_begin[i], n = int64_t(resolved[i].tokens.size());
+    int a = 0;
+    while (a + 1 < n && (out.samples.empty() ? out.target[size_t(r0 + a)] == resolved[i].tokens[size_t(a + 1)]
+                                              : out.samples[size_t(r0 + a)].accepted != 0))
+      ++a;
+    last_round_[resolved[i].seq] = RoundOutcome{before[i], out.target[size_t(r0 + a)], out.draft[size_t(r0 + a)], a};
+  }
+  rounds_.push_back(std::move(out));
+}
+
+VerifyDraftOutput RowSamplingRunner::finish_verify_draft() {
+  FATHOM_CHECK(!rounds_.empty(), "finish_verify_draft: no round was launched");
+  VerifyDraftOutput out = std::move(rounds_.front());
+  rounds_.pop_front();
+  return out;
 }
 
 SampledOutput RowSamplingRunner::forward_sampled(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
@@ -42,6 +97,7 @@ void RowSamplingRunner::launch(std::span<const ForwardStep> steps, std::span<con
                                std::span<const LogitAdjustment> adjust, bool want_hidden,
                                std::span<const uint32_t> masks, bool defer_masks) {
   FATHOM_CHECK(launched_.size() < 2, "launch_sampled: two launched steps are not finished yet");
+  FATHOM_CHECK(rounds_.empty(), "launch_sampled: an MTP round is still in flight");
   FATHOM_CHECK(launched_.empty() || launched_.back().sampled,
                "launch_sampled: the previous step still waits for its token masks");
   // A pending token is the one the sequence's last sampled row chose (sampled already: launches

@@ -35,6 +35,11 @@ class RowSamplingRunner final : public ModelRunner {
   VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                                          std::span<const LogitAdjustment> adjust = {},
                                          std::span<const uint32_t> masks = {}) override;
+  bool supports_chained_rounds() const override { return inner_->supports_fused_mtp_round(); }
+  void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
+                           std::span<const LogitAdjustment> adjust = {},
+                           std::span<const uint32_t> masks = {}) override;
+  VerifyDraftOutput finish_verify_draft() override;
 
   bool samples_on_device() const override { return true; }
   bool returns_kept_logits() const override { return true; }
@@ -82,8 +87,16 @@ class RowSamplingRunner final : public ModelRunner {
               bool defer_masks);
   void sample(Launched& l, std::span<const uint32_t> masks);
 
+  // A launched MTP round's outcome for one sequence, which a chained step resolves.
+  struct RoundOutcome {
+    int64_t length_before = 0;    // the sequence's length before the round
+    int32_t target = 0, draft = 0;  // target[a] and draft[a]: the next round's tokens
+    int accepted = 0;             // a
+  };
   std::unique_ptr<ModelRunner> inner_;
   std::deque<Launched> launched_;  // oldest first; at most two
+  std::deque<VerifyDraftOutput> rounds_;  // launched MTP rounds, oldest first; at most two
+  std::map<SequenceId, RoundOutcome> last_round_;  // each sequence's latest launched round
   std::map<SequenceId, int32_t> last_token_;  // each sequence's last sampled token (kPendingToken's value)
 };
 

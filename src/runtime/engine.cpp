@@ -51,6 +51,8 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
                                          cfg.max_chunk_tokens > 0 ? cfg.max_chunk_tokens : cfg.max_num_batched_tokens);
   fused_rounds_ = cfg.spec.algorithm == SpecAlgorithm::Mtp && cfg.spec.num_steps == 1 &&
                   runner_->supports_fused_mtp_round() && cfg.fused_mtp_rounds && fused_mtp_rounds_enabled();
+  chained_rounds_ = fused_rounds_ && overlap_ && cfg.chained_mtp_rounds && runner_->supports_chained_rounds() &&
+                    chained_rounds_enabled();
   if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);
@@ -289,6 +291,7 @@ bool Engine::speculative_step() const {
 
 bool Engine::step() {
   drain_inbox();
+  if (round_.active) return step_chained_round();
   if (overlap_ && !speculative_step()) return step_overlapped();
   if (overlap_ && inflight_.active) {  // back from overlapped steps: drafts need the tokens
     finish_overlapped(inflight_);
@@ -313,8 +316,7 @@ bool Engine::step() {
   }
   const StepTiming timing = begin_speculative_timing(plan, step_start);
   if (fused_round_possible(plan)) {
-    run_fused_round(plan);
-    end_speculative_timing(timing);
+    run_fused_round(plan, timing);
     return true;
   }
 
@@ -448,6 +450,7 @@ void Engine::run_until_done(const std::function<void()>& after_step) {
 
 void Engine::abort_all() {
   if (inflight_.active) finish_overlapped(inflight_);
+  if (round_.active) finish_round(round_, /*next_chained=*/false);
   drain_inbox();
   std::vector<Request*> all;
   for (auto& [r, up] : live_) all.push_back(r);

@@ -52,6 +52,9 @@ struct EngineConfig {
   // MTP with one draft a round: verify and draft in one launch where the runner can (engine_mtp_round.cpp;
   // also off with FATHOM_FUSED_MTP=0).
   bool fused_mtp_rounds = true;
+  // With overlapped scheduling on a runner that can: the next fused round launched before this
+  // one is read (Engine::step_chained_round; also off with FATHOM_CHAINED_ROUNDS=0).
+  bool chained_mtp_rounds = true;
   // Choose tokens where the logits are when the runner can (only ids and the logprobs asked for
   // come back); false: copy every logits row to the host and sample there.
   bool device_sampling = true;
@@ -99,6 +102,7 @@ struct EngineMetrics {
   Histogram queue{{0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 60}};
   SpecStats spec;  // speculative decoding, all sequences
   uint64_t spec_fused_rounds = 0;  // verification steps run with their MTP draft in one launch
+  uint64_t spec_chained_rounds = 0;  // fused rounds launched before the round before them was read
   uint64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
   // The host tier: prompt tokens looked up there / found there (vLLM's external_prefix_cache_*),
   // snapshots moved down (evicted from the device) and back up (hits).
@@ -107,6 +111,8 @@ struct EngineMetrics {
 
 // Whether fused greedy MTP rounds may run (FATHOM_FUSED_MTP=0: never; engine_mtp_round.cpp).
 bool fused_mtp_rounds_enabled();
+// Whether fused rounds may chain (FATHOM_CHAINED_ROUNDS=0: never).
+bool chained_rounds_enabled();
 
 class Engine {
  public:
@@ -178,8 +184,26 @@ class Engine {
   // Fault injection aside, any decode with device sampling, else a plain greedy one.
   bool fused_round_eligible(const Request& r) const;
   bool fused_round_possible(const SchedulerOutput& plan) const;
-  void run_fused_round(const SchedulerOutput& plan);
-  void finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now);
+  void run_fused_round(const SchedulerOutput& plan, const StepTiming& timing);
+  // A fused round launched (chained rounds) or run (its output kept), not read yet.
+  struct InflightRound {
+    bool active = false;
+    std::vector<ScheduledChunk> chunks;
+    std::vector<SequenceId> seqs;  // to tell a request that ended meanwhile
+    StepTiming timing;
+    bool has_out = false;          // run at once: the output is here
+    VerifyDraftOutput out;
+  };
+  // Chained rounds (runners with supports_chained_rounds, overlapped scheduling on): while round
+  // N runs, round N + 1 of the same sequences is launched from N's outcome on the device, then N
+  // is read; the host's work for N overlaps N + 1 as plain overlapped steps' does. The chain
+  // breaks (N is read first) when a request arrives or waits, or one of N's may not continue.
+  InflightRound launch_round(const std::vector<ScheduledChunk>& chunks, bool chained, const StepTiming& timing);
+  bool step_chained_round();
+  bool chain_eligible(Request& r);  // may r's next round launch before this one is read
+  void finish_round(InflightRound& in, bool next_chained);
+  void finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now,
+                          bool next_chained);
   // Output processing (engine_output.cpp).
   // The token the request's sampler picks from `row` (min_tokens masking and penalties applied);
   // with a draft, whether it is accepted (greedy: equal to that pick; else rejection sampling).
@@ -320,7 +344,9 @@ class Engine {
   SamplingRows sampling_rows_;
   bool overlap_ = false;
   bool fused_rounds_ = false;  // MTP with one draft a round on a runner that fuses the round
+  bool chained_rounds_ = false;  // ... and launches the next round before this one is read
   InflightStep inflight_;
+  InflightRound round_;
   SpecBatchLimit batch_limit_;                 // disable_by_batch_size -1
   bool plain_timed_ = false;                   // last_plain_finish_ starts the next plain step's time
   Clock::time_point last_plain_finish_{};

@@ -128,6 +128,9 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     counter("spec_decode_fused_rounds_total",
             "Verification steps that ran the next MTP draft in the same launch (greedy, one draft a round).",
             metrics_.spec_fused_rounds);
+    counter("spec_decode_chained_rounds_total",
+            "Fused rounds launched before the round before them was read (overlapped speculative rounds).",
+            metrics_.spec_chained_rounds);
     auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
       os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";
       for (size_t i = 0; i < sp.drafted_at.size(); ++i)

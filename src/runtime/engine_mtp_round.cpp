@@ -12,6 +12,7 @@
 // runs as usual: its drafts are verified as any drafts are, and the sequence drafts through the
 // speculator again.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -23,6 +24,17 @@ namespace fathom {
 bool fused_mtp_rounds_enabled() {  // FATHOM_FUSED_MTP=0 turns them off (A/B runs)
   static const bool on = [] {
     const char* v = std::getenv("FATHOM_FUSED_MTP");
+    return !v || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Output blocks between the conversation snapshots a chain of rounds stops for.
+constexpr int64_t kChainSnapshotBlocks = 4;
+
+bool chained_rounds_enabled() {  // FATHOM_CHAINED_ROUNDS=0 turns them off (A/B runs)
+  static const bool on = [] {
+    const char* v = std::getenv("FATHOM_CHAINED_ROUNDS");
     return !v || std::string(v) != "0";
   }();
   return on;
@@ -54,50 +66,149 @@ bool Engine::fused_round_possible(const SchedulerOutput& plan) const {
   return true;
 }
 
-void Engine::run_fused_round(const SchedulerOutput& plan) {
+void Engine::run_fused_round(const SchedulerOutput& plan, const StepTiming& timing) {
+  InflightRound in = launch_round(plan.chunks, /*chained=*/false, timing);
+  if (!in.active) return;
+  if (chained_rounds_) round_ = std::move(in);  // read in the next step, maybe after launching its successor
+  else finish_round(in, /*next_chained=*/false);
+}
+
+// A fused round of `chunks`: launched (chained rounds on), else run at once. Chained: each
+// sequence's tokens and its draft are those the round in flight leaves (ModelRunner::
+// launch_verify_draft), its rows drawing past the one token that round surely gives.
+Engine::InflightRound Engine::launch_round(const std::vector<ScheduledChunk>& chunks, bool chained,
+                                           const StepTiming& timing) {
+  static constexpr int32_t kFromRound[2] = {kPendingToken, kPendingToken};
   std::vector<ForwardStep> steps;
-  steps.reserve(plan.chunks.size());
+  steps.reserve(chunks.size());
   bool sampled = false;  // some row needs more than the argmax of its raw logits
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (const ScheduledChunk& c : chunks) {
     Request& r = *c.req;
-    r.step_tokens.assign(1, r.tokens.back());
-    r.step_tokens.insert(r.step_tokens.end(), r.drafts.begin(), r.drafts.end());
-    steps.push_back(ForwardStep{r.seq, r.step_tokens, /*all_rows=*/true, /*keep_history=*/true});
+    if (chained) {
+      steps.push_back(ForwardStep{r.seq, kFromRound, /*all_rows=*/true, /*keep_history=*/true});
+    } else {
+      r.step_tokens.assign(1, r.tokens.back());
+      r.step_tokens.insert(r.step_tokens.end(), r.drafts.begin(), r.drafts.end());
+      steps.push_back(ForwardStep{r.seq, r.step_tokens, /*all_rows=*/true, /*keep_history=*/true});
+    }
     sampled = sampled || !plain_greedy(r);
   }
-  VerifyDraftOutput out;
-  const bool ran = guarded_forward(plan.chunks, [&] {
-    if (!sampled) {
-      out = runner_->forward_verify_draft(steps);
-      return;
+  InflightRound in;
+  const bool ran = guarded_forward(chunks, [&] {
+    if (sampled && chained) {
+      sampling_rows_.clear();
+      for (const ScheduledChunk& c : chunks) {
+        sampling_rows_.add(*c.req, {}, kDraftFromRound, eos_, nullptr, /*unread=*/1);
+        sampling_rows_.add(*c.req, {}, -1, eos_, nullptr, /*unread=*/2);  // the row after the draft
+      }
+    } else if (sampled) {
+      add_sampling_rows(chunks, steps);
     }
-    add_sampling_rows(plan.chunks, steps);
-    out = runner_->forward_verify_draft(steps, sampling_rows_.rows(), sampling_rows_.adjustments(),
-                                        sampling_rows_.masks());
+    const std::span<const RowSampling> rows = sampled ? sampling_rows_.rows() : std::span<const RowSampling>{};
+    if (chained_rounds_) {
+      runner_->launch_verify_draft(steps, rows, sampling_rows_.adjustments(), sampling_rows_.masks());
+    } else {
+      in.out = runner_->forward_verify_draft(steps, rows, sampling_rows_.adjustments(), sampling_rows_.masks());
+      in.has_out = true;
+    }
   });
   if (!ran) {
     for (auto& [r, up] : live_) r->drafts.clear(), r->next_draft = -1;
-    return;
+    return in;
   }
-  {
+  in.active = true;
+  in.chunks = chunks;
+  for (const ScheduledChunk& c : chunks) in.seqs.push_back(c.req->seq);
+  in.timing = timing;
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  ++metrics_.spec_fused_rounds;
+  metrics_.spec_chained_rounds += chained ? 1 : 0;
+  return in;
+}
+
+// Round N in flight: round N + 1 launched first where every running sequence may go on, then N read.
+bool Engine::step_chained_round() {
+  bool chain = sched_.num_waiting() == 0 && speculative_step() && round_.chunks.size() == sched_.num_running();
+  for (size_t i = 0; i < round_.chunks.size() && chain; ++i) {
+    Request* r = round_.chunks[i].req;
+    chain = live_.count(r) && r->seq == round_.seqs[i] && chain_eligible(*r);
+  }
+  InflightRound next;
+  if (chain) {
+    std::vector<ScheduledChunk> chunks = round_.chunks;
+    for (ScheduledChunk& c : chunks) c.num_tokens = 2;
+    next = launch_round(chunks, /*chained=*/true, StepTiming{});
+  }
+  finish_round(round_, next.active);
+  if (next.active && round_.timing.timed) {  // timed from this finish on, as plain overlapped steps are
+    next.timing = round_.timing;
+    next.timing.start = Clock::now();
     std::lock_guard<std::mutex> l(metrics_mu_);
-    ++metrics_.spec_fused_rounds;
+    next.timing.tokens_before = metrics_.generation_tokens;
+  }
+  round_ = std::move(next);
+  return true;
+}
+
+// Whether r's next round may be launched before the one in flight is read: a fused round whose
+// rows do not depend on that round's tokens (no penalties, grammar or min_tokens mask), with room
+// for both rounds' tokens within max_tokens, the context and the KV blocks, and no conversation
+// snapshot due where the round in flight may end (they are taken between rounds: with chained
+// rounds every kChainSnapshotBlocks blocks of output, as a chain at every block boundary would
+// break one round in eight).
+bool Engine::chain_eligible(Request& r) {
+  const RequestParams& p = r.spec.params;
+  const SamplingParams& sp = p.sampling;
+  if (!fused_round_eligible(r) || r.matcher || r.drafts.size() != 1 || !spec_ || spec_->retired(r.seq) ||
+      sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f || sp.repetition_penalty != 1.f ||
+      r.num_output() + 1 < p.min_tokens)
+    return false;
+  // Round N gives 1-2 tokens and N + 1 needs room for a draft after them (as propose_drafts).
+  if (r.num_output() + 4 > p.max_tokens || int64_t(r.tokens.size()) + 3 > cfg_.max_model_len) return false;
+  if (prefix_cache_)
+    for (int64_t at : {r.num_computed + 1, r.num_computed + 2})
+      if (at % (kChainSnapshotBlocks * cfg_.block_size) == 0 && at > r.turn_snapshot_len && turn_room_for(r, at))
+        return false;
+  if (!blocks_.grow(r.block_table, r.num_computed + 4)) return false;
+  return spec_->draft_budget(r.seq, 1) > 0;
+}
+
+// Reads a fused round (its output kept, or the oldest launched round): each live sequence takes
+// its tokens; with next_chained the round after it is already running from them.
+void Engine::finish_round(InflightRound& in, bool next_chained) {
+  in.active = false;
+  VerifyDraftOutput out;
+  if (in.has_out) {
+    out = std::move(in.out);
+  } else {
+    try {
+      out = runner_->finish_verify_draft();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "engine: forward failed: %s\n", e.what());
+      for (size_t i = 0; i < in.chunks.size(); ++i)
+        if (live_.count(in.chunks[i].req) && in.chunks[i].req->seq == in.seqs[i])
+          fail_request(*in.chunks[i].req, "forward", e.what());
+      return;
+    }
   }
   const auto now = Clock::now();
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    Request& r = *plan.chunks[i].req;
+  for (size_t i = 0; i < in.chunks.size(); ++i) {
+    Request& r = *in.chunks[i].req;
+    if (!live_.count(&r) || r.seq != in.seqs[i]) continue;  // ended meanwhile
     try {
-      finish_fused_round(r, out, i, now);
+      finish_fused_round(r, out, i, now, next_chained);
     } catch (const RequestError& e) {
       fail_request(r, e.stage(), e.what());
     } catch (const std::exception& e) {
       fail_request(r, "postprocess", e.what());
     }
   }
+  end_speculative_timing(in.timing);
 }
 
 // As finish_chunk for a verify step, with the tokens the round chose on the device.
-void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now) {
+void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t i, Clock::time_point now,
+                                bool next_chained) {
   const SequenceId seq = r.seq;
   const int nd = int(r.drafts.size());
   const int64_t row = out.row_begin[i];
@@ -121,16 +232,18 @@ void Engine::finish_fused_round(Request& r, const VerifyDraftOutput& out, size_t
     return;
   }
   // The model and the MTP layer both took every row; both keep the pending token and the accepted
-  // drafts. The MTP row of the last kept position drafts the next round.
+  // drafts (a chained round's runner rolled them back itself). The MTP row of the last kept
+  // position drafts the next round, which verifies it already when chained.
   r.num_computed = int64_t(r.tokens.size()) - 1;
-  if (accepted < nd) {
+  if (accepted < nd && !next_chained) {
     runner_->rollback(seq, r.num_computed);
     runner_->mtp_rollback(seq, r.num_computed);
   }
-  blocks_.shrink(r.block_table, r.num_computed);
+  blocks_.shrink(r.block_table, r.num_computed + (next_chained ? 2 : 0));
   r.next_draft = out.draft[size_t(row + accepted)];
   spec_->trace_draft(seq, r.num_computed - 1, r.next_draft);
   r.drafts.clear();
+  if (next_chained) r.drafts.assign(1, r.next_draft);
 }
 
 }  // namespace fathom

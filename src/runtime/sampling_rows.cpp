@@ -26,7 +26,7 @@ void SamplingRows::add_skip() {
 }
 
 void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
-                       const uint32_t* mask) {
+                       const uint32_t* mask, int64_t unread) {
   const RequestParams& p = r.spec.params;
   const SamplingParams& sp = p.sampling;
   RowSampling row;
@@ -35,7 +35,7 @@ void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t
   row.top_p = sp.top_p;
   row.min_p = sp.min_p;
   row.seed = sp.seed;
-  row.draw = uint64_t(r.num_output()) + prior.size();
+  row.draw = uint64_t(r.num_output() + unread) + prior.size();
   row.draft = draft;
   row.logprobs = p.logprobs;
   row.adjust_begin = int32_t(adjust_.size());
@@ -47,7 +47,7 @@ void SamplingRows::add(const Request& r, std::span<const int32_t> prior, int32_t
     e.token = t;
     return e;
   };
-  const int64_t num_out = r.num_output() + int64_t(prior.size());
+  const int64_t num_out = r.num_output() + unread + int64_t(prior.size());
   if (num_out < p.min_tokens && (!eos.empty() || !p.stop_token_ids.empty())) {
     if (!p.ignore_eos)
       for (int32_t e : eos) entry(e).mask = 1;

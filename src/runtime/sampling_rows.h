@@ -21,8 +21,12 @@ class SamplingRows {
   // drafts before it in this step (they count as output when that row is read); `draft` >= 0 is
   // the draft this row verifies.
   // `mask` (mask_words(vocab) words, or null): the tokens a grammar allows at that row.
+  // `unread`: output tokens of r chosen before this step but not read yet (a chained MTP round
+  // after the round in flight: the one token that round surely gives; the runner adds the
+  // drafts it accepts). They count for the draw and min_tokens, not for penalties: a chained
+  // round takes no penalised request.
   void add(const Request& r, std::span<const int32_t> prior, int32_t draft, const std::set<int32_t>& eos,
-           const uint32_t* mask = nullptr);
+           const uint32_t* mask = nullptr, int64_t unread = 0);
   // The last row added also returns its raw logits (RowSampling::keep_logits).
   void keep_last_logits() { rows_.back().keep_logits = 1; }
   void clear();

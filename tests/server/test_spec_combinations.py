@@ -10,7 +10,8 @@ JSON-schema output running away, tool calls coming back as raw XML).
 The same with `--sampler device` (the CPU engine choosing tokens as the GPU does, where fused rounds
 also take sampled, penalised, logprobs and grammar requests): greedy cases equal plain decoding,
 and seeded sampled requests give the same output with fused rounds and without
-(FATHOM_FUSED_MTP=0), the same drafts being verified with the same random numbers.
+(FATHOM_FUSED_MTP=0), the same drafts being verified with the same random numbers; on that server
+rounds chain (the next launched before the last is read, as overlapped plain steps are).
 
 Run by ctest as: python3 test_spec_combinations.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -152,17 +153,22 @@ def main():
             _()
 
             fused = label.startswith("mtp K=1")
+            chained = label == "mtp K=1, device sampler"  # overlapped scheduling: rounds chain
 
-            @check(f"{label}: drafts were verified" + (", in fused rounds" if fused else ""))
+            @check(f"{label}: drafts were verified" + (", in fused rounds" if fused else "") +
+                   (", some chained" if chained else ""))
             def _():
                 assert srv.metric("fathom:spec_decode_num_draft_tokens_total") > 0
                 if fused:
                     assert srv.metric("fathom:spec_decode_fused_rounds_total") > 0
+                if chained:
+                    assert srv.metric("fathom:spec_decode_chained_rounds_total") > 0
             _()
 
         device = servers["mtp K=1, device sampler"]
         unfused = Server(args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device", env={"FATHOM_FUSED_MTP": "0"})
         servers["unfused"] = unfused
+        chained_before = device.metric("fathom:spec_decode_chained_rounds_total")
         for case, fn in SAMPLED.items():
             @check(f"device sampler: {case}: fused rounds give the unfused rounds' output")
             def _():
@@ -174,6 +180,12 @@ def main():
                 assert device.metric("fathom:spec_decode_fused_rounds_total") > rounds
                 assert unfused.metric("fathom:spec_decode_fused_rounds_total") == 0
             _()
+
+        @check("device sampler: the sampled requests without a penalty or a grammar ran chained rounds")
+        def _():
+            assert device.metric("fathom:spec_decode_chained_rounds_total") > chained_before
+            assert unfused.metric("fathom:spec_decode_chained_rounds_total") == 0
+        _()
     finally:
         for srv in servers.values():
             srv.stop()
