@@ -72,6 +72,8 @@ TEST(CudaPromptEnds, ExactRepeatsHitUnderDeviceSampling) {
   EngineOptions eo;
   eo.max_seqs = 8;
   eo.max_model_len = 512;
+  eo.prefix_cache_mb = 64;  // room for snapshots (none by default on the GPU: no prefix cache at all)
+  eo.num_kv_blocks = 512;
   auto open = [&] { return open_model(dir.string(), "cuda", false, eo); };
   // Opt-in on the GPU for now (read when an engine is built); restored at the end.
   const char* before = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
