@@ -12,7 +12,8 @@ the outputs that differ and the passes of one mode that differ from its first. T
 the fused rounds come from the server's /metrics.
 
 Modes: plain; mtp1 (one draft a round, fused rounds on greedy steps); mtp1-unfused (the same with
-FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp1-limit2 (mtp1 with
+FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp1-unchained (fused rounds, each
+read before the next is launched: FATHOM_CHAINED_ROUNDS=0); mtp1-limit2 (mtp1 with
 --speculative-disable-by-batch-size 2: overlapped plain steps from two decoding sequences on);
 mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h);
 mtp2, mtp3.
@@ -41,6 +42,8 @@ MODES = {
     "mtp1": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"], {}),
     "mtp1-unfused": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"],
                      {"FATHOM_FUSED_MTP": "0"}),
+    "mtp1-unchained": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"],
+                       {"FATHOM_CHAINED_ROUNDS": "0"}),
     # One draft a round below 2 decoding sequences; from 2 on, overlapped plain steps.
     "mtp1-limit2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
                      "--speculative-disable-by-batch-size", "2"], {}),
@@ -97,7 +100,7 @@ def run_mode(a, mode, prompts):
         m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         out["metrics"] = {k: metric(m, "fathom:" + k) for k in (
             "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
-            "spec_decode_fused_rounds_total", "spec_decode_mean_accepted_length")}
+            "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
     return out
 
 
@@ -130,7 +133,8 @@ def main():
             drafts = met["spec_decode_num_draft_tokens_total"]
             if mode != "plain":
                 acc = met["spec_decode_num_accepted_tokens_total"] / drafts if drafts else 0.0
-                line += f"  acceptance {acc:.3f} (whole run), fused rounds {met['spec_decode_fused_rounds_total']:.0f}"
+                line += (f"  acceptance {acc:.3f} (whole run), fused rounds {met['spec_decode_fused_rounds_total']:.0f}"
+                         f" ({met['spec_decode_chained_rounds_total']:.0f} chained)")
             if temp == 0 and base and mode != "plain":
                 differ = sum(x != y for x, y in zip(r[temp]["texts"], base[temp]["texts"]))
                 lossless = lossless and (differ == 0 or a.concurrency > 1)

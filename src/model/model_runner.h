@@ -201,6 +201,8 @@ class ModelRunner {
   // a further (RowSampling::draw + a), and a row with draft kDraftFromRound verifies draft[a].
   // The caller rolls back nothing of a round that a chained step continues.
   virtual bool supports_chained_rounds() const { return false; }
+  // Whether chained rounds may have sampling rows (else only greedy rounds launch this way).
+  virtual bool chains_sampled_rounds() const { return supports_chained_rounds(); }
   virtual void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                                    std::span<const LogitAdjustment> adjust = {},
                                    std::span<const uint32_t> masks = {}) {

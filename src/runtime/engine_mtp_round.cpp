@@ -69,8 +69,8 @@ bool Engine::fused_round_possible(const SchedulerOutput& plan) const {
 void Engine::run_fused_round(const SchedulerOutput& plan, const StepTiming& timing) {
   InflightRound in = launch_round(plan.chunks, /*chained=*/false, timing);
   if (!in.active) return;
-  if (chained_rounds_) round_ = std::move(in);  // read in the next step, maybe after launching its successor
-  else finish_round(in, /*next_chained=*/false);
+  if (in.has_out) finish_round(in, /*next_chained=*/false);
+  else round_ = std::move(in);  // read in the next step, maybe after launching its successor
 }
 
 // A fused round of `chunks`: launched (chained rounds on), else run at once. Chained: each
@@ -105,7 +105,7 @@ Engine::InflightRound Engine::launch_round(const std::vector<ScheduledChunk>& ch
       add_sampling_rows(chunks, steps);
     }
     const std::span<const RowSampling> rows = sampled ? sampling_rows_.rows() : std::span<const RowSampling>{};
-    if (chained_rounds_) {
+    if (chained_rounds_ && (!sampled || runner_->chains_sampled_rounds())) {
       runner_->launch_verify_draft(steps, rows, sampling_rows_.adjustments(), sampling_rows_.masks());
     } else {
       in.out = runner_->forward_verify_draft(steps, rows, sampling_rows_.adjustments(), sampling_rows_.masks());
@@ -159,7 +159,8 @@ bool Engine::step_chained_round() {
 bool Engine::chain_eligible(Request& r) {
   const RequestParams& p = r.spec.params;
   const SamplingParams& sp = p.sampling;
-  if (!fused_round_eligible(r) || r.matcher || r.drafts.size() != 1 || !spec_ || spec_->retired(r.seq) ||
+  if (!fused_round_eligible(r) || (!plain_greedy(r) && !runner_->chains_sampled_rounds()) || r.matcher ||
+      r.drafts.size() != 1 || !spec_ || spec_->retired(r.seq) ||
       sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f || sp.repetition_penalty != 1.f ||
       r.num_output() + 1 < p.min_tokens)
     return false;

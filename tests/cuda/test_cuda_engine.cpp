@@ -412,6 +412,55 @@ TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
   }
 }
 
+// Chained rounds (greedy): round N + 1 queued from round N's outcome on the device (tokens,
+// positions, KV slots, the linear-attention state where N's draft was refused) before N is read.
+// Outputs equal plain decoding's and the unchained rounds', with the adaptive length off and on,
+// arrivals and ends breaking chains, and a logprobs job (not chained on the GPU) among them.
+TEST(CudaSpeculative, ChainedRoundsEqualUnchainedRounds) {
+  for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
+    const fs::path dir = fixtures_dir() / fixture;
+    EngineOptions eo;
+    eo.max_seqs = 8;
+    eo.max_model_len = 512;
+    eo.backends.speculative = true;
+    auto open = [&] { return open_model(dir.string(), "cuda", true, eo); };
+    const int V = open()->config().vocab_size;
+    std::vector<testing::Job> jobs(7);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      jobs[i].prompt = random_prompt(4 + 11 * int(i), V, 900 + uint32_t(i));
+      jobs[i].params.max_tokens = 9 + 7 * int(i);
+      jobs[i].params.ignore_eos = true;
+    }
+    jobs[6].params.logprobs = 2;  // sampling rows: no chain while it runs (short, so the others chain after it)
+    jobs[6].params.max_tokens = 5;
+    EngineConfig cfg;
+    cfg.max_num_seqs = 8;
+    cfg.max_model_len = 512;
+    const auto plain = testing::run_engine(open(), cfg, jobs);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 1;
+    for (bool adaptive : {false, true}) {
+      cfg.spec.adaptive = adaptive;
+      cfg.chained_mtp_rounds = true;
+      std::string m, mu;
+      const auto chained = testing::run_engine(open(), cfg, jobs, &m);
+      cfg.chained_mtp_rounds = false;
+      const auto unchained = testing::run_engine(open(), cfg, jobs, &mu);
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        EXPECT_EQ(chained[i].ids, plain[i].ids) << fixture << (adaptive ? " adaptive" : "") << " job " << i;
+        EXPECT_EQ(unchained[i].ids, plain[i].ids) << fixture << (adaptive ? " adaptive" : "") << " job " << i;
+      }
+      const double rounds = testing::metric(m, "fathom:spec_decode_chained_rounds_total");
+      std::printf("  %s%s: %.0f chained of %.0f fused rounds, acceptance %.3f (unchained: %.0f fused rounds)\n", fixture,
+                  adaptive ? " adaptive" : "", rounds, testing::metric(m, "fathom:spec_decode_fused_rounds_total"),
+                  testing::metric(m, "fathom:spec_decode_draft_acceptance_rate"),
+                  testing::metric(mu, "fathom:spec_decode_fused_rounds_total"));
+      if (!adaptive) EXPECT_GT(rounds, 0) << fixture;
+      EXPECT_EQ(testing::metric(mu, "fathom:spec_decode_chained_rounds_total"), 0) << fixture;
+    }
+  }
+}
+
 // The serving engine choosing tokens on the device against the same engine sampling on the
 // host from copied logits: greedy requests (plain, with logprobs, with penalties and a logit
 // bias, with min_tokens masking and stop ids) give the same tokens and logprobs; seeded sampled

@@ -400,14 +400,21 @@ void launch_conv(const float* mixed, int64_t mixed_ld, const float* conv_w, floa
 }
 
 // Copies one sequence's kept states (history entry `entry`) back over its current conv and
-// recurrent states, every linear-attention layer in one launch: blockIdx.y the layer, .z which state.
+// recurrent states, every linear-attention layer in one launch: blockIdx.y the layer, .z which
+// state. With `slot_list`, .z / 2 picks the sequence (its slot slot_list[z / 2]), and a sequence
+// whose `skip[slot]` is set keeps its states (a chained round whose draft was accepted).
 __global__ void restore_state_kernel(float* conv_state, float* rec_state, const float* hist_conv,
-                                     const float* hist_rec, int slots, int slot, int entries, int entry, int64_t conv,
-                                     int64_t rec) {
-  const int64_t n = blockIdx.z == 0 ? conv : rec;
+                                     const float* hist_rec, int slots, int slot, const int32_t* slot_list,
+                                     const int32_t* skip, int entries, int entry, int64_t conv, int64_t rec) {
+  const int which = blockIdx.z % 2;
+  if (slot_list) {
+    slot = slot_list[blockIdx.z / 2];
+    if (skip[slot]) return;
+  }
+  const int64_t n = which == 0 ? conv : rec;
   const int64_t layer_slot = int64_t(blockIdx.y) * slots + slot;
-  float* dst = (blockIdx.z == 0 ? conv_state : rec_state) + layer_slot * n;
-  const float* src = (blockIdx.z == 0 ? hist_conv : hist_rec) + (layer_slot * entries + entry) * n;
+  float* dst = (which == 0 ? conv_state : rec_state) + layer_slot * n;
+  const float* src = (which == 0 ? hist_conv : hist_rec) + (layer_slot * entries + entry) * n;
   if (n % 4 == 0) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n / 4; i += int64_t(gridDim.x) * blockDim.x)
       reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(src)[i];
@@ -425,7 +432,19 @@ void restore_linear_state(float* conv_state, float* rec_state, const StateHistor
   const int64_t most = std::max(conv, rec) / 4;
   const int blocks = int(std::clamp<int64_t>((most + 255) / 256, 1, 64));
   restore_state_kernel<<<dim3(blocks, layers, 2), 256, 0, s>>>(conv_state, rec_state, hist.conv, hist.recurrent, slots,
-                                                               slot, hist.entries, entry, conv, rec);
+                                                               slot, nullptr, nullptr, hist.entries, entry, conv, rec);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void restore_linear_states_unless(float* conv_state, float* rec_state, const StateHistory& hist, int layers,
+                                  int slots, const int32_t* slot_list, int n, const int32_t* skip, int entry,
+                                  int64_t conv, int64_t rec, cudaStream_t s) {
+  if (layers <= 0 || n <= 0) return;
+  const int64_t most = std::max(conv, rec) / 4;
+  const int blocks = int(std::clamp<int64_t>((most + 255) / 256, 1, 64));
+  restore_state_kernel<<<dim3(blocks, layers, 2 * n), 256, 0, s>>>(conv_state, rec_state, hist.conv, hist.recurrent,
+                                                                   slots, 0, slot_list, skip, hist.entries, entry, conv,
+                                                                   rec);
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -184,7 +184,8 @@ void CudaRunner::fill_context_for_benchmark(SequenceId id, int64_t length) {
 void CudaRunner::rollback(SequenceId id, int64_t new_length) {
   Impl& m = *impl_;
   Sequence& sq = m.seq(id);
-  FATHOM_CHECK(new_length >= 0 && new_length <= sq.length, "rollback to ", new_length, " of ", sq.length);
+  FATHOM_CHECK(new_length >= 0 && new_length <= sq.length && !sq.awaiting_outcome, "rollback to ", new_length, " of ",
+               sq.length, sq.awaiting_outcome ? " while a chained round waits for the round before it" : "");
   if (new_length == sq.length) return;
   if (m.n_linear > 0) {
     // Restore the linear-attention state kept after (new_length - hist_base) tokens of the last

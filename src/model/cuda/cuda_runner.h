@@ -124,7 +124,15 @@ class CudaRunner final : public ModelRunner {
   bool supports_fused_mtp_round() const override;
   VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                                          std::span<const LogitAdjustment> adjust = {},
-                                         std::span<const uint32_t> masks = {}) override;  // runner_mtp_round.cpp
+                                         std::span<const uint32_t> masks = {}) override;
+  // Chained rounds, greedy rows only (sampled rounds run forward_verify_draft): the round's outcome
+  // stays on the device per state slot and a chained launch takes it from there (runner_mtp_round.cpp).
+  bool supports_chained_rounds() const override;
+  bool chains_sampled_rounds() const override { return false; }
+  void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
+                           std::span<const LogitAdjustment> adjust = {},
+                           std::span<const uint32_t> masks = {}) override;
+  VerifyDraftOutput finish_verify_draft() override;  // runner_mtp_round.cpp
   void supply_masks(std::span<const uint32_t> masks) override;
   SampledOutput finish_sampled() override;
   int64_t kv_capacity_tokens() const override;

@@ -45,6 +45,9 @@ struct Sequence {
   std::vector<int32_t> blocks;
   int64_t hist_base = -1, hist_len = 0;  // the last keep_history step: start and token count
   int64_t mtp_length = 0;                // positions the MTP layer has consumed
+  // A chained round was launched after a round not read yet: the lengths above are as if that
+  // round accepted no draft, until it is read (CudaRunner::finish_verify_draft adds what it did).
+  bool awaiting_outcome = false;
 };
 
 // Per-step metadata, mirrored in pinned host memory and uploaded in one copy.
@@ -163,6 +166,23 @@ struct CudaRunner::Impl {
   void sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<const uint32_t> masks);
   std::optional<SampledChunk> deferred;  // the last launch's chunk, forward queued, waiting for masks
 
+  // Chained MTP rounds (runner_mtp_round.cpp): each state slot's last round outcome on the device
+  // (chain_tok: the next round's two tokens, chain_a: the drafts it accepted), the tokens fed to
+  // the round being launched (chain_fed, T_max) and each round sequence's acceptance (round_a,
+  // max_seqs); the launched rounds' targets, drafts and acceptances in pinned memory, two sets.
+  DeviceBuffer chain_dev;
+  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_fed = nullptr, *round_a = nullptr;
+  int32_t* round_host[2] = {nullptr, nullptr};  // [T_max target][T_max draft][max_seqs accepted]
+  cudaEvent_t round_done[2] = {nullptr, nullptr};
+  int round_buf = 0;
+  struct LaunchedRound {
+    int buf = 0, T = 0;
+    std::vector<int64_t> row_begin;
+    std::vector<SequenceId> seqs;
+  };
+  std::deque<LaunchedRound> rounds;  // oldest first; at most two
+  void ensure_chain_buffers();
+
   // Decode steps run the shared expert on a second stream, beside the router and the routed
   // experts (independent until the combine): at batch 1 each is too small to fill the GPU.
   cudaStream_t side_stream = nullptr;
@@ -205,6 +225,10 @@ struct CudaRunner::Impl {
     if (stream_ready) cudaEventDestroy(stream_ready);
     if (copies_done) cudaEventDestroy(copies_done);
     if (mtp_hidden_host) cudaFreeHost(mtp_hidden_host);
+    for (int b = 0; b < 2; ++b) {
+      if (round_host[b]) cudaFreeHost(round_host[b]);
+      if (round_done[b]) cudaEventDestroy(round_done[b]);
+    }
     if (meta_host) cudaFreeHost(meta_host);
     if (meta_uploaded) cudaEventDestroy(meta_uploaded);
     if (fork_event) cudaEventDestroy(fork_event);

@@ -3,7 +3,12 @@
 // rows), then the MTP layer's graph over the same rows, its inputs (the verify rows' hidden states
 // and chosen tokens) copied on the device, and one wait at the end. At batch 1 on a small model a
 // round otherwise pays a second host round trip for the draft step, as much as the MTP layer's
-// own GPU time.
+// own GPU time. Greedy rounds go through launch_verify_draft / finish_verify_draft, which also
+// chain: a round's outcome stays on the device per state slot (mtp_round_outcome), and a round
+// launched before it is read takes its tokens, positions and linear-attention state from there
+// (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the round
+// before it is read.
+#include <algorithm>
 #include <cstddef>
 
 #include "model/cuda/runner_impl.h"
@@ -29,16 +34,14 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   FATHOM_CHECK(total <= m.T_max && total <= m.R_max && int(steps.size()) <= m.opt.max_seqs,
                "forward_verify_draft: the batch must fit one forward (", total, " tokens)");
   const bool sampled = !rows.empty();
-  if (sampled) {
-    // The sampled launch (runner_sampling.cpp) as one chunk: its rows are the steps' tokens in
-    // order, its sampler's results in m.sampling.row_out, its final hidden rows in m.act.sel.
-    FATHOM_CHECK(m.launched.empty(), "forward_verify_draft: an overlapped step is still in flight");
-    launch(steps, rows, adjust, /*want_hidden=*/false, masks);
-  } else {
-    Impl::Plan p = m.prepare(steps);
-    m.run(p);  // argmax rows in m.argmax, final hidden rows in m.sel, rows in token order
-    m.commit(steps);
+  if (!sampled) {
+    launch_verify_draft(steps);
+    return finish_verify_draft();
   }
+  // The sampled launch (runner_sampling.cpp) as one chunk: its rows are the steps' tokens in
+  // order, its sampler's results in m.sampling.row_out, its final hidden rows in m.act.sel.
+  FATHOM_CHECK(m.launched.empty() && m.rounds.empty(), "forward_verify_draft: an overlapped step is still in flight");
+  launch(steps, rows, adjust, /*want_hidden=*/false, masks);
 
   VerifyDraftOutput out;
   std::vector<MtpStep> mtp;
@@ -51,34 +54,168 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   }
   Impl::Plan q = m.prepare_mtp(mtp, /*inputs_on_device=*/true);
   const cudaStream_t s = m.stream;
-  // After the MTP step's metadata upload: its token ids are the verify rows' choices (the argmax
-  // kept there, as the MTP head overwrites m.argmax; or the token field of each sampled row), its
-  // hidden rows the verify rows' final hidden states.
-  if (sampled) {
-    const auto* first = reinterpret_cast<const char*>(m.sampling.row_out.data()) + offsetof(RowSample, token);
-    FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m.dmeta.ids, sizeof(int32_t), first, sizeof(RowSample), sizeof(int32_t),
-                                        size_t(total), cudaMemcpyDeviceToDevice, s));
-  } else {
-    FATHOM_CUDA_CHECK(
-        cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
-  }
+  // After the MTP step's metadata upload: its token ids are the verify rows' choices (the token
+  // field of each sampled row), its hidden rows the verify rows' final hidden states.
+  const auto* first = reinterpret_cast<const char*>(m.sampling.row_out.data()) + offsetof(RowSample, token);
+  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m.dmeta.ids, sizeof(int32_t), first, sizeof(RowSample), sizeof(int32_t),
+                                      size_t(total), cudaMemcpyDeviceToDevice, s));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
                                     cudaMemcpyDeviceToDevice, s));
   m.run_mtp_step(q);
   out.target.resize(size_t(total));
   out.draft.resize(size_t(total));
-  if (!sampled)
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(out.target.data(), m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToHost, s));
   FATHOM_CUDA_CHECK(
       cudaMemcpyAsync(out.draft.data(), m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  if (sampled) {  // the sampler's results (its copies were queued before the MTP step)
-    SampledOutput so = finish_sampled();
-    out.samples = std::move(so.samples);
-    out.top_ids = std::move(so.top_ids);
-    out.top_logprobs = std::move(so.top_logprobs);
-    for (size_t i = 0; i < out.samples.size(); ++i) out.target[i] = out.samples[i].token;
-  }
+  SampledOutput so = finish_sampled();  // the sampler's results (its copies were queued before the MTP step)
+  out.samples = std::move(so.samples);
+  out.top_ids = std::move(so.top_ids);
+  out.top_logprobs = std::move(so.top_logprobs);
+  for (size_t i = 0; i < out.samples.size(); ++i) out.target[i] = out.samples[i].token;
   m.finish_mtp(mtp, q, nullptr);  // waits; the MTP lengths advance
+  return out;
+}
+
+bool CudaRunner::supports_chained_rounds() const { return impl_->w.has_mtp && !impl_->comm; }
+
+void CudaRunner::Impl::ensure_chain_buffers() {
+  if (chain_tok) return;
+  const size_t ints = size_t(3) * slots + size_t(T_max) + size_t(opt.max_seqs);
+  chain_dev = DeviceBuffer(ints * 4);
+  FATHOM_CUDA_CHECK(cudaMemsetAsync(chain_dev.data(), 0, ints * 4, stream));
+  chain_tok = chain_dev.as<int32_t>();
+  chain_a = chain_tok + 2 * slots;
+  chain_fed = chain_a + slots;
+  round_a = chain_fed + T_max;
+  for (int b = 0; b < 2; ++b) {
+    FATHOM_CUDA_CHECK(cudaMallocHost(&round_host[b], (size_t(2) * T_max + size_t(opt.max_seqs)) * 4));
+    FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&round_done[b], cudaEventDisableTiming));
+  }
+}
+
+// A greedy round queued: the verify step (each row's argmax), then the MTP layer over the same
+// rows, then the round's outcome per state slot and its outputs to pinned memory. Chained steps
+// (two kPendingToken) are planned as if the round in flight accepted nothing and made that
+// round's own on the device before anything reads them.
+void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                     std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks) {
+  Impl& m = *impl_;
+  (void)adjust, (void)masks;
+  FATHOM_CHECK(m.w.has_mtp, "launch_verify_draft: this model has no MTP layer loaded");
+  FATHOM_CHECK(rows.empty(), "launch_verify_draft: the CUDA runner chains greedy rounds only");
+  FATHOM_CHECK(m.launched.empty() && m.rounds.size() < 2,
+               "launch_verify_draft: two rounds (or an overlapped step) are still in flight");
+  const auto pending = [](const ForwardStep& st) {
+    return std::find(st.tokens.begin(), st.tokens.end(), kPendingToken) != st.tokens.end();
+  };
+  const bool chained = !steps.empty() && pending(steps[0]);
+  int total = 0;
+  for (const ForwardStep& st : steps) {
+    FATHOM_CHECK(st.all_rows && st.keep_history, "launch_verify_draft: steps take all rows and keep history");
+    FATHOM_CHECK(pending(st) == chained, "launch_verify_draft: chained and unchained steps in one round");
+    Impl::Sequence& sq = m.seq(st.seq);
+    if (chained) {
+      FATHOM_CHECK(st.tokens.size() == 2 && st.tokens[0] == kPendingToken && st.tokens[1] == kPendingToken &&
+                       !m.rounds.empty() && sq.hist_base >= 0 && sq.hist_len == 2 && sq.length == sq.hist_base + 2 &&
+                       sq.mtp_length == sq.length && !sq.awaiting_outcome,
+                   "launch_verify_draft: sequence ", st.seq, " has no round of one draft in flight to continue");
+    } else {
+      FATHOM_CHECK(sq.mtp_length == sq.length && !sq.awaiting_outcome, "launch_verify_draft: the MTP layer of sequence ",
+                   st.seq, " is at ", sq.mtp_length, " tokens, the model at ", sq.length);
+    }
+    total += int(st.tokens.size());
+  }
+  FATHOM_CHECK(total <= m.T_max && total <= m.R_max && int(steps.size()) <= m.opt.max_seqs,
+               "launch_verify_draft: the batch must fit one forward (", total, " tokens)");
+  m.ensure_chain_buffers();
+  const int64_t bs = m.opt.block_size;
+  if (chained) {
+    for (const ForwardStep& st : steps) {
+      Impl::Sequence& sq = m.seq(st.seq);
+      m.check_step(st.seq, sq.hist_base + 2, st.tokens);  // the latest the round can sit
+      // As if the round in flight accepted nothing; blocks for the case it accepted its draft.
+      sq.length = sq.mtp_length = sq.hist_base + 1;
+      sq.awaiting_outcome = true;
+      while (int64_t(sq.blocks.size()) * bs < sq.length + 3) {
+        FATHOM_CHECK(!m.free_blocks.empty(), "KV cache is full (", m.kv_tokens, " tokens)");
+        sq.blocks.push_back(m.free_blocks.back());
+        m.free_blocks.pop_back();
+      }
+    }
+  }
+  const cudaStream_t s = m.stream;
+  Impl::Plan p = m.prepare(steps);
+  if (chained) {
+    mtp_chain_patch(m.dmeta.ids, m.dmeta.pos, m.dmeta.slot_mapping, m.dmeta.state_slot, m.dmeta.block_tables,
+                    m.max_blocks, m.opt.block_size, p.S, m.chain_tok, m.chain_a, /*set_ids=*/true, s);
+    // The state after the round in flight's first token where its draft was refused.
+    if (m.n_linear > 0)
+      restore_linear_states_unless(m.states.conv(0), m.states.rec(0), m.states.layer_history(0, nullptr), m.n_linear,
+                                   m.slots, m.dmeta.state_slot, p.S, m.chain_a, /*entry=*/1,
+                                   m.states.conv_values(), m.states.rec_values(), s);
+  }
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.chain_fed, m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
+  m.run(p);  // argmax rows in m.argmax, final hidden rows in m.sel, rows in token order
+  m.commit(steps);
+
+  Impl::LaunchedRound lr;
+  lr.T = total;
+  std::vector<MtpStep> mtp;
+  const std::vector<int32_t> unread(size_t(total), 0);  // the next tokens come from the device
+  int offset = 0;
+  for (const ForwardStep& st : steps) {
+    lr.row_begin.push_back(offset);
+    lr.seqs.push_back(st.seq);
+    mtp.push_back(MtpStep{st.seq, {}, std::span<const int32_t>(unread.data() + offset, st.tokens.size()), true});
+    offset += int(st.tokens.size());
+  }
+  Impl::Plan q = m.prepare_mtp(mtp, /*inputs_on_device=*/true);
+  if (chained)
+    mtp_chain_patch(m.dmeta.ids, m.dmeta.pos, m.dmeta.slot_mapping, m.dmeta.state_slot, m.dmeta.block_tables,
+                    m.max_blocks, m.opt.block_size, q.S, m.chain_tok, m.chain_a, /*set_ids=*/false, s);
+  // The MTP step's token ids are the verify rows' argmax (kept there: the MTP head overwrites
+  // m.argmax), its hidden rows the verify rows' final hidden states.
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
+                                    cudaMemcpyDeviceToDevice, s));
+  m.run_mtp_step(q);
+  for (const MtpStep& st : mtp) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
+  // The round's outcome per slot (the next chained round's tokens), and its outputs to the host.
+  mtp_round_outcome(m.chain_fed, m.dmeta.ids, m.act.argmax.as<int32_t>(), m.dmeta.seq_start, m.dmeta.state_slot, q.S,
+                    m.chain_tok, m.chain_a, m.round_a, s);
+  lr.buf = m.round_buf;
+  m.round_buf ^= 1;
+  int32_t* host = m.round_host[lr.buf];
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(host, m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(
+      cudaMemcpyAsync(host + m.T_max, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(host + 2 * m.T_max, m.round_a, size_t(q.S) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(cudaEventRecord(m.round_done[lr.buf], s));
+  m.rounds.push_back(std::move(lr));
+}
+
+// Waits for the oldest launched round; a sequence that a chained round continues takes the
+// drafts this one accepted into its lengths.
+VerifyDraftOutput CudaRunner::finish_verify_draft() {
+  Impl& m = *impl_;
+  FATHOM_CHECK(!m.rounds.empty(), "finish_verify_draft: no round was launched");
+  const Impl::LaunchedRound lr = std::move(m.rounds.front());
+  m.rounds.pop_front();
+  FATHOM_CUDA_CHECK(cudaEventSynchronize(m.round_done[lr.buf]));
+  const int32_t* host = m.round_host[lr.buf];
+  VerifyDraftOutput out;
+  out.row_begin = lr.row_begin;
+  out.target.assign(host, host + lr.T);
+  out.draft.assign(host + m.T_max, host + m.T_max + lr.T);
+  for (size_t i = 0; i < lr.seqs.size(); ++i) {
+    auto it = m.seqs.find(lr.seqs[i]);
+    if (it == m.seqs.end() || !it->second.awaiting_outcome) continue;  // removed, or not continued
+    Impl::Sequence& sq = it->second;
+    const int a = host[2 * m.T_max + int64_t(i)];
+    sq.length += a;
+    sq.mtp_length += a;
+    sq.hist_base += a;
+    sq.awaiting_outcome = false;
+  }
   return out;
 }
 
