@@ -9,47 +9,48 @@ namespace {
 
 __global__ void round_outcome_kernel(const int32_t* fed, const int32_t* target, const int32_t* draft,
                                      const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
-                                     int32_t* chain_a, int32_t* round_a) {
+                                     int32_t* chain_a, int32_t* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= S) return;
-  const int r0 = seq_start[i], n = seq_start[i + 1] - r0, slot = state_slot[i];
+  const int r0 = seq_start[i], n = seq_start[i + 1] - r0, slot = state_slot[i], T = seq_start[S];
   int a = 0;
   while (a + 1 < n && target[r0 + a] == fed[r0 + a + 1]) ++a;
   chain_tok[2 * slot] = target[r0 + a];
   chain_tok[2 * slot + 1] = draft[r0 + a];
   chain_a[slot] = a;
-  round_a[i] = a;
+  out[i] = a;
+  for (int j = r0; j < r0 + n; ++j) out[S + j] = target[j], out[S + T + j] = draft[j];
 }
 
 __global__ void chain_patch_kernel(int32_t* ids, int32_t* pos, int32_t* slot_mapping, const int32_t* state_slot,
                                    const int32_t* block_tables, int max_blocks, int block_size, int S,
-                                   const int32_t* chain_tok, const int32_t* chain_a, int set_ids) {
+                                   const int32_t* chain_tok, const int32_t* chain_a) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;  // token t = 2i + j of sequence i
   if (t >= 2 * S) return;
   const int i = t / 2, j = t % 2, slot = state_slot[i];
   const int p = pos[t] + chain_a[slot];
   pos[t] = p;
   slot_mapping[t] = block_tables[int64_t(i) * max_blocks + p / block_size] * block_size + p % block_size;
-  if (set_ids) ids[t] = chain_tok[2 * slot + j];
+  ids[t] = chain_tok[2 * slot + j];
 }
 
 }  // namespace
 
 void mtp_round_outcome(const int32_t* fed, const int32_t* target, const int32_t* draft, const int32_t* seq_start,
-                       const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* round_a,
+                       const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* out,
                        cudaStream_t s) {
   if (S <= 0) return;
   round_outcome_kernel<<<(S + 127) / 128, 128, 0, s>>>(fed, target, draft, seq_start, state_slot, S, chain_tok, chain_a,
-                                                       round_a);
+                                                       out);
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void mtp_chain_patch(int32_t* ids, int32_t* pos, int32_t* slot_mapping, const int32_t* state_slot,
                      const int32_t* block_tables, int max_blocks, int block_size, int S, const int32_t* chain_tok,
-                     const int32_t* chain_a, bool set_ids, cudaStream_t s) {
+                     const int32_t* chain_a, cudaStream_t s) {
   if (S <= 0) return;
   chain_patch_kernel<<<(2 * S + 127) / 128, 128, 0, s>>>(ids, pos, slot_mapping, state_slot, block_tables, max_blocks,
-                                                         block_size, S, chain_tok, chain_a, set_ids ? 1 : 0);
+                                                         block_size, S, chain_tok, chain_a);
   FATHOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -302,16 +302,17 @@ void restore_linear_states_unless(float* conv_state, float* rec_state, const Sta
 // Chained MTP rounds (ModelRunner::launch_verify_draft; mtp_chain.cu). After a round of S
 // sequences (sequence i's rows seq_start[i] .. seq_start[i + 1] - 1, state slot state_slot[i]):
 // a = the leading rows whose target equals the token fed after it (the drafts accepted), then per
-// slot chain_tok = {target[r0 + a], draft[r0 + a]} and chain_a = a, and round_a[i] = a.
+// slot chain_tok = {target[r0 + a], draft[r0 + a]} and chain_a = a; `out` gets [S] the a of each
+// sequence, [T] the targets, [T] the drafts (T = seq_start[S]; one copy to the host).
 void mtp_round_outcome(const int32_t* fed, const int32_t* target, const int32_t* draft, const int32_t* seq_start,
-                       const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* round_a,
+                       const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* out,
                        cudaStream_t s);
 // A chained round's uploaded metadata (S sequences, two tokens each, planned as if the round
-// before accepted nothing) made the round's own: positions + chain_a[slot], KV slots from each
-// sequence's block table, and with `set_ids` the tokens chain_tok[slot].
+// before accepted nothing) made the round's own: the tokens chain_tok[slot], positions +
+// chain_a[slot], KV slots from each sequence's block table.
 void mtp_chain_patch(int32_t* ids, int32_t* pos, int32_t* slot_mapping, const int32_t* state_slot,
                      const int32_t* block_tables, int max_blocks, int block_size, int S, const int32_t* chain_tok,
-                     const int32_t* chain_a, bool set_ids, cudaStream_t s);
+                     const int32_t* chain_a, cudaStream_t s);
 // Causal depthwise conv (kernel kc, 2..kMaxConvKernel) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).

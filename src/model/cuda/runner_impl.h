@@ -168,15 +168,15 @@ struct CudaRunner::Impl {
 
   // Chained MTP rounds (runner_mtp_round.cpp): each state slot's last round outcome on the device
   // (chain_tok: the next round's two tokens, chain_a: the drafts it accepted), the tokens fed to
-  // the round being launched (chain_fed, T_max) and each round sequence's acceptance (round_a,
-  // max_seqs); the launched rounds' targets, drafts and acceptances in pinned memory, two sets.
+  // the round being launched (chain_fed, T_max) and the round's outputs (round_out: S accepted
+  // counts, T targets, T drafts), copied to one of two pinned buffers per launched round.
   DeviceBuffer chain_dev;
-  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_fed = nullptr, *round_a = nullptr;
-  int32_t* round_host[2] = {nullptr, nullptr};  // [T_max target][T_max draft][max_seqs accepted]
+  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_fed = nullptr, *round_out = nullptr;
+  int32_t* round_host[2] = {nullptr, nullptr};
   cudaEvent_t round_done[2] = {nullptr, nullptr};
   int round_buf = 0;
   struct LaunchedRound {
-    int buf = 0, T = 0;
+    int buf = 0, T = 0, S = 0;
     std::vector<int64_t> row_begin;
     std::vector<SequenceId> seqs;
   };
@@ -372,6 +372,16 @@ struct CudaRunner::Impl {
   // With inputs_on_device the steps' hidden rows and next tokens are not read (the caller copies
   // them into mtp_hidden and the token ids on the device after this returns).
   Plan prepare_mtp(std::span<const MtpStep> steps, bool inputs_on_device = false);
+  // The MTP step over a verify step's rows at the same positions (a fused round: the MTP layer
+  // was where the model was): that step's metadata as it is on the device, no upload and no wait
+  // for one; the caller puts the token ids and hidden rows in place.
+  Plan mtp_plan_on_verify(const Plan& verify) {
+    Plan q = verify;
+    q.graphable = verify.max_seq_tokens < kPrefillRunTokens;
+    hist_step = false;
+    return q;
+  }
+  Plan last_prepared;  // the last prepare()'s plan (its metadata on the device until the next upload)
   // After an MTP step has been launched: its hidden rows to the host (when `hidden` is given), a
   // wait for the step, and each sequence's MTP length advanced.
   void finish_mtp(std::span<const MtpStep> steps, const Plan& p, std::vector<float>* hidden) {

@@ -1,6 +1,7 @@
 // An MTP round in one launch (ModelRunner::forward_verify_draft): the verify step's graph, each
 // row's token chosen on the device (the argmax, or the device sampler over the round's sampling
-// rows), then the MTP layer's graph over the same rows, its inputs (the verify rows' hidden states
+// rows), then the MTP layer's graph over the same rows on the verify step's metadata (the same
+// positions: no second upload, no host wait for one), its inputs (the verify rows' hidden states
 // and chosen tokens) copied on the device, and one wait at the end. At batch 1 on a small model a
 // round otherwise pays a second host round trip for the draft step, as much as the MTP layer's
 // own GPU time. Greedy rounds go through launch_verify_draft / finish_verify_draft, which also
@@ -44,18 +45,15 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   launch(steps, rows, adjust, /*want_hidden=*/false, masks);
 
   VerifyDraftOutput out;
-  std::vector<MtpStep> mtp;
-  const std::vector<int32_t> unread(size_t(total), 0);  // the next tokens come from the device
   int offset = 0;
   for (const ForwardStep& st : steps) {
     out.row_begin.push_back(offset);
-    mtp.push_back(MtpStep{st.seq, {}, std::span<const int32_t>(unread.data() + offset, st.tokens.size()), true});
     offset += int(st.tokens.size());
   }
-  Impl::Plan q = m.prepare_mtp(mtp, /*inputs_on_device=*/true);
+  const Impl::Plan q = m.mtp_plan_on_verify(m.last_prepared);
   const cudaStream_t s = m.stream;
-  // After the MTP step's metadata upload: its token ids are the verify rows' choices (the token
-  // field of each sampled row), its hidden rows the verify rows' final hidden states.
+  // The MTP step's token ids are the verify rows' choices (the token field of each sampled row),
+  // its hidden rows the verify rows' final hidden states.
   const auto* first = reinterpret_cast<const char*>(m.sampling.row_out.data()) + offsetof(RowSample, token);
   FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m.dmeta.ids, sizeof(int32_t), first, sizeof(RowSample), sizeof(int32_t),
                                       size_t(total), cudaMemcpyDeviceToDevice, s));
@@ -71,7 +69,8 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
   out.top_ids = std::move(so.top_ids);
   out.top_logprobs = std::move(so.top_logprobs);
   for (size_t i = 0; i < out.samples.size(); ++i) out.target[i] = out.samples[i].token;
-  m.finish_mtp(mtp, q, nullptr);  // waits; the MTP lengths advance
+  FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));  // the drafts' copy
+  for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
   return out;
 }
 
@@ -79,15 +78,16 @@ bool CudaRunner::supports_chained_rounds() const { return impl_->w.has_mtp && !i
 
 void CudaRunner::Impl::ensure_chain_buffers() {
   if (chain_tok) return;
-  const size_t ints = size_t(3) * slots + size_t(T_max) + size_t(opt.max_seqs);
+  const size_t out_ints = size_t(opt.max_seqs) + size_t(2) * T_max;  // a round's [S][T][T] outputs
+  const size_t ints = size_t(3) * slots + size_t(T_max) + out_ints;
   chain_dev = DeviceBuffer(ints * 4);
   FATHOM_CUDA_CHECK(cudaMemsetAsync(chain_dev.data(), 0, ints * 4, stream));
   chain_tok = chain_dev.as<int32_t>();
   chain_a = chain_tok + 2 * slots;
   chain_fed = chain_a + slots;
-  round_a = chain_fed + T_max;
+  round_out = chain_fed + T_max;
   for (int b = 0; b < 2; ++b) {
-    FATHOM_CUDA_CHECK(cudaMallocHost(&round_host[b], (size_t(2) * T_max + size_t(opt.max_seqs)) * 4));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&round_host[b], out_ints * 4));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&round_done[b], cudaEventDisableTiming));
   }
 }
@@ -146,7 +146,7 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
   Impl::Plan p = m.prepare(steps);
   if (chained) {
     mtp_chain_patch(m.dmeta.ids, m.dmeta.pos, m.dmeta.slot_mapping, m.dmeta.state_slot, m.dmeta.block_tables,
-                    m.max_blocks, m.opt.block_size, p.S, m.chain_tok, m.chain_a, /*set_ids=*/true, s);
+                    m.max_blocks, m.opt.block_size, p.S, m.chain_tok, m.chain_a, s);
     // The state after the round in flight's first token where its draft was refused.
     if (m.n_linear > 0)
       restore_linear_states_unless(m.states.conv(0), m.states.rec(0), m.states.layer_history(0, nullptr), m.n_linear,
@@ -159,36 +159,29 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
 
   Impl::LaunchedRound lr;
   lr.T = total;
-  std::vector<MtpStep> mtp;
-  const std::vector<int32_t> unread(size_t(total), 0);  // the next tokens come from the device
+  lr.S = p.S;
   int offset = 0;
   for (const ForwardStep& st : steps) {
     lr.row_begin.push_back(offset);
     lr.seqs.push_back(st.seq);
-    mtp.push_back(MtpStep{st.seq, {}, std::span<const int32_t>(unread.data() + offset, st.tokens.size()), true});
     offset += int(st.tokens.size());
   }
-  Impl::Plan q = m.prepare_mtp(mtp, /*inputs_on_device=*/true);
-  if (chained)
-    mtp_chain_patch(m.dmeta.ids, m.dmeta.pos, m.dmeta.slot_mapping, m.dmeta.state_slot, m.dmeta.block_tables,
-                    m.max_blocks, m.opt.block_size, q.S, m.chain_tok, m.chain_a, /*set_ids=*/false, s);
-  // The MTP step's token ids are the verify rows' argmax (kept there: the MTP head overwrites
-  // m.argmax), its hidden rows the verify rows' final hidden states.
+  // The MTP step on the verify step's metadata: its token ids the verify rows' argmax (kept there:
+  // the MTP head overwrites m.argmax), its hidden rows the verify rows' final hidden states.
+  const Impl::Plan q = m.mtp_plan_on_verify(p);
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
                                     cudaMemcpyDeviceToDevice, s));
   m.run_mtp_step(q);
-  for (const MtpStep& st : mtp) m.seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
-  // The round's outcome per slot (the next chained round's tokens), and its outputs to the host.
-  mtp_round_outcome(m.chain_fed, m.dmeta.ids, m.act.argmax.as<int32_t>(), m.dmeta.seq_start, m.dmeta.state_slot, q.S,
-                    m.chain_tok, m.chain_a, m.round_a, s);
+  for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
+  // The round's outcome per slot (the next chained round's tokens), and its outputs (accepted
+  // counts, targets, drafts) to the host in one copy.
+  mtp_round_outcome(m.chain_fed, m.dmeta.ids, m.act.argmax.as<int32_t>(), m.dmeta.seq_start, m.dmeta.state_slot, p.S,
+                    m.chain_tok, m.chain_a, m.round_out, s);
   lr.buf = m.round_buf;
   m.round_buf ^= 1;
-  int32_t* host = m.round_host[lr.buf];
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(host, m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  FATHOM_CUDA_CHECK(
-      cudaMemcpyAsync(host + m.T_max, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(host + 2 * m.T_max, m.round_a, size_t(q.S) * 4, cudaMemcpyDeviceToHost, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.round_host[lr.buf], m.round_out, size_t(p.S + 2 * total) * 4,
+                                    cudaMemcpyDeviceToHost, s));
   FATHOM_CUDA_CHECK(cudaEventRecord(m.round_done[lr.buf], s));
   m.rounds.push_back(std::move(lr));
 }
@@ -201,16 +194,16 @@ VerifyDraftOutput CudaRunner::finish_verify_draft() {
   const Impl::LaunchedRound lr = std::move(m.rounds.front());
   m.rounds.pop_front();
   FATHOM_CUDA_CHECK(cudaEventSynchronize(m.round_done[lr.buf]));
-  const int32_t* host = m.round_host[lr.buf];
+  const int32_t* host = m.round_host[lr.buf];  // [S accepted][T targets][T drafts]
   VerifyDraftOutput out;
   out.row_begin = lr.row_begin;
-  out.target.assign(host, host + lr.T);
-  out.draft.assign(host + m.T_max, host + m.T_max + lr.T);
+  out.target.assign(host + lr.S, host + lr.S + lr.T);
+  out.draft.assign(host + lr.S + lr.T, host + lr.S + 2 * lr.T);
   for (size_t i = 0; i < lr.seqs.size(); ++i) {
     auto it = m.seqs.find(lr.seqs[i]);
     if (it == m.seqs.end() || !it->second.awaiting_outcome) continue;  // removed, or not continued
     Impl::Sequence& sq = it->second;
-    const int a = host[2 * m.T_max + int64_t(i)];
+    const int a = host[i];
     sq.length += a;
     sq.mtp_length += a;
     sq.hist_base += a;

@@ -88,6 +88,7 @@ CudaRunner::Impl::Plan CudaRunner::Impl::prepare(std::span<const ForwardStep> st
     if (fits_graph(B)) pad_to(p, B);
   }
   upload_meta(p.S);
+  last_prepared = p;
   return p;
 }
 
