@@ -2,7 +2,8 @@
 // choices come back from finish_sampled in launch order; a pending token takes the value the
 // sequence's last sampled row chose; at most two launches are in flight, and one waiting for its
 // token masks holds the next back until supply_masks; the raw rows asked for come back with the
-// choices; a pending token with no sampled row before it is refused.
+// choices; a pending token with no sampled row before it is refused, as is a chained MTP round
+// with no round before it (the rounds themselves: tests/runtime/test_engine_row_sampling.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,6 +92,21 @@ TEST(RowSamplingRunner, DeferredMasksHoldTheNextLaunch) {
   runner->launch_sampled(std::vector<ForwardStep>{{s, pending}}, std::vector<RowSampling>{RowSampling{}}, {});
   EXPECT_EQ(runner->length(s), 4);
   runner->finish_sampled();
+}
+
+// A chained round's step (two pending tokens) continues the sequence's round in flight: without
+// one it is refused before anything runs, and so is a step mixing a pending token with a known one.
+TEST(RowSamplingRunner, ChainedRoundNeedsARoundInFlight) {
+  auto runner = open_runner();
+  ASSERT_TRUE(runner) << "qwen3_dense missing";
+  const SequenceId s = runner->add_sequence();
+  const std::vector<int32_t> prompt = {5, 9, 14, 3, 7};
+  runner->forward(std::vector<ForwardStep>{{s, prompt}});
+  const std::vector<int32_t> chained = {kPendingToken, kPendingToken}, mixed = {kPendingToken, 4};
+  EXPECT_THROW(runner->launch_verify_draft(std::vector<ForwardStep>{{s, chained, true, true}}), Error);
+  EXPECT_THROW(runner->launch_verify_draft(std::vector<ForwardStep>{{s, mixed, true, true}}), Error);
+  EXPECT_EQ(runner->length(s), int64_t(prompt.size()));  // nothing ran
+  EXPECT_THROW(runner->finish_verify_draft(), Error);    // nothing in flight
 }
 
 }  // namespace
