@@ -118,9 +118,11 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
                        !m.rounds.empty() && sq.hist_base >= 0 && sq.hist_len == 2 && sq.length == sq.hist_base + 2 &&
                        sq.mtp_length == sq.length && !sq.awaiting_outcome,
                    "launch_verify_draft: sequence ", st.seq, " has no round of one draft in flight to continue");
+      m.check_step(st.seq, sq.hist_base + 2, st.tokens);  // the latest the round can sit; before any change
     } else {
       FATHOM_CHECK(sq.mtp_length == sq.length && !sq.awaiting_outcome, "launch_verify_draft: the MTP layer of sequence ",
                    st.seq, " is at ", sq.mtp_length, " tokens, the model at ", sq.length);
+      m.check_step(st.seq, sq.length, st.tokens);
     }
     total += int(st.tokens.size());
   }
@@ -131,7 +133,6 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
   if (chained) {
     for (const ForwardStep& st : steps) {
       Impl::Sequence& sq = m.seq(st.seq);
-      m.check_step(st.seq, sq.hist_base + 2, st.tokens);  // the latest the round can sit
       // As if the round in flight accepted nothing; blocks for the case it accepted its draft.
       sq.length = sq.mtp_length = sq.hist_base + 1;
       sq.awaiting_outcome = true;
