@@ -159,8 +159,13 @@ bool Engine::step_chained_round() {
 bool Engine::chain_eligible(Request& r) {
   const RequestParams& p = r.spec.params;
   const SamplingParams& sp = p.sampling;
-  if (!fused_round_eligible(r) || (!plain_greedy(r) && !runner_->chains_sampled_rounds()) || r.matcher ||
-      r.drafts.size() != 1 || !spec_ || spec_->retired(r.seq) ||
+  // Sampled rows chain only where the draft decisions cannot depend on the chain: with the
+  // adaptive length on, a chained round's budget is taken a round early, and whether a round
+  // chains depends on other requests' arrivals, so a seeded request's draws would too (greedy
+  // outputs do not depend on the drafts).
+  const bool sampled = !plain_greedy(r);
+  if (sampled && (!runner_->chains_sampled_rounds() || !spec_ || spec_->options().adaptive)) return false;
+  if (!fused_round_eligible(r) || r.matcher || r.drafts.size() != 1 || !spec_ || spec_->retired(r.seq) ||
       sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f || sp.repetition_penalty != 1.f ||
       r.num_output() + 1 < p.min_tokens)
     return false;
