@@ -136,7 +136,10 @@ bool Engine::step_chained_round() {
   InflightRound next;
   if (chain) {
     std::vector<ScheduledChunk> chunks = round_.chunks;
-    for (ScheduledChunk& c : chunks) c.num_tokens = 2;
+    for (ScheduledChunk& c : chunks) {
+      c.num_tokens = 2;
+      spec_->draft_budget(c.req->seq, 1);  // this round's, peeked at above
+    }
     next = launch_round(chunks, /*chained=*/true, StepTiming{});
   }
   finish_round(round_, next.active);
@@ -175,8 +178,8 @@ bool Engine::chain_eligible(Request& r) {
     for (int64_t at : {r.num_computed + 1, r.num_computed + 2})
       if (at % (kChainSnapshotBlocks * cfg_.block_size) == 0 && at > r.turn_snapshot_len && turn_room_for(r, at))
         return false;
-  if (!blocks_.grow(r.block_table, r.num_computed + 4)) return false;
-  return spec_->draft_budget(r.seq, 1) > 0;
+  // The round's draft budget is taken when the chain launches (once a round, as propose_drafts).
+  return spec_->peek_draft_budget(r.seq, 1) > 0 && blocks_.grow(r.block_table, r.num_computed + 4);
 }
 
 // Reads a fused round (its output kept, or the oldest launched round): each live sequence takes

@@ -38,6 +38,12 @@ class DraftLengthPolicy {
       : max_(max_drafts), adaptive_(adaptive), retire_(retire) {}
   DraftLengthState start() const { return DraftLengthState{max_}; }
 
+  // What next() would return, without taking the round.
+  int peek(const DraftLengthState& s) const {
+    if (!adaptive_) return max_;
+    return s.retired || s.skip > 0 ? 0 : s.k;
+  }
+
   // Drafts to propose this round (0: a plain round). Call once per round.
   int next(DraftLengthState& s) const {
     if (!adaptive_) return max_;

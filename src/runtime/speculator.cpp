@@ -136,6 +136,12 @@ int Speculator::draft_budget(SequenceId seq, int max_drafts) {
   return std::max(0, std::min(max_drafts, policy_.next(state(seq).length)));
 }
 
+int Speculator::peek_draft_budget(SequenceId seq, int max_drafts) const {
+  auto it = seqs_.find(seq);
+  const int k = it == seqs_.end() ? policy_.peek(policy_.start()) : policy_.peek(it->second.length);
+  return std::max(0, std::min(max_drafts, k));
+}
+
 bool Speculator::retired(SequenceId seq) const {
   auto it = seqs_.find(seq);
   return it != seqs_.end() && it->second.length.retired;

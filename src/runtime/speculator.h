@@ -66,6 +66,8 @@ class Speculator {
   // Drafts `seq` may verify this round by its adaptive length, at most max_drafts, for drafts
   // made elsewhere (a fused MTP round's); call once per round, as propose() does.
   int draft_budget(SequenceId seq, int max_drafts);
+  // What draft_budget would return, without taking the round.
+  int peek_draft_budget(SequenceId seq, int max_drafts) const;
   // Whether `seq` stopped drafting for good (its acceptance was too low).
   bool retired(SequenceId seq) const;
   // A draft made outside the drafter (a fused MTP round's row at MTP position `pos`), traced with

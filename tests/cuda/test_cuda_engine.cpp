@@ -355,6 +355,28 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
   }
 }
 
+// The CUDA engine over an MTP fixture as the fused-round tests open it: 8 sequences of up to 512
+// tokens, decode-side kernels that keep a token's bits in verify steps of any size.
+std::unique_ptr<ModelRunner> open_fused_round_engine(const char* fixture) {
+  EngineOptions eo;
+  eo.max_seqs = 8;
+  eo.max_model_len = 512;
+  eo.backends.speculative = true;
+  return open_model((fixtures_dir() / fixture).string(), "cuda", true, eo);
+}
+
+// n greedy jobs, ignoring eos: job i has a random prompt of len0 + len_step * i tokens (seed
+// seed0 + i) and max_tokens max0 + max_step * i.
+std::vector<testing::Job> random_jobs(int n, int V, int len0, int len_step, uint32_t seed0, int max0, int max_step) {
+  std::vector<testing::Job> jobs(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    jobs[size_t(i)].prompt = random_prompt(len0 + len_step * i, V, seed0 + uint32_t(i));
+    jobs[size_t(i)].params.max_tokens = max0 + max_step * i;
+    jobs[size_t(i)].params.ignore_eos = true;
+  }
+  return jobs;
+}
+
 // Fused MTP rounds with device sampling: sampled requests (temperature, top-p, top-k, logprobs, a
 // penalty) fuse too, their drafts verified by the device sampler inside the round. Greedy jobs stay
 // lossless against plain decoding; every job's output equals the unfused rounds' (the same drafts,
@@ -362,19 +384,10 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
 // of any size); sampled jobs alone run fused rounds.
 TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
   for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
-    const fs::path dir = fixtures_dir() / fixture;
-    EngineOptions eo;
-    eo.max_seqs = 8;
-    eo.max_model_len = 512;
-    eo.backends.speculative = true;
-    auto open = [&] { return open_model(dir.string(), "cuda", true, eo); };
+    auto open = [&] { return open_fused_round_engine(fixture); };
     const int V = open()->config().vocab_size;
-    std::vector<testing::Job> jobs(6);
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      jobs[i].prompt = random_prompt(6 + 9 * int(i), V, 800 + uint32_t(i));
-      jobs[i].params.max_tokens = 20 + int(i);
-      jobs[i].params.ignore_eos = true;
-      if (i < 3) continue;
+    std::vector<testing::Job> jobs = random_jobs(6, V, 6, 9, 800, 20, 1);
+    for (size_t i = 3; i < jobs.size(); ++i) {
       SamplingParams& sp = jobs[i].params.sampling;
       sp.temperature = 0.7f + 0.2f * float(i - 3);
       sp.top_p = i == 4 ? 0.9f : 1.f;
@@ -418,19 +431,9 @@ TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
 // arrivals and ends breaking chains, and a logprobs job (not chained on the GPU) among them.
 TEST(CudaSpeculative, ChainedRoundsEqualUnchainedRounds) {
   for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
-    const fs::path dir = fixtures_dir() / fixture;
-    EngineOptions eo;
-    eo.max_seqs = 8;
-    eo.max_model_len = 512;
-    eo.backends.speculative = true;
-    auto open = [&] { return open_model(dir.string(), "cuda", true, eo); };
+    auto open = [&] { return open_fused_round_engine(fixture); };
     const int V = open()->config().vocab_size;
-    std::vector<testing::Job> jobs(7);
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      jobs[i].prompt = random_prompt(4 + 11 * int(i), V, 900 + uint32_t(i));
-      jobs[i].params.max_tokens = 9 + 7 * int(i);
-      jobs[i].params.ignore_eos = true;
-    }
+    std::vector<testing::Job> jobs = random_jobs(7, V, 4, 11, 900, 9, 7);
     jobs[6].params.logprobs = 2;  // sampling rows: no chain while it runs (short, so the others chain after it)
     jobs[6].params.max_tokens = 5;
     EngineConfig cfg;
