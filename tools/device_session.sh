@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -67,6 +67,15 @@ memcheck() {
   timeout "$1" compute-sanitizer --tool memcheck --padding 4096 --error-exitcode 3 --print-limit 20 "$BIN/test_cuda" \
     --gtest_filter="$3" > "$OUT/$2_memcheck.log" 2>&1
   echo "$2 memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/$2_memcheck.log" | tail -1)"
+}
+# The held-out text's path: HELDOUT, or gzipped in .devcarry (tools/make_default_corpus.py's
+# heldout.txt, rebuilt from the Debian packages it names) or .traincarry/gz; fails without one.
+heldout_text() {
+  [ -n "${HELDOUT:-}" ] && { echo "$HELDOUT"; return 0; }
+  for gz in .devcarry/heldout.txt.gz .traincarry/gz/heldout.txt.gz; do
+    [ -f $gz ] && { gunzip -c $gz > /tmp/heldout.txt; echo /tmp/heldout.txt; return 0; }
+  done
+  return 1
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for what in "${@:-all}"; do
@@ -657,13 +666,7 @@ for what in "${@:-all}"; do
       echo "spec34 tests rc=$?"
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|rows drew|fused rounds" "$OUT/spec34_tests.log" | head -20
       memcheck 400 spec34 'CudaSpeculative.SampledFusedRoundsEqualUnfusedRounds:CudaSpeculative.ChainedRounds*:CudaSampling.CpuRowSampler*'
-      # The held-out text: HELDOUT, or gzipped in .devcarry (tools/make_default_corpus.py's
-      # heldout.txt, rebuilt from the Debian packages it names) or .traincarry/gz.
-      heldout=${HELDOUT:-}
-      for gz in .devcarry/heldout.txt.gz .traincarry/gz/heldout.txt.gz; do
-        [ -z "$heldout" ] && [ -f $gz ] && { heldout=/tmp/heldout.txt; gunzip -c $gz > "$heldout"; }
-      done
-      [ -n "$heldout" ] || { echo "spec34: no held-out text (HELDOUT), served runs skipped"; continue; }
+      heldout=$(heldout_text) || { echo "spec34: no held-out text (HELDOUT), served runs skipped"; continue; }
       timeout 520 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --modes plain mtp1 mtp1-unchained mtp1-unfused \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34.json" 2>&1 | tee "$OUT/spec34_serve.md"
@@ -671,6 +674,20 @@ for what in "${@:-all}"; do
       timeout 400 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --concurrency 16 --modes plain mtp1-auto \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
+    specab34)
+      # Issue 34: two builds' served MTP rounds side by side (SPEC_BINS, default "fathom_old
+      # fathom"; greedy, one request at a time, plain and mtp1, SPEC_PASSES passes each), the
+      # builds alternated SPEC_REPS times in one start.
+      heldout=$(heldout_text) || { echo "specab34: no held-out text (HELDOUT)"; continue; }
+      for rep in $(seq "${SPEC_REPS:-2}"); do
+        for b in ${SPEC_BINS:-fathom_old fathom}; do
+          echo "specab34 $b rep $rep"
+          timeout 300 python3 bench/spec_serve.py --fathom "$BIN/$b" --model models/fathom-tiny-moe \
+            --heldout "$heldout" --device cuda --temperatures ${SPEC_TEMPS:-0} --repeats "${SPEC_PASSES:-5}" \
+            --modes plain mtp1 --log-dir "$OUT/specab34_logs" --json-out "$OUT/specab34_${b}_$rep.json" 2>&1 \
+            | grep -E "tok/s|temperature" | tee -a "$OUT/specab34.md"
+        done
+      done ;;
     exactness)
       # Verify row against decode row at 397B widths, 1-4 layers (issue 14, item 5).
       FATHOM_EXACTNESS_CONFIG=configs/qwen3.5-397b-a17b.json timeout 300 "$BIN/test_cuda" \

@@ -167,11 +167,11 @@ struct CudaRunner::Impl {
   std::optional<SampledChunk> deferred;  // the last launch's chunk, forward queued, waiting for masks
 
   // Chained MTP rounds (runner_mtp_round.cpp): each state slot's last round outcome on the device
-  // (chain_tok: the next round's two tokens, chain_a: the drafts it accepted), the tokens fed to
-  // the round being launched (chain_fed, T_max) and the round's outputs (round_out: S accepted
-  // counts, T targets, T drafts), copied to one of two pinned buffers per launched round.
+  // (chain_tok: the next round's two tokens, chain_a: the drafts it accepted), the MTP layer's
+  // drafts of the round being launched (chain_draft, T_max) and the round's outputs (round_out: S
+  // accepted counts, T targets, T drafts), copied to one of two pinned buffers per launched round.
   DeviceBuffer chain_dev;
-  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_fed = nullptr, *round_out = nullptr;
+  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_draft = nullptr, *round_out = nullptr;
   int32_t* round_host[2] = {nullptr, nullptr};
   cudaEvent_t round_done[2] = {nullptr, nullptr};
   int round_buf = 0;
@@ -357,8 +357,8 @@ struct CudaRunner::Impl {
   void moe_block(const DevLayer& l, const Plan& p);
 
   // Final norm and lm_head over the selected rows; argmax on the device.
-  void head(const Plan& p) { head(p, w.final_norm); }
-  void head(const Plan& p, const float* norm);
+  void head(const Plan& p) { head(p, w.final_norm, act.argmax.as<int32_t>()); }
+  void head(const Plan& p, const float* norm, int32_t* argmax_out);
 
   void run(const Plan& p);
   // The step's launches through `cache`: replayed from a graph when the plan allows (decode and
@@ -366,6 +366,12 @@ struct CudaRunner::Impl {
   template <class Body>
   void replay(GraphCache& cache, const Plan& p, Body&& body);
   void run_mtp_step(const Plan& p);
+  // A greedy round's device work as one graph per (tokens, sequences, rows, chained): the chained
+  // round's patch and state restore, the verify step, the MTP step reading the verify rows'
+  // argmax and final hidden rows where they are, the outcome. No copies between them, so the
+  // kernels' programmatic launches chain across the whole round.
+  GraphCache round_graphs{/*capture_on_second_sight=*/true};
+  void run_round(const Plan& p, bool chained);
 
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
   // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.
@@ -393,8 +399,11 @@ struct CudaRunner::Impl {
     for (const MtpStep& st : steps) seq(st.seq).mtp_length += int64_t(st.next_tokens.size());
   }
 
-  // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
-  void run_mtp(const Plan& p);
+  // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head:
+  // next token ids, hidden rows and the drafts' argmax where given (default: dmeta.ids,
+  // act.mtp_hidden, act.argmax, the places the draft path uploads to).
+  void run_mtp(const Plan& p) { run_mtp(p, dmeta.ids, act.mtp_hidden.as<float>(), act.argmax.as<int32_t>()); }
+  void run_mtp(const Plan& p, const int32_t* ids, const float* hidden, int32_t* draft);
 
   // Cuts steps into forwards that fit the step limits (step_plan.h).
   template <class Fn>

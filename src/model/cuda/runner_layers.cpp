@@ -407,7 +407,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   }
 }
 
-void CudaRunner::Impl::head(const Plan& p, const float* norm) {
+void CudaRunner::Impl::head(const Plan& p, const float* norm, int32_t* argmax_out) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, V = cfg.vocab_size;
   Scope sc(profiler, "lm_head");
@@ -436,11 +436,11 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm) {
                                           act.logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
                                           size_t(Vr) * 4, size_t(p.RL), cudaMemcpyDeviceToDevice, s));
   }
-  argmax_rows(act.logits.as<float>(), act.argmax.as<int32_t>(), p.RL, V, act.argmax_scratch.data(), s);
+  argmax_rows(act.logits.as<float>(), argmax_out, p.RL, V, act.argmax_scratch.data(), s);
 }
 
 // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.
-void CudaRunner::Impl::run_mtp(const Plan& p) {
+void CudaRunner::Impl::run_mtp(const Plan& p, const int32_t* ids, const float* hidden, int32_t* draft) {
   const cudaStream_t s = stream;
   const int H = cfg.hidden_size, T = p.T;
   const float eps = float(cfg.rms_norm_eps);
@@ -448,15 +448,15 @@ void CudaRunner::Impl::run_mtp(const Plan& p) {
   float* X = act.x.as<float>();
   float* D = act.delta.as<float>();
   const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
-  embedding(dmeta.ids, w.embed, X, T, H, s);
+  embedding(ids, w.embed, X, T, H, s);
   rms_norm(X, w.mtp_norm_e, act.mtp_e.as<bf16_t>(), nullptr, T, H, eps, zc, s);
-  rms_norm(act.mtp_hidden.as<float>(), w.mtp_norm_h, act.mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
+  rms_norm(hidden, w.mtp_norm_h, act.mtp_h.as<bf16_t>(), nullptr, T, H, eps, zc, s);
   linear(w.mtp_fc_e, act.mtp_e.as<bf16_t>(), act.x.array<float>(), T, dq, s, opt.kernels);
   linear(w.mtp_fc_h, act.mtp_h.as<bf16_t>(), act.delta.array<float>(), T, dq, s, opt.kernels);
   add_inplace(X, D, int64_t(T) * H, s);
   decoder_layer(w.mtp_layer, p, /*first=*/true);  // u is the residual stream; nothing to add yet
   add_inplace(X, D, int64_t(T) * H, s);
-  head(p, w.mtp_norm);
+  head(p, w.mtp_norm, draft);
 }
 
 // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the

@@ -1,14 +1,14 @@
-// An MTP round in one launch (ModelRunner::forward_verify_draft): the verify step's graph, each
-// row's token chosen on the device (the argmax, or the device sampler over the round's sampling
-// rows), then the MTP layer's graph over the same rows on the verify step's metadata (the same
-// positions: no second upload, no host wait for one), its inputs (the verify rows' hidden states
-// and chosen tokens) copied on the device, and one wait at the end. At batch 1 on a small model a
-// round otherwise pays a second host round trip for the draft step, as much as the MTP layer's
-// own GPU time. Greedy rounds go through launch_verify_draft / finish_verify_draft, which also
-// chain: a round's outcome stays on the device per state slot (mtp_round_outcome), and a round
-// launched before it is read takes its tokens, positions and linear-attention state from there
-// (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the round
-// before it is read.
+// An MTP round in one launch (ModelRunner::forward_verify_draft): the verify step, each row's
+// token chosen on the device (the argmax, or the device sampler over the round's sampling rows),
+// then the MTP layer over the same rows on the verify step's metadata (the same positions: no
+// second upload, no host wait for one), reading the verify rows' chosen tokens and final hidden
+// states on the device, and one wait at the end. At batch 1 on a small model a round otherwise
+// pays a second host round trip for the draft step, as much as the MTP layer's own GPU time.
+// Greedy rounds go through launch_verify_draft / finish_verify_draft as one graph (run_round),
+// and chain: a round's outcome stays on the device per state slot (mtp_round_outcome), and a
+// round launched before it is read takes its tokens, positions and linear-attention state from
+// there (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the
+// round before it is read.
 #include <algorithm>
 #include <cstddef>
 
@@ -84,8 +84,8 @@ void CudaRunner::Impl::ensure_chain_buffers() {
   FATHOM_CUDA_CHECK(cudaMemsetAsync(chain_dev.data(), 0, ints * 4, stream));
   chain_tok = chain_dev.as<int32_t>();
   chain_a = chain_tok + 2 * slots;
-  chain_fed = chain_a + slots;
-  round_out = chain_fed + T_max;
+  chain_draft = chain_a + slots;
+  round_out = chain_draft + T_max;
   for (int b = 0; b < 2; ++b) {
     FATHOM_CUDA_CHECK(cudaMallocHost(&round_host[b], out_ints * 4));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&round_done[b], cudaEventDisableTiming));
@@ -144,19 +144,10 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
     }
   }
   const cudaStream_t s = m.stream;
-  Impl::Plan p = m.prepare(steps);
-  if (chained) {
-    mtp_chain_patch(m.dmeta.ids, m.dmeta.pos, m.dmeta.slot_mapping, m.dmeta.state_slot, m.dmeta.block_tables,
-                    m.max_blocks, m.opt.block_size, p.S, m.chain_tok, m.chain_a, s);
-    // The state after the round in flight's first token where its draft was refused.
-    if (m.n_linear > 0)
-      restore_linear_states_unless(m.states.conv(0), m.states.rec(0), m.states.layer_history(0, nullptr), m.n_linear,
-                                   m.slots, m.dmeta.state_slot, p.S, m.chain_a, /*entry=*/1,
-                                   m.states.conv_values(), m.states.rec_values(), s);
-  }
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.chain_fed, m.dmeta.ids, size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
-  m.run(p);  // argmax rows in m.argmax, final hidden rows in m.sel, rows in token order
+  const Impl::Plan p = m.prepare(steps);
+  m.run_round(p, chained);
   m.commit(steps);
+  for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
 
   Impl::LaunchedRound lr;
   lr.T = total;
@@ -167,24 +158,47 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
     lr.seqs.push_back(st.seq);
     offset += int(st.tokens.size());
   }
-  // The MTP step on the verify step's metadata: its token ids the verify rows' argmax (kept there:
-  // the MTP head overwrites m.argmax), its hidden rows the verify rows' final hidden states.
-  const Impl::Plan q = m.mtp_plan_on_verify(p);
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.dmeta.ids, m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToDevice, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
-                                    cudaMemcpyDeviceToDevice, s));
-  m.run_mtp_step(q);
-  for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
-  // The round's outcome per slot (the next chained round's tokens), and its outputs (accepted
-  // counts, targets, drafts) to the host in one copy.
-  mtp_round_outcome(m.chain_fed, m.dmeta.ids, m.act.argmax.as<int32_t>(), m.dmeta.seq_start, m.dmeta.state_slot, p.S,
-                    m.chain_tok, m.chain_a, m.round_out, s);
+  // The round's outputs (accepted counts, targets, drafts) to the host in one copy.
   lr.buf = m.round_buf;
   m.round_buf ^= 1;
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.round_host[lr.buf], m.round_out, size_t(p.S + 2 * total) * 4,
                                     cudaMemcpyDeviceToHost, s));
   FATHOM_CUDA_CHECK(cudaEventRecord(m.round_done[lr.buf], s));
   m.rounds.push_back(std::move(lr));
+}
+
+// The round's device work (prepare() has uploaded its metadata): a chained round's tokens,
+// positions and KV slots from the round before's outcome and the DeltaNet state after that
+// round's first token where its draft was refused; the verify step (each row's argmax in
+// act.argmax, final hidden rows in act.sel); the MTP step on the same metadata, reading those
+// two where they are (the MTP layer sits where the model was: same positions, KV slots and
+// rows), its drafts in chain_draft; then each slot's outcome and the round's outputs in
+// round_out. dmeta.ids keeps the tokens fed, which the outcome compares with the targets.
+void CudaRunner::Impl::run_round(const Plan& p, bool chained) {
+  const cudaStream_t s = stream;
+  const Plan q = mtp_plan_on_verify(p);
+  set_programmatic_launch(p.T <= kSplitTokens);
+  const bool graphable = uses_graphs() && p.graphable && q.graphable &&
+                         p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
+  const bool eager = round_graphs.run(s, GraphCache::Key{p.T, p.S, p.R, chained}, graphable, [&] {
+    if (chained) {
+      mtp_chain_patch(dmeta.ids, dmeta.pos, dmeta.slot_mapping, dmeta.state_slot, dmeta.block_tables, max_blocks,
+                      opt.block_size, p.S, chain_tok, chain_a, s);
+      if (n_linear > 0)
+        restore_linear_states_unless(states.conv(0), states.rec(0), states.layer_history(0, nullptr), n_linear, slots,
+                                     dmeta.state_slot, p.S, chain_a, /*entry=*/1, states.conv_values(),
+                                     states.rec_values(), s);
+    }
+    hist_step = true;  // the verify step records the linear-attention history (rollback)
+    run_layers(p);
+    head(p);
+    hist_step = false;
+    run_mtp(q, act.argmax.as<int32_t>(), act.sel.as<float>(), chain_draft);
+    mtp_round_outcome(dmeta.ids, act.argmax.as<int32_t>(), chain_draft, dmeta.seq_start, dmeta.state_slot, p.S,
+                      chain_tok, chain_a, round_out, s);
+  });
+  hist_step = false;
+  if (eager) collect_profile();
 }
 
 // Waits for the oldest launched round; a sequence that a chained round continues takes the
