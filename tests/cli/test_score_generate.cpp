@@ -101,6 +101,42 @@ TEST_P(CliFixture, ScoreWritesGoldenLogitsAndGenerateGoldenTokens) {
   }
 }
 
+// `score --mtp-logits-out`: the MTP layer's logits at every position (row t: the hidden state at
+// t and token t + 1) are the transformers golden's (tools/make_fixtures.py, mtp_logits_1), for the
+// fixtures with an MTP layer; one without refuses the flag by name.
+TEST(Cli, ScoreWritesGoldenMtpLogits) {
+  for (const std::string name : {"qwen35_moe", "qwen35_moe_nvfp4"}) {
+    const fs::path dir = fs::path(FATHOM_FIXTURES_DIR) / name;
+    auto golden = SafetensorsFile::open(dir / "goldens.safetensors");
+    const auto prompt = read<int32_t>(*golden, "prompt_1");
+    const auto mtp = read<float>(*golden, "mtp_logits_1");
+    const fs::path main_npy = fs::temp_directory_path() / ("fathom_score_main_" + name + ".npy");
+    const fs::path mtp_npy = fs::temp_directory_path() / ("fathom_score_mtp_" + name + ".npy");
+    int status = 0;
+    const std::string out = run("score '" + dir.string() + "' --token-ids " + join(prompt) + " --logits-out '" +
+                                    main_npy.string() + "' --mtp-logits-out '" + mtp_npy.string() +
+                                    "' --prefill-chunk 7 2>&1",
+                                &status);
+    ASSERT_EQ(status, 0) << out;
+    NpyArray a = read_npy_f32(mtp_npy);
+    fs::remove(main_npy);
+    fs::remove(mtp_npy);
+    ASSERT_EQ(a.shape.size(), 2u);
+    EXPECT_EQ(a.shape[0], int64_t(prompt.size()) - 1);
+    ASSERT_EQ(a.data.size(), mtp.size());
+    auto [mn, mx] = std::minmax_element(mtp.begin(), mtp.end());
+    double err = 0;
+    for (size_t i = 0; i < mtp.size(); ++i) err = std::max(err, double(std::fabs(a.data[i] - mtp[i])));
+    EXPECT_LT(err / double(*mx - *mn), 1e-3) << name;
+  }
+  int status = 0;
+  const std::string out = run("score '" + (fs::path(FATHOM_FIXTURES_DIR) / "qwen3_dense").string() +
+                                  "' --token-ids 1,2,3 --logits-out /tmp/x.npy --mtp-logits-out /tmp/y.npy 2>&1",
+                              &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--mtp-logits-out"), std::string::npos) << out;
+}
+
 TEST(Cli, BadInputsGiveOneLineErrors) {
   int status = 0;
   std::string out = run("generate /nonexistent/model --token-ids 1,2 2>&1", &status);
