@@ -306,32 +306,35 @@ for what in "${@:-all}"; do
       # room alone (the default 2 GB) evicts. Host tier at its default size (-1) and off (0): first
       # a decode-only load on the empty cache, where nothing moves (the tier's counters read before
       # and after it): its step time; then the conversations, TTFT by turn. HOST_BENCH picks the
-      # servers.
+      # servers' tiers, HOST_BINS their binaries (each tier with each binary).
       [ -f /tmp/q35/config.json ] || python3 tools/make_synthetic_checkpoint.py configs/qwen3.5-35b-a3b.json /tmp/q35 \
         --format nvfp4 --jobs 12 2>&1 | tail -1
       moves() {
         python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18650/metrics').read().decode())" \
           | grep -E "^fathom:(prefix_cache_(offloaded|onloaded)|external_prefix_cache_hits)" | sed 's/{[^}]*}//' | tr '\n' ' '
       }
+      for b in ${HOST_BINS:-fathom}; do
       for tier in ${HOST_BENCH-"-1" 0}; do
-        "$BIN/fathom" serve /tmp/q35 --device cuda --skip-tokenizer-init --max-model-len 16384 --port 18650 \
-          --prefix-cache-host-gb "$tier" > "$OUT/host37_serve_$tier.log" 2>&1 &
+        tag=${b}_$tier
+        "$BIN/$b" serve /tmp/q35 --device cuda --skip-tokenizer-init --max-model-len 16384 --port 18650 \
+          --prefix-cache-host-gb "$tier" > "$OUT/host37_serve_$tag.log" 2>&1 &
         SRV=$!
-        wait_healthy 18650 $SRV || { tail -5 "$OUT/host37_serve_$tier.log"; continue; }
+        wait_healthy 18650 $SRV || { tail -5 "$OUT/host37_serve_$tag.log"; continue; }
         # First, on the empty cache: the requests' end snapshots (16 of ~78 MB) fit the device room
         # (19 snapshots, 43,753 tokens), so nothing moves.
-        echo "tier $tier before decode: $(moves)"
+        echo "$tag before decode: $(moves)"
         timeout 200 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --input-len 64 --output-len 512 \
           --concurrency 1,8 --num-prompts 8 --vocab-size 248320 --no-progress 2>&1 \
-          | tee "$OUT/host37_decode_$tier.log" | grep -E "concurrency|Median TPOT|Median ITL" | sed "s/^/tier $tier: /"
-        echo "tier $tier after decode: $(moves)"
+          | tee "$OUT/host37_decode_$tag.log" | grep -E "concurrency|Median TPOT|Median ITL" | sed "s/^/$tag: /"
+        echo "$tag after decode: $(moves)"
         timeout 400 "$BIN/fathom" bench serve --url http://127.0.0.1:18650 --dataset-name multi-turn --num-turns 8 \
           --input-len 896 --output-len 128 --concurrency 4 --max-active-conversations 32 --num-prompts 256 \
-          --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/host37_multiturn_$tier.log" \
-          | grep -E "Median TTFT|hit rate|from the|Output token throughput|duration|Failed"
-        moves > "$OUT/host37_metrics_$tier.log"
+          --vocab-size 248320 --no-progress 2>&1 | tee "$OUT/host37_multiturn_$tag.log" \
+          | grep -E "Median TTFT|hit rate|from the|Output token throughput|duration|Failed" | sed "s/^/$tag: /"
+        echo "$tag after conversations: $(moves)"
         kill $SRV; wait $SRV 2>/dev/null
-        grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tier.log" | head -6
+        grep -E "host tier|prefix cach|KV cache|rror" "$OUT/host37_serve_$tag.log" | head -6
+      done
       done ;;
     ncu32)
       # Issue 32: every kernel of one decode step alone (Nsight Compute, clocks and caches left
