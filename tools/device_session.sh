@@ -311,7 +311,7 @@ for what in "${@:-all}"; do
         --format nvfp4 --jobs 12 2>&1 | tail -1
       moves() {
         python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18650/metrics').read().decode())" \
-          | grep -E "^fathom:(prefix_cache_(offloaded|onloaded)|external_prefix_cache_hits)" | sed 's/{[^}]*}//' | tr '\n' ' '
+          | grep -E "^fathom:(prefix_cache_(off|on)load|external_prefix_cache_hits)" | sed 's/{[^}]*}//' | tr '\n' ' '
       }
       for b in ${HOST_BINS:-fathom}; do
       for tier in ${HOST_BENCH-"-1" 0}; do

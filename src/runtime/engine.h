@@ -107,6 +107,9 @@ struct EngineMetrics {
   // The host tier: prompt tokens looked up there / found there (vLLM's external_prefix_cache_*),
   // snapshots moved down (evicted from the device) and back up (hits).
   uint64_t prefix_host_queries = 0, prefix_host_hits = 0, prefix_offloads = 0, prefix_onloads = 0;
+  // The engine thread's time inside the runner's moves (down / up, refused ones included): what a
+  // move holds the next step back on the host.
+  double prefix_offload_seconds = 0, prefix_onload_seconds = 0;
 };
 
 // Whether fused greedy MTP rounds may run (FATHOM_FUSED_MTP=0: never; engine_mtp_round.cpp).

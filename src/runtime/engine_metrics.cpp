@@ -83,6 +83,10 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " counter\n"
        << prefix << name << "{" << labels << "} " << v << "\n";
   };
+  auto seconds_counter = [&](const std::string& name, const std::string& help, double v) {
+    os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " counter\n"
+       << prefix << name << "{" << labels << "} " << fmt_double(v) << "\n";
+  };
   os << render_load_gauges(prefix, model_name);
   const Stats s = stats();
   gauge("kv_cache_blocks_total", "KV-cache blocks (16 tokens each).", double(s.kv_blocks_total));
@@ -106,6 +110,12 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     counter("prefix_cache_offloaded_snapshots_total", "Snapshots moved from the device to the host tier on eviction.",
             metrics_.prefix_offloads);
     counter("prefix_cache_onloaded_snapshots_total", "Snapshots moved back from the host tier on a hit.", metrics_.prefix_onloads);
+    seconds_counter("prefix_cache_offload_host_seconds_total",
+            "Seconds the engine thread spent in moves to the host tier (refused ones included).",
+            metrics_.prefix_offload_seconds);
+    seconds_counter("prefix_cache_onload_host_seconds_total",
+            "Seconds the engine thread spent in moves back from the host tier (refused ones included).",
+            metrics_.prefix_onload_seconds);
     gauge("prefix_cache_host_bytes", "Bytes of prefix snapshots held in the host tier.", double(stat_prefix_host_bytes_.load()));
   }
   os << "# HELP " << prefix << "request_errors_total Sequences ended by an error, by where it was raised.\n"

@@ -298,10 +298,20 @@ PrefixCache::Removed Engine::onload(const PrefixCache::Hit& host_hit) {
   PrefixCache::Removed e = host_cache_->take(host_hit);  // out of the host cache: no eviction below can drop it
   if (!e.snapshot) return e;
   const int64_t host = e.snapshot;
-  if (const int64_t snap = with_snapshot_room([&] { return runner_->move_snapshot_from_host(host); })) {
-    e.snapshot = snap;
+  double seconds = 0;
+  const int64_t snap = with_snapshot_room([&] {
+    const auto t0 = Clock::now();
+    const int64_t s = runner_->move_snapshot_from_host(host);
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    return s;
+  });
+  {
     std::lock_guard<std::mutex> l(metrics_mu_);
-    ++metrics_.prefix_onloads;
+    metrics_.prefix_onload_seconds += seconds;
+    metrics_.prefix_onloads += snap ? 1 : 0;
+  }
+  if (snap) {
+    e.snapshot = snap;
     return e;
   }
   for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host)) runner_->drop_host_snapshot(h.snapshot);
@@ -319,14 +329,17 @@ void Engine::retire_turn_snapshot(Request& r) {
 
 void Engine::spill(std::vector<PrefixCache::Removed> removed) {
   for (PrefixCache::Removed& e : removed) {
-    const int64_t host = host_cache_ && !e.duplicate ? runner_->move_snapshot_to_host(e.snapshot) : 0;
+    int64_t host = 0;
+    if (host_cache_ && !e.duplicate) {
+      const auto t0 = Clock::now();
+      host = runner_->move_snapshot_to_host(e.snapshot);
+      std::lock_guard<std::mutex> l(metrics_mu_);
+      metrics_.prefix_offload_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      metrics_.prefix_offloads += host ? 1 : 0;
+    }
     if (!host) {
       runner_->drop_snapshot(e.snapshot);
       continue;
-    }
-    {
-      std::lock_guard<std::mutex> l(metrics_mu_);
-      ++metrics_.prefix_offloads;
     }
     for (const PrefixCache::Removed& h : host_cache_->insert(std::move(e), host))
       runner_->drop_host_snapshot(h.snapshot);

@@ -94,6 +94,10 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
   EXPECT_GT(metric(tier_m, "fathom:external_prefix_cache_hits_total"), 0) << what;
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_host_bytes"), 0) << what;
+  // The moves' time on the engine thread: counted where moves ran (each copies a snapshot).
+  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_offload_host_seconds_total"), 0) << what;
+  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onload_host_seconds_total"), 0) << what;
+  EXPECT_EQ(tiny_m.find("prefix_cache_offload_host_seconds_total"), std::string::npos) << what << ": no tier";
 }
 
 // The room bounded in the runner, as on the GPU (two snapshots at once), the cache's bytes not:
