@@ -15,8 +15,9 @@ Modes: plain; mtp1 (one draft a round, fused rounds on greedy steps); mtp1-unfus
 FATHOM_FUSED_MTP=0: a draft step and a verify step a round); mtp1-unchained (fused rounds, each
 read before the next is launched: FATHOM_CHAINED_ROUNDS=0); mtp1-limit2 (mtp1 with
 --speculative-disable-by-batch-size 2: overlapped plain steps from two decoding sequences on);
-mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h);
-mtp2, mtp3.
+mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h); mtp1-off (the MTP
+layer loaded and the speculator on, drafting off at any batch: --speculative-disable-by-batch-size
+1, what MTP costs a server that never drafts); mtp2, mtp3.
 
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
                      [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]
@@ -50,6 +51,9 @@ MODES = {
     # The same with the limit chosen from measured rates.
     "mtp1-auto": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
                    "--speculative-disable-by-batch-size", "auto"], {}),
+    # Loaded, never drafting: what the MTP configuration costs by itself.
+    "mtp1-off": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
+                  "--speculative-disable-by-batch-size", "1"], {}),
     "mtp2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "2", "--no-speculative-adaptive"], {}),
     "mtp3": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "3", "--no-speculative-adaptive"], {}),
 }
