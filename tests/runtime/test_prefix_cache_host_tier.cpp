@@ -94,9 +94,11 @@ void host_tier_check(const std::function<std::unique_ptr<ModelRunner>()>& runner
   EXPECT_GT(metric(tier_m, "fathom:external_prefix_cache_hits_total"), 0) << what;
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onloaded_snapshots_total"), 0) << what;
   EXPECT_GT(metric(tier_m, "fathom:prefix_cache_host_bytes"), 0) << what;
-  // The moves' time on the engine thread: counted where moves ran (each copies a snapshot).
-  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_offload_host_seconds_total"), 0) << what;
-  EXPECT_GT(metric(tier_m, "fathom:prefix_cache_onload_host_seconds_total"), 0) << what;
+  // The moves' time on the engine thread is reported with a tier (metric() gives -1 for a missing
+  // one; a CPU move only changes the map holding the snapshot, so its time may round to nothing),
+  // and not without one.
+  EXPECT_GE(metric(tier_m, "fathom:prefix_cache_offload_host_seconds_total"), 0) << what;
+  EXPECT_GE(metric(tier_m, "fathom:prefix_cache_onload_host_seconds_total"), 0) << what;
   EXPECT_EQ(tiny_m.find("prefix_cache_offload_host_seconds_total"), std::string::npos) << what << ": no tier";
 }
 
