@@ -37,7 +37,7 @@ void run_score(const ScoreArgs& a) {
     step.all_hidden = mtp;
     ForwardOutput out = runner->forward(std::span<const ForwardStep>(&step, 1));
     logits.insert(logits.end(), out.logits.begin(), out.logits.end());
-    hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
+    if (mtp) hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());  // the MTP layer's input
   }
   if (mtp && ids.size() > 1) {
     // MTP row t: the hidden state at t and token t + 1 in, a distribution over token t + 2 out
