@@ -67,7 +67,12 @@ int64_t prefix_cache_host_bytes(const ServeOptions& o, const ModelRunner& runner
   }
   FATHOM_CHECK(o.prefix_cache_host_gb == 0 || runner.supports_host_snapshots(), "--prefix-cache-host-gb: the ",
                runner.device_name(), " engine keeps no prefix snapshots in host memory (no host tier yet)");
-  return int64_t(o.prefix_cache_host_gb * double(int64_t(1) << 30));
+  const int64_t bytes = int64_t(o.prefix_cache_host_gb * double(int64_t(1) << 30));
+  // The GPU engine pins its whole tier at start-up; past what the host has, that is the OOM killer.
+  const int64_t available = available_host_memory();
+  FATHOM_CHECK(available <= 0 || bytes <= available, "--prefix-cache-host-gb ", o.prefix_cache_host_gb,
+               " is more than the host memory available (", available >> 20, " MB)");
+  return bytes;
 }
 
 HttpServerOptions http_options(const ServeOptions& o,

@@ -1,6 +1,7 @@
 // --prefix-cache-host-gb resolved for a runner (issue 37): none by default on the CPU engine (its
 // snapshots are host memory already), the size asked for where the runner can move snapshots,
-// nothing with prefix caching off, and a clear error for what is not a size.
+// nothing with prefix caching off, and a clear error for what is not a size or is more than the
+// host has available.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +25,8 @@ TEST(ServeOptions, PrefixCacheHostTierSize) {
   o.engine.enable_prefix_caching = false;
   EXPECT_EQ(prefix_cache_host_bytes(o, *runner), 0);
   o.engine.enable_prefix_caching = true;
-  for (double bad : {std::nan(""), 1e9, double(INFINITY)}) {
+  // 1e9: not a size; 1e6 GB (a petabyte): a size no host has available.
+  for (double bad : {std::nan(""), 1e9, double(INFINITY), 1e6}) {
     o.prefix_cache_host_gb = bad;
     try {
       prefix_cache_host_bytes(o, *runner);

@@ -1,9 +1,13 @@
 #include "model/cuda/host_snapshot_pool.h"
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -11,47 +15,74 @@
 namespace fathom::cuda {
 
 namespace {
-constexpr int64_t kChunkBytes = int64_t(256) << 20;
+constexpr int64_t kHugePage = int64_t(2) << 20;
+constexpr int64_t kRegisterBytes = int64_t(1) << 30;  // registered a chunk at a time: a refusal keeps the rest
+
+// Touches every page of [p, p + bytes) on several threads: faulting in and zeroing is most of
+// what pinning costs, and the kernel does it on the faulting thread.
+void fault_in(char* p, int64_t bytes) {
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+  const int64_t slice = (bytes / threads + kHugePage - 1) / kHugePage * kHugePage;
+  std::vector<std::thread> pool;
+  for (int64_t at = 0; at < bytes; at += slice)
+    pool.emplace_back([p, at, n = std::min(slice, bytes - at)] { std::memset(p + at, 0, size_t(n)); });
+  for (std::thread& t : pool) t.join();
 }
+}  // namespace
 
 HostSnapshotPool::~HostSnapshotPool() {
-  for (char* c : chunks_) cudaFreeHost(c);
+  for (int64_t at = 0; at < pinned_; at += kRegisterBytes) cudaHostUnregister(base_ + at);
+  if (base_) munmap(base_, size_t(mapped_));
 }
 
 void HostSnapshotPool::configure(int64_t page_bytes, int64_t state_bytes, int64_t budget_bytes) {
   FATHOM_CHECK(page_bytes > 0 && page_bytes % 16 == 0 && state_bytes >= 0 && state_bytes % 16 == 0,
                "host snapshot pool: pages of ", page_bytes, " bytes and states of ", state_bytes,
                " bytes are not whole 16-byte vectors");
-  FATHOM_CHECK(chunks_.empty(), "host snapshot pool: configured twice");
+  FATHOM_CHECK(!base_, "host snapshot pool: configured twice");
   page_bytes_ = page_bytes;
   state_bytes_ = state_bytes;
-  budget_ = std::max<int64_t>(0, budget_bytes);
+  const int64_t budget = (std::max<int64_t>(0, budget_bytes) + kHugePage - 1) / kHugePage * kHugePage;
+  if (budget == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  void* p = mmap(nullptr, size_t(budget), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  FATHOM_CHECK(p != MAP_FAILED, "--prefix-cache-host-gb: could not map ", budget >> 20, " MB of host memory");
+  base_ = static_cast<char*>(p);
+  mapped_ = budget;
+  madvise(base_, size_t(budget), MADV_HUGEPAGE);  // fewer faults and page-table entries; a hint
+  fault_in(base_, budget);
+  const auto t1 = std::chrono::steady_clock::now();
+  while (pinned_ < budget) {
+    const int64_t n = std::min(kRegisterBytes, budget - pinned_);
+    // Mapped: the copy kernels address it with its host pointer (unified addressing).
+    if (cudaHostRegister(base_ + pinned_, size_t(n), cudaHostRegisterMapped | cudaHostRegisterPortable) !=
+        cudaSuccess) {
+      cudaGetLastError();  // not sticky: the tier is what was pinned so far
+      std::fprintf(stderr, "fathom: prefix cache host tier: could not pin past %lld MB of %lld\n",
+                   (long long)(pinned_ >> 20), (long long)(budget >> 20));
+      break;
+    }
+    void* dev = nullptr;
+    FATHOM_CUDA_CHECK(cudaHostGetDevicePointer(&dev, base_ + pinned_, 0));
+    FATHOM_CHECK(dev == base_ + pinned_, "host snapshot pool: pinned memory is not at the same address on the device");
+    pinned_ += n;
+  }
+  if (pinned_ < mapped_) {  // the unpinned tail goes back to the system
+    munmap(base_ + pinned_, size_t(mapped_ - pinned_));
+    mapped_ = pinned_;
+    if (pinned_ == 0) base_ = nullptr;
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  using Seconds = std::chrono::duration<double>;
+  std::fprintf(stderr, "fathom: prefix cache host tier: %lld MB pinned in %.1f s (faulted in %.1f s, registered %.1f s)\n",
+               (long long)(pinned_ >> 20), Seconds(t2 - t0).count(), Seconds(t1 - t0).count(),
+               Seconds(t2 - t1).count());
 }
 
 char* HostSnapshotPool::carve(int64_t bytes) {
-  if (tail_left_ < bytes) {
-    if (pinned_ >= budget_) return nullptr;
-    const int64_t chunk = std::max(bytes, std::min(kChunkBytes, budget_ - pinned_));
-    void* p = nullptr;
-    // Mapped: the copy kernels address it with its host pointer (unified addressing).
-    if (cudaHostAlloc(&p, size_t(chunk), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: the tier stops growing, and moves past it are refused
-      std::fprintf(stderr, "fathom: prefix cache host tier: could not pin %lld MB more; it stays at %lld MB\n",
-                   (long long)(chunk >> 20), (long long)(pinned_ >> 20));
-      budget_ = pinned_;
-      return nullptr;
-    }
-    void* dev = nullptr;
-    FATHOM_CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
-    FATHOM_CHECK(dev == p, "host snapshot pool: pinned memory is not at the same address on the device");
-    chunks_.push_back(static_cast<char*>(p));
-    pinned_ += chunk;
-    tail_ = static_cast<char*>(p);
-    tail_left_ = chunk;  // what was left of the last chunk stays unused
-  }
-  char* piece = tail_;
-  tail_ += bytes;
-  tail_left_ -= bytes;
+  if (pinned_ - used_ < bytes) return nullptr;
+  char* piece = base_ + used_;
+  used_ += bytes;
   return piece;
 }
 
