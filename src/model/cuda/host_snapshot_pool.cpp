@@ -31,7 +31,7 @@ void fault_in(char* p, int64_t bytes) {
 }  // namespace
 
 HostSnapshotPool::~HostSnapshotPool() {
-  for (int64_t at = 0; at < pinned_; at += kRegisterBytes) cudaHostUnregister(base_ + at);
+  for (int64_t at = 0; at < pinned_; at += chunk_) cudaHostUnregister(base_ + at);
   if (base_) munmap(base_, size_t(mapped_));
 }
 
@@ -42,24 +42,29 @@ void HostSnapshotPool::configure(int64_t page_bytes, int64_t state_bytes, int64_
   FATHOM_CHECK(!base_, "host snapshot pool: configured twice");
   page_bytes_ = page_bytes;
   state_bytes_ = state_bytes;
-  const int64_t budget = (std::max<int64_t>(0, budget_bytes) + kHugePage - 1) / kHugePage * kHugePage;
+  const int64_t budget = std::max<int64_t>(0, budget_bytes);
   if (budget == 0) return;
+  // A copy (cudaMemcpy2DAsync of the states) may not span two registrations: pieces stay inside
+  // one, and one registration holds the largest piece.
+  const auto huge = [](int64_t n) { return (n + kHugePage - 1) / kHugePage * kHugePage; };
+  chunk_ = huge(std::max({kRegisterBytes, page_bytes, state_bytes}));
+  const int64_t mapped = huge(budget);
   const auto t0 = std::chrono::steady_clock::now();
-  void* p = mmap(nullptr, size_t(budget), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  FATHOM_CHECK(p != MAP_FAILED, "--prefix-cache-host-gb: could not map ", budget >> 20, " MB of host memory");
+  void* p = mmap(nullptr, size_t(mapped), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  FATHOM_CHECK(p != MAP_FAILED, "--prefix-cache-host-gb: could not map ", mapped >> 20, " MB of host memory");
   base_ = static_cast<char*>(p);
-  mapped_ = budget;
-  madvise(base_, size_t(budget), MADV_HUGEPAGE);  // fewer faults and page-table entries; a hint
-  fault_in(base_, budget);
+  mapped_ = mapped;
+  madvise(base_, size_t(mapped), MADV_HUGEPAGE);  // fewer faults and page-table entries; a hint
+  fault_in(base_, mapped);
   const auto t1 = std::chrono::steady_clock::now();
-  while (pinned_ < budget) {
-    const int64_t n = std::min(kRegisterBytes, budget - pinned_);
+  while (pinned_ < mapped) {
+    const int64_t n = std::min(chunk_, mapped - pinned_);
     // Mapped: the copy kernels address it with its host pointer (unified addressing).
     if (cudaHostRegister(base_ + pinned_, size_t(n), cudaHostRegisterMapped | cudaHostRegisterPortable) !=
         cudaSuccess) {
       cudaGetLastError();  // not sticky: the tier is what was pinned so far
       std::fprintf(stderr, "fathom: prefix cache host tier: could not pin past %lld MB of %lld\n",
-                   (long long)(pinned_ >> 20), (long long)(budget >> 20));
+                   (long long)(pinned_ >> 20), (long long)(mapped >> 20));
       break;
     }
     void* dev = nullptr;
@@ -67,6 +72,7 @@ void HostSnapshotPool::configure(int64_t page_bytes, int64_t state_bytes, int64_
     FATHOM_CHECK(dev == base_ + pinned_, "host snapshot pool: pinned memory is not at the same address on the device");
     pinned_ += n;
   }
+  usable_ = std::min(budget, pinned_);
   if (pinned_ < mapped_) {  // the unpinned tail goes back to the system
     munmap(base_ + pinned_, size_t(mapped_ - pinned_));
     mapped_ = pinned_;
@@ -80,10 +86,11 @@ void HostSnapshotPool::configure(int64_t page_bytes, int64_t state_bytes, int64_
 }
 
 char* HostSnapshotPool::carve(int64_t bytes) {
-  if (pinned_ - used_ < bytes) return nullptr;
-  char* piece = base_ + used_;
-  used_ += bytes;
-  return piece;
+  int64_t at = used_;
+  if (at / chunk_ != (at + bytes - 1) / chunk_) at = (at / chunk_ + 1) * chunk_;  // the next registration
+  if (at + bytes > usable_) return nullptr;
+  used_ = at + bytes;
+  return base_ + at;
 }
 
 bool HostSnapshotPool::take(size_t pages, std::vector<char*>& page_out, char*& state_out) {

@@ -39,6 +39,8 @@ class HostSnapshotPool {
   int64_t page_bytes_ = 0, state_bytes_ = 0, pinned_ = 0;
   char* base_ = nullptr;     // the mapping: mapped_ bytes, the first pinned_ of them registered
   int64_t mapped_ = 0;
+  int64_t chunk_ = 0;        // bytes registered at a time; no piece straddles two registrations
+  int64_t usable_ = 0;       // the budget, or what was pinned of it
   int64_t used_ = 0;         // bytes carved from the start of the pinned part
   std::vector<char*> free_pages_, free_states_;
 };
