@@ -413,7 +413,7 @@ for what in "${@:-all}"; do
       done ;;
     promptends37)
       # Issue 37 on the device-sampling path: the new GPU tests (memcheck on the kept rows), then
-      # `fathom serve` on the 35B (dummy) with prompt ends off and on (FATHOM_DEVICE_PROMPT_ENDS=1)
+      # `fathom serve` on the 35B (dummy) with prompt ends off (FATHOM_DEVICE_PROMPT_ENDS=0) and on
       # alternated PROMPTENDS_REPS times (default 3) at concurrency 64 with unshared 512-token
       # prompts: every prompt end a snapshot nobody reuses, the case that costs most.
       FATHOM_FIXTURES_DIR=$PWD/tests/fixtures timeout 200 "$BIN/test_cuda" --gtest_filter='CudaPromptEnds.*' \

@@ -324,7 +324,7 @@ class Engine {
   std::unique_ptr<PrefixCache> host_cache_;  // the host tier's entries (EngineConfig::prefix_cache_host_bytes)
   // Snapshots where prompts end, with their last row's logits on the host: host sampling has them;
   // with device sampling, runners that return kept rows (RowSampling::keep_logits: the CPU
-  // engine's RowSamplingRunner; the CUDA runner with FATHOM_DEVICE_PROMPT_ENDS=1).
+  // engine's RowSamplingRunner; the CUDA runner unless FATHOM_DEVICE_PROMPT_ENDS=0).
   bool prompt_end_snapshots_ = false;
   struct EndedAtAdmission {
     Request* req;

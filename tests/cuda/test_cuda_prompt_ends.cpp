@@ -64,8 +64,8 @@ TEST(CudaPromptEnds, KeptRowsAreTheRawLogits) {
 }
 
 // Exact repeats of short and long prompts, greedy and seeded, arriving while the first ones decode:
-// outputs equal to the engine's without caching, and tokens served from the cache (with
-// FATHOM_DEVICE_PROMPT_ENDS=1, which the test sets).
+// outputs equal to the engine's without caching, and tokens served from the cache (the default:
+// the test clears FATHOM_DEVICE_PROMPT_ENDS, which turns them off at 0).
 TEST(CudaPromptEnds, ExactRepeatsHitUnderDeviceSampling) {
   const fs::path dir = fixtures_dir() / "qwen35_moe";
   ASSERT_TRUE(fs::exists(dir / "config.json")) << dir;
@@ -75,10 +75,10 @@ TEST(CudaPromptEnds, ExactRepeatsHitUnderDeviceSampling) {
   eo.prefix_cache_mb = 64;  // room for snapshots (none by default on the GPU: no prefix cache at all)
   eo.num_kv_blocks = 512;
   auto open = [&] { return open_model(dir.string(), "cuda", false, eo); };
-  // Opt-in on the GPU for now (read when an engine is built); restored at the end.
+  // Read when an engine is built; restored at the end.
   const char* before = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
   const std::string saved = before ? before : "";
-  setenv("FATHOM_DEVICE_PROMPT_ENDS", "1", 1);
+  unsetenv("FATHOM_DEVICE_PROMPT_ENDS");
   struct Restore {
     bool had;
     std::string value;

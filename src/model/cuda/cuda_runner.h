@@ -119,7 +119,7 @@ class CudaRunner final : public ModelRunner {
                       bool defer_masks = false) override;
   int64_t deferred_mask_tokens() const override;
   // Prompt ends under device sampling (issue 37): kept rows are always returned; the engine is told
-  // so (and snapshots prompt ends) with FATHOM_DEVICE_PROMPT_ENDS=1.
+  // so (and snapshots prompt ends) unless FATHOM_DEVICE_PROMPT_ENDS=0.
   bool returns_kept_logits() const override;
   bool supports_fused_mtp_round() const override;
   VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},

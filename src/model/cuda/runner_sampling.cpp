@@ -215,11 +215,13 @@ void CudaRunner::Impl::sample_chunk(LaunchedStep& ls, SampledChunk c, std::span<
   ls.chunk = std::move(c);
 }
 
-// Off by default until their cost beside a concurrency-64 load of unshared prompts is measured
-// with repeats (docs/perf.md, stop 59); read when an engine is built.
+// On by default since the host tier pins its memory at start-up: a snapshot per unshared prompt
+// cost 8-10% of a concurrency-64 load while its moves down pinned memory, 0.7-1.0% since
+// (docs/perf.md, stop 62). FATHOM_DEVICE_PROMPT_ENDS=0 turns them off (for measurements); read
+// when an engine is built.
 bool CudaRunner::returns_kept_logits() const {
   const char* v = std::getenv("FATHOM_DEVICE_PROMPT_ENDS");
-  return v && std::string_view(v) == "1";
+  return !(v && std::string_view(v) == "0");
 }
 
 // One forward chunk at most: the engine's token budget (the runner's chunk size).
