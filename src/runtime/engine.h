@@ -279,6 +279,9 @@ class Engine {
   // The state where r's prompt ends, with its last row's logits and hidden state (null without
   // MTP), into the cache.
   void snapshot_prompt_end(Request& r, const float* logits, const float* hidden);
+  // A request that drafts no more (spec_off or retired): snapshotted without MTP state.
+  bool drafts_no_more(const Request& r) const;
+  bool mtp_state_behind(const Request& r, const PrefixCache::Hit& hit) const;
   // A snapshot saved at r's prompt end (`snap`), into the cache with that row's logits.
   void cache_prompt_end(Request& r, int64_t snap, const float* logits, const float* hidden);
   // Whether the row ending r's prompt (r has no output yet) is to be cached as a prompt end: its

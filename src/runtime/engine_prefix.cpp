@@ -17,7 +17,11 @@
 // With a host tier (--prefix-cache-host-gb) what the cache evicts moves to host memory and comes
 // back on a hit (spill, onload).
 // With MTP the draft layer catches up first, so a snapshot holds the MTP layer's KV for the same
-// positions as the main model's (a prompt end's: all but the last, whose row it keeps).
+// positions as the main model's (a prompt end's: all but the last, whose row it keeps). A request
+// that drafts no more (spec_off: it ran an overlapped step, past the batch limit; or retired) has
+// no MTP state to keep, and is snapshotted without it: under load, where drafting is off, MTP
+// must not cost the cache its hits. A request that starts from such an entry drafts no more either
+// (mtp_state_behind).
 #include <algorithm>
 
 #include "runtime/engine.h"
@@ -31,16 +35,10 @@ bool Engine::admit(Request& r) {
   // preempted request comes back with its output), so the hashes of whole blocks stay valid.
   if (const size_t blocks = size_t((len - 1) / B); r.block_hashes.size() != blocks)
     r.block_hashes = prefix_cache_->block_hashes({r.tokens.data(), blocks * size_t(B)});
-  // A prompt end without the MTP layer's row cannot start a drafting sequence (an engine's entries
-  // all have it or none do; this only guards).
-  auto usable = [&](PrefixCache::Hit h) {
-    return h.end && spec_ && spec_->needs_hidden() && h.end->hidden.empty() ? PrefixCache::Hit{} : h;
-  };
-  PrefixCache::Hit hit = usable(prefix_cache_->find(r.block_hashes, r.tokens));
+  PrefixCache::Hit hit = prefix_cache_->find(r.block_hashes, r.tokens);
   PrefixCache::Hit host_hit;  // a longer prefix in the host tier
   if (host_cache_)
-    if (const PrefixCache::Hit h = usable(host_cache_->find(r.block_hashes, r.tokens)); h.length > hit.length)
-      host_hit = h;
+    if (const PrefixCache::Hit h = host_cache_->find(r.block_hashes, r.tokens); h.length > hit.length) host_hit = h;
   if (wait_for_shared_prefill(r, std::max(hit.length, host_hit.length))) return false;
   r.prefix_lookups = r.num_preemptions + 1;
   PrefixCache::Removed onloaded;
@@ -70,6 +68,7 @@ bool Engine::admit(Request& r) {
     }
     r.num_computed = hit.length;
     if (r.num_preemptions == 0) r.num_cached = hit.length;
+    if (mtp_state_behind(r, hit)) r.spec_off = true;
     observe_queue(r);
     if (hit.end && !resume_at_prompt_end(r, *hit.end, hit.length)) return false;
   }
@@ -78,7 +77,7 @@ bool Engine::admit(Request& r) {
 }
 
 bool Engine::resume_at_prompt_end(Request& r, const PromptEnd& end, int64_t length) {
-  const bool mtp = spec_ && spec_->needs_hidden();
+  const bool mtp = spec_ && spec_->needs_hidden() && !r.spec_off;
   const int64_t len = int64_t(r.tokens.size());
   if (length < len) {  // a longer prompt: the MTP layer's last row waits for the token after it
     if (mtp) spec_->observe(r.seq, length - 1, end.hidden, {r.tokens.data() + length, 1});
@@ -179,13 +178,24 @@ int64_t Engine::next_snapshot_at(const Request& r) const {
   return next;
 }
 
-// With MTP drafting, a snapshot must hold the draft layer's KV for every position: the layer runs
-// over the sequence's backlog first, and a sequence whose drafting was retired (no backlog kept)
-// is not snapshotted.
+// With MTP drafting, a snapshot holds the draft layer's KV for every position: the layer runs over
+// the sequence's backlog first. A sequence that drafts no more is snapshotted as it is.
 bool Engine::snapshot_ready(Request& r) {
-  if (!spec_ || !spec_->needs_hidden()) return true;
+  if (!spec_ || !spec_->needs_hidden() || drafts_no_more(r)) return true;
   spec_->catch_up(r.seq);
   return runner_->mtp_length(r.seq) == r.num_computed;
+}
+
+bool Engine::drafts_no_more(const Request& r) const {
+  return r.spec_off || (r.seq && spec_ && spec_->retired(r.seq));
+}
+
+// Whether the entry r started from lacks the MTP layer's state for its tokens (made by a request
+// that drafted no more): then r cannot draft either.
+bool Engine::mtp_state_behind(const Request& r, const PrefixCache::Hit& hit) const {
+  if (!spec_ || !spec_->needs_hidden() || r.spec_off) return false;
+  if (hit.end) return hit.end->hidden.empty();
+  return runner_->mtp_length(r.seq) < hit.length;
 }
 
 // Called before a step is planned (so that the plan sees the next snapshot position), before any
@@ -247,14 +257,15 @@ void Engine::forget_turn_snapshot(Request& r) {
 // chosen: r's state is the prompt's, and with MTP the layer has caught up to the last position
 // (whose row waits for the token chosen next).
 void Engine::snapshot_prompt_end(Request& r, const float* logits, const float* hidden) {
-  const bool mtp = spec_ && spec_->needs_hidden();
+  const bool mtp = spec_ && spec_->needs_hidden() && !drafts_no_more(r);
   if (mtp && (!hidden || runner_->mtp_length(r.seq) != r.num_prompt - 1)) return;
+  if (!mtp) hidden = nullptr;  // an entry without MTP state
   if (const int64_t snap = save_snapshot(r)) cache_prompt_end(r, snap, logits, hidden);
 }
 
 void Engine::cache_prompt_end(Request& r, int64_t snap, const float* logits, const float* hidden) {
   const std::span<const int32_t> prompt = r.prompt_span();
-  const bool mtp = spec_ && spec_->needs_hidden();
+  const bool mtp = spec_ && spec_->needs_hidden() && !drafts_no_more(r);
   if (mtp && !hidden) {  // the MTP layer could not resume there
     runner_->drop_snapshot(snap);
     return;
@@ -268,7 +279,6 @@ void Engine::cache_prompt_end(Request& r, int64_t snap, const float* logits, con
 
 bool Engine::wants_prompt_end(const Request& r) const {
   if (!prompt_end_snapshots_ || r.num_output() > 0) return false;
-  if (spec_ && spec_->needs_hidden() && r.spec_off) return false;  // no hidden row for the MTP layer
   return !prefix_cache_->contains_prompt_end(r.prompt_span(), prompt_blocks_hash(r));
 }
 

@@ -567,6 +567,112 @@ TEST(PrefixCacheMtp, DraftsAfterAnExactRepeatEqualThoseWithoutCaching) {
   }
 }
 
+// MTP past its batch limit (the "prefix-cache hits falling to zero with MTP"): a request
+// that runs an overlapped step drafts no more (Request::spec_off) and has no MTP state to keep, and
+// it used to be snapshotted not at all, so under load, where drafting is off, the cache missed
+// everything. The exact-repeat jobs one by one while a long request keeps the batch at the limit
+// (--speculative-disable-by-batch-size 1, device sampling: overlapped steps): as many tokens
+// cached as without MTP, greedy outputs equal plain decoding's. Then the entries those requests
+// left (no MTP state) serve requests that would draft: they start from them and draft no more.
+TEST(PrefixCacheMtp, HitsPastTheBatchLimitAsWithoutMtp) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_runner(fixture, true);
+  ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
+  const int V = probe->config().vocab_size;
+  const std::vector<Job> jobs = repeat_jobs(V);
+  Job background = greedy(random_tokens(9, V, 99), 460);  // outlasts the jobs one by one
+  background.prompt[0] = 100;                              // shares no prefix with them
+  // The background request first, then the jobs one at a time beside it; metrics at the end.
+  auto run = [&](bool mtp, int limit, std::string* metrics) {
+    EngineConfig c = config(2048, true);
+    if (mtp) {
+      c.spec.algorithm = SpecAlgorithm::Mtp;
+      c.spec.num_steps = 1;
+      c.spec.disable_by_batch_size = limit;
+    }
+    Engine engine(std::make_unique<RowSamplingRunner>(load_runner(fixture, mtp)), nullptr, c);
+    engine.start();
+    auto submit = [&](const Job& j) {
+      auto ch = std::make_shared<OutputChannel>();
+      RequestSpec s;
+      s.group = engine.new_group_id();
+      s.prompt = j.prompt;
+      s.params = j.params;
+      s.out = ch;
+      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+      return ch;
+    };
+    auto bg = submit(background);
+    EXPECT_TRUE(bg->pop(std::chrono::milliseconds(60000)));  // running: the jobs come past the limit
+    std::vector<testing::Finished> out;
+    for (const Job& j : jobs) out.push_back(finished_of(*submit(j)));
+    EXPECT_FALSE(finished_of(*bg).ids.empty());
+    engine.shutdown();
+    *metrics = engine.render_metrics("fathom:", "m");
+    return out;
+  };
+  std::string plain_m, mtp_m;
+  const auto plain = run(false, 0, &plain_m);
+  const auto limited = run(true, 1, &mtp_m);
+  const double plain_hits = metric(plain_m, "fathom:prefix_cache_hits_total");
+  EXPECT_GE(plain_hits, kRepeatHits);  // the repeats, and what the background's turn snapshots give
+  EXPECT_EQ(metric(mtp_m, "fathom:prefix_cache_hits_total"), plain_hits);
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (jobs[i].params.sampling.temperature == 0.f && jobs[i].params.fault.site == FaultSite::None)
+      EXPECT_EQ(limited[i].ids, plain[i].ids) << "job " << i;
+}
+
+// Entries without MTP state (made by requests past the limit) start requests that would draft:
+// they draft no more, and their greedy outputs equal plain decoding's. One engine with a limit of
+// 2: three prompts while two long requests run (past the limit: no drafting, no MTP state), then
+// each again alone, where a request drafts (below the limit): the repeats start from the entries
+// and do not draft, a new prompt alone does.
+TEST(PrefixCacheMtp, EntriesWithoutMtpStateStartRequestsThatDraftNoMore) {
+  const char* fixture = "qwen35_moe";
+  auto probe = load_runner(fixture, true);
+  ASSERT_TRUE(probe && probe->has_mtp()) << fixture << " with its MTP layer missing";
+  const int V = probe->config().vocab_size;
+  std::vector<Job> firsts;
+  for (int len : {5, 17, 40}) firsts.push_back(greedy(random_tokens(len, V, 200 + uint32_t(len)), 6));
+  Job background = greedy(random_tokens(9, V, 98), 120);
+  background.prompt[0] = 101;
+  Job background2 = background;
+  background2.prompt[0] = 102;
+  const auto plain = run_one_by_one_finished(load_runner(fixture), config(2048, false), firsts, nullptr);
+  EngineConfig c = config(2048, true);
+  c.spec.algorithm = SpecAlgorithm::Mtp;
+  c.spec.num_steps = 1;
+  c.spec.disable_by_batch_size = 2;
+  Engine engine(std::make_unique<RowSamplingRunner>(load_runner(fixture, true)), nullptr, c);
+  engine.start();
+  auto submit = [&](const Job& j) {
+    auto ch = std::make_shared<OutputChannel>();
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = ch;
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+    return ch;
+  };
+  auto bg = submit(background), bg2 = submit(background2);
+  for (auto* ch : {bg.get(), bg2.get()})  // both running: the prompts below come past the limit
+    ASSERT_TRUE(ch->pop(std::chrono::milliseconds(60000)));
+  for (size_t i = 0; i < firsts.size(); ++i) EXPECT_EQ(finished_of(*submit(firsts[i])).ids, plain[i].ids) << i;
+  finished_of(*bg);
+  finished_of(*bg2);
+  const double drafted_before = metric(engine.render_metrics("fathom:", "m"), "fathom:spec_decode_num_draft_tokens_total");
+  // Alone now: each repeat starts from its prompt end (no MTP state) and must not draft.
+  for (size_t i = 0; i < firsts.size(); ++i) EXPECT_EQ(finished_of(*submit(firsts[i])).ids, plain[i].ids) << i;
+  const std::string m = engine.render_metrics("fathom:", "m");
+  EXPECT_EQ(metric(m, "fathom:spec_decode_num_draft_tokens_total"), drafted_before);
+  // A new prompt alone drafts: the limit lets it.
+  EXPECT_EQ(finished_of(*submit(greedy(random_tokens(20, V, 300), 8))).ids.size(), 8u);
+  EXPECT_GT(metric(engine.render_metrics("fathom:", "m"), "fathom:spec_decode_num_draft_tokens_total"), drafted_before);
+  engine.shutdown();
+  EXPECT_GE(metric(m, "fathom:prefix_cache_hits_total"), 5 + 17 + 40);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheEngine, ::testing::Values("qwen35_moe", "qwen3_next", "qwen3_dense"));
 
 }  // namespace
