@@ -674,9 +674,10 @@ for what in "${@:-all}"; do
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --modes plain mtp1 mtp1-unchained mtp1-unfused \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34.json" 2>&1 | tee "$OUT/spec34_serve.md"
       # The issue's row at 16 clients: never slower than plain with the automatic limit (mtp1-off:
-      # MTP loaded but never drafting, what the configuration costs by itself).
+      # MTP loaded but never drafting, what the configuration costs by itself). 24 prompts a pass:
+      # with 6 a pass lasts ~0.4 s and passes spread by 30%.
       timeout 400 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
-        --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --concurrency 16 --modes plain mtp1-auto mtp1-off \
+        --heldout "$heldout" --device cuda --temperatures 0 0.7 --prompts 24 --repeats 5 --concurrency 16 --modes plain mtp1-auto mtp1-off \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
     specab34)
       # Issue 34: two builds' served MTP rounds side by side (SPEC_BINS, default "fathom_old
