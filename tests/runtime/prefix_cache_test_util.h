@@ -69,6 +69,18 @@ inline testing::Finished finished_of(OutputChannel& ch) {
 
 inline std::vector<int32_t> tokens_of(OutputChannel& ch) { return finished_of(ch).ids; }
 
+// Submits one job to a running engine; its output arrives on the channel returned.
+inline std::shared_ptr<OutputChannel> submit_job(Engine& engine, const Job& j) {
+  auto ch = std::make_shared<OutputChannel>();
+  RequestSpec s;
+  s.group = engine.new_group_id();
+  s.prompt = j.prompt;
+  s.params = j.params;
+  s.out = ch;
+  EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+  return ch;
+}
+
 // Jobs one after another (each submitted when the one before has finished): the cache's inserts
 // and evictions happen in a fixed order.
 inline std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<ModelRunner> runner,
@@ -77,16 +89,7 @@ inline std::vector<testing::Finished> run_one_by_one_finished(std::unique_ptr<Mo
   Engine engine(std::move(runner), nullptr, cfg);
   engine.start();
   std::vector<testing::Finished> out;
-  for (const Job& j : jobs) {
-    auto ch = std::make_shared<OutputChannel>();
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = ch;
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    out.push_back(finished_of(*ch));
-  }
+  for (const Job& j : jobs) out.push_back(finished_of(*submit_job(engine, j)));
   engine.shutdown();
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
   return out;

@@ -592,16 +592,7 @@ TEST(PrefixCacheMtp, HitsPastTheBatchLimitAsWithoutMtp) {
     }
     Engine engine(std::make_unique<RowSamplingRunner>(load_runner(fixture, mtp)), nullptr, c);
     engine.start();
-    auto submit = [&](const Job& j) {
-      auto ch = std::make_shared<OutputChannel>();
-      RequestSpec s;
-      s.group = engine.new_group_id();
-      s.prompt = j.prompt;
-      s.params = j.params;
-      s.out = ch;
-      EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-      return ch;
-    };
+    auto submit = [&](const Job& j) { return submit_job(engine, j); };
     auto bg = submit(background);
     EXPECT_TRUE(bg->pop(std::chrono::milliseconds(60000)));  // running: the jobs come past the limit
     std::vector<testing::Finished> out;
@@ -645,16 +636,7 @@ TEST(PrefixCacheMtp, EntriesWithoutMtpStateStartRequestsThatDraftNoMore) {
   c.spec.disable_by_batch_size = 2;
   Engine engine(std::make_unique<RowSamplingRunner>(load_runner(fixture, true)), nullptr, c);
   engine.start();
-  auto submit = [&](const Job& j) {
-    auto ch = std::make_shared<OutputChannel>();
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = ch;
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-    return ch;
-  };
+  auto submit = [&](const Job& j) { return submit_job(engine, j); };
   auto bg = submit(background), bg2 = submit(background2);
   for (auto* ch : {bg.get(), bg2.get()})  // both running: the prompts below come past the limit
     ASSERT_TRUE(ch->pop(std::chrono::milliseconds(60000)));
