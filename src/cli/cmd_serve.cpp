@@ -49,8 +49,9 @@ void add_engine_options(CLI::App* sub, const std::shared_ptr<ServeOptions>& a) {
       ->capture_default_str();
   sub->add_option("--prefix-cache-host-gb", a->prefix_cache_host_gb,
                   "Host memory for prefix snapshots the device's room evicts (moved back on a hit; least recently "
-                  "used dropped first). Default (or negative): half the available host memory (within the "
-                  "container's limit) where the engine keeps snapshots on a device and can move them, else none");
+                  "used dropped first; pinned at start-up). Default (or negative): half the available host memory "
+                  "(within the container's limit), at most 128, where the engine keeps snapshots on a device and "
+                  "can move them, else none");
   sub->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                 "Plan each step only after the previous step's tokens are on the host (SGLang's flag); by default "
                 "the next step is planned and launched while the GPU runs this one");
