@@ -6,8 +6,12 @@
 // (penalties, logit bias, min_tokens masking) first; temperature <= 0 picks the argmax (ties to
 // the lowest id); otherwise softmax(logits / temperature) cut by top-k, min-p and top-p. A draft
 // (deterministic: MTP argmax chain or n-gram) is accepted with probability p(draft), else the
-// token is drawn from p without the draft. Random numbers are a function of (seed, draw, j) only,
-// so a seeded request gets the same tokens whatever batch it runs in.
+// token is drawn from p without the draft. A draft drawn from a distribution q (a row with
+// q_out, which writes the q it drew from) is accepted with probability min(1, p / q), else the
+// token is drawn from max(p - q, 0): lossless for any q, and accepted with sum min(p, q), more
+// than p(argmax q) when the draft model is not sure (docs/perf.md, issue 34, stop 61). Random
+// numbers are a function of (seed, draw, j) only (j = 0, 1: the row's choice; j = 2: a draft
+// drawn for that position), so a seeded request gets the same tokens whatever batch it runs in.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -37,6 +41,11 @@ struct RowSampling {
   int32_t mask_row = -1;    // >= 0: this row's entry of the step's token masks (structured output):
                             // only tokens whose bit is set may be chosen, after the adjustments
   int32_t keep_logits = 0;  // 1: also return the row's raw logits (a prompt's end, for the prefix cache)
+  int32_t q_out = -1;       // >= 0: this row draws a draft (no `draft` of its own): its random number is
+                            // j = 2 of (seed, draw), and the distribution it draws from (one-hot at the
+                            // argmax when greedy) goes to row q_out of the step's draft distributions
+  int32_t draft_q = -1;     // >= 0 with a draft: the draft was drawn from row draft_q of the step's
+                            // draft distributions (float [vocab] each): min(1, p / q) and max(p - q, 0)
 };
 
 // RowSampling::draft of a chained MTP round's first row: the draft the round before it made,

@@ -608,9 +608,11 @@ TEST(PrefixCacheMtp, HitsPastTheBatchLimitAsWithoutMtp) {
   const double plain_hits = metric(plain_m, "fathom:prefix_cache_hits_total");
   EXPECT_GE(plain_hits, kRepeatHits);  // the repeats, and what the background's turn snapshots give
   EXPECT_EQ(metric(mtp_m, "fathom:prefix_cache_hits_total"), plain_hits);
-  for (size_t i = 0; i < jobs.size(); ++i)
-    if (jobs[i].params.sampling.temperature == 0.f && jobs[i].params.fault.site == FaultSite::None)
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].params.sampling.temperature == 0.f && jobs[i].params.fault.site == FaultSite::None) {
       EXPECT_EQ(limited[i].ids, plain[i].ids) << "job " << i;
+    }
+  }
 }
 
 // Entries without MTP state (made by requests past the limit) start requests that would draft:

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include "core/error.h"
+
 namespace fathom::cpu {
 namespace {
 
@@ -73,7 +75,7 @@ uint32_t select_key(const float* l, int64_t V, uint32_t lo, uint64_t target, Wei
 }
 
 RowSample sample_row(float* l, int64_t V, const RowSampling& P, LogitAdjustment* adjust, int32_t* top_ids,
-                     float* top_lp, const uint32_t* masks) {
+                     float* top_lp, const uint32_t* masks, float* q_rows) {
   RowSample res{};
   // 1. Logprobs come from the raw logits.
   if (P.logprobs >= 0) res.lse = logprobs(l, V, P.logprobs, top_ids, top_lp);
@@ -94,6 +96,11 @@ RowSample sample_row(float* l, int64_t V, const RowSampling& P, LogitAdjustment*
   const float m = l[amax];
   int64_t token = amax;
   bool accepted = P.draft >= 0 && amax == P.draft;
+  float* q_write = P.q_out >= 0 ? q_rows + P.q_out * V : nullptr;
+  if (q_write && !(P.temperature > 0.f && std::isfinite(m))) {  // a greedy draft: q one-hot at it
+    std::fill(q_write, q_write + V, 0.f);
+    q_write[amax] = 1.f;
+  }
   if (P.temperature > 0.f && std::isfinite(m)) {
     const Weights w{m, 1.f / P.temperature};
     const uint32_t kmax = order_key(m);
@@ -114,26 +121,47 @@ RowSample sample_row(float* l, int64_t V, const RowSampling& P, LogitAdjustment*
     uint64_t total = 0;
     for (int64_t i = 0; i < V; ++i)
       if (order_key(l[i]) >= t) total += w(l[i]);
+    if (q_write)  // the distribution this row's draft is drawn from
+      for (int64_t i = 0; i < V; ++i) q_write[i] = order_key(l[i]) >= t ? float(double(w(l[i])) / double(total)) : 0.f;
+    const float* q = has_draft && P.draft_q >= 0 ? q_rows + P.draft_q * V : nullptr;
     int64_t exclude = -1;
+    // A kept token's weight in the draw: w, or after refusing a draft drawn from q the residual
+    // max(w - q * total, 0) (none for the draft: refused only where p(draft) < q(draft)).
+    auto weight = [&](int64_t i) -> uint64_t {
+      if (i == exclude || order_key(l[i]) < t) return 0;
+      const uint64_t wi = w(l[i]);
+      if (!q) return wi;
+      const uint64_t qi = static_cast<uint64_t>(double(q[i]) * double(total));
+      return wi > qi ? wi - qi : 0;
+    };
     uint64_t target = 0;
     bool draw = true;
-    if (has_draft) {  // accept the draft with probability p(draft), else draw from p without it
+    if (q) {  // accept with probability min(1, p(draft) / q(draft)), else draw from the residual
+      const bool take = row_uniform01(P.seed, P.draw, 0) * double(q[P.draft]) * double(total) < double(wd);
+      exclude = P.draft;
+      uint64_t rest = 0;
+      for (int64_t i = 0; i < V && !take; ++i) rest += weight(i);
+      if (take || rest == 0) {  // rest 0: p = q up to rounding
+        token = P.draft, accepted = true, draw = false;
+      } else {
+        target = static_cast<uint64_t>(row_uniform01(P.seed, P.draw, 1) * double(rest));
+      }
+    } else if (has_draft) {  // accept the draft with probability p(draft), else draw from p without it
       if (row_uniform01(P.seed, P.draw, 0) * double(total) < double(wd) || total == wd) {
         token = P.draft, accepted = true, draw = false;
       } else {
         exclude = P.draft;
         target = static_cast<uint64_t>(row_uniform01(P.seed, P.draw, 1) * double(total - wd));
       }
-    } else {
-      target = static_cast<uint64_t>(row_uniform01(P.seed, P.draw, 0) * double(total));
+    } else {  // j = 2 for a draft drawn here: apart from its position's own draws
+      target = static_cast<uint64_t>(row_uniform01(P.seed, P.draw, q_write ? 2 : 0) * double(total));
     }
     if (draw) {  // inverse CDF over the kept tokens in id order
       accepted = false;
       token = amax;  // only if rounding left no owner
       uint64_t acc = 0;
       for (int64_t i = 0; i < V; ++i) {
-        if (i == exclude || order_key(l[i]) < t) continue;
-        acc += w(l[i]);
+        acc += weight(i);
         if (target < acc) {
           token = i;
           break;
@@ -160,15 +188,18 @@ double row_uniform01(uint64_t seed, uint64_t draw, int j) {
 }
 
 void sample_rows(float* logits, int64_t rows, int64_t vocab, const RowSampling* params, LogitAdjustment* adjust,
-                 RowSample* out, int32_t* top_ids, float* top_logprobs, const uint32_t* masks) {
+                 RowSample* out, int32_t* top_ids, float* top_logprobs, const uint32_t* masks, float* q_rows) {
   for (int64_t r = 0; r < rows; ++r) {
     const RowSampling& P = params[r];
     if (P.skip) {
       out[r] = RowSample{};
       continue;
     }
+    FATHOM_CHECK((P.q_out < 0 && P.draft_q < 0) || q_rows, "sample_rows: row ", r,
+                 " draws or verifies a sampled draft, and no draft distributions were given");
+    FATHOM_CHECK(P.q_out < 0 || P.draft < 0, "sample_rows: row ", r, " both draws a draft and verifies one");
     out[r] = sample_row(logits + r * vocab, vocab, P, adjust, top_ids ? top_ids + r * kMaxTopLogprobs : nullptr,
-                        top_logprobs ? top_logprobs + r * kMaxTopLogprobs : nullptr, masks);
+                        top_logprobs ? top_logprobs + r * kMaxTopLogprobs : nullptr, masks, q_rows);
   }
 }
 

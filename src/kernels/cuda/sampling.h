@@ -1,6 +1,8 @@
 // Token choice on the device: one block per logits row applies the row's adjustments, then picks
-// greedily, samples (temperature, top-k, min-p, top-p) or verifies a draft by rejection sampling,
-// and reports the chosen token's logprob and the top-k alternatives when asked. The CPU sampler
+// greedily, samples (temperature, top-k, min-p, top-p) or verifies a deterministic draft by
+// rejection sampling, and reports the chosen token's logprob and the top-k alternatives when
+// asked. Drafts drawn from a distribution (RowSampling::q_out, draft_q) are not here yet: the CUDA
+// runner refuses such rows (the CPU row sampler has them). The CPU sampler
 // (runtime/sampler.h) is the reference; core/row_sampling.h has the semantics.
 #pragma once
 #include <cstdint>

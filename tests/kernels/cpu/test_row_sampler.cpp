@@ -144,6 +144,85 @@ TEST(RowSampler, RejectionSamplingOfADraftKeepsTheTargetDistribution) {
   }
 }
 
+// Drafts drawn from a distribution q (RowSampling::q_out, the MTP layer's row sampled with the
+// request's parameters) and verified against p with min(1, p / q) and the residual max(p - q, 0)
+// (RowSampling::draft_q): the emitted tokens follow p whatever q is, the drafts follow q (their
+// own random numbers, j = 2), q is written as the CPU Sampler's candidates, and a draft is
+// accepted at the rate sum min(p, q). q: another row, a sharper one, p itself (accepted always),
+// and a greedy row (one-hot: the deterministic rule, token for token).
+TEST(RowSampler, DraftsDrawnFromQKeepTheTargetDistribution) {
+  const int V = 48, N = 40000;
+  const std::vector<float> row = random_row(V, 7, 1.5f);
+  RowSampling p;
+  p.temperature = 0.8f, p.top_k = 16, p.seed = 99;
+  const std::map<int32_t, double> target = candidates(row, p);
+  struct Draft {
+    const char* name;
+    std::vector<float> row;
+    float temperature;
+    float top_p;
+  };
+  const Draft drafts[] = {{"another row", random_row(V, 8, 1.5f), 1.f, 0.9f},
+                          {"a sharper row", random_row(V, 9, 2.5f), 0.7f, 1.f},
+                          {"p itself", row, 0.8f, 1.f},
+                          {"greedy", random_row(V, 10, 1.5f), 0.f, 1.f}};
+  for (const Draft& dr : drafts) {
+    RowSampling pq;
+    pq.temperature = dr.temperature, pq.top_p = dr.top_p, pq.seed = p.seed, pq.q_out = 0;
+    if (&dr == &drafts[2]) pq.top_k = p.top_k;
+    std::map<int32_t, double> q_ref;  // greedy: one-hot at the argmax
+    if (dr.temperature > 0.f) q_ref = candidates(dr.row, pq);
+    else q_ref[int32_t(std::max_element(dr.row.begin(), dr.row.end()) - dr.row.begin())] = 1.0;
+    double overlap = 0;  // sum min(p, q)
+    for (const auto& [t, qt] : q_ref) overlap += std::min(qt, target.count(t) ? target.at(t) : 0.0);
+    std::vector<float> q(static_cast<size_t>(V));
+    std::map<int32_t, int> counts, draft_counts;
+    int accepted = 0;
+    for (int d = 0; d < N; ++d) {
+      pq.draw = p.draw = uint64_t(d);
+      std::vector<float> qrow = dr.row;
+      RowSample ds;
+      cpu::sample_rows(qrow.data(), 1, V, &pq, nullptr, &ds, nullptr, nullptr, nullptr, q.data());
+      ++draft_counts[ds.token];
+      if (d == 0)
+        for (int32_t t = 0; t < V; ++t)
+          ASSERT_NEAR(q[size_t(t)], q_ref.count(t) ? q_ref.at(t) : 0.0, 1e-5) << dr.name << " token " << t;
+      p.draft = ds.token, p.draft_q = 0;
+      std::vector<float> prow = row;
+      RowSample s;
+      cpu::sample_rows(prow.data(), 1, V, &p, nullptr, &s, nullptr, nullptr, nullptr, q.data());
+      ++counts[s.token];
+      if (s.accepted) {
+        ++accepted;
+        ASSERT_EQ(s.token, ds.token) << dr.name;
+      } else {
+        ASSERT_NE(s.token, ds.token) << dr.name;
+      }
+      if (dr.temperature == 0.f) {  // one-hot q: the deterministic rule, token for token
+        RowSampling det = p;
+        det.draft_q = -1;
+        ASSERT_EQ(sample_one(row, det).token, s.token) << "draw " << d;
+      }
+    }
+    if (dr.temperature > 0.f) expect_distribution(draft_counts, q_ref, N, std::string(dr.name) + ": drafts");
+    expect_distribution(counts, target, N, dr.name);
+    const double sd = std::sqrt(N * overlap * (1 - overlap)) + 1e-9;
+    EXPECT_LT(std::abs(accepted - N * overlap), 5 * sd + 0.5)
+        << dr.name << ": accepted " << accepted << " of " << N << ", sum min(p, q) " << overlap;
+  }
+}
+
+// A row that draws a draft and one that verifies a sampled draft need the draft distributions.
+TEST(RowSampler, SampledDraftRowsWithoutDistributionsAreRefused) {
+  std::vector<float> row = random_row(16, 3);
+  RowSampling p;
+  p.temperature = 1.f, p.q_out = 0;
+  RowSample s;
+  EXPECT_THROW(cpu::sample_rows(row.data(), 1, 16, &p, nullptr, &s, nullptr, nullptr), std::exception);
+  p.q_out = -1, p.draft = 2, p.draft_q = 0;
+  EXPECT_THROW(cpu::sample_rows(row.data(), 1, 16, &p, nullptr, &s, nullptr, nullptr), std::exception);
+}
+
 TEST(RowSampler, ADrawDependsOnSeedAndDrawAlone) {
   const int V = 300;
   const std::vector<float> a = random_row(V, 3), b = random_row(V, 4);
