@@ -17,12 +17,15 @@ read before the next is launched: FATHOM_CHAINED_ROUNDS=0); mtp1-limit2 (mtp1 wi
 --speculative-disable-by-batch-size 2: overlapped plain steps from two decoding sequences on);
 mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h); mtp1-off (the MTP
 layer loaded and the speculator on, drafting off at any batch: --speculative-disable-by-batch-size
-1, what MTP costs a server that never drafts); mtp2, mtp3.
+1, what MTP costs a server that never drafts); mtp1-drawn (mtp1 with --speculative-sampled-drafts:
+sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3. --serve-flag adds
+a flag to every server (the CPU engine's runner-side sampling: --serve-flag=--sampler
+--serve-flag=device).
 
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
                      [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]
                      [--concurrency 1]
-                     [--modes plain mtp1 mtp1-unfused] [--log-dir DIR] [--json-out F]
+                     [--modes plain mtp1 mtp1-unfused] [--serve-flag F ...] [--log-dir DIR] [--json-out F]
 """
 import argparse
 import concurrent.futures
@@ -54,6 +57,9 @@ MODES = {
     # Loaded, never drafting: what the MTP configuration costs by itself.
     "mtp1-off": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
                   "--speculative-disable-by-batch-size", "1"], {}),
+    # Sampled requests' drafts drawn from the MTP layer's distribution, verified with min(1, p/q).
+    "mtp1-drawn": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive",
+                    "--speculative-sampled-drafts"], {}),
     "mtp2": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "2", "--no-speculative-adaptive"], {}),
     "mtp3": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "3", "--no-speculative-adaptive"], {}),
 }
@@ -73,7 +79,7 @@ def run_mode(a, mode, prompts):
     env = dict(os.environ, **env_extra)
     log = os.path.join(a.log_dir, f"serve_{mode}.log")
     out = {}
-    with serve_proc.serving(a.fathom, a.model, ["--device", a.device, *flags], env, log) as port:
+    with serve_proc.serving(a.fathom, a.model, ["--device", a.device, *a.serve_flag, *flags], env, log) as port:
         serve_proc.post(port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})  # warm-up
         for temp in a.temperatures:
             rates, texts, unstable = [], None, 0
@@ -114,6 +120,7 @@ def main():
     ap.add_argument("--concurrency", type=int, default=1,
                     help="clients at once, each sending every prompt (tok/s over the pass's wall time)")
     ap.add_argument("--modes", nargs="+", default=["plain", "mtp1", "mtp1-unfused"])
+    ap.add_argument("--serve-flag", action="append", default=[], help="a flag for every server (repeatable)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--json-out")
     a = ap.parse_args()

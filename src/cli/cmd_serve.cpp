@@ -143,6 +143,10 @@ CommandRegistrar reg([](CLI::App& app) {
                   "No drafts in a step with at least this many running sequences (0: no limit; auto: chosen from "
                   "the token rates measured with and without drafts, on engines that overlap steps)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}));
+  sub->add_flag("--speculative-sampled-drafts", spec.sampled_drafts,
+                "Fused MTP rounds draw sampled requests' drafts from the MTP layer's distribution q and verify "
+                "them with min(1, p/q) (accepted more often than its argmax; lossless). The CPU engine with "
+                "--sampler device so far");
   sub->callback([a] {
     if (a->api.api_key.empty())
       if (const char* k = std::getenv("FATHOM_API_KEY")) a->api.api_key = k;

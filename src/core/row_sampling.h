@@ -45,8 +45,17 @@ struct RowSampling {
                             // j = 2 of (seed, draw), and the distribution it draws from (one-hot at the
                             // argmax when greedy) goes to row q_out of the step's draft distributions
   int32_t draft_q = -1;     // >= 0 with a draft: the draft was drawn from row draft_q of the step's
-                            // draft distributions (float [vocab] each): min(1, p / q) and max(p - q, 0)
+                            // draft distributions (float [vocab] each): min(1, p / q) and max(p - q, 0);
+                            // kDraftQKept: the one the runner kept for this sequence's draft
+  int32_t draw_draft = 0;   // 1, fused MTP rounds: this row's MTP draft is drawn (q_out) with this row's
+                            // parameters at the next position (draw + 1), and the runner keeps its q
+                            // for the round that verifies it (ModelRunner::draws_sampled_drafts)
 };
+
+// RowSampling::draft_q of a fused round's draft row: the distribution the runner kept when it drew
+// that sequence's draft; the runner falls back to the deterministic rule (lossless for any draft)
+// unless it kept one for this position and token.
+inline constexpr int32_t kDraftQKept = -2;
 
 // RowSampling::draft of a chained MTP round's first row: the draft the round before it made,
 // known only where that round ran.

@@ -185,6 +185,9 @@ class ModelRunner {
   // Engines without a fused launch run the same round as a forward, the CPU row sampler
   // (kernels/cpu/row_sampler.h) and an MTP forward (model_runner.cpp).
   virtual bool supports_fused_mtp_round() const { return has_mtp(); }
+  // Whether fused rounds draw sampled rows' drafts from the MTP layer's distribution and verify
+  // them against it (RowSampling::draw_draft, kDraftQKept), else drafts are the MTP argmax.
+  virtual bool draws_sampled_drafts() const { return false; }
   virtual VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps,
                                                  std::span<const RowSampling> rows = {},
                                                  std::span<const LogitAdjustment> adjust = {},
@@ -310,6 +313,16 @@ struct EngineOptions {
     return b;
   }();
 };
+
+// A fused MTP round on the host (ModelRunner::forward_verify_draft of engines without a launch of
+// their own): m's forward, each row's token by the CPU row sampler, then m's MTP forward. With
+// draft distributions: rows' draft_q index `q_in` ([n, vocab]); rows with draw_draft have their
+// MTP draft drawn from the MTP layer's distribution (RowSampling::q_out), which goes to row i of
+// `q_drawn` ([rows, vocab], resized).
+VerifyDraftOutput verify_draft_on_host(ModelRunner& m, std::span<const ForwardStep> steps,
+                                       std::span<const RowSampling> rows, std::span<const LogitAdjustment> adjust,
+                                       std::span<const uint32_t> masks, const float* q_in = nullptr,
+                                       std::vector<float>* q_drawn = nullptr);
 
 // "auto" becomes "cuda" when this build has the CUDA engine and a GPU is visible, else "cpu"
 // (and says which on stderr); other names are returned as they are.

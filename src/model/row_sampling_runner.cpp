@@ -16,6 +16,7 @@ RowSamplingRunner::RowSamplingRunner(std::unique_ptr<ModelRunner> inner) : inner
 void RowSamplingRunner::remove_sequence(SequenceId seq) {
   last_token_.erase(seq);
   last_round_.erase(seq);
+  kept_.erase(seq);
   inner_->remove_sequence(seq);
 }
 
@@ -24,7 +25,48 @@ VerifyDraftOutput RowSamplingRunner::forward_verify_draft(std::span<const Forwar
                                                           std::span<const LogitAdjustment> adjust,
                                                           std::span<const uint32_t> masks) {
   FATHOM_CHECK(launched_.empty() && rounds_.empty(), "forward_verify_draft: an overlapped step is still in flight");
-  return inner_->forward_verify_draft(steps, rows, adjust, masks);
+  return round(steps, rows, adjust, masks);
+}
+
+VerifyDraftOutput RowSamplingRunner::round(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                           std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks) {
+  const int64_t V = config().vocab_size;
+  std::vector<RowSampling> rs(rows.begin(), rows.end());
+  std::vector<float> q_in;  // the kept distributions of the drafts these rows verify
+  bool draws = false;
+  int64_t row = 0;
+  for (const ForwardStep& st : steps) {
+    for (int64_t r = row; r < row + int64_t(st.tokens.size()) && size_t(r) < rs.size(); ++r) {
+      RowSampling& p = rs[size_t(r)];
+      draws = draws || p.draw_draft;
+      if (p.draft_q != kDraftQKept) continue;
+      const auto it = kept_.find(st.seq);
+      p.draft_q = -1;
+      if (it == kept_.end() || it->second.draw != p.draw || it->second.token != p.draft) continue;
+      p.draft_q = int32_t(q_in.size() / size_t(V));
+      q_in.insert(q_in.end(), it->second.q.begin(), it->second.q.end());
+    }
+    row += int64_t(st.tokens.size());
+  }
+  std::vector<float> q_drawn;
+  VerifyDraftOutput out = verify_draft_on_host(*inner_, steps, rs, adjust, masks, q_in.empty() ? nullptr : q_in.data(),
+                                               draws ? &q_drawn : nullptr);
+  // Each sequence's next draft is the MTP row after its last accepted one: keep that row's q.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int64_t r0 = out.row_begin[i], n = int64_t(steps[i].tokens.size());
+    int64_t a = 0;
+    while (!out.samples.empty() && a + 1 < n && out.samples[size_t(r0 + a)].accepted != 0) ++a;
+    const size_t at = size_t(r0 + a);
+    if (!draws || rs.empty() || !rs[at].draw_draft) {
+      kept_.erase(steps[i].seq);
+      continue;
+    }
+    KeptDraft& k = kept_[steps[i].seq];
+    k.draw = rs[at].draw + 1;
+    k.token = out.draft[at];
+    k.q.assign(q_drawn.begin() + int64_t(at) * V, q_drawn.begin() + int64_t(at + 1) * V);
+  }
+  return out;
 }
 
 // The round computes at once, chained steps resolved from the outcome recorded at the previous
@@ -61,7 +103,7 @@ void RowSamplingRunner::launch_verify_draft(std::span<const ForwardStep> steps, 
   }
   std::vector<int64_t> before(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) before[i] = inner_->length(steps[i].seq);
-  VerifyDraftOutput out = inner_->forward_verify_draft(resolved, rs, adjust, masks);
+  VerifyDraftOutput out = round(resolved, rs, adjust, masks);
   for (size_t i = 0; i < resolved.size(); ++i) {  // this round's outcome, for a step that continues it
     const int64_t r0 = out.row_begin[i], n = int64_t(resolved[i].tokens.size());
     int a = 0;

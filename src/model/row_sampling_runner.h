@@ -36,10 +36,22 @@ class RowSamplingRunner final : public ModelRunner {
                                          std::span<const LogitAdjustment> adjust = {},
                                          std::span<const uint32_t> masks = {}) override;
   bool supports_chained_rounds() const override { return inner_->supports_fused_mtp_round(); }
+  bool draws_sampled_drafts() const override { return inner_->supports_fused_mtp_round(); }
   void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                            std::span<const LogitAdjustment> adjust = {},
                            std::span<const uint32_t> masks = {}) override;
   VerifyDraftOutput finish_verify_draft() override;
+  // The distribution a sequence's latest drawn draft came from, for the row verifying it: that
+  // row's position (RowSampling::draw) and draft must be these, else the deterministic rule runs.
+  struct KeptDraft {
+    uint64_t draw = 0;
+    int32_t token = -1;
+    std::vector<float> q;
+  };
+  const KeptDraft* kept_draft(SequenceId seq) const {  // null: none (tests read it)
+    const auto it = kept_.find(seq);
+    return it == kept_.end() ? nullptr : &it->second;
+  }
 
   bool samples_on_device() const override { return true; }
   bool returns_kept_logits() const override { return true; }
@@ -93,7 +105,12 @@ class RowSamplingRunner final : public ModelRunner {
     int32_t target = 0, draft = 0;  // target[a] and draft[a]: the next round's tokens
     int accepted = 0;             // a
   };
+  // A fused round on the inner engine, its sampled drafts' distributions kept per sequence and
+  // handed to the rows that verify them (kDraftQKept).
+  VerifyDraftOutput round(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                          std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks);
   std::unique_ptr<ModelRunner> inner_;
+  std::map<SequenceId, KeptDraft> kept_;
   std::deque<Launched> launched_;  // oldest first; at most two
   std::deque<VerifyDraftOutput> rounds_;  // launched MTP rounds, oldest first; at most two
   std::map<SequenceId, RoundOutcome> last_round_;  // each sequence's latest launched round

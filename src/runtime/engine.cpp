@@ -53,6 +53,13 @@ Engine::Engine(ModelRunner& runner, const tok::Tokenizer* tokenizer, EngineConfi
                   runner_->supports_fused_mtp_round() && cfg.fused_mtp_rounds && fused_mtp_rounds_enabled();
   chained_rounds_ = fused_rounds_ && overlap_ && cfg.chained_mtp_rounds && runner_->supports_chained_rounds() &&
                     chained_rounds_enabled();
+  if (cfg.spec.sampled_drafts) {
+    FATHOM_CHECK(fused_rounds_ && device_sampling_, "--speculative-sampled-drafts needs fused MTP rounds "
+                 "(--speculative-algorithm mtp --speculative-num-steps 1) and the device sampler");
+    FATHOM_CHECK(runner_->draws_sampled_drafts(), "--speculative-sampled-drafts: the ", runner_->device_name(),
+                 " engine draws no sampled drafts yet");
+    draw_drafts_ = true;
+  }
   if (cfg.enable_prefix_caching && runner_->supports_snapshots()) {
     FATHOM_CHECK(cfg.prefix_cache_interval >= 0, "--prefix-cache-interval must not be negative");
     prefix_cache_ = std::make_unique<PrefixCache>(cfg.block_size, cfg.prefix_cache_bytes);

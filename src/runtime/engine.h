@@ -351,6 +351,7 @@ class Engine {
   bool overlap_ = false;
   bool fused_rounds_ = false;  // MTP with one draft a round on a runner that fuses the round
   bool chained_rounds_ = false;  // ... and launches the next round before this one is read
+  bool draw_drafts_ = false;     // ... drawing sampled requests' drafts from q (SpecOptions::sampled_drafts)
   InflightStep inflight_;
   InflightRound round_;
   SpecBatchLimit batch_limit_;                 // disable_by_batch_size -1

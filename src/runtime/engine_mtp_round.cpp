@@ -104,6 +104,14 @@ Engine::InflightRound Engine::launch_round(const std::vector<ScheduledChunk>& ch
     } else if (sampled) {
       add_sampling_rows(chunks, steps);
     }
+    if (sampled && draw_drafts_) {  // sampled requests' rows: their next drafts drawn from q
+      size_t row = 0;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const size_t n = steps[i].tokens.size();
+        if (chunks[i].req->spec.params.sampling.temperature > 0.f) sampling_rows_.draw_drafts(row, row + n);
+        row += n;
+      }
+    }
     const std::span<const RowSampling> rows = sampled ? sampling_rows_.rows() : std::span<const RowSampling>{};
     if (chained_rounds_ && (!sampled || runner_->chains_sampled_rounds())) {
       runner_->launch_verify_draft(steps, rows, sampling_rows_.adjustments(), sampling_rows_.masks());

@@ -29,6 +29,12 @@ class SamplingRows {
            const uint32_t* mask = nullptr, int64_t unread = 0);
   // The last row added also returns its raw logits (RowSampling::keep_logits).
   void keep_last_logits() { rows_.back().keep_logits = 1; }
+  // Rows [begin, end) (one request's in a fused MTP round) draw their MTP drafts from the MTP
+  // layer's distribution, and the first verifies its draft against the one kept for it.
+  void draw_drafts(size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) rows_[i].draw_draft = 1;
+    if (begin < end && rows_[begin].draft != -1) rows_[begin].draft_q = kDraftQKept;
+  }
   void clear();
   // The mask of rows whose mask_row is `mask_row` (mask_words(vocab) words), to fill in later.
   uint32_t* mask(int32_t mask_row);

@@ -33,6 +33,9 @@ struct SpecOptions {
   // chosen from measured rates where steps overlap, spec_batch_limit.h). At large batches a
   // verify step costs nearly (K+1) decode steps (vLLM's --speculative-disable-by-batch-size).
   int disable_by_batch_size = 0;
+  // Fused MTP rounds draw sampled requests' drafts from the MTP layer's distribution q and verify
+  // them with min(1, p / q) (--speculative-sampled-drafts; runners with draws_sampled_drafts()).
+  bool sampled_drafts = false;
   // Tests: when set, every first MTP draft (made by a draft extend) is appended here.
   std::vector<MtpDrafter::Trace>* mtp_trace = nullptr;
 };

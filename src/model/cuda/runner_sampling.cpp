@@ -61,8 +61,9 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
                  "forward_sampled: a row's adjustments lie outside the list");
     FATHOM_CHECK(r.mask_row < 0 || defer_masks || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
                  "forward_sampled: a row's token mask lies outside the mask table");
-    // Drafts drawn from q (RowSampling::q_out, draft_q): the CPU row sampler's so far.
-    FATHOM_CHECK(r.q_out < 0 && r.draft_q < 0, "forward_sampled: the device sampler draws no sampled drafts yet");
+    // Drafts drawn from q (RowSampling::q_out, draft_q, draw_draft): the CPU row sampler's so far.
+    FATHOM_CHECK(r.q_out < 0 && r.draft_q < 0 && !r.draw_draft,
+                 "forward_sampled: the device sampler draws no sampled drafts yet");
   }
   Impl::LaunchedStep& ls = m.launched.emplace_back();
   ls.want_hidden = want_hidden;
