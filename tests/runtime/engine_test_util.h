@@ -1,5 +1,6 @@
 // Driving a serving Engine in tests: submit jobs (half at once, the rest while the first
-// decodes), collect each one's tokens and finish reason, and read values from /metrics text.
+// decodes; or all before the first step), collect each one's tokens and finish reason, and read
+// values from /metrics text.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -72,6 +73,42 @@ inline std::vector<Finished> run_engine(std::unique_ptr<ModelRunner> runner, Eng
   }
   for (size_t i = 0; i < jobs.size(); ++i) drain(i, true);
   engine.shutdown();  // every request has ended: the metrics are final
+  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
+  return out;
+}
+
+// A request's tokens, logprobs and finish reason, once it has finished (a minute at most).
+inline Finished finished_of(OutputChannel& ch) {
+  Finished f;
+  for (bool done = false; !done;) {
+    auto ev = ch.pop(std::chrono::milliseconds(60000));
+    if (!ev) break;
+    f.ids.insert(f.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    f.logprobs.insert(f.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
+    done = ev->finished;
+    if (done) f.reason = ev->finish_reason;
+  }
+  return f;
+}
+
+// Jobs all submitted before the engine's first step (they arrive together).
+inline std::vector<Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
+                                       const std::vector<Job>& jobs, std::string* metrics) {
+  Engine engine(std::move(runner), nullptr, cfg);
+  std::vector<std::shared_ptr<OutputChannel>> chans;
+  for (const Job& j : jobs) {
+    chans.push_back(std::make_shared<OutputChannel>());
+    RequestSpec s;
+    s.group = engine.new_group_id();
+    s.prompt = j.prompt;
+    s.params = j.params;
+    s.out = chans.back();
+    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
+  }
+  engine.start();
+  std::vector<Finished> out;
+  for (auto& ch : chans) out.push_back(finished_of(*ch));
+  engine.shutdown();
   if (metrics) *metrics = engine.render_metrics("fathom:", "m");
   return out;
 }

@@ -20,6 +20,8 @@
 namespace fathom::prefix_test {
 
 using testing::Job;
+using testing::finished_of;
+using testing::run_burst;
 
 inline std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
   const std::filesystem::path dir = testing::fixtures_dir() / name;
@@ -51,20 +53,6 @@ inline EngineConfig config(int64_t budget, bool caching) {
   c.prefix_cache_interval = 32;
   c.prefix_cache_min_shared = 16;  // the fixtures' prompts are short
   return c;
-}
-
-// A request's tokens, logprobs and finish reason, once it has finished (a minute at most).
-inline testing::Finished finished_of(OutputChannel& ch) {
-  testing::Finished f;
-  for (bool done = false; !done;) {
-    auto ev = ch.pop(std::chrono::milliseconds(60000));
-    if (!ev) break;
-    f.ids.insert(f.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
-    f.logprobs.insert(f.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
-    done = ev->finished;
-    if (done) f.reason = ev->finish_reason;
-  }
-  return f;
 }
 
 inline std::vector<int32_t> tokens_of(OutputChannel& ch) { return finished_of(ch).ids; }
@@ -101,28 +89,6 @@ inline std::vector<std::vector<int32_t>> run_one_by_one(std::unique_ptr<ModelRun
   for (testing::Finished& f : run_one_by_one_finished(std::move(runner), cfg, jobs, metrics))
     ids.push_back(std::move(f.ids));
   return ids;
-}
-
-// Jobs all submitted before the engine's first step (they arrive together).
-inline std::vector<testing::Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                                const std::vector<Job>& jobs, std::string* metrics) {
-  Engine engine(std::move(runner), nullptr, cfg);
-  std::vector<std::shared_ptr<OutputChannel>> chans;
-  for (const Job& j : jobs) {
-    chans.push_back(std::make_shared<OutputChannel>());
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = chans.back();
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-  }
-  engine.start();
-  std::vector<testing::Finished> out;
-  for (auto& ch : chans) out.push_back(finished_of(*ch));
-  engine.shutdown();
-  if (metrics) *metrics = engine.render_metrics("fathom:", "m");
-  return out;
 }
 
 // Exact repeats of any length (issue 37), one by one: where a prompt's prefill ended its state is

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -34,7 +33,7 @@ namespace fs = std::filesystem;
 using testing::Finished;
 using testing::Job;
 using testing::metric;
-using testing::run_engine;
+using testing::run_burst;
 
 std::unique_ptr<CpuRunner> load_runner(const std::string& name) {
   const fs::path dir = testing::fixtures_dir() / name;
@@ -64,37 +63,6 @@ EngineConfig mtp_config(bool sampled_drafts, bool chained, int n) {
   c.spec.sampled_drafts = sampled_drafts;
   c.chained_mtp_rounds = chained;
   return c;
-}
-
-// Jobs all submitted before the engine's first step; their outputs and the final metrics.
-std::vector<Finished> run_burst(std::unique_ptr<ModelRunner> runner, const EngineConfig& cfg,
-                                const std::vector<Job>& jobs, std::string* metrics) {
-  Engine engine(std::move(runner), nullptr, cfg);
-  std::vector<std::shared_ptr<OutputChannel>> chans;
-  for (const Job& j : jobs) {
-    chans.push_back(std::make_shared<OutputChannel>());
-    RequestSpec s;
-    s.group = engine.new_group_id();
-    s.prompt = j.prompt;
-    s.params = j.params;
-    s.out = chans.back();
-    EXPECT_EQ(engine.submit({s}), Engine::SubmitResult::Ok);
-  }
-  engine.start();
-  std::vector<Finished> out(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i)
-    for (bool done = false; !done;) {
-      auto ev = chans[i]->pop(std::chrono::milliseconds(120000));
-      if (!ev) {
-        ADD_FAILURE() << "request " << i << " timed out";
-        break;
-      }
-      out[i].ids.insert(out[i].ids.end(), ev->token_ids.begin(), ev->token_ids.end());
-      done = ev->finished;
-    }
-  engine.shutdown();
-  *metrics = engine.render_metrics("fathom:", "m");
-  return out;
 }
 
 struct RunStats {
