@@ -50,6 +50,7 @@ VerifyDraftOutput verify_draft_on_host(ModelRunner& m, std::span<const ForwardSt
     FATHOM_CHECK(r.mask_row < 0 || (int64_t(r.mask_row) + 1) * mask_words(V) <= int64_t(masks.size()),
                  "forward_verify_draft: a row's token mask lies outside the mask table");
     FATHOM_CHECK(r.draft_q < 0 || q_in, "forward_verify_draft: a row verifies a sampled draft without its q");
+    FATHOM_CHECK(r.q_out < 0, "forward_verify_draft: verify rows draw no drafts themselves (draw_draft does)");
     draws = draws || r.draw_draft;
   }
   FATHOM_CHECK(!draws || q_drawn, "forward_verify_draft: rows draw sampled drafts and nothing keeps their q");
