@@ -11,7 +11,9 @@ The same with `--sampler device` (the CPU engine choosing tokens as the GPU does
 also take sampled, penalised, logprobs and grammar requests): greedy cases equal plain decoding,
 and seeded sampled requests give the same output with fused rounds and without
 (FATHOM_FUSED_MTP=0), the same drafts being verified with the same random numbers; on that server
-rounds chain (the next launched before the last is read, as overlapped plain steps are).
+rounds chain (the next launched before the last is read, as overlapped plain steps are). And with
+`--speculative-sampled-drafts` (sampled requests' drafts drawn from the MTP layer's distribution):
+the greedy cases unchanged, seeded sampled requests repeatable, the grammar held.
 
 Run by ctest as: python3 test_spec_combinations.py --fathom BIN --fixtures FIXTURES_DIR
 """
@@ -121,6 +123,8 @@ def main():
         for k in (1, 2):
             servers[f"mtp K={k}"] = Server(args.fathom, MODEL, *common, *mtp, str(k))
         servers["mtp K=1, device sampler"] = Server(args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device")
+        servers["mtp K=1, device sampler, sampled drafts"] = Server(
+            args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device", "--speculative-sampled-drafts")
         name = servers["plain"].client().models.list().data[0].id
         want = {case: fn(servers["plain"].client(), name) for case, fn in CASES.items()}
         want_prefix = prefix_repeat(servers["plain"].client(), name)
@@ -153,7 +157,7 @@ def main():
             _()
 
             fused = label.startswith("mtp K=1")
-            chained = label == "mtp K=1, device sampler"  # overlapped scheduling: rounds chain
+            chained = "device sampler" in label  # overlapped scheduling: rounds chain
 
             @check(f"{label}: drafts were verified" + (", in fused rounds" if fused else "") +
                    (", some chained" if chained else ""))
@@ -169,6 +173,11 @@ def main():
         unfused = Server(args.fathom, MODEL, *common, *mtp, "1", "--sampler", "device", env={"FATHOM_FUSED_MTP": "0"})
         servers["unfused"] = unfused
         chained_before = device.metric("fathom:spec_decode_chained_rounds_total")
+
+        def drafts(srv):
+            return (srv.metric("fathom:spec_decode_num_draft_tokens_total"),
+                    srv.metric("fathom:spec_decode_num_accepted_tokens_total"))
+        device_before = drafts(device)
         for case, fn in SAMPLED.items():
             @check(f"device sampler: {case}: fused rounds give the unfused rounds' output")
             def _():
@@ -180,6 +189,30 @@ def main():
                 assert device.metric("fathom:spec_decode_fused_rounds_total") > rounds
                 assert unfused.metric("fathom:spec_decode_fused_rounds_total") == 0
             _()
+
+        device_after = drafts(device)
+        drawn = servers["mtp K=1, device sampler, sampled drafts"]
+        drawn_before = drafts(drawn)
+        for case, fn in SAMPLED.items():
+            @check(f"sampled drafts: {case}: the same output twice" +
+                   (", valid against the schema" if "json_schema" in case else ""))
+            def _():
+                rounds = drawn.metric("fathom:spec_decode_fused_rounds_total")
+                first, again = fn(drawn.client(), name), fn(drawn.client(), name)
+                assert first == again, (first, again)
+                if "json_schema" in case:  # the grammar held with drafts drawn from q
+                    jsonschema.validate(json.loads(first[0]), SCHEMA)
+                assert drawn.metric("fathom:spec_decode_fused_rounds_total") > rounds
+            _()
+
+        @check("sampled drafts: the sampled requests' drafts accepted more often than argmax drafts")
+        def _():
+            drawn_after = drafts(drawn)
+            rate = [(a[1] - b[1]) / max(1.0, a[0] - b[0]) for a, b in ((device_after, device_before),
+                                                                     (drawn_after, drawn_before))]
+            print(f"  acceptance over the sampled requests: argmax drafts {rate[0]:.3f}, drawn {rate[1]:.3f}")
+            assert rate[1] > rate[0], rate
+        _()
 
         @check("device sampler: the sampled requests without a penalty or a grammar ran chained rounds")
         def _():
