@@ -15,6 +15,7 @@
 #include "golden_reader.h"
 #include "model/cpu_runner.h"
 #include "runtime/engine.h"
+#include "runtime/cpu_fixtures.h"
 #include "runtime/engine_test_util.h"
 
 namespace fathom::prefix_test {
@@ -24,16 +25,11 @@ using testing::finished_of;
 using testing::run_burst;
 
 inline std::unique_ptr<CpuRunner> load_runner(const std::string& name, bool mtp = false) {
-  const std::filesystem::path dir = testing::fixtures_dir() / name;
-  if (!std::filesystem::exists(dir / "config.json")) return nullptr;
-  return std::make_unique<CpuRunner>(HybridModel::load(dir, mtp));
+  return testing::load_cpu_runner(name, mtp);
 }
 
 inline std::vector<int32_t> random_tokens(int len, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len), 0);
-  for (auto& t : p) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
-  return p;
+  return testing::random_prompt(len, vocab, seed);
 }
 
 inline Job greedy(std::vector<int32_t> prompt, int max_tokens) {

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,23 +16,19 @@
 #include "model/cpu_runner.h"
 #include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
+#include "runtime/cpu_fixtures.h"
 #include "runtime/engine_test_util.h"
 
 namespace fathom {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::expect_same;
 using testing::Finished;
 using testing::Job;
 using testing::metric;
 using testing::run_engine;
 
-std::unique_ptr<CpuRunner> load_cpu(const std::string& name) {
-  const fs::path dir = testing::fixtures_dir() / name;
-  if (!fs::exists(dir / "config.json")) return nullptr;
-  return std::make_unique<CpuRunner>(HybridModel::load(dir, /*with_mtp=*/true));
-}
+std::unique_ptr<CpuRunner> load_cpu(const std::string& name) { return testing::load_cpu_runner(name, true); }
 
 std::unique_ptr<ModelRunner> load_row_sampling(const std::string& name) {
   auto cpu = load_cpu(name);

@@ -7,9 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -17,30 +15,21 @@
 #include "model/cpu_runner.h"
 #include "model/row_sampling_runner.h"
 #include "runtime/engine.h"
+#include "runtime/cpu_fixtures.h"
 #include "runtime/engine_test_util.h"
 #include "runtime/spec_test_util.h"
 
 namespace fathom {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::Finished;
 using testing::Job;
 using testing::metric;
 using testing::run_engine;
 
-std::unique_ptr<CpuRunner> load_runner(const std::string& name) {
-  const fs::path dir = testing::fixtures_dir() / name;
-  if (!fs::exists(dir / "config.json")) return nullptr;
-  return std::make_unique<CpuRunner>(HybridModel::load(dir, /*with_mtp=*/true));
-}
+using testing::random_prompt;
 
-std::vector<int32_t> random_prompt(int len, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len), 0);
-  for (auto& t : p) t = 2 + int32_t(rng() % uint32_t(vocab - 2));
-  return p;
-}
+std::unique_ptr<CpuRunner> load_runner(const std::string& name) { return testing::load_cpu_runner(name, true); }
 
 // A greedy request for `max_tokens` tokens (eos ignored) after a random prompt.
 Job greedy_job(int len, int vocab, uint32_t seed, int max_tokens) {
