@@ -57,6 +57,18 @@ struct RowSampling {
 // unless it kept one for this position and token.
 inline constexpr int32_t kDraftQKept = -2;
 
+// The MTP row of verify row `r` in a fused round: with r.draw_draft, r's parameters at the next
+// position (nothing of r's own: adjustments, mask, logprobs, draft; any q keeps the round
+// lossless), else a greedy row (the argmax draft). The caller sets q_out.
+FATHOM_HOST_DEVICE inline RowSampling mtp_draft_row(const RowSampling& r) {
+  RowSampling d;
+  if (!r.draw_draft) return d;
+  d.temperature = r.temperature, d.top_k = r.top_k, d.top_p = r.top_p, d.min_p = r.min_p;
+  d.seed = r.seed;
+  d.draw = r.draw + 1;
+  return d;
+}
+
 // RowSampling::draft of a chained MTP round's first row: the draft the round before it made,
 // known only where that round ran.
 inline constexpr int32_t kDraftFromRound = -2;

@@ -16,20 +16,6 @@ VerifyDraftOutput ModelRunner::forward_verify_draft(std::span<const ForwardStep>
   return verify_draft_on_host(*this, steps, rows, adjust, masks);
 }
 
-namespace {
-// The MTP row of verify row `r` when r draws its draft: r's parameters at the next position, with
-// nothing of r's own (adjustments, mask, logprobs, draft): any q keeps the round lossless. Other
-// rows' drafts are the argmax (a default row).
-RowSampling draft_row(const RowSampling& r) {
-  RowSampling d;
-  if (!r.draw_draft) return d;
-  d.temperature = r.temperature, d.top_k = r.top_k, d.top_p = r.top_p, d.min_p = r.min_p;
-  d.seed = r.seed;
-  d.draw = r.draw + 1;
-  return d;
-}
-}  // namespace
-
 VerifyDraftOutput verify_draft_on_host(ModelRunner& m, std::span<const ForwardStep> steps,
                                        std::span<const RowSampling> rows, std::span<const LogitAdjustment> adjust,
                                        std::span<const uint32_t> masks, const float* q_in,
@@ -86,7 +72,7 @@ VerifyDraftOutput verify_draft_on_host(ModelRunner& m, std::span<const ForwardSt
   ForwardOutput mo = m.mtp_forward(mtp);
   std::vector<RowSampling> dr;
   for (int64_t r = 0; r < mo.rows; ++r) {
-    RowSampling d = draft_row(rows[size_t(r)]);
+    RowSampling d = mtp_draft_row(rows[size_t(r)]);
     d.q_out = int32_t(r);
     dr.push_back(d);
   }

@@ -4,6 +4,7 @@
 // test on many independent draws. Seeds are fixed, so each run draws the same numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -412,6 +413,76 @@ TEST(CudaSampling, CpuRowSamplerDrawsTheDevicesTokens) {
     if (params[size_t(r)].temperature <= 0.f) EXPECT_TRUE(eq) << "greedy row " << r;
   }
   std::printf("  %d of %d rows drew the same token on the CPU and the GPU\n", same, rows);
+  EXPECT_GE(same, rows * 99 / 100);
+}
+
+// Drafts drawn from a distribution on the device (RowSampling::q_out, draft_q) against the CPU row
+// sampler, its reference (tests/kernels/cpu/test_row_sampler.cpp checks the distributions): rows
+// that draw a draft write the same q and draw the same token; rows that verify one against q
+// accept and replace it as the CPU does.
+TEST(CudaSampling, SampledDraftsMatchTheCpuRowSampler) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 3000, rows = 256;
+  const std::vector<float> q_logits = random_logits(rows, V, 2.f, 91), p_logits = random_logits(rows, V, 2.5f, 92);
+  // Device rows with the step's draft distributions in `q` ([rows, V], read and written).
+  auto device = [&](const std::vector<float>& logits, const std::vector<RowSampling>& params, std::vector<float>& q) {
+    cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
+        dout(params.size() * sizeof(RowSample)), dq(q.size() * 4), da(sizeof(LogitAdjustment));
+    FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpy(dp.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemcpy(dq.data(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    cuda::sample_rows(dl.as<float>(), int(params.size()), V, dp.as<RowSampling>(), da.as<LogitAdjustment>(),
+                      dout.as<RowSample>(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq.as<float>());
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<RowSample> out(params.size());
+    FATHOM_CUDA_CHECK(cudaMemcpy(out.data(), dout.data(), out.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(q.data(), dq.data(), q.size() * 4, cudaMemcpyDeviceToHost));
+    return out;
+  };
+  std::vector<RowSampling> draw(static_cast<size_t>(rows)), verify(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    RowSampling& d = draw[size_t(r)];
+    d.temperature = r % 7 == 0 ? 0.f : 0.6f + 0.1f * float(r % 5);
+    d.top_k = r % 3 == 0 ? 50 : 0;
+    d.top_p = r % 4 == 1 ? 0.9f : 1.f;
+    d.seed = 77 + uint64_t(r % 13), d.draw = uint64_t(r), d.q_out = r;
+  }
+  std::vector<float> q_dev(size_t(rows) * V, -1.f), q_cpu(size_t(rows) * V, -1.f);
+  const std::vector<RowSample> drawn_dev = device(q_logits, draw, q_dev);
+  std::vector<float> work = q_logits;
+  std::vector<RowSample> drawn_cpu(static_cast<size_t>(rows));
+  cpu::sample_rows(work.data(), rows, V, draw.data(), nullptr, drawn_cpu.data(), nullptr, nullptr, nullptr, q_cpu.data());
+  int same_draft = 0;
+  double worst = 0;
+  for (int r = 0; r < rows; ++r) {
+    same_draft += drawn_dev[size_t(r)].token == drawn_cpu[size_t(r)].token;
+    for (int t = 0; t < V; ++t)
+      worst = std::max(worst, double(std::fabs(q_dev[size_t(r) * V + t] - q_cpu[size_t(r) * V + t])));
+  }
+  EXPECT_LT(worst, 1e-5) << "largest difference of q between the GPU and the CPU";
+  EXPECT_GE(same_draft, rows * 99 / 100);
+  // Verify each row's CPU draft against the CPU q on both (the device reads its own q).
+  for (int r = 0; r < rows; ++r) {
+    RowSampling& v = verify[size_t(r)];
+    v.temperature = r % 11 == 0 ? 0.f : 0.7f + 0.1f * float(r % 4);
+    v.top_k = r % 5 == 0 ? 40 : 0;
+    v.seed = 500 + uint64_t(r % 9), v.draw = uint64_t(r);
+    v.draft = drawn_cpu[size_t(r)].token, v.draft_q = r;
+  }
+  std::vector<float> q_for_dev = q_cpu;
+  const std::vector<RowSample> dev = device(p_logits, verify, q_for_dev);
+  work = p_logits;
+  std::vector<RowSample> host(static_cast<size_t>(rows));
+  cpu::sample_rows(work.data(), rows, V, verify.data(), nullptr, host.data(), nullptr, nullptr, nullptr, q_cpu.data());
+  int same = 0, accepted = 0;
+  for (int r = 0; r < rows; ++r) {
+    const bool eq = host[size_t(r)].token == dev[size_t(r)].token && host[size_t(r)].accepted == dev[size_t(r)].accepted;
+    same += eq;
+    accepted += host[size_t(r)].accepted;
+    if (verify[size_t(r)].temperature <= 0.f) EXPECT_TRUE(eq) << "greedy row " << r;
+  }
+  std::printf("  sampled drafts: %d of %d drafts and %d of %d verified rows the same on the CPU and the GPU "
+              "(%d accepted), q within %.2g\n", same_draft, rows, same, rows, accepted, worst);
   EXPECT_GE(same, rows * 99 / 100);
 }
 

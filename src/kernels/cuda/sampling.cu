@@ -165,7 +165,8 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
                                                                LogitAdjustment* adjust, RowSample* out,
                                                                int32_t* top_ids, float* top_lp, int32_t* last_token,
-                                                               const uint32_t* masks, const int32_t* row_argmax) {
+                                                               const uint32_t* masks, const int32_t* row_argmax,
+                                                               float* q_rows) {
   pdl_prologue();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x;
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
   // A plain greedy row (no logprobs, adjustments or mask) takes the argmax already found: one
   // block would read the whole row again.
   if (row_argmax && P.temperature <= 0.f && P.logprobs < 0 && P.adjust_begin == P.adjust_end &&
-      (P.mask_row < 0 || !masks)) {
+      (P.mask_row < 0 || !masks) && P.q_out < 0) {
     if (tid == 0) {
       RowSample res{};
       res.token = row_argmax[row];
@@ -241,6 +242,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
 
   int token = amax;
   bool accepted = P.draft >= 0 && amax == P.draft;
+  float* q_write = P.q_out >= 0 && q_rows ? q_rows + int64_t(P.q_out) * V : nullptr;
+  if (q_write && !(P.temperature > 0.f && isfinite(m)))  // a greedy draft: q one-hot at it
+    for (int i = tid; i < V; i += kThreads) q_write[i] = i == amax ? 1.f : 0.f;
   if (P.temperature > 0.f) {
     const Weights w{m, 1.f / P.temperature};
     const uint32_t kmax = order_key(m);
@@ -266,10 +270,39 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       if (order_key(l[i]) >= t) mine += w(l[i]);
     unsigned long long total = 0;
     block_exclusive_scan(mine, total, sh);
+    if (q_write)  // the distribution this row's draft is drawn from
+      for (int i = tid; i < V; i += kThreads)
+        q_write[i] = order_key(l[i]) >= t ? float(double(w(l[i])) / double(total)) : 0.f;
+    const float* q = has_draft && P.draft_q >= 0 && q_rows ? q_rows + int64_t(P.draft_q) * V : nullptr;
     int exclude = -1;
+    // A kept token's weight in the draw: w, or after refusing a draft drawn from q the residual
+    // max(w - q * total, 0) (none for the draft: refused only where p(draft) < q(draft)).
+    bool residual = false;
+    auto weight = [&](int i) -> unsigned long long {
+      if (i == exclude || order_key(l[i]) < t) return 0ull;
+      const unsigned long long wi = w(l[i]);
+      if (!residual) return wi;
+      const unsigned long long qi = static_cast<unsigned long long>(double(q[i]) * double(total));
+      return wi > qi ? wi - qi : 0ull;
+    };
     unsigned long long target = 0;
     bool draw = true;
-    if (has_draft) {
+    if (q) {  // accept with probability min(1, p(draft) / q(draft)), else draw from the residual
+      if (uniform01(P.seed, P.draw, 0) * double(q[P.draft]) * double(total) < double(wd)) {
+        token = P.draft, accepted = true, draw = false;
+      } else {
+        exclude = P.draft, residual = true;
+        mine = 0;
+        for (int i = begin; i < end; ++i) mine += weight(i);
+        unsigned long long rest = 0;
+        block_exclusive_scan(mine, rest, sh);
+        if (rest == 0) {  // p = q up to rounding
+          token = P.draft, accepted = true, draw = false;
+        } else {
+          target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 1) * double(rest));
+        }
+      }
+    } else if (has_draft) {
       // Accept the draft with probability p(draft), else draw from p without it.
       if (uniform01(P.seed, P.draw, 0) * double(total) < double(wd) || total == wd) {
         token = P.draft, accepted = true, draw = false;
@@ -278,8 +311,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
         if (P.draft >= begin && P.draft < end) mine -= wd;
         target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 1) * double(total - wd));
       }
-    } else {
-      target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 0) * double(total));
+    } else {  // j = 2 for a draft drawn here: apart from its position's own draws
+      target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, q_write ? 2 : 0) * double(total));
     }
     if (draw) {
       accepted = false;
@@ -289,8 +322,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       if (mine > 0 && target >= before && target < before + mine) {
         unsigned long long acc = before;
         for (int i = begin; i < end; ++i) {
-          if (i == exclude || order_key(l[i]) < t) continue;
-          acc += w(l[i]);
+          acc += weight(i);
           if (target < acc) {
             sh.token = i;
             break;
@@ -320,12 +352,12 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
 
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token,
-                 const uint32_t* masks, const int32_t* row_argmax) {
+                 const uint32_t* masks, const int32_t* row_argmax, float* q_rows) {
   if (rows == 0) return;
   // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
   // and one launch per step costs nothing worth saving.
   sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
-                                               masks, row_argmax);
+                                               masks, row_argmax, q_rows);
   FATHOM_CUDA_LAUNCH_CHECK();
   inject_backend_fault(kSamplingOp, kDeviceSampling, out, size_t(rows) * sizeof(RowSample), s);
 }

@@ -1,8 +1,8 @@
 // Token choice on the device: one block per logits row applies the row's adjustments, then picks
 // greedily, samples (temperature, top-k, min-p, top-p) or verifies a deterministic draft by
-// rejection sampling, and reports the chosen token's logprob and the top-k alternatives when
-// asked. Drafts drawn from a distribution (RowSampling::q_out, draft_q) are not here yet: the CUDA
-// runner refuses such rows (the CPU row sampler has them). The CPU sampler
+// rejection sampling, or a draft drawn from q with min(1, p / q) and the residual max(p - q, 0)
+// (RowSampling::draft_q), draws a draft and writes its q (RowSampling::q_out), and reports the
+// chosen token's logprob and the top-k alternatives when asked. The CPU sampler
 // (runtime/sampler.h) is the reference; core/row_sampling.h has the semantics.
 #pragma once
 #include <cstdint>
@@ -18,9 +18,10 @@ namespace fathom::cuda {
 // masks (may be null): the rows' token masks (RowSampling::mask_row), mask_words(vocab) words each.
 // row_argmax (may be null): argmax_rows' result on these logits; greedy rows with nothing to
 // apply (no logprobs, adjustments or mask) take it instead of reading their row.
+// q_rows (may be null when no row has q_out or draft_q): the step's draft distributions, [n, vocab].
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s,
                  int32_t* last_token = nullptr, const uint32_t* masks = nullptr,
-                 const int32_t* row_argmax = nullptr);
+                 const int32_t* row_argmax = nullptr, float* q_rows = nullptr);
 
 }  // namespace fathom::cuda
