@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|drafts34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -679,6 +679,21 @@ for what in "${@:-all}"; do
       timeout 400 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --prompts 24 --repeats 5 --concurrency 16 --modes plain mtp1-auto mtp1-off \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
+    drafts34)
+      # Issue 34, sampled drafts on the GPU (--speculative-sampled-drafts): the device sampler
+      # against the CPU row sampler, the engine's fused rounds with drawn drafts, memcheck over
+      # both; then the default model served at temperature 0, 0.7 and 1.0, one request at a time,
+      # plain / mtp1 (argmax drafts) / mtp1-drawn, medians of SPEC_PASSES (default 5).
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
+      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaSampling.*:CudaSpeculative.*' > "$OUT/drafts34_tests.log" 2>&1
+      echo "drafts34 tests rc=$?"
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|sampled drafts|acceptance argmax|sampled jobs alone|chained of" "$OUT/drafts34_tests.log" | head -20
+      memcheck 400 drafts34 'CudaSampling.SampledDraftsMatchTheCpuRowSampler:CudaSpeculative.Sampled*'
+      heldout=$(heldout_text) || { echo "drafts34: no held-out text (HELDOUT)"; continue; }
+      timeout 500 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
+        --heldout "$heldout" --device cuda --temperatures 0 0.7 1.0 --repeats "${SPEC_PASSES:-5}" \
+        --modes plain mtp1 mtp1-drawn --log-dir "$OUT/drafts34_logs" --json-out "$OUT/drafts34.json" 2>&1 \
+        | tee "$OUT/drafts34_serve.md" ;;
     specab34)
       # Issue 34: two builds' served MTP rounds side by side (SPEC_BINS, default "fathom_old
       # fathom"; greedy, one request at a time, plain and mtp1, SPEC_PASSES passes each), the

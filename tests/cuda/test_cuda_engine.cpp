@@ -381,7 +381,7 @@ std::vector<testing::Job> random_jobs(int n, int V, int len0, int len_step, uint
 // penalty) fuse too, their drafts verified by the device sampler inside the round. Greedy jobs stay
 // lossless against plain decoding; every job's output equals the unfused rounds' (the same drafts,
 // verified with the same random numbers, as decode-side kernels keep a row's bits in verify steps
-// of any size); sampled jobs alone run fused rounds.
+// of any size); sampled jobs alone run fused rounds, chained, with the unfused rounds' tokens.
 TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
   for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
     auto open = [&] { return open_fused_round_engine(fixture); };
@@ -413,15 +413,77 @@ TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
       EXPECT_EQ(fused[i].ids, unfused[i].ids) << fixture << " job " << i;
       EXPECT_EQ(fused[i].logprobs.size(), fused[i].ids.size() * (jobs[i].params.logprobs >= 0)) << fixture << " job " << i;
     }
-    const std::vector<testing::Job> sampled(jobs.begin() + 3, jobs.end());
+    // Sampled jobs alone, all there from the start and without the penalty (which holds chains):
+    // their rounds chain, and give the unfused rounds' tokens.
+    std::vector<testing::Job> sampled(jobs.begin() + 3, jobs.end());
+    sampled.back().params.sampling.presence_penalty = 0.f;
+    const auto sampled_unfused = testing::run_burst(open(), cfg, sampled, nullptr);
     cfg.fused_mtp_rounds = true;
     std::string ms;
-    testing::run_engine(open(), cfg, sampled, &ms);
-    const double rounds = testing::metric(ms, "fathom:spec_decode_fused_rounds_total");
-    std::printf("  %s: %.0f fused rounds with greedy and sampled jobs, %.0f with sampled jobs alone, acceptance %.3f\n",
-                fixture, testing::metric(m, "fathom:spec_decode_fused_rounds_total"), rounds,
+    const auto sampled_chained = testing::run_burst(open(), cfg, sampled, &ms);
+    for (size_t i = 0; i < sampled.size(); ++i)
+      EXPECT_EQ(sampled_chained[i].ids, sampled_unfused[i].ids) << fixture << " sampled job " << i << " alone";
+    const double rounds = testing::metric(ms, "fathom:spec_decode_fused_rounds_total"),
+                 chained = testing::metric(ms, "fathom:spec_decode_chained_rounds_total");
+    std::printf("  %s: %.0f fused rounds with greedy and sampled jobs, %.0f with sampled jobs alone (%.0f chained), "
+                "acceptance %.3f\n",
+                fixture, testing::metric(m, "fathom:spec_decode_fused_rounds_total"), rounds, chained,
                 testing::metric(ms, "fathom:spec_decode_draft_acceptance_rate"));
     EXPECT_GT(rounds, 0) << fixture;
+    EXPECT_GT(chained, 0) << fixture << ": sampled rounds chain (the adaptive length is off)";
+  }
+}
+
+// Sampled drafts (--speculative-sampled-drafts) in the GPU's fused rounds: a sampled request's
+// MTP draft drawn on the device from the MTP layer's distribution, its q kept in its state slot
+// and the next round's verify reading it (chained: found on the device; unchained: by the draft's
+// position and token, the same q). Greedy jobs stay lossless; seeded sampled jobs repeat
+// exactly when their rounds run alike (all jobs submitted before the engine starts: one prefill,
+// then fused rounds only; a draft made outside a fused round is the MTP argmax, verified by the
+// deterministic rule, so with arrivals mid-run the tokens depend on the batch); on the oracle
+// fixture (its MTP layer close to the model) drafts are accepted far more often than the argmax
+// drafts (the CPU engine: 0.984 against 0.684 at temperature 3, top-k 8).
+TEST(CudaSpeculative, SampledDraftsAreAcceptedMoreOften) {
+  for (const char* fixture : {"qwen35_moe", "qwen35_moe_mtp_oracle"}) {
+    auto open = [&] { return open_fused_round_engine(fixture); };
+    const int V = open()->config().vocab_size;
+    std::vector<testing::Job> jobs = random_jobs(8, V, 6, 9, 810, 32, 1);
+    for (size_t i = 2; i < jobs.size(); ++i) {
+      SamplingParams& sp = jobs[i].params.sampling;
+      sp.temperature = 3.f;
+      sp.top_k = 8;
+      sp.seed = 90 + i;
+    }
+    EngineConfig cfg;
+    cfg.max_num_seqs = 8;
+    cfg.max_model_len = 512;
+    const auto plain = testing::run_engine(open(), cfg, jobs);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 1;
+    cfg.spec.adaptive = false;
+    std::string m_argmax, m_drawn, m_again;
+    testing::run_burst(open(), cfg, jobs, &m_argmax);
+    cfg.spec.sampled_drafts = true;
+    const auto drawn = testing::run_burst(open(), cfg, jobs, &m_drawn);
+    const auto again = testing::run_burst(open(), cfg, jobs, &m_again);
+    cfg.chained_mtp_rounds = false;
+    std::string m_unchained;
+    const auto unchained = testing::run_burst(open(), cfg, jobs, &m_unchained);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (i < 2) EXPECT_EQ(drawn[i].ids, plain[i].ids) << fixture << " greedy job " << i;
+      EXPECT_EQ(drawn[i].ids, again[i].ids) << fixture << " job " << i;
+      EXPECT_EQ(drawn[i].ids, unchained[i].ids) << fixture << " job " << i << ", unchained rounds";
+      EXPECT_EQ(drawn[i].ids.size(), size_t(jobs[i].params.max_tokens)) << fixture << " job " << i;
+    }
+    const double a0 = testing::metric(m_argmax, "fathom:spec_decode_draft_acceptance_rate"),
+                 a1 = testing::metric(m_drawn, "fathom:spec_decode_draft_acceptance_rate");
+    std::printf("  %s: acceptance argmax drafts %.3f, drawn %.3f (%.0f fused rounds, %.0f chained; unchained: %.3f)\n",
+                fixture, a0, a1, testing::metric(m_drawn, "fathom:spec_decode_fused_rounds_total"),
+                testing::metric(m_drawn, "fathom:spec_decode_chained_rounds_total"),
+                testing::metric(m_unchained, "fathom:spec_decode_draft_acceptance_rate"));
+    EXPECT_GT(testing::metric(m_drawn, "fathom:spec_decode_fused_rounds_total"), 0) << fixture;
+    EXPECT_GT(testing::metric(m_drawn, "fathom:spec_decode_chained_rounds_total"), 0) << fixture;
+    if (std::string(fixture) == "qwen35_moe_mtp_oracle") EXPECT_GT(a1, a0 + 0.1) << fixture;
   }
 }
 

@@ -34,7 +34,80 @@ __global__ void chain_patch_kernel(int32_t* ids, int32_t* pos, int32_t* slot_map
   ids[t] = chain_tok[2 * slot + j];
 }
 
+__global__ void round_outcome_sampled_kernel(const RowSample* chosen, const int32_t* draft, const int32_t* seq_start,
+                                             const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a,
+                                             int32_t* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= S) return;
+  const int r0 = seq_start[i], n = seq_start[i + 1] - r0, slot = state_slot[i], T = seq_start[S];
+  int a = 0;
+  while (a + 1 < n && chosen[r0 + a].accepted != 0) ++a;
+  chain_tok[2 * slot] = chosen[r0 + a].token;
+  chain_tok[2 * slot + 1] = draft[r0 + a];
+  chain_a[slot] = a;
+  out[i] = a;
+  for (int j = r0; j < r0 + n; ++j) out[S + j] = chosen[j].token, out[S + T + j] = draft[j];
+}
+
+// Block (i, c): floats c * blockDim.x * 4 ... of sequence i's kept q, as float4 where aligned.
+__global__ void keep_drawn_q_kernel(const RowSampling* rows, const int32_t* seq_start, const int32_t* state_slot,
+                                    const int32_t* chain_a, const float* q_drawn, float* q_kept, int64_t vocab) {
+  const int i = blockIdx.x;
+  const int r0 = seq_start[i];
+  if (!rows[r0].draw_draft) return;
+  const int slot = state_slot[i];
+  const float* src = q_drawn + int64_t(r0 + chain_a[slot]) * vocab;
+  float* dst = q_kept + int64_t(slot) * vocab;
+  const int64_t per_block = int64_t(blockDim.x) * 4;
+  const int64_t begin = int64_t(blockIdx.y) * per_block, end = begin + per_block < vocab ? begin + per_block : vocab;
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) dst[k] = src[k];
+}
+
+__global__ void chosen_tokens_kernel(const RowSample* chosen, int rows, int32_t* tokens) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < rows) tokens[r] = chosen[r].token;
+}
+
+__global__ void chain_patch_rows_kernel(RowSampling* rows, RowSampling* draft_rows, const int32_t* state_slot, int S,
+                                        const int32_t* chain_tok, const int32_t* chain_a) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;  // row t = 2i + j of sequence i
+  if (t >= 2 * S) return;
+  const int slot = state_slot[t / 2];
+  const uint64_t a = uint64_t(chain_a[slot]);
+  rows[t].draw += a;
+  if (rows[t].draft == kDraftFromRound) rows[t].draft = chain_tok[2 * slot + 1];
+  if (draft_rows) draft_rows[t].draw += a;
+}
+
 }  // namespace
+
+void mtp_round_outcome_sampled(const RowSample* chosen, const int32_t* draft, const RowSampling* rows,
+                               const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
+                               int32_t* chain_a, int32_t* out, const float* q_drawn, float* q_kept, int64_t vocab,
+                               cudaStream_t s) {
+  if (S <= 0) return;
+  round_outcome_sampled_kernel<<<(S + 127) / 128, 128, 0, s>>>(chosen, draft, seq_start, state_slot, S, chain_tok,
+                                                               chain_a, out);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+  if (!q_drawn || !q_kept) return;
+  constexpr int kThreads = 256;
+  const dim3 grid(unsigned(S), unsigned((vocab + kThreads * 4 - 1) / (kThreads * 4)));
+  keep_drawn_q_kernel<<<grid, kThreads, 0, s>>>(rows, seq_start, state_slot, chain_a, q_drawn, q_kept, vocab);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void chosen_tokens(const RowSample* chosen, int rows, int32_t* tokens, cudaStream_t s) {
+  if (rows <= 0) return;
+  chosen_tokens_kernel<<<(rows + 127) / 128, 128, 0, s>>>(chosen, rows, tokens);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void mtp_chain_patch_rows(RowSampling* rows, RowSampling* draft_rows, const int32_t* state_slot, int S,
+                          const int32_t* chain_tok, const int32_t* chain_a, cudaStream_t s) {
+  if (S <= 0) return;
+  chain_patch_rows_kernel<<<(2 * S + 127) / 128, 128, 0, s>>>(rows, draft_rows, state_slot, S, chain_tok, chain_a);
+  FATHOM_CUDA_CHECK(cudaGetLastError());
+}
 
 void mtp_round_outcome(const int32_t* fed, const int32_t* target, const int32_t* draft, const int32_t* seq_start,
                        const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* out,

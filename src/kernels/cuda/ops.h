@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "core/kv_cache_dtype.h"
+#include "core/row_sampling.h"
 #include "core/weight_format.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/kernel_plan.h"
@@ -307,6 +308,21 @@ void restore_linear_states_unless(float* conv_state, float* rec_state, const Sta
 void mtp_round_outcome(const int32_t* fed, const int32_t* target, const int32_t* draft, const int32_t* seq_start,
                        const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* out,
                        cudaStream_t s);
+// The same for a sampled round: a = the leading rows the sampler accepted (RowSample::accepted),
+// the targets the rows' chosen tokens. Where a sequence's rows draw their drafts (draw_draft of
+// its first row), the q its next draft came from (q_drawn row r0 + a, `vocab` floats) is copied
+// to q_kept[slot], which the next round's draft row verifies against (RowSampling::draft_q).
+void mtp_round_outcome_sampled(const RowSample* chosen, const int32_t* draft, const RowSampling* rows,
+                               const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
+                               int32_t* chain_a, int32_t* out, const float* q_drawn, float* q_kept, int64_t vocab,
+                               cudaStream_t s);
+// Each row's chosen token (RowSample::token) as a plain id array (the MTP step's input).
+void chosen_tokens(const RowSample* chosen, int rows, int32_t* tokens, cudaStream_t s);
+// A chained sampled round's row parameters (two rows a sequence, planned as if the round before
+// accepted nothing): each row draws chain_a[slot] further, and a draft kDraftFromRound becomes the
+// draft that round left (chain_tok[2 * slot + 1]); draft_rows (may be null) draw as far further.
+void mtp_chain_patch_rows(RowSampling* rows, RowSampling* draft_rows, const int32_t* state_slot, int S,
+                          const int32_t* chain_tok, const int32_t* chain_a, cudaStream_t s);
 // A chained round's uploaded metadata (S sequences, two tokens each, planned as if the round
 // before accepted nothing) made the round's own: the tokens chain_tok[slot], positions +
 // chain_a[slot], KV slots from each sequence's block table.

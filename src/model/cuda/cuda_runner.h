@@ -122,13 +122,15 @@ class CudaRunner final : public ModelRunner {
   // so (and snapshots prompt ends) unless FATHOM_DEVICE_PROMPT_ENDS=0.
   bool returns_kept_logits() const override;
   bool supports_fused_mtp_round() const override;
+  // Sampled drafts: drawn on the device from the MTP layer's distribution, its q kept per state
+  // slot until the next round verifies against it (runner_mtp_round.cpp).
+  bool draws_sampled_drafts() const override { return supports_fused_mtp_round(); }
   VerifyDraftOutput forward_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                                          std::span<const LogitAdjustment> adjust = {},
                                          std::span<const uint32_t> masks = {}) override;
-  // Chained rounds, greedy rows only (sampled rounds run forward_verify_draft): the round's outcome
-  // stays on the device per state slot and a chained launch takes it from there (runner_mtp_round.cpp).
+  // Chained rounds, greedy and sampled: the round's outcome stays on the device per state slot and
+  // a chained launch takes it from there (runner_mtp_round.cpp).
   bool supports_chained_rounds() const override;
-  bool chains_sampled_rounds() const override { return false; }
   void launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows = {},
                            std::span<const LogitAdjustment> adjust = {},
                            std::span<const uint32_t> masks = {}) override;

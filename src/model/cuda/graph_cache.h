@@ -16,13 +16,20 @@ namespace fathom::cuda {
 
 class GraphCache {
  public:
-  using Key = std::tuple<int, int, int, bool>;
+  using Key = std::tuple<int, int, int, int>;
 
   explicit GraphCache(bool capture_on_second_sight = false) : second_sight_(capture_on_second_sight) {}
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
   ~GraphCache() {
     for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  }
+
+  // Drops every graph (they hold the addresses of buffers that are about to move).
+  void clear() {
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+    seen_.clear();
   }
 
   // Runs `body` (the step's launches on `stream`) eagerly when `graphable` is false, else

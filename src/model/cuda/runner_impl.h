@@ -48,6 +48,14 @@ struct Sequence {
   // A chained round was launched after a round not read yet: the lengths above are as if that
   // round accepted no draft, until it is read (CudaRunner::finish_verify_draft adds what it did).
   bool awaiting_outcome = false;
+  // The draft a sampled fused round drew for this sequence: its position (RowSampling::draw) and
+  // token, its q in SamplingBuffers::q_kept at this sequence's slot (token -1: none). round_draws:
+  // the round last launched draws it (a round chained to that one verifies against its q);
+  // round_a: the drafts the round last read accepted (a chained round's rows drew that far further).
+  uint64_t kept_draw = 0;
+  int32_t kept_token = -1;
+  bool round_draws = false;
+  int round_a = 0;
 };
 
 // Per-step metadata, mirrored in pinned host memory and uploaded in one copy.
@@ -171,14 +179,21 @@ struct CudaRunner::Impl {
   // drafts of the round being launched (chain_draft, T_max) and the round's outputs (round_out: S
   // accepted counts, T targets, T drafts), copied to one of two pinned buffers per launched round.
   DeviceBuffer chain_dev;
-  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_draft = nullptr, *round_out = nullptr;
+  // A sampled round's chosen tokens (chain_fed, T_max) are the MTP step's input.
+  int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_draft = nullptr, *chain_fed = nullptr, *round_out = nullptr;
   int32_t* round_host[2] = {nullptr, nullptr};
   cudaEvent_t round_done[2] = {nullptr, nullptr};
   int round_buf = 0;
   struct LaunchedRound {
     int buf = 0, T = 0, S = 0;
+    bool chained = false;
     std::vector<int64_t> row_begin;
     std::vector<SequenceId> seqs;
+    // A sampled round (rows given): its rows' draws as uploaded (a chained round's are round_a
+    // further on the device), which rows draw their drafts, and whether any row wants logprobs.
+    bool sampled = false, any_logprobs = false;
+    std::vector<uint64_t> draw;
+    std::vector<char> draws_draft;
   };
   std::deque<LaunchedRound> rounds;  // oldest first; at most two
   void ensure_chain_buffers();
@@ -371,7 +386,17 @@ struct CudaRunner::Impl {
   // argmax and final hidden rows where they are, the outcome. No copies between them, so the
   // kernels' programmatic launches chain across the whole round.
   GraphCache round_graphs{/*capture_on_second_sight=*/true};
-  void run_round(const Plan& p, bool chained);
+  // A sampled round's device work beyond a greedy one's (runner_mtp_round.cpp): its rows'
+  // parameters are uploaded (row_params; the draft rows' in draft_params where rows draw drafts),
+  // with adjustments and token masks where it has them.
+  struct SampledRound {
+    bool draws = false, verifies = false, adjust = false, masks = false, logprobs = false;
+    int key() const { return 2 | (draws ? 4 : 0) | (verifies ? 8 : 0) | (adjust ? 16 : 0) | (masks ? 32 : 0) | (logprobs ? 64 : 0); }
+  };
+  void run_round(const Plan& p, bool chained, const SampledRound* sr = nullptr);
+  void upload_round_rows(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                         std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks, LaunchedRound& lr,
+                         SampledRound& sr);
 
   // MTP rows of each step sit at positions mtp_length.. of its sequence (the positions of the
   // hidden states they consume), in the MTP layer's own KV pool with the sequence's block table.

@@ -4,11 +4,14 @@
 // second upload, no host wait for one), reading the verify rows' chosen tokens and final hidden
 // states on the device, and one wait at the end. At batch 1 on a small model a round otherwise
 // pays a second host round trip for the draft step, as much as the MTP layer's own GPU time.
-// Greedy rounds go through launch_verify_draft / finish_verify_draft as one graph (run_round),
-// and chain: a round's outcome stays on the device per state slot (mtp_round_outcome), and a
-// round launched before it is read takes its tokens, positions and linear-attention state from
-// there (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the
-// round before it is read.
+// Every round goes through launch_verify_draft / finish_verify_draft as one graph (run_round),
+// and chains: a round's outcome stays on the device per state slot (mtp_round_outcome), and a
+// round launched before it is read takes its tokens, positions, sampling rows and
+// linear-attention state from there (mtp_chain_patch, mtp_chain_patch_rows,
+// restore_linear_states_unless), its host-side lengths settled when the round before it is read.
+// Sampled drafts (RowSampling::draw_draft): the MTP rows go through the sampler too, drawing
+// each draft from the MTP layer's distribution, and the q of the one the next round verifies is
+// kept per state slot (SamplingBuffers::q_kept).
 #include <algorithm>
 #include <cstddef>
 
@@ -24,54 +27,9 @@ VerifyDraftOutput CudaRunner::forward_verify_draft(std::span<const ForwardStep> 
                                                    std::span<const uint32_t> masks) {
   Impl& m = *impl_;
   FATHOM_CHECK(m.w.has_mtp, "forward_verify_draft: this model has no MTP layer loaded");
-  int total = 0;
-  for (const ForwardStep& st : steps) {
-    FATHOM_CHECK(st.all_rows && st.keep_history, "forward_verify_draft: steps take all rows and keep history");
-    const auto& sq = m.seq(st.seq);
-    FATHOM_CHECK(sq.mtp_length == sq.length, "forward_verify_draft: the MTP layer of sequence ", st.seq, " is at ",
-                 sq.mtp_length, " tokens, the model at ", sq.length);
-    total += int(st.tokens.size());
-  }
-  FATHOM_CHECK(total <= m.T_max && total <= m.R_max && int(steps.size()) <= m.opt.max_seqs,
-               "forward_verify_draft: the batch must fit one forward (", total, " tokens)");
-  const bool sampled = !rows.empty();
-  if (!sampled) {
-    launch_verify_draft(steps);
-    return finish_verify_draft();
-  }
-  // The sampled launch (runner_sampling.cpp) as one chunk: its rows are the steps' tokens in
-  // order, its sampler's results in m.sampling.row_out, its final hidden rows in m.act.sel.
-  FATHOM_CHECK(m.launched.empty() && m.rounds.empty(), "forward_verify_draft: an overlapped step is still in flight");
-  launch(steps, rows, adjust, /*want_hidden=*/false, masks);
-
-  VerifyDraftOutput out;
-  int offset = 0;
-  for (const ForwardStep& st : steps) {
-    out.row_begin.push_back(offset);
-    offset += int(st.tokens.size());
-  }
-  const Impl::Plan q = m.mtp_plan_on_verify(m.last_prepared);
-  const cudaStream_t s = m.stream;
-  // The MTP step's token ids are the verify rows' choices (the token field of each sampled row),
-  // its hidden rows the verify rows' final hidden states.
-  const auto* first = reinterpret_cast<const char*>(m.sampling.row_out.data()) + offsetof(RowSample, token);
-  FATHOM_CUDA_CHECK(cudaMemcpy2DAsync(m.dmeta.ids, sizeof(int32_t), first, sizeof(RowSample), sizeof(int32_t),
-                                      size_t(total), cudaMemcpyDeviceToDevice, s));
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.act.mtp_hidden.data(), m.act.sel.data(), size_t(total) * m.cfg.hidden_size * 4,
-                                    cudaMemcpyDeviceToDevice, s));
-  m.run_mtp_step(q);
-  out.target.resize(size_t(total));
-  out.draft.resize(size_t(total));
-  FATHOM_CUDA_CHECK(
-      cudaMemcpyAsync(out.draft.data(), m.act.argmax.data(), size_t(total) * 4, cudaMemcpyDeviceToHost, s));
-  SampledOutput so = finish_sampled();  // the sampler's results (its copies were queued before the MTP step)
-  out.samples = std::move(so.samples);
-  out.top_ids = std::move(so.top_ids);
-  out.top_logprobs = std::move(so.top_logprobs);
-  for (size_t i = 0; i < out.samples.size(); ++i) out.target[i] = out.samples[i].token;
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));  // the drafts' copy
-  for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
-  return out;
+  FATHOM_CHECK(m.rounds.empty(), "forward_verify_draft: a chained round is still in flight");
+  launch_verify_draft(steps, rows, adjust, masks);
+  return finish_verify_draft();
 }
 
 bool CudaRunner::supports_chained_rounds() const { return impl_->w.has_mtp && !impl_->comm; }
@@ -79,29 +37,29 @@ bool CudaRunner::supports_chained_rounds() const { return impl_->w.has_mtp && !i
 void CudaRunner::Impl::ensure_chain_buffers() {
   if (chain_tok) return;
   const size_t out_ints = size_t(opt.max_seqs) + size_t(2) * T_max;  // a round's [S][T][T] outputs
-  const size_t ints = size_t(3) * slots + size_t(T_max) + out_ints;
+  const size_t ints = size_t(3) * slots + size_t(2) * T_max + out_ints;
   chain_dev = DeviceBuffer(ints * 4);
   FATHOM_CUDA_CHECK(cudaMemsetAsync(chain_dev.data(), 0, ints * 4, stream));
   chain_tok = chain_dev.as<int32_t>();
   chain_a = chain_tok + 2 * slots;
   chain_draft = chain_a + slots;
-  round_out = chain_draft + T_max;
+  chain_fed = chain_draft + T_max;
+  round_out = chain_fed + T_max;
   for (int b = 0; b < 2; ++b) {
     FATHOM_CUDA_CHECK(cudaMallocHost(&round_host[b], out_ints * 4));
     FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&round_done[b], cudaEventDisableTiming));
   }
 }
 
-// A greedy round queued: the verify step (each row's argmax), then the MTP layer over the same
-// rows, then the round's outcome per state slot and its outputs to pinned memory. Chained steps
-// (two kPendingToken) are planned as if the round in flight accepted nothing and made that
-// round's own on the device before anything reads them.
+// A round queued: the verify step (each row's token: its argmax, or the device sampler over the
+// round's rows), then the MTP layer over the same rows (its drafts: the argmax, or drawn from its
+// distribution where rows draw drafts), then the round's outcome per state slot and its outputs
+// to pinned memory. Chained steps (two kPendingToken) are planned as if the round in flight
+// accepted nothing and made that round's own on the device before anything reads them.
 void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                      std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks) {
   Impl& m = *impl_;
-  (void)adjust, (void)masks;
   FATHOM_CHECK(m.w.has_mtp, "launch_verify_draft: this model has no MTP layer loaded");
-  FATHOM_CHECK(rows.empty(), "launch_verify_draft: the CUDA runner chains greedy rounds only");
   FATHOM_CHECK(m.launched.empty() && m.rounds.size() < 2,
                "launch_verify_draft: two rounds (or an overlapped step) are still in flight");
   const auto pending = [](const ForwardStep& st) {
@@ -128,7 +86,17 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
   }
   FATHOM_CHECK(total <= m.T_max && total <= m.R_max && int(steps.size()) <= m.opt.max_seqs,
                "launch_verify_draft: the batch must fit one forward (", total, " tokens)");
+  FATHOM_CHECK(rows.empty() || int(rows.size()) == total, "launch_verify_draft: ", rows.size(),
+               " sampling rows for ", total, " tokens");
   m.ensure_chain_buffers();
+  Impl::LaunchedRound lr;
+  lr.T = total;
+  lr.chained = chained;
+  lr.buf = m.round_buf;
+  Impl::SampledRound sr;
+  if (!rows.empty()) m.upload_round_rows(steps, rows, adjust, masks, lr, sr);  // before any sequence changes
+  else
+    for (const ForwardStep& st : steps) m.seq(st.seq).round_draws = false;
   const int64_t bs = m.opt.block_size;
   if (chained) {
     for (const ForwardStep& st : steps) {
@@ -145,12 +113,10 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
   }
   const cudaStream_t s = m.stream;
   const Impl::Plan p = m.prepare(steps);
-  m.run_round(p, chained);
+  m.run_round(p, chained, lr.sampled ? &sr : nullptr);
   m.commit(steps);
   for (const ForwardStep& st : steps) m.seq(st.seq).mtp_length += int64_t(st.tokens.size());
 
-  Impl::LaunchedRound lr;
-  lr.T = total;
   lr.S = p.S;
   int offset = 0;
   for (const ForwardStep& st : steps) {
@@ -158,32 +124,133 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
     lr.seqs.push_back(st.seq);
     offset += int(st.tokens.size());
   }
-  // The round's outputs (accepted counts, targets, drafts) to the host in one copy.
-  lr.buf = m.round_buf;
+  // The round's outputs (accepted counts, targets, drafts) to the host in one copy; a sampled
+  // round's chosen rows (and top logprobs) beside them.
   m.round_buf ^= 1;
   FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.round_host[lr.buf], m.round_out, size_t(p.S + 2 * total) * 4,
                                     cudaMemcpyDeviceToHost, s));
+  if (lr.sampled) {
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_out_host[lr.buf], m.sampling.row_out.data(),
+                                      size_t(total) * sizeof(RowSample), cudaMemcpyDeviceToHost, s));
+    if (lr.any_logprobs) {
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_top_ids_host[lr.buf], m.sampling.row_top_ids.data(),
+                                        size_t(total) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
+      FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_top_lp_host[lr.buf], m.sampling.row_top_lp.data(),
+                                        size_t(total) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
+    }
+  }
   FATHOM_CUDA_CHECK(cudaEventRecord(m.round_done[lr.buf], s));
   m.rounds.push_back(std::move(lr));
 }
 
+// A sampled round's rows into the pinned half `lr.buf` and up to the device: the verify rows
+// (a draft kDraftQKept resolved to the sequence's kept q where it is that draft's, else the
+// deterministic rule), the MTP rows of the rows that draw drafts (mtp_draft_row, q_out = row), the
+// adjustments renumbered, the token masks in row order. A chained step's rows are the engine's as
+// if the round in flight accepted nothing; the device moves them (mtp_chain_patch_rows).
+void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
+                                         std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                                         LaunchedRound& lr, SampledRound& sr) {
+  const int T = int(rows.size()), b = lr.buf;
+  const int64_t V = cfg.vocab_size, W = mask_words(V);
+  size_t n_adjust = 0, n_masks = 0;
+  for (const RowSampling& r : rows) {
+    FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
+                 "forward_verify_draft: a row's adjustments lie outside the list");
+    FATHOM_CHECK(r.mask_row < 0 || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
+                 "forward_verify_draft: a row's token mask lies outside the mask table");
+    FATHOM_CHECK(!r.skip && !r.keep_logits && r.q_out < 0 && (r.draft_q < 0 || r.draft_q == kDraftQKept),
+                 "forward_verify_draft: a round's rows are read, keep no logits and draw no draft of their own");
+    FATHOM_CHECK(lr.chained || r.draft != kDraftFromRound, "forward_verify_draft: kDraftFromRound outside a chained round");
+    n_adjust += size_t(r.adjust_end - r.adjust_begin);
+    n_masks += r.mask_row >= 0 ? 1 : 0;
+    sr.draws = sr.draws || r.draw_draft;
+    sr.logprobs = sr.logprobs || r.logprobs >= 0;
+  }
+  lr.sampled = true;
+  lr.any_logprobs = sr.logprobs;
+  if (sr.draws || std::any_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.draft_q == kDraftQKept; })) {
+    if (size_t(T) > sampling.draft_rows && !rounds.empty()) FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (sampling.reserve_drafts(T, slots, V)) round_graphs.clear();  // their q buffers moved
+  }
+  sampling.reserve_adjustments(b, n_adjust);
+  sampling.reserve_masks(b, n_masks * size_t(W));
+  RowSampling* params = sampling.row_params_host[b];
+  RowSampling* draft_params = sampling.draft_params_host[b];
+  LogitAdjustment* adjust_host = sampling.adjust_host[b];
+  int32_t next_adjust = 0, next_mask = 0;
+  for (size_t i = 0, r = 0; i < steps.size(); ++i) {
+    Sequence& sq = seq(steps[i].seq);
+    const bool round_before_draws = sq.round_draws;
+    sq.round_draws = false;
+    for (size_t k = 0; k < steps[i].tokens.size(); ++k, ++r) {
+      RowSampling p = rows[r];
+      if (p.draft_q == kDraftQKept) {
+        if (lr.chained) p.draft_q = p.draft == kDraftFromRound && round_before_draws ? sq.slot : -1;
+        else p.draft_q = sq.kept_token >= 0 && sq.kept_token == p.draft && sq.kept_draw == p.draw ? sq.slot : -1;
+      }
+      sr.verifies = sr.verifies || p.draft_q >= 0;
+      p.state_slot = -1;
+      const int32_t count = p.adjust_end - p.adjust_begin;
+      std::copy_n(adjust.begin() + p.adjust_begin, count, adjust_host + next_adjust);
+      p.adjust_begin = next_adjust;
+      p.adjust_end = next_adjust += count;
+      if (p.mask_row >= 0) {
+        std::copy_n(masks.begin() + int64_t(p.mask_row) * W, W, sampling.mask_host[b] + int64_t(next_mask) * W);
+        p.mask_row = next_mask++;
+      }
+      params[r] = p;
+      if (sr.draws) {  // rows that do not draw theirs draft the MTP argmax (a greedy row)
+        RowSampling d = mtp_draft_row(rows[r]);
+        if (rows[r].draw_draft) d.q_out = int32_t(r);
+        draft_params[r] = d;
+      }
+      lr.draw.push_back(rows[r].draw);
+      lr.draws_draft.push_back(char(rows[r].draw_draft));
+      sq.round_draws = sq.round_draws || rows[r].draw_draft;
+    }
+  }
+  sr.adjust = next_adjust > 0;
+  sr.masks = next_mask > 0;
+  const cudaStream_t s = stream;
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.row_params.data(), params, size_t(T) * sizeof(RowSampling),
+                                    cudaMemcpyHostToDevice, s));
+  if (sr.draws)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.draft_params.data(), draft_params, size_t(T) * sizeof(RowSampling),
+                                      cudaMemcpyHostToDevice, s));
+  if (sr.adjust)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.adjust_dev.data(), adjust_host,
+                                      size_t(next_adjust) * sizeof(LogitAdjustment), cudaMemcpyHostToDevice, s));
+  if (sr.masks)
+    FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.mask_dev.data(), sampling.mask_host[b], size_t(next_mask) * size_t(W) * 4,
+                                      cudaMemcpyHostToDevice, s));
+}
+
 // The round's device work (prepare() has uploaded its metadata): a chained round's tokens,
-// positions and KV slots from the round before's outcome and the DeltaNet state after that
-// round's first token where its draft was refused; the verify step (each row's argmax in
-// act.argmax, final hidden rows in act.sel); the MTP step on the same metadata, reading those
-// two where they are (the MTP layer sits where the model was: same positions, KV slots and
-// rows), its drafts in chain_draft; then each slot's outcome and the round's outputs in
-// round_out. dmeta.ids keeps the tokens fed, which the outcome compares with the targets.
-void CudaRunner::Impl::run_round(const Plan& p, bool chained) {
+// positions and KV slots (and a sampled round's rows) from the round before's outcome, and the
+// DeltaNet state after that round's first token where its draft was refused; the verify step
+// (each row's argmax in act.argmax, final hidden rows in act.sel; a sampled round's chosen rows in
+// sampling.row_out); the MTP step on the same metadata, reading the chosen tokens and hidden rows
+// where they are (the MTP layer sits where the model was: same positions, KV slots and rows),
+// its drafts in chain_draft (drawn through the sampler where rows draw drafts, their q in
+// q_drawn); then each slot's outcome (and kept q) and the round's outputs in round_out.
+// dmeta.ids keeps the tokens fed, which a greedy outcome compares with the targets.
+void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound* sr) {
   const cudaStream_t s = stream;
   const Plan q = mtp_plan_on_verify(p);
   set_programmatic_launch(p.T <= kSplitTokens);
-  const bool graphable = uses_graphs() && p.graphable && q.graphable &&
+  // Adjustments and masks live in buffers that grow on demand: such rounds run eagerly.
+  const bool graphable = uses_graphs() && p.graphable && q.graphable && (!sr || (!sr->adjust && !sr->masks)) &&
                          p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
-  const bool eager = round_graphs.run(s, GraphCache::Key{p.T, p.S, p.R, chained}, graphable, [&] {
+  const int64_t V = cfg.vocab_size;
+  const int key = int(chained) | (sr ? sr->key() : 0);
+  const bool eager = round_graphs.run(s, GraphCache::Key{p.T, p.S, p.R, key}, graphable, [&] {
+    RowSampling* rows = sampling.row_params.as<RowSampling>();
+    RowSampling* draft_rows = sr && sr->draws ? sampling.draft_params.as<RowSampling>() : nullptr;
     if (chained) {
       mtp_chain_patch(dmeta.ids, dmeta.pos, dmeta.slot_mapping, dmeta.state_slot, dmeta.block_tables, max_blocks,
                       opt.block_size, p.S, chain_tok, chain_a, s);
+      if (sr) mtp_chain_patch_rows(rows, draft_rows, dmeta.state_slot, p.S, chain_tok, chain_a, s);
       if (n_linear > 0)
         restore_linear_states_unless(states.conv(0), states.rec(0), states.layer_history(0, nullptr), n_linear, slots,
                                      dmeta.state_slot, p.S, chain_a, /*entry=*/1, states.conv_values(),
@@ -193,16 +260,36 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained) {
     run_layers(p);
     head(p);
     hist_step = false;
-    run_mtp(q, act.argmax.as<int32_t>(), act.sel.as<float>(), chain_draft);
-    mtp_round_outcome(dmeta.ids, act.argmax.as<int32_t>(), chain_draft, dmeta.seq_start, dmeta.state_slot, p.S,
-                      chain_tok, chain_a, round_out, s);
+    if (!sr) {
+      run_mtp(q, act.argmax.as<int32_t>(), act.sel.as<float>(), chain_draft);
+      mtp_round_outcome(dmeta.ids, act.argmax.as<int32_t>(), chain_draft, dmeta.seq_start, dmeta.state_slot, p.S,
+                        chain_tok, chain_a, round_out, s);
+      return;
+    }
+    RowSample* chosen = sampling.row_out.as<RowSample>();
+    sample_rows(act.logits.as<float>(), p.T, int(V), rows, sr->adjust ? sampling.adjust_dev.as<LogitAdjustment>() : nullptr,
+                chosen, sampling.row_top_ids.as<int32_t>(), sampling.row_top_lp.as<float>(), s, nullptr,
+                sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr, act.argmax.as<int32_t>(),
+                sr->verifies ? sampling.q_kept.as<float>() : nullptr);
+    chosen_tokens(chosen, p.T, chain_fed, s);
+    run_mtp(q, chain_fed, act.sel.as<float>(), chain_draft);
+    if (draft_rows) {
+      RowSample* drawn = sampling.draft_out.as<RowSample>();
+      sample_rows(act.logits.as<float>(), p.T, int(V), draft_rows, nullptr, drawn, nullptr, nullptr, s, nullptr, nullptr,
+                  chain_draft, sampling.q_drawn.as<float>());
+      chosen_tokens(drawn, p.T, chain_draft, s);
+    }
+    mtp_round_outcome_sampled(chosen, chain_draft, rows, dmeta.seq_start, dmeta.state_slot, p.S, chain_tok, chain_a,
+                              round_out, draft_rows ? sampling.q_drawn.as<float>() : nullptr,
+                              draft_rows ? sampling.q_kept.as<float>() : nullptr, V, s);
   });
   hist_step = false;
   if (eager) collect_profile();
 }
 
 // Waits for the oldest launched round; a sequence that a chained round continues takes the
-// drafts this one accepted into its lengths.
+// drafts this one accepted into its lengths. A sequence whose draft this round drew keeps its
+// position and token (the next unchained round's draft row finds its q by them).
 VerifyDraftOutput CudaRunner::finish_verify_draft() {
   Impl& m = *impl_;
   FATHOM_CHECK(!m.rounds.empty(), "finish_verify_draft: no round was launched");
@@ -214,11 +301,28 @@ VerifyDraftOutput CudaRunner::finish_verify_draft() {
   out.row_begin = lr.row_begin;
   out.target.assign(host + lr.S, host + lr.S + lr.T);
   out.draft.assign(host + lr.S + lr.T, host + lr.S + 2 * lr.T);
+  if (lr.sampled) {
+    out.samples.assign(m.sampling.row_out_host[lr.buf], m.sampling.row_out_host[lr.buf] + lr.T);
+    if (lr.any_logprobs) {
+      const size_t n = size_t(lr.T) * kMaxTopLogprobs;
+      out.top_ids.assign(m.sampling.row_top_ids_host[lr.buf], m.sampling.row_top_ids_host[lr.buf] + n);
+      out.top_logprobs.assign(m.sampling.row_top_lp_host[lr.buf], m.sampling.row_top_lp_host[lr.buf] + n);
+    }
+  }
   for (size_t i = 0; i < lr.seqs.size(); ++i) {
     auto it = m.seqs.find(lr.seqs[i]);
-    if (it == m.seqs.end() || !it->second.awaiting_outcome) continue;  // removed, or not continued
+    if (it == m.seqs.end()) continue;  // removed
     Impl::Sequence& sq = it->second;
     const int a = host[i];
+    if (lr.sampled) {  // the draft of row r0 + a, drawn at its draw + 1 (a chained round's rows drew round_a further)
+      const size_t at = size_t(lr.row_begin[i] + a);
+      sq.kept_token = lr.draws_draft[at] ? out.draft[at] : -1;
+      sq.kept_draw = lr.draw[at] + uint64_t(lr.chained ? sq.round_a : 0) + 1;
+    } else {
+      sq.kept_token = -1;
+    }
+    sq.round_a = a;
+    if (!sq.awaiting_outcome) continue;  // not continued
     sq.length += a;
     sq.mtp_length += a;
     sq.hist_base += a;

@@ -9,7 +9,8 @@ namespace fathom::cuda {
 SamplingBuffers::~SamplingBuffers() {
   for (int b = 0; b < 2; ++b)
     for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
-                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b], (void*)kept_host[b]})
+                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b], (void*)kept_host[b],
+                    (void*)draft_params_host[b]})
       if (p) cudaFreeHost(p);
   for (cudaEvent_t e : chunk_done)
     if (e) cudaEventDestroy(e);
@@ -55,6 +56,23 @@ void SamplingBuffers::reserve_kept(int buf, size_t floats) {
   if (kept_host[buf]) cudaFreeHost(kept_host[buf]);
   kept_cap[buf] = floats;
   FATHOM_CUDA_CHECK(cudaMallocHost(&kept_host[buf], floats * 4));
+}
+
+bool SamplingBuffers::reserve_drafts(int rows, int slots, int64_t vocab) {
+  bool moved = false;
+  if (size_t(rows) > draft_rows) {
+    draft_rows = std::max<size_t>(size_t(rows), 2 * draft_rows);
+    draft_params = DeviceBuffer(draft_rows * sizeof(RowSampling));
+    draft_out = DeviceBuffer(draft_rows * sizeof(RowSample));
+    q_drawn = DeviceBuffer(draft_rows * size_t(vocab) * 4);
+    for (int b = 0; b < 2; ++b) {
+      if (draft_params_host[b]) cudaFreeHost(draft_params_host[b]);
+      FATHOM_CUDA_CHECK(cudaMallocHost(&draft_params_host[b], draft_rows * sizeof(RowSampling)));
+    }
+    moved = true;
+  }
+  if (q_kept.bytes() == 0) q_kept = DeviceBuffer(size_t(slots) * size_t(vocab) * 4), moved = true;
+  return moved;
 }
 
 }  // namespace fathom::cuda

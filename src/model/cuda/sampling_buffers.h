@@ -33,6 +33,12 @@ struct SamplingBuffers {
   cudaEvent_t chunk_done[2] = {};  // per half: its chunk's results have arrived
   // The token each state slot's last sampled row chose (kPendingToken's value on the device).
   DeviceBuffer last_token;
+  // Sampled MTP drafts in fused rounds (RowSampling::draw_draft): the round's draft rows and what
+  // they drew, the q each drew from ([rows, vocab]), and each state slot's kept q ([slots, vocab],
+  // read by RowSampling::draft_q = slot). Sized on first use: a 248K vocabulary takes 1 MB a row.
+  DeviceBuffer draft_params, draft_out, q_drawn, q_kept;
+  RowSampling* draft_params_host[2] = {};  // pinned, per launched round (as the halves above)
+  size_t draft_rows = 0;                   // rows the draft buffers hold
 
   SamplingBuffers() = default;
   SamplingBuffers(const SamplingBuffers&) = delete;
@@ -45,6 +51,9 @@ struct SamplingBuffers {
   void reserve_adjustments(int buf, size_t n);
   void reserve_masks(int buf, size_t words);
   void reserve_kept(int buf, size_t floats);
+  // Room for a fused round of `rows` rows drawing drafts, and `slots` kept distributions. Returns
+  // whether a device buffer moved (a graph that holds the old addresses is stale).
+  bool reserve_drafts(int rows, int slots, int64_t vocab);
 };
 
 }  // namespace fathom::cuda
