@@ -145,8 +145,8 @@ CommandRegistrar reg([](CLI::App& app) {
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}));
   sub->add_flag("--speculative-sampled-drafts", spec.sampled_drafts,
                 "Fused MTP rounds draw sampled requests' drafts from the MTP layer's distribution q and verify "
-                "them with min(1, p/q) (accepted more often than its argmax; lossless). The CPU engine with "
-                "--sampler device so far");
+                "them with min(1, p/q) (accepted more often than its argmax; lossless). Device sampling (the "
+                "GPU, or the CPU engine with --sampler device); seeded requests repeat for the same arrivals");
   sub->callback([a] {
     if (a->api.api_key.empty())
       if (const char* k = std::getenv("FATHOM_API_KEY")) a->api.api_key = k;
