@@ -365,6 +365,18 @@ std::unique_ptr<ModelRunner> open_fused_round_engine(const char* fixture) {
   return open_model((fixtures_dir() / fixture).string(), "cuda", true, eo);
 }
 
+// The engine the fused-round tests run over open_fused_round_engine: as many sequences at once,
+// MTP K = 1 with the adaptive length off (so that sampled rounds chain).
+EngineConfig fused_round_config() {
+  EngineConfig cfg;
+  cfg.max_num_seqs = 8;
+  cfg.max_model_len = 512;
+  cfg.spec.algorithm = SpecAlgorithm::Mtp;
+  cfg.spec.num_steps = 1;
+  cfg.spec.adaptive = false;
+  return cfg;
+}
+
 // n greedy jobs, ignoring eos: job i has a random prompt of len0 + len_step * i tokens (seed
 // seed0 + i) and max_tokens max0 + max_step * i.
 std::vector<testing::Job> random_jobs(int n, int V, int len0, int len_step, uint32_t seed0, int max0, int max_step) {
@@ -397,13 +409,10 @@ TEST(CudaSpeculative, SampledFusedRoundsEqualUnfusedRounds) {
     jobs[2].params.logprobs = 3;
     jobs[5].params.logprobs = 2;
     jobs[5].params.sampling.presence_penalty = 0.5f;
-    EngineConfig cfg;
-    cfg.max_num_seqs = 8;
-    cfg.max_model_len = 512;
+    EngineConfig cfg = fused_round_config();
+    cfg.spec.algorithm = SpecAlgorithm::None;
     const auto plain = testing::run_engine(open(), cfg, jobs);
     cfg.spec.algorithm = SpecAlgorithm::Mtp;
-    cfg.spec.num_steps = 1;
-    cfg.spec.adaptive = false;
     std::string m;
     const auto fused = testing::run_engine(open(), cfg, jobs, &m);
     cfg.fused_mtp_rounds = false;
@@ -454,13 +463,10 @@ TEST(CudaSpeculative, SampledDraftsAreAcceptedMoreOften) {
       sp.top_k = 8;
       sp.seed = 90 + i;
     }
-    EngineConfig cfg;
-    cfg.max_num_seqs = 8;
-    cfg.max_model_len = 512;
+    EngineConfig cfg = fused_round_config();
+    cfg.spec.algorithm = SpecAlgorithm::None;
     const auto plain = testing::run_engine(open(), cfg, jobs);
     cfg.spec.algorithm = SpecAlgorithm::Mtp;
-    cfg.spec.num_steps = 1;
-    cfg.spec.adaptive = false;
     std::string m_argmax, m_drawn, m_again;
     testing::run_burst(open(), cfg, jobs, &m_argmax);
     cfg.spec.sampled_drafts = true;
