@@ -49,7 +49,7 @@ __global__ void round_outcome_sampled_kernel(const RowSample* chosen, const int3
   for (int j = r0; j < r0 + n; ++j) out[S + j] = chosen[j].token, out[S + T + j] = draft[j];
 }
 
-// Block (i, c): floats c * blockDim.x * 4 ... of sequence i's kept q, as float4 where aligned.
+// Block (i, c): floats c * blockDim.x * 4 .. (c + 1) * blockDim.x * 4 - 1 of sequence i's kept q.
 __global__ void keep_drawn_q_kernel(const RowSampling* rows, const int32_t* seq_start, const int32_t* state_slot,
                                     const int32_t* chain_a, const float* q_drawn, float* q_kept, int64_t vocab) {
   const int i = blockIdx.x;

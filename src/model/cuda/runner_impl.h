@@ -391,7 +391,9 @@ struct CudaRunner::Impl {
   // with adjustments and token masks where it has them.
   struct SampledRound {
     bool draws = false, verifies = false, adjust = false, masks = false, logprobs = false;
-    int key() const { return 2 | (draws ? 4 : 0) | (verifies ? 8 : 0) | (adjust ? 16 : 0) | (masks ? 32 : 0) | (logprobs ? 64 : 0); }
+    int key() const {
+      return 2 | (draws ? 4 : 0) | (verifies ? 8 : 0) | (adjust ? 16 : 0) | (masks ? 32 : 0) | (logprobs ? 64 : 0);
+    }
   };
   void run_round(const Plan& p, bool chained, const SampledRound* sr = nullptr);
   void upload_round_rows(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,

@@ -200,7 +200,7 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
         p.mask_row = next_mask++;
       }
       params[r] = p;
-      if (sr.draws) {  // rows that do not draw theirs draft the MTP argmax (a greedy row)
+      if (sr.draws) {  // a row that does not draw its draft takes the MTP argmax (a greedy row)
         RowSampling d = mtp_draft_row(rows[r]);
         if (rows[r].draw_draft) d.q_out = int32_t(r);
         draft_params[r] = d;
