@@ -154,22 +154,21 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
   const int T = int(rows.size()), b = lr.buf;
   const int64_t V = cfg.vocab_size, W = mask_words(V);
   size_t n_adjust = 0, n_masks = 0;
+  bool kept_q = false;  // some row verifies a draft against a kept q
   for (const RowSampling& r : rows) {
-    FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
-                 "forward_verify_draft: a row's adjustments lie outside the list");
-    FATHOM_CHECK(r.mask_row < 0 || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
-                 "forward_verify_draft: a row's token mask lies outside the mask table");
+    check_row_lists(r, adjust, masks, W, /*masks_later=*/false, "forward_verify_draft");
     FATHOM_CHECK(!r.skip && !r.keep_logits && r.q_out < 0 && (r.draft_q < 0 || r.draft_q == kDraftQKept),
                  "forward_verify_draft: a round's rows are read, keep no logits and draw no draft of their own");
     FATHOM_CHECK(lr.chained || r.draft != kDraftFromRound, "forward_verify_draft: kDraftFromRound outside a chained round");
     n_adjust += size_t(r.adjust_end - r.adjust_begin);
     n_masks += r.mask_row >= 0 ? 1 : 0;
     sr.draws = sr.draws || r.draw_draft;
+    kept_q = kept_q || r.draft_q == kDraftQKept;
     sr.logprobs = sr.logprobs || r.logprobs >= 0;
   }
   lr.sampled = true;
   lr.any_logprobs = sr.logprobs;
-  if (sr.draws || std::any_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.draft_q == kDraftQKept; })) {
+  if (sr.draws || kept_q) {
     if (size_t(T) > sampling.draft_rows && !rounds.empty()) FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (sampling.reserve_drafts(T, slots, V)) round_graphs.clear();  // their q buffers moved
   }
@@ -191,10 +190,7 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
       }
       sr.verifies = sr.verifies || p.draft_q >= 0;
       p.state_slot = -1;
-      const int32_t count = p.adjust_end - p.adjust_begin;
-      std::copy_n(adjust.begin() + p.adjust_begin, count, adjust_host + next_adjust);
-      p.adjust_begin = next_adjust;
-      p.adjust_end = next_adjust += count;
+      next_adjust = append_adjustments(p, adjust, adjust_host, next_adjust);
       if (p.mask_row >= 0) {
         std::copy_n(masks.begin() + int64_t(p.mask_row) * W, W, sampling.mask_host[b] + int64_t(next_mask) * W);
         p.mask_row = next_mask++;

@@ -57,13 +57,10 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
                layout.rows, " logits rows");
   const int64_t V = m.cfg.vocab_size, H = m.cfg.hidden_size, W = mask_words(V);
   for (const RowSampling& r : rows) {
-    FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
-                 "forward_sampled: a row's adjustments lie outside the list");
-    FATHOM_CHECK(r.mask_row < 0 || defer_masks || int64_t(r.mask_row + 1) * W <= int64_t(masks.size()),
-                 "forward_sampled: a row's token mask lies outside the mask table");
-    // Drafts drawn from q (RowSampling::q_out, draft_q, draw_draft): the CPU row sampler's so far.
+    check_row_lists(r, adjust, masks, W, defer_masks, "forward_sampled");
+    // Drafts drawn from q (RowSampling::q_out, draft_q, draw_draft) belong to MTP rounds.
     FATHOM_CHECK(r.q_out < 0 && r.draft_q < 0 && !r.draw_draft,
-                 "forward_sampled: the device sampler draws no sampled drafts yet");
+                 "forward_sampled: sampled-draft rows run in fused MTP rounds only (launch_verify_draft)");
   }
   Impl::LaunchedStep& ls = m.launched.emplace_back();
   ls.want_hidden = want_hidden;
@@ -142,11 +139,7 @@ void CudaRunner::launch(std::span<const ForwardStep> steps, std::span<const RowS
         }
         dst = rows[size_t(c.source[size_t(r)])];
         dst.state_slot = slot_of_row[size_t(r)];
-        const int32_t count = dst.adjust_end - dst.adjust_begin;
-        std::copy_n(adjust.begin() + dst.adjust_begin, count, adjust_host + next);
-        dst.adjust_begin = next;
-        dst.adjust_end = next + count;
-        next += count;
+        next = append_adjustments(dst, adjust, adjust_host, next);
         if (dst.mask_row >= 0) {  // renumbered in the chunk's row order; copied when the masks are known
           c.mask_source.push_back(dst.mask_row);
           dst.mask_row = int32_t(c.mask_source.size()) - 1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace fathom::cuda {
@@ -73,6 +74,23 @@ bool SamplingBuffers::reserve_drafts(int rows, int slots, int64_t vocab) {
   }
   if (q_kept.bytes() == 0) q_kept = DeviceBuffer(size_t(slots) * size_t(vocab) * 4), moved = true;
   return moved;
+}
+
+void check_row_lists(const RowSampling& r, std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                     int64_t mask_words, bool masks_later, const char* who) {
+  FATHOM_CHECK(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(), who,
+               ": a row's adjustments lie outside the list");
+  FATHOM_CHECK(r.mask_row < 0 || masks_later || int64_t(r.mask_row + 1) * mask_words <= int64_t(masks.size()), who,
+               ": a row's token mask lies outside the mask table");
+}
+
+int32_t append_adjustments(RowSampling& r, std::span<const LogitAdjustment> adjust, LogitAdjustment* host,
+                           int32_t next) {
+  const int32_t count = r.adjust_end - r.adjust_begin;
+  std::copy_n(adjust.begin() + r.adjust_begin, count, host + next);
+  r.adjust_begin = next;
+  r.adjust_end = next + count;
+  return next + count;
 }
 
 }  // namespace fathom::cuda

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/sampling.h"
@@ -55,5 +56,15 @@ struct SamplingBuffers {
   // whether a device buffer moved (a graph that holds the old addresses is stale).
   bool reserve_drafts(int rows, int slots, int64_t vocab);
 };
+
+// Packing a step's rows into the buffers above (the sampled launch and the MTP round): a row's
+// adjustments and token mask must lie inside the caller's lists (`who` names the caller; a mask
+// that comes later is not checked yet) ...
+void check_row_lists(const RowSampling& r, std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
+                     int64_t mask_words, bool masks_later, const char* who);
+// ... and its adjustments are appended at `next` of the pinned list `host`, the row renumbered to
+// them; returns the list's new end.
+int32_t append_adjustments(RowSampling& r, std::span<const LogitAdjustment> adjust, LogitAdjustment* host,
+                           int32_t next);
 
 }  // namespace fathom::cuda
