@@ -66,6 +66,32 @@ DeviceResult run_device(const std::vector<float>& logits, int V, const std::vect
   return r;
 }
 
+// sample_rows over `logits` [rows, V] with the step's draft distributions in `q` ([rows, V], read
+// and written: RowSampling::q_out, draft_q); the chosen tokens also as a plain id array (a fused
+// round's MTP input), which must agree with the samples.
+std::vector<RowSample> run_device_q(const std::vector<float>& logits, int V, const std::vector<RowSampling>& params,
+                                    std::vector<float>& q) {
+  cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
+      dout(params.size() * sizeof(RowSample)), dq(q.size() * 4), da(sizeof(LogitAdjustment)), dt(params.size() * 4);
+  FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+  FATHOM_CUDA_CHECK(cudaMemcpy(dp.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
+  FATHOM_CUDA_CHECK(cudaMemcpy(dq.data(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  FATHOM_CUDA_CHECK(cudaMemset(dt.data(), 0xff, dt.bytes()));
+  cuda::sample_rows(dl.as<float>(), int(params.size()), V, dp.as<RowSampling>(), da.as<LogitAdjustment>(),
+                    dout.as<RowSample>(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq.as<float>(),
+                    dt.as<int32_t>());
+  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<RowSample> out(params.size());
+  std::vector<int32_t> tokens(params.size());
+  FATHOM_CUDA_CHECK(cudaMemcpy(out.data(), dout.data(), out.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
+  FATHOM_CUDA_CHECK(cudaMemcpy(tokens.data(), dt.data(), tokens.size() * 4, cudaMemcpyDeviceToHost));
+  FATHOM_CUDA_CHECK(cudaMemcpy(q.data(), dq.data(), q.size() * 4, cudaMemcpyDeviceToHost));
+  int differ = 0;
+  for (size_t r = 0; r < out.size(); ++r) differ += tokens[r] != out[r].token;
+  EXPECT_EQ(differ, 0) << "rows whose token array differs from their sample";
+  return out;
+}
+
 std::vector<float> random_logits(int rows, int V, float scale, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> n(0.f, scale);
@@ -301,6 +327,73 @@ TEST(CudaSampling, DistributionsMatchCpuSampler) {
   }
 }
 
+// Drafts drawn from q (RowSampling::q_out) and verified against p with min(1, p / q), a refusal
+// drawing from the residual max(p - q, 0) (RowSampling::draft_q): the tokens follow p whatever q
+// is (lossless), and a draft is accepted with probability sum_t min(p_t, q_t). q's support differs
+// from p's in the filtered cases, so drafts p never gives are drawn and must always be refused.
+TEST(CudaSampling, DrawnDraftsKeepTheTargetDistribution) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
+  const int V = 96, N = 200000;
+  const std::vector<float> p_logits = random_logits(1, V, 2.f, 4242u), other = random_logits(1, V, 2.f, 777u);
+  struct Case {
+    const char* name;
+    SamplingParams p, q;
+    float mix;  // q's logits: mix * p's + (1 - mix) * other
+  };
+  std::vector<Case> cases(3);
+  cases[0].name = "p t0.8, q t1 (mix 0.5)";
+  cases[0].p.temperature = 0.8f, cases[0].q.temperature = 1.f, cases[0].mix = 0.5f;
+  cases[1].name = "p t1 top_k10, q t0.9 top_p0.9";
+  cases[1].p.temperature = 1.f, cases[1].p.top_k = 10;
+  cases[1].q.temperature = 0.9f, cases[1].q.top_p = 0.9f, cases[1].mix = 0.7f;
+  cases[2].name = "p t0.7 top_p0.8, q t1.2 (mix 0)";
+  cases[2].p.temperature = 0.7f, cases[2].p.top_p = 0.8f, cases[2].q.temperature = 1.2f, cases[2].mix = 0.f;
+  auto row = [](const SamplingParams& sp, uint64_t seed, uint64_t draw) {
+    RowSampling r;
+    r.temperature = sp.temperature, r.top_k = sp.top_k, r.top_p = sp.top_p, r.min_p = sp.min_p;
+    r.seed = seed, r.draw = draw;
+    return r;
+  };
+  for (const Case& c : cases) {
+    std::vector<float> q_logits(static_cast<size_t>(V));
+    for (int t = 0; t < V; ++t) q_logits[size_t(t)] = c.mix * p_logits[size_t(t)] + (1.f - c.mix) * other[size_t(t)];
+    std::vector<float> logits(size_t(N) * V), q(size_t(N) * V, 0.f);
+    std::vector<RowSampling> params(static_cast<size_t>(N));
+    for (int i = 0; i < N; ++i) {
+      std::copy(q_logits.begin(), q_logits.end(), logits.begin() + int64_t(i) * V);
+      params[size_t(i)] = row(c.q, 99, uint64_t(i));
+      params[size_t(i)].q_out = i;
+    }
+    const std::vector<RowSample> drafts = run_device_q(logits, V, params, q);
+    for (int i = 0; i < N; ++i) {
+      std::copy(p_logits.begin(), p_logits.end(), logits.begin() + int64_t(i) * V);
+      params[size_t(i)] = row(c.p, 4321, uint64_t(i));
+      params[size_t(i)].draft = drafts[size_t(i)].token, params[size_t(i)].draft_q = i;
+    }
+    const std::vector<RowSample> got = run_device_q(logits, V, params, q);
+    const std::vector<double> p = target_distribution(p_logits.data(), V, c.p),
+                              qd = target_distribution(q_logits.data(), V, c.q);
+    std::vector<int64_t> counts(size_t(V), 0);
+    int64_t accepted = 0;
+    for (int i = 0; i < N; ++i) {
+      const RowSample& s = got[size_t(i)];
+      ASSERT_TRUE(s.token >= 0 && s.token < V) << c.name;
+      ++counts[size_t(s.token)];
+      accepted += s.accepted;
+      if (s.accepted) ASSERT_EQ(s.token, drafts[size_t(i)].token) << c.name;
+    }
+    double pa = 0;  // the acceptance rate of drafts from q: sum_t min(p_t, q_t)
+    for (int t = 0; t < V; ++t) pa += std::min(p[size_t(t)], qd[size_t(t)]);
+    const ChiSquare cs = chi_square(counts, p, N);
+    const double sd = std::sqrt(N * pa * (1 - pa));
+    std::printf("  %-34s chi2 %.1f (df %d, critical %.1f), accepted %lld of %d (expected %.4f)\n", c.name, cs.stat,
+                cs.df, cs.critical(), (long long)accepted, N, pa);
+    EXPECT_EQ(cs.outside, 0) << c.name << ": draws of tokens p does not give";
+    EXPECT_LT(cs.stat, cs.critical()) << c.name;
+    EXPECT_LE(std::fabs(double(accepted) - N * pa), 5 * sd + 1) << c.name;
+  }
+}
+
 // A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
 // it: the random numbers depend on (seed, draw) only.
 TEST(CudaSampling, SeededRowsIndependentOfBatch) {
@@ -424,21 +517,6 @@ TEST(CudaSampling, SampledDraftsMatchTheCpuRowSampler) {
   if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 3000, rows = 256;
   const std::vector<float> q_logits = random_logits(rows, V, 2.f, 91), p_logits = random_logits(rows, V, 2.5f, 92);
-  // Device rows with the step's draft distributions in `q` ([rows, V], read and written).
-  auto device = [&](const std::vector<float>& logits, const std::vector<RowSampling>& params, std::vector<float>& q) {
-    cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
-        dout(params.size() * sizeof(RowSample)), dq(q.size() * 4), da(sizeof(LogitAdjustment));
-    FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-    FATHOM_CUDA_CHECK(cudaMemcpy(dp.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
-    FATHOM_CUDA_CHECK(cudaMemcpy(dq.data(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    cuda::sample_rows(dl.as<float>(), int(params.size()), V, dp.as<RowSampling>(), da.as<LogitAdjustment>(),
-                      dout.as<RowSample>(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq.as<float>());
-    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<RowSample> out(params.size());
-    FATHOM_CUDA_CHECK(cudaMemcpy(out.data(), dout.data(), out.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
-    FATHOM_CUDA_CHECK(cudaMemcpy(q.data(), dq.data(), q.size() * 4, cudaMemcpyDeviceToHost));
-    return out;
-  };
   std::vector<RowSampling> draw(static_cast<size_t>(rows)), verify(static_cast<size_t>(rows));
   for (int r = 0; r < rows; ++r) {
     RowSampling& d = draw[size_t(r)];
@@ -448,7 +526,7 @@ TEST(CudaSampling, SampledDraftsMatchTheCpuRowSampler) {
     d.seed = 77 + uint64_t(r % 13), d.draw = uint64_t(r), d.q_out = r;
   }
   std::vector<float> q_dev(size_t(rows) * V, -1.f), q_cpu(size_t(rows) * V, -1.f);
-  const std::vector<RowSample> drawn_dev = device(q_logits, draw, q_dev);
+  const std::vector<RowSample> drawn_dev = run_device_q(q_logits, V, draw, q_dev);
   std::vector<float> work = q_logits;
   std::vector<RowSample> drawn_cpu(static_cast<size_t>(rows));
   cpu::sample_rows(work.data(), rows, V, draw.data(), nullptr, drawn_cpu.data(), nullptr, nullptr, nullptr, q_cpu.data());
@@ -470,7 +548,7 @@ TEST(CudaSampling, SampledDraftsMatchTheCpuRowSampler) {
     v.draft = drawn_cpu[size_t(r)].token, v.draft_q = r;
   }
   std::vector<float> q_for_dev = q_cpu;
-  const std::vector<RowSample> dev = device(p_logits, verify, q_for_dev);
+  const std::vector<RowSample> dev = run_device_q(p_logits, V, verify, q_for_dev);
   work = p_logits;
   std::vector<RowSample> host(static_cast<size_t>(rows));
   cpu::sample_rows(work.data(), rows, V, verify.data(), nullptr, host.data(), nullptr, nullptr, nullptr, q_cpu.data());

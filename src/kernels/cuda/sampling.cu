@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
                                                                LogitAdjustment* adjust, RowSample* out,
                                                                int32_t* top_ids, float* top_lp, int32_t* last_token,
                                                                const uint32_t* masks, const int32_t* row_argmax,
-                                                               float* q_rows) {
+                                                               float* q_rows, int32_t* tokens) {
   pdl_prologue();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x;
@@ -181,6 +181,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       res.token = row_argmax[row];
       res.accepted = P.draft >= 0 && res.token == P.draft ? 1 : 0;
       out[row] = res;
+      if (tokens) tokens[row] = res.token;
       if (last_token && P.state_slot >= 0) last_token[P.state_slot] = res.token;
     }
     return;
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
     for (int i = begin; i < end; ++i)
       if (order_key(l[i]) >= t) mine += w(l[i]);
     unsigned long long total = 0;
-    block_exclusive_scan(mine, total, sh);
+    unsigned long long before = block_exclusive_scan(mine, total, sh);  // the weight of the chunks before mine
     if (q_write)  // the distribution this row's draft is drawn from
       for (int i = tid; i < V; i += kThreads)
         q_write[i] = order_key(l[i]) >= t ? float(double(w(l[i])) / double(total)) : 0.f;
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
         mine = 0;
         for (int i = begin; i < end; ++i) mine += weight(i);
         unsigned long long rest = 0;
-        block_exclusive_scan(mine, rest, sh);
+        before = block_exclusive_scan(mine, rest, sh);
         if (rest == 0) {  // p = q up to rounding
           token = P.draft, accepted = true, draw = false;
         } else {
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       } else {
         exclude = P.draft;
         if (P.draft >= begin && P.draft < end) mine -= wd;
+        if (P.draft < begin) before -= wd;
         target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 1) * double(total - wd));
       }
     } else {  // j = 2 for a draft drawn here: apart from its position's own draws
@@ -316,7 +318,6 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
     }
     if (draw) {
       accepted = false;
-      const unsigned long long before = block_exclusive_scan(mine, total, sh);
       if (tid == 0) sh.token = -1;
       __syncthreads();
       if (mine > 0 && target >= before && target < before + mine) {
@@ -344,6 +345,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       res.logprob = raw - res.lse;
     }
     out[row] = res;
+    if (tokens) tokens[row] = token;
     if (last_token && P.state_slot >= 0) last_token[P.state_slot] = token;
   }
 }
@@ -352,12 +354,15 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
 
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token,
-                 const uint32_t* masks, const int32_t* row_argmax, float* q_rows) {
+                 const uint32_t* masks, const int32_t* row_argmax, float* q_rows, int32_t* tokens, bool programmatic) {
   if (rows == 0) return;
-  // An ordinary launch, not a programmatic one: the row parameters arrive by a copy just before,
-  // and one launch per step costs nothing worth saving.
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
-                                               masks, row_argmax, q_rows);
+  if (programmatic) {
+    launch(sample_rows_kernel, dim3(rows), dim3(kThreads), 0, s, logits, vocab, params, adjust, out, top_ids,
+           top_logprobs, last_token, masks, row_argmax, q_rows, tokens);
+  } else {
+    sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, adjust, out, top_ids, top_logprobs, last_token,
+                                                 masks, row_argmax, q_rows, tokens);
+  }
   FATHOM_CUDA_LAUNCH_CHECK();
   inject_backend_fault(kSamplingOp, kDeviceSampling, out, size_t(rows) * sizeof(RowSample), s);
 }

@@ -19,9 +19,13 @@ namespace fathom::cuda {
 // row_argmax (may be null): argmax_rows' result on these logits; greedy rows with nothing to
 // apply (no logprobs, adjustments or mask) take it instead of reading their row.
 // q_rows (may be null when no row has q_out or draft_q): the step's draft distributions, [n, vocab].
+// tokens (may be null): [rows] each row's chosen token as a plain id (a fused round's next input).
+// programmatic: launched with programmatic dependent launch where launch() is on (inside a round's
+// graph, after kernels); off where the row parameters were just copied, as in a sampled step.
 void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, LogitAdjustment* adjust,
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s,
                  int32_t* last_token = nullptr, const uint32_t* masks = nullptr,
-                 const int32_t* row_argmax = nullptr, float* q_rows = nullptr);
+                 const int32_t* row_argmax = nullptr, float* q_rows = nullptr, int32_t* tokens = nullptr,
+                 bool programmatic = false);
 
 }  // namespace fathom::cuda
