@@ -696,15 +696,15 @@ for what in "${@:-all}"; do
         | tee "$OUT/drafts34_serve.md" ;;
     specab34)
       # Issue 34: two builds' served MTP rounds side by side (SPEC_BINS, default "fathom_old
-      # fathom"; greedy, one request at a time, plain and mtp1, SPEC_PASSES passes each), the
-      # builds alternated SPEC_REPS times in one start.
+      # fathom"; SPEC_TEMPS, default greedy; one request at a time; SPEC_MODES, default plain and
+      # mtp1; SPEC_PASSES passes each), the builds alternated SPEC_REPS times in one start.
       heldout=$(heldout_text) || { echo "specab34: no held-out text (HELDOUT)"; continue; }
       for rep in $(seq "${SPEC_REPS:-2}"); do
         for b in ${SPEC_BINS:-fathom_old fathom}; do
           echo "specab34 $b rep $rep"
           timeout 300 python3 bench/spec_serve.py --fathom "$BIN/$b" --model models/fathom-tiny-moe \
             --heldout "$heldout" --device cuda --temperatures ${SPEC_TEMPS:-0} --repeats "${SPEC_PASSES:-5}" \
-            --modes plain mtp1 --log-dir "$OUT/specab34_logs" --json-out "$OUT/specab34_${b}_$rep.json" 2>&1 \
+            --modes ${SPEC_MODES:-plain mtp1} --log-dir "$OUT/specab34_logs" --json-out "$OUT/specab34_${b}_$rep.json" 2>&1 \
             | grep -E "tok/s|temperature" | tee -a "$OUT/specab34.md"
         done
       done ;;

@@ -316,19 +316,14 @@ void mtp_round_outcome_sampled(const RowSample* chosen, const int32_t* draft, co
                                const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
                                int32_t* chain_a, int32_t* out, const float* q_drawn, float* q_kept, int64_t vocab,
                                cudaStream_t s);
-// Each row's chosen token (RowSample::token) as a plain id array (the MTP step's input).
-void chosen_tokens(const RowSample* chosen, int rows, int32_t* tokens, cudaStream_t s);
-// A chained sampled round's row parameters (two rows a sequence, planned as if the round before
-// accepted nothing): each row draws chain_a[slot] further, and a draft kDraftFromRound becomes the
-// draft that round left (chain_tok[2 * slot + 1]); draft_rows (may be null) draw as far further.
-void mtp_chain_patch_rows(RowSampling* rows, RowSampling* draft_rows, const int32_t* state_slot, int S,
-                          const int32_t* chain_tok, const int32_t* chain_a, cudaStream_t s);
 // A chained round's uploaded metadata (S sequences, two tokens each, planned as if the round
 // before accepted nothing) made the round's own: the tokens chain_tok[slot], positions +
-// chain_a[slot], KV slots from each sequence's block table.
+// chain_a[slot], KV slots from each sequence's block table. A sampled round's row parameters
+// (rows, may be null; one a token) draw chain_a[slot] further, and a draft kDraftFromRound becomes
+// the draft that round left (chain_tok[2 * slot + 1]); draft_rows (may be null) draw as far further.
 void mtp_chain_patch(int32_t* ids, int32_t* pos, int32_t* slot_mapping, const int32_t* state_slot,
                      const int32_t* block_tables, int max_blocks, int block_size, int S, const int32_t* chain_tok,
-                     const int32_t* chain_a, cudaStream_t s);
+                     const int32_t* chain_a, RowSampling* rows, RowSampling* draft_rows, cudaStream_t s);
 // Causal depthwise conv (kernel kc, 2..kMaxConvKernel) + SiLU over [conv state | new inputs]; updates the state
 // (fp32 [slots, kc-1, conv_dim]).
 // `mixed` rows are `mixed_ld` apart (the projections may share one fused output).

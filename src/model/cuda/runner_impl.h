@@ -371,7 +371,7 @@ struct CudaRunner::Impl {
 
   void moe_block(const DevLayer& l, const Plan& p);
 
-  // Final norm and lm_head over the selected rows; argmax on the device.
+  // Final norm and lm_head over the selected rows; argmax on the device (none with a null argmax_out).
   void head(const Plan& p) { head(p, w.final_norm, act.argmax.as<int32_t>()); }
   void head(const Plan& p, const float* norm, int32_t* argmax_out);
 
@@ -387,12 +387,16 @@ struct CudaRunner::Impl {
   // kernels' programmatic launches chain across the whole round.
   GraphCache round_graphs{/*capture_on_second_sight=*/true};
   // A sampled round's device work beyond a greedy one's (runner_mtp_round.cpp): its rows'
-  // parameters are uploaded (row_params; the draft rows' in draft_params where rows draw drafts),
-  // with adjustments and token masks where it has them.
+  // parameters are uploaded (row_params: the verify rows, then the draft rows where rows draw
+  // drafts), with adjustments and token masks where it has them. Where no verify row is greedy
+  // (no_argmax) the verify step's argmax is not taken, and where every row draws its draft
+  // (all_draw) neither is the MTP step's: the sampler reads the rows itself.
   struct SampledRound {
     bool draws = false, verifies = false, adjust = false, masks = false, logprobs = false;
+    bool no_argmax = true, all_draw = true;
     int key() const {
-      return 2 | (draws ? 4 : 0) | (verifies ? 8 : 0) | (adjust ? 16 : 0) | (masks ? 32 : 0) | (logprobs ? 64 : 0);
+      return 2 | (draws ? 4 : 0) | (verifies ? 8 : 0) | (adjust ? 16 : 0) | (masks ? 32 : 0) | (logprobs ? 64 : 0) |
+             (no_argmax ? 128 : 0) | (all_draw && draws ? 256 : 0);
     }
   };
   void run_round(const Plan& p, bool chained, const SampledRound* sr = nullptr);
@@ -428,7 +432,7 @@ struct CudaRunner::Impl {
 
   // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head:
   // next token ids, hidden rows and the drafts' argmax where given (default: dmeta.ids,
-  // act.mtp_hidden, act.argmax, the places the draft path uploads to).
+  // act.mtp_hidden, act.argmax, the places the draft path uploads to; a null `draft` takes none).
   void run_mtp(const Plan& p) { run_mtp(p, dmeta.ids, act.mtp_hidden.as<float>(), act.argmax.as<int32_t>()); }
   void run_mtp(const Plan& p, const int32_t* ids, const float* hidden, int32_t* draft);
 

@@ -436,7 +436,7 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm, int32_t* argmax_ou
                                           act.logits_all.as<float>() + int64_t(r) * p.RL * Vr, size_t(Vr) * 4,
                                           size_t(Vr) * 4, size_t(p.RL), cudaMemcpyDeviceToDevice, s));
   }
-  argmax_rows(act.logits.as<float>(), argmax_out, p.RL, V, act.argmax_scratch.data(), s);
+  if (argmax_out) argmax_rows(act.logits.as<float>(), argmax_out, p.RL, V, act.argmax_scratch.data(), s);
 }
 
 // u = fc([norm_e(embed(next)) | norm_h(hidden)]), one full-attention MoE layer, mtp.norm, lm_head.

@@ -7,8 +7,7 @@
 // Every round goes through launch_verify_draft / finish_verify_draft as one graph (run_round),
 // and chains: a round's outcome stays on the device per state slot (mtp_round_outcome), and a
 // round launched before it is read takes its tokens, positions, sampling rows and
-// linear-attention state from there (mtp_chain_patch, mtp_chain_patch_rows,
-// restore_linear_states_unless), its host-side lengths settled when the round before it is read.
+// linear-attention state from there (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the round before it is read.
 // Sampled drafts (RowSampling::draw_draft): the MTP rows go through the sampler too, drawing
 // each draft from the MTP layer's distribution, and the q of the one the next round verifies is
 // kept per state slot (SamplingBuffers::q_kept).
@@ -147,7 +146,8 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
 // (a draft kDraftQKept resolved to the sequence's kept q where it is that draft's, else the
 // deterministic rule), the MTP rows of the rows that draw drafts (mtp_draft_row, q_out = row), the
 // adjustments renumbered, the token masks in row order. A chained step's rows are the engine's as
-// if the round in flight accepted nothing; the device moves them (mtp_chain_patch_rows).
+// if the round in flight accepted nothing; the device moves them (mtp_chain_patch). The draft
+// rows follow the verify rows (row_params[T, 2T)), so both go up in one copy.
 void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std::span<const RowSampling> rows,
                                          std::span<const LogitAdjustment> adjust, std::span<const uint32_t> masks,
                                          LaunchedRound& lr, SampledRound& sr) {
@@ -165,6 +165,8 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
     sr.draws = sr.draws || r.draw_draft;
     kept_q = kept_q || r.draft_q == kDraftQKept;
     sr.logprobs = sr.logprobs || r.logprobs >= 0;
+    sr.no_argmax = sr.no_argmax && r.temperature > 0.f;
+    sr.all_draw = sr.all_draw && r.draw_draft;
   }
   lr.sampled = true;
   lr.any_logprobs = sr.logprobs;
@@ -175,7 +177,7 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
   sampling.reserve_adjustments(b, n_adjust);
   sampling.reserve_masks(b, n_masks * size_t(W));
   RowSampling* params = sampling.row_params_host[b];
-  RowSampling* draft_params = sampling.draft_params_host[b];
+  RowSampling* draft_params = params + T;
   LogitAdjustment* adjust_host = sampling.adjust_host[b];
   int32_t next_adjust = 0, next_mask = 0;
   for (size_t i = 0, r = 0; i < steps.size(); ++i) {
@@ -209,11 +211,8 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
   sr.adjust = next_adjust > 0;
   sr.masks = next_mask > 0;
   const cudaStream_t s = stream;
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.row_params.data(), params, size_t(T) * sizeof(RowSampling),
-                                    cudaMemcpyHostToDevice, s));
-  if (sr.draws)
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.draft_params.data(), draft_params, size_t(T) * sizeof(RowSampling),
-                                      cudaMemcpyHostToDevice, s));
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.row_params.data(), params,
+                                    size_t(sr.draws ? 2 * T : T) * sizeof(RowSampling), cudaMemcpyHostToDevice, s));
   if (sr.adjust)
     FATHOM_CUDA_CHECK(cudaMemcpyAsync(sampling.adjust_dev.data(), adjust_host,
                                       size_t(next_adjust) * sizeof(LogitAdjustment), cudaMemcpyHostToDevice, s));
@@ -242,11 +241,10 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
   const int key = int(chained) | (sr ? sr->key() : 0);
   const bool eager = round_graphs.run(s, GraphCache::Key{p.T, p.S, p.R, key}, graphable, [&] {
     RowSampling* rows = sampling.row_params.as<RowSampling>();
-    RowSampling* draft_rows = sr && sr->draws ? sampling.draft_params.as<RowSampling>() : nullptr;
+    RowSampling* draft_rows = sr && sr->draws ? rows + p.T : nullptr;
     if (chained) {
       mtp_chain_patch(dmeta.ids, dmeta.pos, dmeta.slot_mapping, dmeta.state_slot, dmeta.block_tables, max_blocks,
-                      opt.block_size, p.S, chain_tok, chain_a, s);
-      if (sr) mtp_chain_patch_rows(rows, draft_rows, dmeta.state_slot, p.S, chain_tok, chain_a, s);
+                      opt.block_size, p.S, chain_tok, chain_a, sr ? rows : nullptr, draft_rows, s);
       if (n_linear > 0)
         restore_linear_states_unless(states.conv(0), states.rec(0), states.layer_history(0, nullptr), n_linear, slots,
                                      dmeta.state_slot, p.S, chain_a, /*entry=*/1, states.conv_values(),
@@ -254,7 +252,7 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
     }
     hist_step = true;  // the verify step records the linear-attention history (rollback)
     run_layers(p);
-    head(p);
+    head(p, w.final_norm, sr && sr->no_argmax ? nullptr : act.argmax.as<int32_t>());
     hist_step = false;
     if (!sr) {
       run_mtp(q, act.argmax.as<int32_t>(), act.sel.as<float>(), chain_draft);
@@ -262,19 +260,18 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
                         chain_tok, chain_a, round_out, s);
       return;
     }
+    // The samplers write their tokens where the MTP step and the outcome read them.
     RowSample* chosen = sampling.row_out.as<RowSample>();
     sample_rows(act.logits.as<float>(), p.T, int(V), rows, sr->adjust ? sampling.adjust_dev.as<LogitAdjustment>() : nullptr,
                 chosen, sampling.row_top_ids.as<int32_t>(), sampling.row_top_lp.as<float>(), s, nullptr,
-                sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr, act.argmax.as<int32_t>(),
-                sr->verifies ? sampling.q_kept.as<float>() : nullptr);
-    chosen_tokens(chosen, p.T, chain_fed, s);
-    run_mtp(q, chain_fed, act.sel.as<float>(), chain_draft);
-    if (draft_rows) {
-      RowSample* drawn = sampling.draft_out.as<RowSample>();
-      sample_rows(act.logits.as<float>(), p.T, int(V), draft_rows, nullptr, drawn, nullptr, nullptr, s, nullptr, nullptr,
-                  chain_draft, sampling.q_drawn.as<float>());
-      chosen_tokens(drawn, p.T, chain_draft, s);
-    }
+                sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr, sr->no_argmax ? nullptr : act.argmax.as<int32_t>(),
+                sr->verifies ? sampling.q_kept.as<float>() : nullptr, chain_fed, /*programmatic=*/true);
+    const bool mtp_argmax = !draft_rows || !sr->all_draw;
+    run_mtp(q, chain_fed, act.sel.as<float>(), mtp_argmax ? chain_draft : nullptr);
+    if (draft_rows)
+      sample_rows(act.logits.as<float>(), p.T, int(V), draft_rows, nullptr, chosen + p.T, nullptr, nullptr, s, nullptr,
+                  nullptr, mtp_argmax ? chain_draft : nullptr, sampling.q_drawn.as<float>(), chain_draft,
+                  /*programmatic=*/true);
     mtp_round_outcome_sampled(chosen, chain_draft, rows, dmeta.seq_start, dmeta.state_slot, p.S, chain_tok, chain_a,
                               round_out, draft_rows ? sampling.q_drawn.as<float>() : nullptr,
                               draft_rows ? sampling.q_kept.as<float>() : nullptr, V, s);

@@ -10,21 +10,20 @@ namespace fathom::cuda {
 SamplingBuffers::~SamplingBuffers() {
   for (int b = 0; b < 2; ++b)
     for (void* p : {(void*)row_params_host[b], (void*)row_out_host[b], (void*)row_top_ids_host[b],
-                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b], (void*)kept_host[b],
-                    (void*)draft_params_host[b]})
+                    (void*)row_top_lp_host[b], (void*)adjust_host[b], (void*)mask_host[b], (void*)kept_host[b]})
       if (p) cudaFreeHost(p);
   for (cudaEvent_t e : chunk_done)
     if (e) cudaEventDestroy(e);
 }
 
 void SamplingBuffers::allocate(int rows, int slots, cudaStream_t s) {
-  row_params = DeviceBuffer(size_t(rows) * sizeof(RowSampling));
-  row_out = DeviceBuffer(size_t(rows) * sizeof(RowSample));
+  row_params = DeviceBuffer(size_t(2 * rows) * sizeof(RowSampling));
+  row_out = DeviceBuffer(size_t(2 * rows) * sizeof(RowSample));
   row_top_ids = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
   row_top_lp = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
   for (int b = 0; b < 2; ++b) {
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_params_host[b], size_t(rows) * sizeof(RowSampling)));
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(rows) * sizeof(RowSample)));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_params_host[b], size_t(2 * rows) * sizeof(RowSampling)));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(2 * rows) * sizeof(RowSample)));
     FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_ids_host[b], size_t(rows) * kMaxTopLogprobs * 4));
     FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_lp_host[b], size_t(rows) * kMaxTopLogprobs * 4));
   }
@@ -63,13 +62,7 @@ bool SamplingBuffers::reserve_drafts(int rows, int slots, int64_t vocab) {
   bool moved = false;
   if (size_t(rows) > draft_rows) {
     draft_rows = std::max<size_t>(size_t(rows), 2 * draft_rows);
-    draft_params = DeviceBuffer(draft_rows * sizeof(RowSampling));
-    draft_out = DeviceBuffer(draft_rows * sizeof(RowSample));
     q_drawn = DeviceBuffer(draft_rows * size_t(vocab) * 4);
-    for (int b = 0; b < 2; ++b) {
-      if (draft_params_host[b]) cudaFreeHost(draft_params_host[b]);
-      FATHOM_CUDA_CHECK(cudaMallocHost(&draft_params_host[b], draft_rows * sizeof(RowSampling)));
-    }
     moved = true;
   }
   if (q_kept.bytes() == 0) q_kept = DeviceBuffer(size_t(slots) * size_t(vocab) * 4), moved = true;

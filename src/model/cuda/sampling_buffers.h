@@ -16,6 +16,8 @@
 namespace fathom::cuda {
 
 struct SamplingBuffers {
+  // row_params and row_out (and their pinned halves) hold twice the step's rows: a fused round's
+  // MTP draft rows (and what they drew) follow its T verify rows, so one copy uploads both.
   DeviceBuffer row_params, row_out, row_top_ids, row_top_lp, adjust_dev, mask_dev;
   RowSampling* row_params_host[2] = {};
   RowSample* row_out_host[2] = {};
@@ -34,12 +36,12 @@ struct SamplingBuffers {
   cudaEvent_t chunk_done[2] = {};  // per half: its chunk's results have arrived
   // The token each state slot's last sampled row chose (kPendingToken's value on the device).
   DeviceBuffer last_token;
-  // Sampled MTP drafts in fused rounds (RowSampling::draw_draft): the round's draft rows and what
-  // they drew, the q each drew from ([rows, vocab]), and each state slot's kept q ([slots, vocab],
-  // read by RowSampling::draft_q = slot). Sized on first use: a 248K vocabulary takes 1 MB a row.
-  DeviceBuffer draft_params, draft_out, q_drawn, q_kept;
-  RowSampling* draft_params_host[2] = {};  // pinned, per launched round (as the halves above)
-  size_t draft_rows = 0;                   // rows the draft buffers hold
+  // Sampled MTP drafts in fused rounds (RowSampling::draw_draft): the q each draft row drew from
+  // ([rows, vocab]), and each state slot's kept q ([slots, vocab], read by RowSampling::draft_q =
+  // slot). Sized by the memory plan where the engine draws sampled drafts (reserve_sampled_drafts),
+  // else at first use; a 248K vocabulary takes 1 MB a row.
+  DeviceBuffer q_drawn, q_kept;
+  size_t draft_rows = 0;  // rows q_drawn holds
 
   SamplingBuffers() = default;
   SamplingBuffers(const SamplingBuffers&) = delete;
