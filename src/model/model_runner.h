@@ -299,6 +299,8 @@ struct EngineOptions {
   int max_batched_tokens = 0;        // tokens in one forward (0: engine default)
   int speculative_tokens = 0;        // drafts verified per step (K): linear-attention state is
                                      // kept for K + 1 positions per sequence
+  bool sampled_drafts = false;       // --speculative-sampled-drafts: the drafts' distributions are
+                                     // kept on the device (CUDA: set aside before the KV cache)
   int64_t num_kv_blocks = 0;         // KV blocks of 16 tokens (0: sized from device memory)
   double gpu_memory_utilization = 0.9;  // share of the device's memory the engine may use
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, bf16, fp8, fp8_e4m3

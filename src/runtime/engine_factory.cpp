@@ -106,6 +106,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& path, const std::stri
       opt.max_history = options.speculative_tokens + 1;
       opt.reserve_history = true;
     }
+    opt.reserve_sampled_drafts = with_mtp && options.sampled_drafts;
     opt.max_rows_per_step = std::max(opt.max_rows_per_step, opt.max_seqs);
     opt.capture_graphs_at_start = true;
     if (options.prefix_cache_mb > 0) {

@@ -32,6 +32,7 @@ EngineOptions runner_options(const ServeOptions& o, const SpecOptions& spec) {
   eo.prefix_cache_mb = o.engine.enable_prefix_caching ? o.prefix_cache_mb : 0;
   eo.backends.speculative = !o.speculative_algorithm.empty();
   if (spec.algorithm != SpecAlgorithm::None) eo.speculative_tokens = spec.num_steps;
+  eo.sampled_drafts = spec.algorithm == SpecAlgorithm::Mtp && spec.sampled_drafts;
   return eo;
 }
 

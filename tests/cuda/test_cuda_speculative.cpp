@@ -148,12 +148,14 @@ TEST(CudaSpeculative, EngineContinuousBatchingLossless) {
 }
 
 // The CUDA engine over an MTP fixture as the fused-round tests open it: 8 sequences of up to 512
-// tokens, decode-side kernels that keep a token's bits in verify steps of any size.
-std::unique_ptr<ModelRunner> open_fused_round_engine(const char* fixture) {
+// tokens, decode-side kernels that keep a token's bits in verify steps of any size; with
+// sampled_drafts, the drafts' distributions set aside at start (else at the first such round).
+std::unique_ptr<ModelRunner> open_fused_round_engine(const char* fixture, bool sampled_drafts = false) {
   EngineOptions eo;
   eo.max_seqs = 8;
   eo.max_model_len = 512;
   eo.backends.speculative = true;
+  eo.sampled_drafts = sampled_drafts;
   return open_model((fixtures_dir() / fixture).string(), "cuda", true, eo);
 }
 
@@ -263,7 +265,13 @@ TEST(CudaSpeculative, SampledDraftsAreAcceptedMoreOften) {
     testing::run_burst(open(), cfg, jobs, &m_argmax);
     cfg.spec.sampled_drafts = true;
     const auto drawn = testing::run_burst(open(), cfg, jobs, &m_drawn);
-    const auto again = testing::run_burst(open(), cfg, jobs, &m_again);
+    // Again with the q buffers set aside when the engine opens: 2 rows a sequence and a q per
+    // state slot (8 sequences + the pad slot), the same tokens.
+    std::unique_ptr<ModelRunner> reserved = open_fused_round_engine(fixture, /*sampled_drafts=*/true);
+    const auto* cuda_runner = dynamic_cast<const cuda::CudaRunner*>(reserved.get());
+    ASSERT_NE(cuda_runner, nullptr) << fixture;
+    EXPECT_EQ(cuda_runner->footprint().draft_bytes, int64_t(2 * 8 + 9) * V * 4) << fixture;
+    const auto again = testing::run_burst(std::move(reserved), cfg, jobs, &m_again);
     cfg.chained_mtp_rounds = false;
     std::string m_unchained;
     const auto unchained = testing::run_burst(open(), cfg, jobs, &m_unchained);

@@ -50,6 +50,9 @@ struct CudaRunnerOptions {
   // scratch use (vLLM's --gpu-memory-utilization); kv_cache_tokens is then ignored.
   double gpu_memory_utilization = 0;
   bool reserve_history = false;    // leave room for the state history of draft verification
+  // Fused rounds will draw sampled drafts: their distributions (SamplingBuffers::q_drawn for two
+  // rows a sequence, q_kept a state slot) are allocated before the KV cache is sized.
+  bool reserve_sampled_drafts = false;
   bool capture_graphs_at_start = false;  // capture every decode bucket's graph when the engine opens
   // Prefix-cache snapshots (runtime/prefix_cache.h): this many, holding up to snapshot_tokens of
   // KV in all, in memory set aside from the KV budget (0: no snapshots).
@@ -152,6 +155,7 @@ class CudaRunner final : public ModelRunner {
 
   struct Footprint {
     int64_t weight_bytes = 0, expert_bytes = 0, dense_bytes = 0, kv_bytes = 0, state_bytes = 0;
+    int64_t draft_bytes = 0;  // sampled drafts' distributions set aside at start (reserve_sampled_drafts)
   };
   Footprint footprint() const;
   const OpProfile& profile() const;

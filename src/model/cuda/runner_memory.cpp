@@ -37,6 +37,11 @@ void CudaRunner::Impl::allocate_runtime() {
                        paged_attention_decode_covers(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
   if (w.has_mtp) FATHOM_CUDA_CHECK(cudaMallocHost(&mtp_hidden_host, size_t(T_max) * cfg.hidden_size * 4));
   sampling.allocate(R_max, slots, stream);
+  // A fused round of one draft has two rows a sequence (a larger one grows q_drawn at its launch).
+  if (opt.reserve_sampled_drafts && w.has_mtp) {
+    sampling.reserve_drafts(std::min(R_max, 2 * opt.max_seqs), slots, cfg.vocab_size);
+    fp.draft_bytes = int64_t(sampling.q_drawn.bytes() + sampling.q_kept.bytes());
+  }
   FATHOM_CUDA_CHECK(cudaEventCreateWithFlags(&meta_uploaded, cudaEventDisableTiming));
 
   const int Smax = opt.max_seqs;
