@@ -380,7 +380,9 @@ TEST(CudaSampling, DrawnDraftsKeepTheTargetDistribution) {
       ASSERT_TRUE(s.token >= 0 && s.token < V) << c.name;
       ++counts[size_t(s.token)];
       accepted += s.accepted;
-      if (s.accepted) ASSERT_EQ(s.token, drafts[size_t(i)].token) << c.name;
+      if (s.accepted) {
+        ASSERT_EQ(s.token, drafts[size_t(i)].token) << c.name;
+      }
     }
     double pa = 0;  // the acceptance rate of drafts from q: sum_t min(p_t, q_t)
     for (int t = 0; t < V; ++t) pa += std::min(p[size_t(t)], qd[size_t(t)]);

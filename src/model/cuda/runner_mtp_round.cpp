@@ -165,8 +165,8 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
     sr.draws = sr.draws || r.draw_draft;
     kept_q = kept_q || r.draft_q == kDraftQKept;
     sr.logprobs = sr.logprobs || r.logprobs >= 0;
-    sr.no_argmax = sr.no_argmax && r.temperature > 0.f;
-    sr.all_draw = sr.all_draw && r.draw_draft;
+    sr.no_argmax = sr.no_argmax && r.temperature > 0.f && V <= kSampleRowsStagedVocab;
+    sr.all_draw = sr.all_draw && r.draw_draft && V <= kSampleRowsStagedVocab;
   }
   lr.sampled = true;
   lr.any_logprobs = sr.logprobs;
