@@ -60,7 +60,8 @@ int main() {
       FATHOM_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.bytes()));
       // q rows: each row's own distribution drawn once, so verify rows read a real q.
       std::vector<RowSampling> draw = rows_of("draw q", rows);
-      FATHOM_CUDA_CHECK(cudaMemcpy(dparams.data(), draw.data(), draw.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
+      FATHOM_CUDA_CHECK(
+          cudaMemcpy(dparams.data(), draw.data(), draw.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
       sample_rows(dl.as<float>(), rows, V, dparams.as<RowSampling>(), nullptr, dout.as<RowSample>(), nullptr, nullptr,
                   nullptr, nullptr, nullptr, nullptr, dq.as<float>());
       FATHOM_CUDA_CHECK(cudaDeviceSynchronize());

@@ -369,7 +369,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       // One division a row: a double division an id is most of this pass on one SM at 248K ids
       // (q agrees with the CPU row sampler's w / total to rounding, as the weights do).
       const double inv_total = 1.0 / double(total);
-      for (int i = tid; i < V; i += kThreads) q_write[i] = order_key(lr[i]) >= t ? float(double(w(lr[i])) * inv_total) : 0.f;
+      for (int i = tid; i < V; i += kThreads)
+        q_write[i] = order_key(lr[i]) >= t ? float(double(w(lr[i])) * inv_total) : 0.f;
     }
     unsigned long long target = 0;
     bool draw = true;

@@ -7,7 +7,8 @@
 // Every round goes through launch_verify_draft / finish_verify_draft as one graph (run_round),
 // and chains: a round's outcome stays on the device per state slot (mtp_round_outcome), and a
 // round launched before it is read takes its tokens, positions, sampling rows and
-// linear-attention state from there (mtp_chain_patch, restore_linear_states_unless), its host-side lengths settled when the round before it is read.
+// linear-attention state from there (mtp_chain_patch, restore_linear_states_unless), its
+// host-side lengths settled when the round before it is read.
 // Sampled drafts (RowSampling::draw_draft): the MTP rows go through the sampler too, drawing
 // each draft from the MTP layer's distribution, and the q of the one the next round verifies is
 // kept per state slot (SamplingBuffers::q_kept).
@@ -264,8 +265,8 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
     RowSample* chosen = sampling.row_out.as<RowSample>();
     sample_rows(act.logits.as<float>(), p.T, int(V), rows, sr->adjust ? sampling.adjust_dev.as<LogitAdjustment>() : nullptr,
                 chosen, sampling.row_top_ids.as<int32_t>(), sampling.row_top_lp.as<float>(), s, nullptr,
-                sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr, sr->no_argmax ? nullptr : act.argmax.as<int32_t>(),
-                sr->verifies ? sampling.q_kept.as<float>() : nullptr, chain_fed, /*programmatic=*/true);
+                sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr,
+                sr->no_argmax ? nullptr : act.argmax.as<int32_t>(), sr->verifies ? sampling.q_kept.as<float>() : nullptr, chain_fed, /*programmatic=*/true);
     const bool mtp_argmax = !draft_rows || !sr->all_draw;
     run_mtp(q, chain_fed, act.sel.as<float>(), mtp_argmax ? chain_draft : nullptr);
     if (draft_rows)
