@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|drafts34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|drafts34|sampler34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -679,6 +679,18 @@ for what in "${@:-all}"; do
       timeout 400 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
         --heldout "$heldout" --device cuda --temperatures 0 0.7 --prompts 24 --repeats 5 --concurrency 16 --modes plain mtp1-auto mtp1-off \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
+    sampler34)
+      # Issue 34, the device sampler on its own: bench/sampling_bench for each build in
+      # SAMPLER_BINS (default "sampling_bench_old sampling_bench"), then the sampler's GPU tests and
+      # memcheck over those that compare with the CPU row sampler (test_cuda is the new build's).
+      for b in ${SAMPLER_BINS:-sampling_bench_old sampling_bench}; do
+        echo "== $b"; timeout 60 "$BIN/$b" 2>&1 | tee "$OUT/sampler34_$b.txt"
+      done
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
+      timeout 150 "$BIN/test_cuda" --gtest_filter='CudaSampling.*' > "$OUT/sampler34_tests.log" 2>&1
+      echo "sampler34 tests rc=$?"
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|chi2|sampled drafts" "$OUT/sampler34_tests.log" | head -20
+      memcheck 200 sampler34 'CudaSampling.SampledDraftsMatchTheCpuRowSampler:CudaSampling.GreedyEqualsCpuArgmax:CudaSampling.LogprobsMatchCpu:CudaSampling.TokenMasksRestrictTheChoice:CudaSampling.CpuRowSampler*:CudaSampling.SeededRowsIndependentOfBatch' ;;
     drafts34)
       # Issue 34, sampled drafts on the GPU (--speculative-sampled-drafts): the device sampler
       # against the CPU row sampler, the engine's fused rounds with drawn drafts, memcheck over
