@@ -32,9 +32,12 @@ struct DeviceResult {
 
 // Runs sample_rows over `logits` [rows, V] with `params` (one per row) and `adjust`; with
 // `head_argmax`, as the engine does: argmax_rows over the logits first, handed to the sampler.
+// With `q`, the step's draft distributions ([rows, V], read and written: RowSampling::q_out,
+// draft_q), and the chosen tokens also as a plain id array (a fused round's MTP input), which must
+// agree with the samples.
 DeviceResult run_device(const std::vector<float>& logits, int V, const std::vector<RowSampling>& params,
                         const std::vector<LogitAdjustment>& adjust, const std::vector<uint32_t>& masks = {},
-                        bool head_argmax = false) {
+                        bool head_argmax = false, std::vector<float>* q = nullptr) {
   const int rows = int(params.size());
   cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
       da(std::max<size_t>(1, adjust.size()) * sizeof(LogitAdjustment)), dout(params.size() * sizeof(RowSample)),
@@ -46,6 +49,11 @@ DeviceResult run_device(const std::vector<float>& logits, int V, const std::vect
         cudaMemcpy(da.data(), adjust.data(), adjust.size() * sizeof(LogitAdjustment), cudaMemcpyHostToDevice));
   cuda::DeviceBuffer dm(std::max<size_t>(1, masks.size()) * 4);
   if (!masks.empty()) FATHOM_CUDA_CHECK(cudaMemcpy(dm.data(), masks.data(), masks.size() * 4, cudaMemcpyHostToDevice));
+  cuda::DeviceBuffer dq(q ? q->size() * 4 : 4), dt(size_t(rows) * 4);
+  if (q) {
+    FATHOM_CUDA_CHECK(cudaMemcpy(dq.data(), q->data(), q->size() * 4, cudaMemcpyHostToDevice));
+    FATHOM_CUDA_CHECK(cudaMemset(dt.data(), 0xff, dt.bytes()));
+  }
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies may still be in flight when cudaMemcpy returns
   cuda::DeviceBuffer dai(size_t(rows) * 4), scratch(cuda::argmax_scratch_bytes(rows));
   if (head_argmax) {
@@ -54,7 +62,8 @@ DeviceResult run_device(const std::vector<float>& logits, int V, const std::vect
   }
   cuda::sample_rows(dl.as<float>(), rows, V, dp.as<RowSampling>(), da.as<LogitAdjustment>(), dout.as<RowSample>(),
                     dti.as<int32_t>(), dtl.as<float>(), nullptr, nullptr,
-                    masks.empty() ? nullptr : dm.as<uint32_t>(), head_argmax ? dai.as<int32_t>() : nullptr);
+                    masks.empty() ? nullptr : dm.as<uint32_t>(), head_argmax ? dai.as<int32_t>() : nullptr,
+                    q ? dq.as<float>() : nullptr, q ? dt.as<int32_t>() : nullptr);
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
   DeviceResult r;
   r.samples.resize(size_t(rows));
@@ -63,33 +72,21 @@ DeviceResult run_device(const std::vector<float>& logits, int V, const std::vect
   FATHOM_CUDA_CHECK(cudaMemcpy(r.samples.data(), dout.data(), r.samples.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
   FATHOM_CUDA_CHECK(cudaMemcpy(r.top_ids.data(), dti.data(), r.top_ids.size() * 4, cudaMemcpyDeviceToHost));
   FATHOM_CUDA_CHECK(cudaMemcpy(r.top_lp.data(), dtl.data(), r.top_lp.size() * 4, cudaMemcpyDeviceToHost));
+  if (q) {
+    std::vector<int32_t> tokens(static_cast<size_t>(rows), 0);
+    FATHOM_CUDA_CHECK(cudaMemcpy(tokens.data(), dt.data(), tokens.size() * 4, cudaMemcpyDeviceToHost));
+    FATHOM_CUDA_CHECK(cudaMemcpy(q->data(), dq.data(), q->size() * 4, cudaMemcpyDeviceToHost));
+    int differ = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) differ += tokens[i] != r.samples[i].token;
+    EXPECT_EQ(differ, 0) << "rows whose token array differs from their sample";
+  }
   return r;
 }
 
-// sample_rows over `logits` [rows, V] with the step's draft distributions in `q` ([rows, V], read
-// and written: RowSampling::q_out, draft_q); the chosen tokens also as a plain id array (a fused
-// round's MTP input), which must agree with the samples.
+// run_device's samples for rows with draft distributions `q`.
 std::vector<RowSample> run_device_q(const std::vector<float>& logits, int V, const std::vector<RowSampling>& params,
                                     std::vector<float>& q) {
-  cuda::DeviceBuffer dl(logits.size() * 4), dp(params.size() * sizeof(RowSampling)),
-      dout(params.size() * sizeof(RowSample)), dq(q.size() * 4), da(sizeof(LogitAdjustment)), dt(params.size() * 4);
-  FATHOM_CUDA_CHECK(cudaMemcpy(dl.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-  FATHOM_CUDA_CHECK(cudaMemcpy(dp.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
-  FATHOM_CUDA_CHECK(cudaMemcpy(dq.data(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-  FATHOM_CUDA_CHECK(cudaMemset(dt.data(), 0xff, dt.bytes()));
-  cuda::sample_rows(dl.as<float>(), int(params.size()), V, dp.as<RowSampling>(), da.as<LogitAdjustment>(),
-                    dout.as<RowSample>(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq.as<float>(),
-                    dt.as<int32_t>());
-  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<RowSample> out(params.size());
-  std::vector<int32_t> tokens(params.size());
-  FATHOM_CUDA_CHECK(cudaMemcpy(out.data(), dout.data(), out.size() * sizeof(RowSample), cudaMemcpyDeviceToHost));
-  FATHOM_CUDA_CHECK(cudaMemcpy(tokens.data(), dt.data(), tokens.size() * 4, cudaMemcpyDeviceToHost));
-  FATHOM_CUDA_CHECK(cudaMemcpy(q.data(), dq.data(), q.size() * 4, cudaMemcpyDeviceToHost));
-  int differ = 0;
-  for (size_t r = 0; r < out.size(); ++r) differ += tokens[r] != out[r].token;
-  EXPECT_EQ(differ, 0) << "rows whose token array differs from their sample";
-  return out;
+  return run_device(logits, V, params, {}, {}, /*head_argmax=*/false, &q).samples;
 }
 
 std::vector<float> random_logits(int rows, int V, float scale, uint32_t seed) {

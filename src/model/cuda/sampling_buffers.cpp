@@ -23,7 +23,7 @@ void SamplingBuffers::allocate(int rows, int slots, cudaStream_t s) {
   row_top_lp = DeviceBuffer(size_t(rows) * kMaxTopLogprobs * 4);
   for (int b = 0; b < 2; ++b) {
     FATHOM_CUDA_CHECK(cudaMallocHost(&row_params_host[b], size_t(2 * rows) * sizeof(RowSampling)));
-    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(2 * rows) * sizeof(RowSample)));
+    FATHOM_CUDA_CHECK(cudaMallocHost(&row_out_host[b], size_t(rows) * sizeof(RowSample)));
     FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_ids_host[b], size_t(rows) * kMaxTopLogprobs * 4));
     FATHOM_CUDA_CHECK(cudaMallocHost(&row_top_lp_host[b], size_t(rows) * kMaxTopLogprobs * 4));
   }

@@ -16,8 +16,9 @@
 namespace fathom::cuda {
 
 struct SamplingBuffers {
-  // row_params and row_out (and their pinned halves) hold twice the step's rows: a fused round's
-  // MTP draft rows (and what they drew) follow its T verify rows, so one copy uploads both.
+  // row_params (and its pinned halves) and row_out hold twice the step's rows: a fused round's MTP
+  // draft rows (and what they drew) follow its T verify rows, so one copy uploads both; only the
+  // verify rows' samples come back (row_out_host).
   DeviceBuffer row_params, row_out, row_top_ids, row_top_lp, adjust_dev, mask_dev;
   RowSampling* row_params_host[2] = {};
   RowSample* row_out_host[2] = {};
