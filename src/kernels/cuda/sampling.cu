@@ -48,11 +48,20 @@ __device__ __forceinline__ int key_index(unsigned long long k) { return int(~uin
 
 static_assert(kWarps == 32, "the block reductions combine one warp's value a lane");
 
+// The inverse CDF works on groups of kGroup consecutive ids (8 a lane of one warp: a warp reads
+// 1 KB of the row at once): each group's weight in shared memory, thread g owning group g in the
+// block's scan, then one warp finds the token inside the group the draw lands in.
+constexpr int kGroup = 256;
+constexpr int kMaxVocab = kGroup * kThreads;  // 2^18: the fixed-point weights' sum fits 64 bits
+
 struct Shared {
   unsigned long long warp[kWarps];
   unsigned long long result;
   float f[kWarps];
   int token;
+  int group;                      // the group the draw lands in (-1: none)
+  unsigned long long offset;      // the draw's offset inside it
+  unsigned long long gsum[kThreads];  // the groups' weights
 };
 
 // Block-wide reductions: each warp reduces, lane 0 posts, warp 0 combines the posts (a lane
@@ -172,6 +181,57 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
   return a;
 }
 
+// sh.gsum[g] = the weight of ids g * kGroup .. (g + 1) * kGroup - 1 (warp w takes groups w, w +
+// kWarps, ...; lane l ids 8l .. 8l + 7 of a group). Returns thread g's group weight (0 past the
+// groups) once every group is in.
+template <class Weight>
+__device__ unsigned long long group_weights(int V, Weight weight, Shared& sh) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, groups = (V + kGroup - 1) / kGroup;
+  for (int g = warp; g < groups; g += kWarps) {
+    const int i0 = g * kGroup + lane * 8;
+    unsigned long long s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (i0 + j < V) s += weight(i0 + j);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    if (lane == 0) sh.gsum[g] = s;
+  }
+  __syncthreads();
+  return int(threadIdx.x) < groups ? sh.gsum[threadIdx.x] : 0ull;
+}
+
+// The id where the running weight (ids in order) first passes `target`: thread g holds its group's
+// weight `mine` and the weight of the groups before it `before`; -1 if the draw lands nowhere.
+template <class Weight>
+__device__ int draw_token(int V, Weight weight, unsigned long long mine, unsigned long long before,
+                          unsigned long long target, Shared& sh) {
+  if (threadIdx.x == 0) sh.token = -1, sh.group = -1;
+  __syncthreads();
+  if (mine > 0 && target >= before && target < before + mine) sh.group = int(threadIdx.x), sh.offset = target - before;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = sh.group;
+  if (warp == 0 && g >= 0) {
+    const int i0 = g * kGroup + lane * 8;
+    unsigned long long wj[8], s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s += wj[j] = i0 + j < V ? weight(i0 + j) : 0ull;
+    const unsigned long long inc = warp_inclusive_scan(s, lane), off = sh.offset;
+    if (s > 0 && off >= inc - s && off < inc) {
+      unsigned long long acc = inc - s;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc += wj[j];
+        if (off < acc) {
+          sh.token = i0 + j;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return sh.token;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, int V, const RowSampling* params,
                                                                LogitAdjustment* adjust, RowSample* out,
                                                                int32_t* top_ids, float* top_lp, int32_t* last_token,
@@ -253,12 +313,18 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
     lr = staged;
   }
 
-  // 3. The largest logit: the greedy choice, and the reference of the sampling weights.
+  // 3. The largest logit: the greedy choice, and the reference of the sampling weights. Where
+  // nothing changed the row, argmax_rows' pick (the same value and lowest index) saves a pass.
   float m = -INFINITY;
   int amax = INT_MAX;
-  for (int i = tid; i < V; i += kThreads)
-    if (better(lr[i], i, m, amax)) m = lr[i], amax = i;
-  block_argmax(m, amax, sh);
+  const int picked = row_argmax && P.adjust_begin == P.adjust_end && (P.mask_row < 0 || !masks) ? row_argmax[row] : -1;
+  if (picked >= 0 && picked < V) {
+    amax = picked, m = lr[picked];
+  } else {
+    for (int i = tid; i < V; i += kThreads)
+      if (better(lr[i], i, m, amax)) m = lr[i], amax = i;
+    block_argmax(m, amax, sh);
+  }
 
   int token = amax;
   bool accepted = P.draft >= 0 && amax == P.draft;
@@ -280,24 +346,16 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       target = max(target, 1ull);
       t = select_key<true>(lr, V, lo, kmax, target, w, sh);
     }
-    // Inverse CDF over the kept tokens in id order: each thread owns a contiguous chunk.
-    const int chunk = (V + kThreads - 1) / kThreads, begin = min(V, tid * chunk), end = min(V, begin + chunk);
+    // Inverse CDF over the kept tokens in id order, a group of kGroup ids a thread in the scans.
     const bool has_draft = P.draft >= 0 && P.draft < V;
     unsigned long long wd = 0;
     if (has_draft && order_key(lr[P.draft]) >= t) wd = w(lr[P.draft]);
-    unsigned long long mine = 0;
-    for (int i = begin; i < end; ++i)
-      if (order_key(lr[i]) >= t) mine += w(lr[i]);
-    unsigned long long total = 0;
-    unsigned long long before = block_exclusive_scan(mine, total, sh);  // the weight of the chunks before mine
-    if (q_write)  // the distribution this row's draft is drawn from
-      for (int i = tid; i < V; i += kThreads)
-        q_write[i] = order_key(lr[i]) >= t ? float(double(w(lr[i])) / double(total)) : 0.f;
     const float* q = has_draft && P.draft_q >= 0 && q_rows ? q_rows + int64_t(P.draft_q) * V : nullptr;
     int exclude = -1;
     // A kept token's weight in the draw: w, or after refusing a draft drawn from q the residual
     // max(w - q * total, 0) (none for the draft: refused only where p(draft) < q(draft)).
     bool residual = false;
+    unsigned long long total = 0;
     auto weight = [&](int i) -> unsigned long long {
       if (i == exclude || order_key(lr[i]) < t) return 0ull;
       const unsigned long long wi = w(lr[i]);
@@ -305,6 +363,15 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
       const unsigned long long qi = static_cast<unsigned long long>(double(q[i]) * double(total));
       return wi > qi ? wi - qi : 0ull;
     };
+    unsigned long long mine = group_weights(V, weight, sh);
+    unsigned long long before = block_exclusive_scan(mine, total, sh);  // the weight of the groups before mine
+    if (q_write) {  // the distribution this row's draft is drawn from
+      // One division a row: a double division an id is most of this pass on one SM at 248K ids
+      // (q agrees with the CPU row sampler's w / total to rounding, as the weights do).
+      const double inv_total = 1.0 / double(total);
+      for (int i = tid; i < V; i += kThreads)
+        q_write[i] = order_key(lr[i]) >= t ? float(double(w(lr[i])) * inv_total) : 0.f;
+    }
     unsigned long long target = 0;
     bool draw = true;
     if (q) {  // accept with probability min(1, p(draft) / q(draft)), else draw from the residual
@@ -312,8 +379,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
         token = P.draft, accepted = true, draw = false;
       } else {
         exclude = P.draft, residual = true;
-        mine = 0;
-        for (int i = begin; i < end; ++i) mine += weight(i);
+        mine = group_weights(V, weight, sh);
         unsigned long long rest = 0;
         before = block_exclusive_scan(mine, rest, sh);
         if (rest == 0) {  // p = q up to rounding
@@ -328,8 +394,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
         token = P.draft, accepted = true, draw = false;
       } else {
         exclude = P.draft;
-        if (P.draft >= begin && P.draft < end) mine -= wd;
-        if (P.draft < begin) before -= wd;
+        const int draft_group = P.draft / kGroup;
+        if (tid == draft_group) mine -= wd;
+        if (tid > draft_group) before -= wd;
         target = static_cast<unsigned long long>(uniform01(P.seed, P.draw, 1) * double(total - wd));
       }
     } else {  // j = 2 for a draft drawn here: apart from its position's own draws
@@ -337,20 +404,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(float* logits, in
     }
     if (draw) {
       accepted = false;
-      if (tid == 0) sh.token = -1;
-      __syncthreads();
-      if (mine > 0 && target >= before && target < before + mine) {
-        unsigned long long acc = before;
-        for (int i = begin; i < end; ++i) {
-          acc += weight(i);
-          if (target < acc) {
-            sh.token = i;
-            break;
-          }
-        }
-      }
-      __syncthreads();
-      token = sh.token >= 0 ? sh.token : amax;  // amax only if rounding left no owner
+      const int found = draw_token(V, weight, mine, before, target, sh);
+      token = found >= 0 ? found : amax;  // amax only if rounding left no owner
     }
   }
 
@@ -375,6 +430,8 @@ void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, 
                  RowSample* out, int32_t* top_ids, float* top_logprobs, cudaStream_t s, int32_t* last_token,
                  const uint32_t* masks, const int32_t* row_argmax, float* q_rows, int32_t* tokens, bool programmatic) {
   if (rows == 0) return;
+  FATHOM_CHECK(vocab <= kMaxVocab, "device sampling: a vocabulary of ", vocab, " ids is past the sampler's ",
+               kMaxVocab);
   const size_t smem = vocab <= kSampleRowsStagedVocab ? size_t(vocab) * sizeof(float) : 0;
   if (programmatic) {
     launch(sample_rows_kernel, dim3(rows), dim3(kThreads), smem, s, logits, vocab, params, adjust, out, top_ids,

@@ -12,8 +12,8 @@
 
 namespace fathom::cuda {
 
-// Rows of up to this many ids (48 KB) are staged in shared memory: the sampler reads a row
-// several times.
+// Rows of up to this many ids are staged in shared memory, where the sampler's passes over them
+// cost less than a launch of argmax_rows (so a round need not take the argmax for it).
 inline constexpr int kSampleRowsStagedVocab = 12288;
 
 // logits [rows, vocab] are changed in place (adjustments). `adjust` holds every row's entries
@@ -21,7 +21,8 @@ inline constexpr int kSampleRowsStagedVocab = 12288;
 // last_token (may be null): [slots] tokens chosen per state slot (RowSampling::state_slot).
 // masks (may be null): the rows' token masks (RowSampling::mask_row), mask_words(vocab) words each.
 // row_argmax (may be null): argmax_rows' result on these logits; greedy rows with nothing to
-// apply (no logprobs, adjustments or mask) take it instead of reading their row.
+// apply (no logprobs, adjustments or mask) take it instead of reading their row, and other rows
+// without adjustments or a mask start from it.
 // q_rows (may be null when no row has q_out or draft_q): the step's draft distributions, [n, vocab].
 // tokens (may be null): [rows] each row's chosen token as a plain id (a fused round's next input).
 // programmatic: launched with programmatic dependent launch where launch() is on (inside a round's

@@ -390,7 +390,8 @@ struct CudaRunner::Impl {
   // parameters are uploaded (row_params: the verify rows, then the draft rows where rows draw
   // drafts), with adjustments and token masks where it has them. Where no verify row is greedy
   // (no_argmax) the verify step's argmax is not taken, and where every row draws its draft
-  // (all_draw) neither is the MTP step's: the sampler reads the rows itself.
+  // (all_draw) neither is the MTP step's: the sampler reads the rows itself. Only for rows it
+  // stages (kSampleRowsStagedVocab): over a larger vocabulary the argmax saves the sampler a pass.
   struct SampledRound {
     bool draws = false, verifies = false, adjust = false, masks = false, logprobs = false;
     bool no_argmax = true, all_draw = true;

@@ -166,8 +166,8 @@ void CudaRunner::Impl::upload_round_rows(std::span<const ForwardStep> steps, std
     sr.draws = sr.draws || r.draw_draft;
     kept_q = kept_q || r.draft_q == kDraftQKept;
     sr.logprobs = sr.logprobs || r.logprobs >= 0;
-    sr.no_argmax = sr.no_argmax && r.temperature > 0.f;
-    sr.all_draw = sr.all_draw && r.draw_draft;
+    sr.no_argmax = sr.no_argmax && r.temperature > 0.f && V <= kSampleRowsStagedVocab;
+    sr.all_draw = sr.all_draw && r.draw_draft && V <= kSampleRowsStagedVocab;
   }
   lr.sampled = true;
   lr.any_logprobs = sr.logprobs;
@@ -266,8 +266,7 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
     sample_rows(act.logits.as<float>(), p.T, int(V), rows, sr->adjust ? sampling.adjust_dev.as<LogitAdjustment>() : nullptr,
                 chosen, sampling.row_top_ids.as<int32_t>(), sampling.row_top_lp.as<float>(), s, nullptr,
                 sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr,
-                sr->no_argmax ? nullptr : act.argmax.as<int32_t>(), sr->verifies ? sampling.q_kept.as<float>() : nullptr,
-                chain_fed, /*programmatic=*/true);
+                sr->no_argmax ? nullptr : act.argmax.as<int32_t>(), sr->verifies ? sampling.q_kept.as<float>() : nullptr, chain_fed, /*programmatic=*/true);
     const bool mtp_argmax = !draft_rows || !sr->all_draw;
     run_mtp(q, chain_fed, act.sel.as<float>(), mtp_argmax ? chain_draft : nullptr);
     if (draft_rows)
