@@ -27,14 +27,17 @@ namespace {
 constexpr int kChain = 40;
 
 // Rows of one form: temperature 0 (greedy), or 0.7 (with top-p 0.95; with a draft drawn, q_out;
-// verifying a drawn draft's q, draft_q: half of the drafts the argmax, so half the rows accept).
+// verifying a drawn draft's q, draft_q: half of the drafts the argmax, so half the rows accept), or
+// Qwen3.5's suggested 0.6 with top-k 20 and top-p 0.95. " bisect": the cut-offs in their reference
+// form (a pass over the row a bit of the key).
 std::vector<RowSampling> rows_of(const std::string& form, int rows) {
   std::vector<RowSampling> v(static_cast<size_t>(rows));
   for (int r = 0; r < rows; ++r) {
     RowSampling& p = v[size_t(r)];
     p.seed = 7, p.draw = uint64_t(r);
     p.temperature = form == "greedy" ? 0.f : 0.7f;
-    if (form == "top-p") p.top_p = 0.95f;
+    if (form.starts_with("top-p")) p.top_p = 0.95f;
+    if (form.starts_with("top-k+p")) p.temperature = 0.6f, p.top_k = 20, p.top_p = 0.95f;
     if (form == "draw q") p.q_out = r;
     if (form == "verify q") p.draft = r % 2 == 0 ? 0 : 1, p.draft_q = r;
   }
@@ -72,8 +75,10 @@ int main() {
       // "+argmax": the sampler handed argmax_rows' result, as the engine's steps do (the argmax's own
       // launch not counted).
       argmax_rows(dl.as<float>(), dargmax.as<int32_t>(), rows, V, scratch.data(), nullptr);
-      for (const std::string form : {"greedy", "sampled", "sampled+argmax", "top-p", "draw q", "verify q"}) {
+      for (const std::string form : {"greedy", "sampled", "sampled+argmax", "top-p", "top-p bisect", "top-k+p",
+                                     "top-k+p bisect", "draw q", "verify q"}) {
         const bool given = form == "sampled+argmax";
+        set_sampling_cutoffs_by_bisection(form.ends_with(" bisect"));
         const std::vector<RowSampling> params = rows_of(given ? "sampled" : form, rows);
         FATHOM_CUDA_CHECK(
             cudaMemcpy(dparams.data(), params.data(), params.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));

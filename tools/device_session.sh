@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|knockout32|spec34|specab34|drafts34|sampler34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -690,7 +690,29 @@ for what in "${@:-all}"; do
       timeout 150 "$BIN/test_cuda" --gtest_filter='CudaSampling.*' > "$OUT/sampler34_tests.log" 2>&1
       echo "sampler34 tests rc=$?"
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|chi2|sampled drafts" "$OUT/sampler34_tests.log" | head -20
-      memcheck 200 sampler34 'CudaSampling.SampledDraftsMatchTheCpuRowSampler:CudaSampling.GreedyEqualsCpuArgmax:CudaSampling.LogprobsMatchCpu:CudaSampling.TokenMasksRestrictTheChoice:CudaSampling.CpuRowSampler*:CudaSampling.SeededRowsIndependentOfBatch' ;;
+      memcheck 200 sampler34 'CudaSampling.SampledDraftsMatchTheCpuRowSampler:CudaSampling.GreedyEqualsCpuArgmax:CudaSampling.LogprobsMatchCpu:CudaSampling.TokenMasksRestrictTheChoice:CudaSampling.CpuRowSampler*:CudaSampling.SeededRowsIndependentOfBatch:CudaSampling.CutoffsByBins*'
+      # The cut-offs' shared memory (bins by atomics, the bin's keys sorted in place) under racecheck.
+      timeout 240 compute-sanitizer --tool racecheck --print-limit 20 "$BIN/test_cuda" \
+        --gtest_filter='CudaSampling.CutoffsByBins*' > "$OUT/sampler34_racecheck.log" 2>&1
+      echo "sampler34 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/sampler34_racecheck.log" | tail -1)" ;;
+    sampled32)
+      # Served decode at a temperature (issue 32's served check past greedy): the 35B (dummy
+      # weights) at concurrency 1 and 64, greedy and at Qwen3.5's suggested sampling (temperature
+      # 0.6, top-k 20, top-p 0.95), for each build in SAMPLED_BINS (default "fathom_old fathom").
+      for b in ${SAMPLED_BINS:-fathom_old fathom}; do
+        "$BIN/$b" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+          --max-model-len 2048 --max-num-seqs 64 --port 18620 > "$OUT/sampled32_$b.log" 2>&1 &
+        SRV=$!
+        if wait_healthy 18620 $SRV; then
+          for mode in greedy sampled; do
+            flags=; [ $mode = sampled ] && flags="--temperature 0.6 --top-k 20 --top-p 0.95"
+            echo "== $b $mode"
+            bench_serve 18620 "sampled32_${b}_${mode}_c1" --input-len 512 --concurrency 1 --num-prompts 6 $flags
+            bench_serve 18620 "sampled32_${b}_${mode}_c64" --input-len 512 --concurrency 64 --num-prompts 128 $flags
+          done
+        fi
+        kill $SRV; wait $SRV 2>/dev/null
+      done ;;
     drafts34)
       # Issue 34, sampled drafts on the GPU (--speculative-sampled-drafts): the device sampler
       # against the CPU row sampler, the engine's fused rounds with drawn drafts, memcheck over

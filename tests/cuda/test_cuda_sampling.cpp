@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -395,6 +396,68 @@ TEST(CudaSampling, DrawnDraftsKeepTheTargetDistribution) {
 
 // A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
 // it: the random numbers depend on (seed, draw) only.
+// The top-k and top-p cut-offs by bins (two passes over the row) keep exactly the tokens that the
+// bisection over keys keeps, on rows shaped to break them: broad, peaked and wide logits, ties
+// that overflow a bin's shared memory (the bins fall back to bisection), a row of one value, rows
+// mostly -inf, extreme temperatures; at a staged vocabulary and at Qwen3.5's. Rows draw a draft,
+// so q (RowSampling::q_out) shows the kept set: q and the tokens must be equal bit for bit.
+TEST(CudaSampling, CutoffsByBinsEqualTheBisection) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
+  struct Cut {
+    float t;
+    int k;
+    float p, min_p;
+  };
+  const std::vector<Cut> cuts = {{0.7f, 0, 0.95f, 0.f}, {1.f, 20, 1.f, 0.f},    {0.6f, 20, 0.95f, 0.f},
+                                 {0.05f, 0, 0.9f, 0.f}, {5.f, 1000, 0.5f, 0.f}, {1.f, 0, 0.99f, 0.05f},
+                                 {1.f, 9000, 1.f, 0.f}};
+  const int shapes = 6;
+  for (const int V : {3000, 248320}) {
+    const int rows = shapes * int(cuts.size());
+    std::vector<float> logits(size_t(rows) * V);
+    std::vector<RowSampling> params(static_cast<size_t>(rows));
+    std::mt19937 g{static_cast<uint32_t>(V)};
+    std::normal_distribution<float> n(0.f, 1.f);
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits.data() + size_t(r) * V;
+      const int shape = r % shapes;
+      for (int i = 0; i < V; ++i) {
+        const float z = n(g);
+        row[i] = shape == 0 ? 2.f * z                           // broad
+                 : shape == 1 ? z                               // peaked (below)
+                 : shape == 2 ? std::round(4.f * z) / 2.f       // ties: a bin holds thousands of one value
+                 : shape == 3 ? 0.f                             // one value
+                 : shape == 4 ? -INFINITY                       // mostly -inf (below)
+                              : 8.f * z;                        // wide
+      }
+      if (shape == 1) row[(r * 7919) % V] = 30.f;
+      if (shape == 4)
+        for (int j = 0; j < 50; ++j) row[g() % uint32_t(V)] = n(g);
+      const Cut& c = cuts[size_t(r / shapes)];
+      RowSampling& p = params[size_t(r)];
+      p.temperature = c.t, p.top_k = c.k, p.top_p = c.p, p.min_p = c.min_p;
+      p.seed = 99 + uint64_t(r), p.draw = uint64_t(r), p.q_out = r;
+    }
+    std::vector<float> q_bins(logits.size(), -1.f), q_bisect(logits.size(), -1.f);
+    const DeviceResult bins = run_device(logits, V, params, {}, {}, false, &q_bins);
+    cuda::set_sampling_cutoffs_by_bisection(true);
+    const DeviceResult bisect = run_device(logits, V, params, {}, {}, false, &q_bisect);
+    cuda::set_sampling_cutoffs_by_bisection(false);
+    int cut_rows = 0;  // rows whose cut-off kept more than one token and less than all
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(bins.samples[size_t(r)].token, bisect.samples[size_t(r)].token) << "V " << V << " row " << r;
+      const float* a = q_bins.data() + size_t(r) * V;
+      const float* b = q_bisect.data() + size_t(r) * V;
+      int differ = 0, kept = 0;
+      for (int i = 0; i < V; ++i) differ += std::memcmp(a + i, b + i, 4) != 0, kept += b[i] > 0.f;
+      EXPECT_EQ(differ, 0) << "V " << V << " row " << r << ": q differs at " << differ << " ids";
+      cut_rows += kept > 1 && kept < V;
+    }
+    std::printf("  V %d: %d of %d rows cut between one token and all\n", V, cut_rows, rows);
+    EXPECT_GE(cut_rows, rows / 2);
+  }
+}
+
 TEST(CudaSampling, SeededRowsIndependentOfBatch) {
   if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 248320, rows = 16;

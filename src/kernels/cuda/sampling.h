@@ -33,4 +33,8 @@ void sample_rows(float* logits, int rows, int vocab, const RowSampling* params, 
                  const int32_t* row_argmax = nullptr, float* q_rows = nullptr, int32_t* tokens = nullptr,
                  bool programmatic = false);
 
+// Tests: the top-k and top-p cut-offs by bisection over keys (the reference form: a pass over the
+// row for each bit of the key) instead of by bins (two passes). The same keys either way.
+void set_sampling_cutoffs_by_bisection(bool on);
+
 }  // namespace fathom::cuda

@@ -266,7 +266,8 @@ void CudaRunner::Impl::run_round(const Plan& p, bool chained, const SampledRound
     sample_rows(act.logits.as<float>(), p.T, int(V), rows, sr->adjust ? sampling.adjust_dev.as<LogitAdjustment>() : nullptr,
                 chosen, sampling.row_top_ids.as<int32_t>(), sampling.row_top_lp.as<float>(), s, nullptr,
                 sr->masks ? sampling.mask_dev.as<uint32_t>() : nullptr,
-                sr->no_argmax ? nullptr : act.argmax.as<int32_t>(), sr->verifies ? sampling.q_kept.as<float>() : nullptr, chain_fed, /*programmatic=*/true);
+                sr->no_argmax ? nullptr : act.argmax.as<int32_t>(), sr->verifies ? sampling.q_kept.as<float>() : nullptr,
+                chain_fed, /*programmatic=*/true);
     const bool mtp_argmax = !draft_rows || !sr->all_draw;
     run_mtp(q, chain_fed, act.sel.as<float>(), mtp_argmax ? chain_draft : nullptr);
     if (draft_rows)
