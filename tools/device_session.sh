@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -681,18 +681,22 @@ for what in "${@:-all}"; do
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
     sampler34)
       # Issue 34, the device sampler on its own: bench/sampling_bench for each build in
-      # SAMPLER_BINS (default "sampling_bench_old sampling_bench"), then the sampler's GPU tests and
-      # memcheck over those that compare with the CPU row sampler (test_cuda is the new build's).
+      # SAMPLER_BINS (default "sampling_bench_old sampling_bench"), then the sampler's GPU tests
+      # (test_cuda is the new build's); samplercheck34 sanitizes them.
       for b in ${SAMPLER_BINS:-sampling_bench_old sampling_bench}; do
         echo "== $b"; timeout 60 "$BIN/$b" 2>&1 | tee "$OUT/sampler34_$b.txt"
       done
       export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
       timeout 150 "$BIN/test_cuda" --gtest_filter='CudaSampling.*' > "$OUT/sampler34_tests.log" 2>&1
       echo "sampler34 tests rc=$?"
-      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|chi2|sampled drafts" "$OUT/sampler34_tests.log" | head -20
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|chi2|sampled drafts|rows cut" "$OUT/sampler34_tests.log" | head -20 ;;
+    samplercheck34)
+      # The sampler's tests under compute-sanitizer: memcheck against the CPU row sampler and the
+      # cut-offs, racecheck over the cut-offs' shared memory (RACECHECK_S seconds, default 240).
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
       memcheck 200 sampler34 'CudaSampling.SampledDraftsMatchTheCpuRowSampler:CudaSampling.GreedyEqualsCpuArgmax:CudaSampling.LogprobsMatchCpu:CudaSampling.TokenMasksRestrictTheChoice:CudaSampling.CpuRowSampler*:CudaSampling.SeededRowsIndependentOfBatch:CudaSampling.CutoffsByBins*'
       # The cut-offs' shared memory (bins by atomics, the bin's keys sorted in place) under racecheck.
-      timeout 240 compute-sanitizer --tool racecheck --print-limit 20 "$BIN/test_cuda" \
+      timeout "${RACECHECK_S:-240}" compute-sanitizer --tool racecheck --print-limit 20 "$BIN/test_cuda" \
         --gtest_filter='CudaSampling.CutoffsByBins*' > "$OUT/sampler34_racecheck.log" 2>&1
       echo "sampler34 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/sampler34_racecheck.log" | tail -1)" ;;
     sampled32)
