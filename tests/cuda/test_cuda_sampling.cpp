@@ -394,8 +394,6 @@ TEST(CudaSampling, DrawnDraftsKeepTheTargetDistribution) {
   }
 }
 
-// A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
-// it: the random numbers depend on (seed, draw) only.
 // The top-k and top-p cut-offs by bins (two passes over the row) keep exactly the tokens that the
 // bisection over keys keeps, on rows shaped to break them: broad, peaked and wide logits, ties
 // that overflow a bin's shared memory (the bins fall back to bisection), a row of one value, rows
@@ -458,6 +456,8 @@ TEST(CudaSampling, CutoffsByBinsEqualTheBisection) {
   }
 }
 
+// A seeded row gives the same token wherever it sits in the batch and whatever else runs beside
+// it: the random numbers depend on (seed, draw) only.
 TEST(CudaSampling, SeededRowsIndependentOfBatch) {
   if (!testing::gpu_available()) GTEST_SKIP() << "no GPU";
   const int V = 248320, rows = 16;
