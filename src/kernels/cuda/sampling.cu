@@ -191,7 +191,9 @@ __device__ Choice sampled_choice(const float* lr, int V, bool staged, const RowS
     // One division a row: a double division an id is most of this pass on one SM at 248K ids
     // (q agrees with the CPU row sampler's w / total to rounding, as the weights do).
     const double inv_total = 1.0 / double(total);
-    for_each_logit(lr, V, [&](int i, float x) { q_write[i] = order_key(x) >= t ? float(double(w(x)) * inv_total) : 0.f; });
+    for_each_logit(lr, V, [&](int i, float x) {
+      q_write[i] = order_key(x) >= t ? float(double(w(x)) * inv_total) : 0.f;
+    });
   }
   unsigned long long target = 0;
   if (q) {  // accept with probability min(1, p(draft) / q(draft)), else draw from the residual
