@@ -141,9 +141,7 @@ __device__ uint32_t cutoff_key(const float* lr, int V, const RowSampling& P, flo
                                unsigned char* space) {
   const uint32_t kmax = order_key(m);
   uint32_t lo = 0;
-  if (P.top_k > 0 && P.top_k < V)
-    lo = space ? select_key<false>(lr, V, 0, kmax, uint64_t(P.top_k), w, sh, space)
-               : bisect_key<false>(lr, V, 0, kmax, uint64_t(P.top_k), w, sh);
+  if (P.top_k > 0 && P.top_k < V) lo = select_key<false>(lr, V, 0, kmax, uint64_t(P.top_k), w, sh, space);
   const uint32_t topk_key = lo;
   if (P.min_p > 0.f) lo = max(lo, min(kmax, order_key(m + P.temperature * logf(P.min_p))));
   if (!(P.top_p < 1.f)) return lo;
@@ -151,8 +149,7 @@ __device__ uint32_t cutoff_key(const float* lr, int V, const RowSampling& P, flo
   const unsigned long long mass_k = mass_from<true>(lr, V, topk_key, w, sh);
   unsigned long long target = static_cast<unsigned long long>(double(P.top_p) * double(mass_k));
   target = max(target, 1ull);
-  return space ? select_key<true>(lr, V, lo, kmax, target, w, sh, space)
-               : bisect_key<true>(lr, V, lo, kmax, target, w, sh);
+  return select_key<true>(lr, V, lo, kmax, target, w, sh, space);
 }
 
 struct Choice {

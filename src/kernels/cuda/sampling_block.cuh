@@ -146,12 +146,17 @@ __device__ unsigned long long block_exclusive_scan(unsigned long long x, unsigne
   return before + inc - x;
 }
 
-// Calls f(i, l[i]) for this thread's share of the row's ids, in no set order. Rows that allow it
-// are read 16 bytes a load, two loads a thread in flight: one block reading a row not staged in
-// shared memory is bound by the loads it keeps in flight, not by bandwidth.
+// Rows read 16 bytes a load (a multiple of 4 ids, aligned to 16 bytes): one block reading a row
+// not staged in shared memory is bound by the loads it keeps in flight, not by bandwidth.
+__device__ __forceinline__ bool reads_wide(const float* l, int V) {
+  return (V & 3) == 0 && (reinterpret_cast<uintptr_t>(l) & 15) == 0;
+}
+
+// Calls f(i, l[i]) for this thread's share of the row's ids, in no set order; reads_wide rows two
+// 16-byte loads a thread at once.
 template <class F>
 __device__ __forceinline__ void for_each_logit(const float* l, int V, F f) {
-  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(l) & 15) == 0) {
+  if (reads_wide(l, V)) {
     const float4* l4 = reinterpret_cast<const float4*>(l);
     const int n4 = V / 4;
     int c = threadIdx.x;

@@ -71,10 +71,12 @@ __device__ void sort_keys_descending(uint32_t* keys, int n) {
     }
 }
 
-// bisect_key's answer, by bins. `space`: kSelectBytes of shared memory (bins, then keys).
+// bisect_key's answer, by bins. `space`: kSelectBytes of shared memory (bins, then keys); null: by
+// bisection (the reference form, for tests).
 template <bool kByMass>
 __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, unsigned long long target, Weights w,
                                Shared& sh, unsigned char* space) {
+  if (!space) return bisect_key<kByMass>(l, V, lo, hi, target, w, sh);
   unsigned long long* bins = reinterpret_cast<unsigned long long*>(space);
   uint32_t* keys = reinterpret_cast<uint32_t*>(bins + kSelectBins);
   const int tid = threadIdx.x;
@@ -112,7 +114,7 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
     if (in && at < kSelectCapacity) keys[at] = order_key(x);
   };
   auto in_bin = [&](float x) { return select_bin(x, w.m, scale) == bin && (!kByMass || w(x) != 0); };
-  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(l) & 15) == 0) {  // as for_each_logit, warp by warp
+  if (reads_wide(l, V)) {  // as for_each_logit, warp by warp
     const float4* l4 = reinterpret_cast<const float4*>(l);
     for (int c0 = tid - lane; c0 < V / 4; c0 += kThreads) {
       const int c = c0 + lane;
