@@ -41,7 +41,11 @@ __device__ uint32_t bisect_key(const float* l, int V, uint32_t lo, uint32_t hi, 
 constexpr int kSelectBins = 256;
 // Keys of one bin that fit shared memory; a fuller bin (many equal logits) falls back to bisection.
 constexpr int kSelectCapacity = 8192;
-constexpr size_t kSelectBytes = kSelectBins * sizeof(unsigned long long) + kSelectCapacity * sizeof(uint32_t);
+// A bin's weight in 32-bit parts: a count, or a weight (<= 2^40) in limbs of 14, 14 and 13 bits,
+// whose sums over 2^18 ids still fit 32 bits. Shared-memory atomics are native at 32 bits; the
+// 64-bit form measured ~330 us a cut-off at 248K ids, as if each add were a compare-and-swap loop.
+constexpr int kLimbs = 3;
+constexpr size_t kSelectBytes = kLimbs * kSelectBins * sizeof(uint32_t) + kSelectCapacity * sizeof(uint32_t);
 // Bins by mass span the weights that are not 0 in fixed point (ln 2^40 = 27.7 temperatures); bins
 // by count span 32 logits whatever the temperature (a top-k cut lies where the logits say).
 constexpr float kMassSpan = 28.f, kCountSpan = 32.f;
@@ -71,17 +75,17 @@ __device__ void sort_keys_descending(uint32_t* keys, int n) {
     }
 }
 
-// bisect_key's answer, by bins. `space`: kSelectBytes of shared memory (bins, then keys); null: by
-// bisection (the reference form, for tests).
+// bisect_key's answer, by bins. `space`: kSelectBytes of shared memory (the bins' limbs, then keys);
+// null: by bisection (the reference form, for tests).
 template <bool kByMass>
 __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, unsigned long long target, Weights w,
                                Shared& sh, unsigned char* space) {
   if (!space) return bisect_key<kByMass>(l, V, lo, hi, target, w, sh);
-  unsigned long long* bins = reinterpret_cast<unsigned long long*>(space);
-  uint32_t* keys = reinterpret_cast<uint32_t*>(bins + kSelectBins);
+  uint32_t* limbs = reinterpret_cast<uint32_t*>(space);  // [kLimbs][kSelectBins]
+  uint32_t* keys = limbs + kLimbs * kSelectBins;
   const int tid = threadIdx.x;
   const float scale = float(kSelectBins - 1) / (kByMass ? kMassSpan / w.inv_t : kCountSpan);
-  for (int b = tid; b < kSelectBins; b += kThreads) bins[b] = 0;
+  for (int b = tid; b < kLimbs * kSelectBins; b += kThreads) limbs[b] = 0;
   if (tid == 0) sh.kept = 0;
   __syncthreads();
   // 1. Each bin's weight (the deepest bin's summed apart: most of the vocabulary may sit there).
@@ -90,11 +94,24 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
     const unsigned long long wi = kByMass ? w(x) : 1ull;
     if (wi == 0) return;
     const int b = select_bin(x, w.m, scale);
-    if (b == kSelectBins - 1) deep += wi;
-    else atomicAdd(&bins[b], wi);
+    if (b == kSelectBins - 1) {
+      deep += wi;
+    } else if (!kByMass) {
+      atomicAdd(&limbs[b], 1u);
+    } else {
+      atomicAdd(&limbs[b], uint32_t(wi & 0x3fffu));
+      if (const uint32_t mid = uint32_t(wi >> 14) & 0x3fffu) atomicAdd(&limbs[kSelectBins + b], mid);
+      if (const uint32_t top = uint32_t(wi >> 28)) atomicAdd(&limbs[2 * kSelectBins + b], top);
+    }
   });
   deep = block_sum_u64(deep, sh);  // its barriers also complete the bins
-  const unsigned long long mine = tid < kSelectBins - 1 ? bins[tid] : tid == kSelectBins - 1 ? deep : 0ull;
+  unsigned long long mine = 0;
+  if (tid < kSelectBins - 1)
+    mine = kByMass ? (static_cast<unsigned long long>(limbs[2 * kSelectBins + tid]) << 28) +
+                         (static_cast<unsigned long long>(limbs[kSelectBins + tid]) << 14) + limbs[tid]
+                   : limbs[tid];
+  else if (tid == kSelectBins - 1)
+    mine = deep;
   unsigned long long all = 0;
   const unsigned long long above = block_exclusive_scan(mine, all, sh);
   if (all < target) return lo;
