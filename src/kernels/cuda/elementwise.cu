@@ -80,9 +80,10 @@ __global__ void rms_norm_kernel(float* x, const float* delta, const float* w, bf
 constexpr int kNormPer = 4;
 
 // Float4 i of row t of moe_combine_pairs's output, with its bits: the pairs' rows in k order, then
-// the gated shared expert.
+// the gated shared expert. kLoads pair rows are loaded before they are summed (the same order):
+// 8 covers the top-8 models' pairs in one round trip, where registers allow (a float4 a thread).
+template <int kLoads>
 __device__ __forceinline__ float4 combine_float4(const MoeCombineRows& c, int t, int i, int n4) {
-  constexpr int kLoads = 4;  // pair rows loaded before they are summed (in k order; 64 registers at 1024 threads)
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int k0 = 0; k0 < c.K; k0 += kLoads) {
     float4 v[kLoads];
@@ -110,7 +111,9 @@ __device__ __forceinline__ float4 combine_float4(const MoeCombineRows& c, int t,
 }
 
 // kCombine: the added row is a MoE layer's combine (c), computed here instead of read from delta.
-template <bool kAdd, bool kCombine = false>
+// kPer: the float4s a thread takes (the launch's ceil(n / 4 / threads), up to kNormPer): registers
+// for no more, so that the combine's kLoads pair rows fit beside them at 1,024 threads.
+template <bool kAdd, bool kCombine = false, int kPer = kNormPer>
 __global__ void __launch_bounds__(1024)
     rms_norm_vec_kernel(float* x, const float* delta, const float* w, bf16_t* y, float* y_f32, bf16_t* y3, int n,
                         float eps, bool zc, MoeCombineRows c) {
@@ -118,24 +121,24 @@ __global__ void __launch_bounds__(1024)
   // The norm's weights before the wait: constant in a forward, and long gone from L2 by the time
   // this layer runs, so read after the sum they would add a DRAM round trip to the chain.
   const float4* w4 = reinterpret_cast<const float4*>(w);
-  float4 wv[kNormPer];
+  float4 wv[kPer];
 #pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
     if (i < n4) wv[j] = w4[i];
   }
   pdl_prologue();
   float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * n);
   const float4* dr = kAdd && !kCombine ? reinterpret_cast<const float4*>(delta + int64_t(blockIdx.x) * n) : nullptr;
-  float4 v[kNormPer];
+  float4 v[kPer];
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
     if (i < n4) {
       float4 a = xr[i];
       if (kAdd) {
-        const float4 d = kCombine ? combine_float4(c, int(blockIdx.x), i, n4) : dr[i];
+        const float4 d = kCombine ? combine_float4<kPer == 1 ? 8 : 4>(c, int(blockIdx.x), i, n4) : dr[i];
         a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
         xr[i] = a;
       }
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(1024)
   }
   const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
 #pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
     if (i < n4) {
       const float4 ww = wv[j];
@@ -262,14 +265,29 @@ void f32_to_bf16(const float* x, bf16_t* y, int64_t n, cudaStream_t s) {
 }
 
 namespace {
+// rms_norm_vec_kernel with `threads` threads and the float4s a thread needs (the same bits for
+// any kPer that covers the row).
+template <bool kAdd, bool kCombine>
+void launch_norm_vec(int rows, int threads, cudaStream_t s, float* x, const float* delta, const float* w, bf16_t* y,
+                     float* y_f32, bf16_t* y3, int n, float eps, bool zc, const MoeCombineRows& c) {
+  const int per = (n / 4 + threads - 1) / threads;
+  if (per <= 1)
+    launch(rms_norm_vec_kernel<kAdd, kCombine, 1>, rows, threads, 0, s, x, delta, w, y, y_f32, y3, n, eps, zc, c);
+  else if (per == 2)
+    launch(rms_norm_vec_kernel<kAdd, kCombine, 2>, rows, threads, 0, s, x, delta, w, y, y_f32, y3, n, eps, zc, c);
+  else
+    launch(rms_norm_vec_kernel<kAdd, kCombine, kNormPer>, rows, threads, 0, s, x, delta, w, y, y_f32, y3, n, eps, zc,
+           c);
+}
+
 // The vectorised kernel where the row and pointers allow it, else the scalar one.
 template <bool kAdd>
 void launch_rms_norm(float* x, const float* delta, const float* w, bf16_t* y_bf16, float* y_f32, bf16_t* y3, int rows,
                      int n, float eps, bool zero_centered, cudaStream_t s) {
   if (rows == 0) return;
   if (const int threads = norm_threads(n, x, delta, w, y_bf16, y_f32, y3))
-    launch(rms_norm_vec_kernel<kAdd>, rows, threads, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered,
-           MoeCombineRows{});
+    launch_norm_vec<kAdd, false>(rows, threads, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered,
+                                 MoeCombineRows{});
   else
     launch(rms_norm_kernel<kAdd>, rows, 256, 0, s, x, delta, w, y_bf16, y_f32, y3, n, eps, zero_centered);
   FATHOM_CUDA_LAUNCH_CHECK();
@@ -292,8 +310,7 @@ bool combine_add_rms_norm(float* x, const MoeCombineRows& c, const float* w, bf1
   if (rows == 0) return true;
   const int threads = norm_threads(n, x, c.pair_out, w, y_bf16, nullptr, nullptr);
   if (threads == 0 || c.K < 1 || !is_aligned(c.shared, 16)) return false;
-  launch(rms_norm_vec_kernel<true, true>, rows, threads, 0, s, x, nullptr, w, y_bf16, nullptr, nullptr, n, eps,
-         zero_centered, c);
+  launch_norm_vec<true, true>(rows, threads, s, x, nullptr, w, y_bf16, nullptr, nullptr, n, eps, zero_centered, c);
   FATHOM_CUDA_LAUNCH_CHECK();
   return true;
 }
