@@ -42,8 +42,8 @@ constexpr int kSelectBins = 256;
 // Keys of one bin that fit shared memory; a fuller bin (many equal logits) falls back to bisection.
 constexpr int kSelectCapacity = 8192;
 // A bin's weight in 32-bit parts: a count, or a weight (<= 2^40) in limbs of 14, 14 and 13 bits,
-// whose sums over 2^18 ids still fit 32 bits. Shared-memory atomics are native at 32 bits; the
-// 64-bit form measured ~330 us a cut-off at 248K ids, as if each add were a compare-and-swap loop.
+// whose sums over kMaxVocab (2^18) ids still fit 32 bits. Shared-memory atomics are native at 32
+// bits: three 32-bit adds an id measured twice as fast as one 64-bit add (docs/perf.md, stop 66).
 constexpr int kLimbs = 3;
 constexpr size_t kSelectBytes = kLimbs * kSelectBins * sizeof(uint32_t) + kSelectCapacity * sizeof(uint32_t);
 // Bins by mass span the weights that are not 0 in fixed point (ln 2^40 = 27.7 temperatures); bins
