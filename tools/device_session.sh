@@ -39,15 +39,20 @@ bench_serve() {
   timeout 400 "$BIN/fathom" bench serve --url "http://127.0.0.1:$port" --output-len 256 \
     --vocab-size 248320 --no-progress "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "concurrency|rate|throughput|Median|P99|P90|Mean TPOT|goodput|Failed"
 }
+# `fathom serve` ($3: the binary) on the 35B-A3B shape (dummy weights, up to 64 sequences) on port
+# $1, logging to $OUT/$2.log; sets SRV.
+serve_35b() {
+  "$3" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
+    --max-model-len 2048 --max-num-seqs 64 --port "$1" > "$OUT/$2.log" 2>&1 &
+  SRV=$!
+}
 # The 35B's engine step at a 512-token context (batch 1 and 64), then `fathom serve` on port $2
 # driven at concurrency 1 and 64 (issue 32: served against the engine); logs under $OUT/$1*.
 engine_beside_served() {
   local name=$1 port=$2 fathom=${3:-$BIN/fathom}
   timeout 200 "$fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1,64 --input-len 512 \
     --output-len 128 2>&1 | grep -E "^decode" | sed "s/^/engine 512: /" | tee "$OUT/${name}_engine.log"
-  "$fathom" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
-    --max-model-len 2048 --max-num-seqs 64 --port "$port" > "$OUT/$name.log" 2>&1 &
-  SRV=$!
+  serve_35b "$port" "$name" "$fathom"
   if wait_healthy "$port" $SRV; then
     bench_serve "$port" "${name}_c1" --input-len 512 --concurrency 1 --num-prompts 6
     bench_serve "$port" "${name}_c64" --input-len 512 --concurrency 64 --num-prompts 192
@@ -704,9 +709,7 @@ for what in "${@:-all}"; do
       # weights) at concurrency 1 and 64, greedy and at Qwen3.5's suggested sampling (temperature
       # 0.6, top-k 20, top-p 0.95), for each build in SAMPLED_BINS (default "fathom_old fathom").
       for b in ${SAMPLED_BINS:-fathom_old fathom}; do
-        "$BIN/$b" serve configs/qwen3.5-35b-a3b.json --device cuda --load-format dummy --skip-tokenizer-init \
-          --max-model-len 2048 --max-num-seqs 64 --port 18620 > "$OUT/sampled32_$b.log" 2>&1 &
-        SRV=$!
+        serve_35b 18620 "sampled32_$b" "$BIN/$b"
         if wait_healthy 18620 $SRV; then
           for mode in greedy sampled; do
             flags=; [ $mode = sampled ] && flags="--temperature 0.6 --top-k 20 --top-p 0.95"

@@ -50,6 +50,17 @@ constexpr size_t kSelectBytes = kLimbs * kSelectBins * sizeof(uint32_t) + kSelec
 // by count span 32 logits whatever the temperature (a top-k cut lies where the logits say).
 constexpr float kMassSpan = 28.f, kCountSpan = 32.f;
 
+// A weight added to bin b of the limbs ([kLimbs][kSelectBins]), and a bin's weight read back.
+__device__ __forceinline__ void add_to_bin(uint32_t* limbs, int b, unsigned long long wi) {
+  atomicAdd(&limbs[b], uint32_t(wi & 0x3fffu));
+  if (const uint32_t mid = uint32_t(wi >> 14) & 0x3fffu) atomicAdd(&limbs[kSelectBins + b], mid);
+  if (const uint32_t top = uint32_t(wi >> 28)) atomicAdd(&limbs[2 * kSelectBins + b], top);
+}
+__device__ __forceinline__ unsigned long long bin_weight(const uint32_t* limbs, int b) {
+  return (static_cast<unsigned long long>(limbs[2 * kSelectBins + b]) << 28) +
+         (static_cast<unsigned long long>(limbs[kSelectBins + b]) << 14) + limbs[b];
+}
+
 __device__ __forceinline__ int select_bin(float x, float m, float scale) {
   const float u = __fmul_rn(__fsub_rn(m, x), scale);  // no contraction: the two passes agree
   if (!(u < float(kSelectBins - 1))) return kSelectBins - 1;
@@ -94,24 +105,12 @@ __device__ uint32_t select_key(const float* l, int V, uint32_t lo, uint32_t hi, 
     const unsigned long long wi = kByMass ? w(x) : 1ull;
     if (wi == 0) return;
     const int b = select_bin(x, w.m, scale);
-    if (b == kSelectBins - 1) {
-      deep += wi;
-    } else if (!kByMass) {
-      atomicAdd(&limbs[b], 1u);
-    } else {
-      atomicAdd(&limbs[b], uint32_t(wi & 0x3fffu));
-      if (const uint32_t mid = uint32_t(wi >> 14) & 0x3fffu) atomicAdd(&limbs[kSelectBins + b], mid);
-      if (const uint32_t top = uint32_t(wi >> 28)) atomicAdd(&limbs[2 * kSelectBins + b], top);
-    }
+    if (b == kSelectBins - 1) deep += wi;
+    else if (kByMass) add_to_bin(limbs, b, wi);
+    else atomicAdd(&limbs[b], 1u);  // a count: the low limb alone
   });
   deep = block_sum_u64(deep, sh);  // its barriers also complete the bins
-  unsigned long long mine = 0;
-  if (tid < kSelectBins - 1)
-    mine = kByMass ? (static_cast<unsigned long long>(limbs[2 * kSelectBins + tid]) << 28) +
-                         (static_cast<unsigned long long>(limbs[kSelectBins + tid]) << 14) + limbs[tid]
-                   : limbs[tid];
-  else if (tid == kSelectBins - 1)
-    mine = deep;
+  const unsigned long long mine = tid < kSelectBins - 1 ? bin_weight(limbs, tid) : tid == kSelectBins - 1 ? deep : 0ull;
   unsigned long long all = 0;
   const unsigned long long above = block_exclusive_scan(mine, all, sh);
   if (all < target) return lo;
