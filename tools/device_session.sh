@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -464,6 +464,27 @@ for what in "${@:-all}"; do
               --json-out "$OUT/sizes_${name}_${tag}_$rep.json" 2>&1 | grep -E "^decode" \
               | sed "s/^/$name${layers:+:$layers} $entry rep $rep: /" | tee -a "$OUT/sizes32.log"
           done
+        done
+      done ;;
+    slice33)
+      # Issue 33: the chunk kernel's narrow slices (32 state columns a block where twice the blocks
+      # fit one wave): CudaGdn.* (bits against the 64-column form, the host reference), memcheck and
+      # racecheck over the narrow test, then the 4K prefill with FATHOM_GDN_SLICE=64 against the
+      # rule, alternated twice on the 35B (the narrow form's shape) and once on the 397B cut (the rule
+      # keeps 64 columns there).
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
+      timeout 200 "$BIN/test_cuda" --gtest_filter='CudaGdn.*' > "$OUT/slice33_tests.log" 2>&1
+      echo "slice33 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|narrow" "$OUT/slice33_tests.log" | head -20
+      memcheck 200 slice33 'CudaGdn.ChunkedNarrowSlicesHaveTheSameBits'
+      timeout 200 compute-sanitizer --tool racecheck "$BIN/test_cuda" --gtest_filter='CudaGdn.ChunkedNarrowSlicesHaveTheSameBits' \
+        > "$OUT/slice33_racecheck.log" 2>&1
+      echo "slice33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/slice33_racecheck.log" | tail -1)"
+      for spec in qwen3.5-35b-a3b: qwen3.5-35b-a3b: qwen3.5-397b-a17b:28; do
+        split_spec "$spec"
+        for slice in 64 rule; do
+          env $([ $slice = 64 ] && echo FATHOM_GDN_SLICE=64) timeout 200 "$BIN/fathom" bench configs/$name.json \
+            --load-format dummy $extra --batch 1 --input-len 4096 --output-len 8 2>&1 | grep -E "^prefill" \
+            | sed "s/^/$spec slice $slice: /" | tee -a "$OUT/slice33.log"
         done
       done ;;
     wgmmacheck)

@@ -297,6 +297,47 @@ TEST(CudaGdn, ChunkedMatchesHostReference) {
   cuda::set_gdn_chunked_precise(false);
 }
 
+// The chunk kernel's narrow slices (32 state columns a block, taken where twice the blocks fit
+// one wave) against the 64-column ones: the same outputs and states bit for bit (each column's
+// sums run in the same order; only the k side is repeated per block), in both precisions, for
+// Qwen3.5-35B's heads (32 value heads: the narrow form's case), several slices and a partial one.
+// The narrow form is also checked against the double-precision recurrence.
+TEST(CudaGdn, ChunkedNarrowSlicesHaveTheSameBits) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::gdn_chunked_supported(128, 128)) GTEST_SKIP() << "the chunked form needs more shared memory";
+  const GdnCase cases[] = {
+      {{16, 32, 128, 128}, {300, 1, 64}},  // Qwen3.5-35B-A3B's heads
+      {{4, 8, 128, 192}, {65, 5, 130}},    // six narrow slices
+      {{1, 2, 128, 36}, {100, 31, 127}},   // a partial narrow slice (36 = 32 + 4)
+  };
+  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
+  uint32_t seed = 71;
+  for (const bool precise : {true, false}) {
+    cuda::set_gdn_chunked_precise(precise);
+    for (const GdnCase& c : cases) {
+      SCOPED_TRACE(describe(c.sh) + (precise ? " 3xtf32" : " tf32"));
+      std::vector<StepSeq> seqs;
+      int total = 0;
+      for (size_t i = 0; i < c.lens.size(); ++i) seqs.push_back({slot_of_seq[i], total, c.lens[i]}), total += c.lens[i];
+      const GdnInputs in = random_inputs(c.sh, total, seed += 2);
+      const std::vector<float> init = random_states(c.sh, kSlots, seed + 1);
+      GdnRig wide(c.sh, in, init), narrow(c.sh, in, init);
+      cuda::set_gdn_chunked_slice(64);
+      const std::vector<float> out_wide = wide.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+      cuda::set_gdn_chunked_slice(32);
+      const std::vector<float> out_narrow = narrow.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+      ASSERT_EQ(out_wide.size(), out_narrow.size());
+      EXPECT_EQ(std::memcmp(out_wide.data(), out_narrow.data(), out_wide.size() * sizeof(float)), 0) << "outputs";
+      const std::vector<float> st_wide = wide.states(), st_narrow = narrow.states();
+      EXPECT_EQ(std::memcmp(st_wide.data(), st_narrow.data(), st_wide.size() * sizeof(float)), 0) << "states";
+      expect_step_matches_reference(c.sh, c.lens, seed, precise ? kTol : 2e-2, cuda::kGdnChunkedMinTokens,
+                                    precise ? "narrow 3xtf32" : "narrow tf32");
+    }
+  }
+  cuda::set_gdn_chunked_slice(-1);
+  cuda::set_gdn_chunked_precise(false);
+}
+
 // 12 tokens in one step, alone, in slot 1, against the same tokens in steps of 1, 2, 4 and 5
 // tokens, in slot 2, each step led by another sequence with 1-3 tokens: the same bits.
 TEST(CudaGdn, TokensPerStepDoNotChangeBits) {

@@ -39,7 +39,11 @@ namespace fathom::cuda {
 namespace {
 
 constexpr int kChunk = 64;  // tokens per chunk
-constexpr int kSlice = 64;  // state columns per block of the chunk kernel
+// State columns per block of the chunk kernel: 64, or 32 where twice the blocks still fit the GPU
+// in one wave (few value heads and sequences: the chunks are sequential, so a block's time is the
+// kernel's, and the k side each block repeats costs less than the idle SMs).
+constexpr int kSlice = 64;
+constexpr int kNarrowSlice = 32;
 // The chunk kernel runs one block per SM as two teams of 8 warps: the state team (warps 0-7) solves
 // T and computes W, Delta and the state update; the output team (warps 8-15) computes Q^ S and P,
 // then the output from Delta, in parallel with it.
@@ -84,10 +88,10 @@ enum Scalar { kExpG, kBetaExpG, kExpToLast, kNumScalars };
 // multiple of 16 bytes and 16 mod 128 bytes apart (kLdK, kLdC); k-major ones read by scalar loads
 // at (row t, column g) a stride of 8 mod 32 floats (kLdV). kt..q mirror a key-head record, so its
 // parts land with one bulk copy each.
-template <int DK>
+template <int DK, int SL = kSlice>
 struct ChunkLayout {
   static constexpr int kLdK = DK + 4;
-  static constexpr int kLdV = kSlice + 8;
+  static constexpr int kLdV = SL + 8;
   static constexpr int kt = 0;                                     // k^ transposed [dk][chunk]
   static constexpr int t = kt + KeyHeadRecord<DK>::kk;             // K^K^^T, masked, then T
   static constexpr int p = kt + KeyHeadRecord<DK>::qk;             // Q^K^^T, then P
@@ -96,8 +100,8 @@ struct ChunkLayout {
   static constexpr int gates = w + kChunk * kLdK;                  // G | beta
   static constexpr int v = gates + kValueHeadRecord;               // v [chunk][slice]
   static constexpr int delta_t = v + kChunk * kLdV;                // Delta transposed [slice][chunk]
-  static constexpr int s_t = delta_t + kSlice * kLdC;              // S transposed [slice][dk]
-  static constexpr int solve = s_t + kSlice * kLdK;                // products of the solve: 32 x 40
+  static constexpr int s_t = delta_t + SL * kLdC;                 // S transposed [slice][dk]
+  static constexpr int solve = s_t + SL * kLdK;                    // products of the solve: 32 x 40
   static constexpr int scalars = solve + 32 * 40;                  // [2][kNumScalars][chunk]
   static constexpr int bars = scalars + 2 * kNumScalars * kChunk;  // two mbarriers
   static constexpr int total = bars + 4;
@@ -417,9 +421,9 @@ struct ChunkSources {
 // The inputs of chunk c that the start of its computation needs: K^K^^T into t, q^ and the gates by
 // bulk copies (team thread 0 announces their bytes), and the v rows by cp.async (rows past n and
 // columns past dv become zeros). Run by one team; `tid` is the thread's index in it.
-template <int DK>
+template <int DK, int SL>
 __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, int first, int t0, int n, int tid) {
-  using L = ChunkLayout<DK>;
+  using L = ChunkLayout<DK, SL>;
   using R = KeyHeadRecord<DK>;
   const float* rec = src.scratch + int64_t(first) * src.record;
   const float* kh = rec + int64_t(src.key_head) * R::floats;
@@ -432,7 +436,7 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
   } else if (tid == 64) {
     bulk_copy_to_shared(sm + L::gates, vh, kValueHeadRecord * sizeof(float), bar);
   }
-  constexpr int V4 = kSlice / 4;
+  constexpr int V4 = SL / 4;
   for (int i = tid; i < kChunk * V4; i += kTeamThreads) {
     const int r = i / V4, c = 4 * (i % V4);
     float* v = sm + L::v + r * L::kLdV + c;
@@ -446,9 +450,9 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
 
 // One thread issues the rest: k^ transposed, and Q^K^^T (free once the previous chunk's output and
 // state update are done).
-template <int DK>
+template <int DK, int SL>
 __device__ void issue_late(float* sm, uint64_t* bar, const ChunkSources& src, int first) {
-  using L = ChunkLayout<DK>;
+  using L = ChunkLayout<DK, SL>;
   using R = KeyHeadRecord<DK>;
   const float* kh = src.scratch + int64_t(first) * src.record + int64_t(src.key_head) * R::floats;
   mbarrier_expect_bytes(bar, uint32_t(sizeof(float)) * (R::kk - R::kt + R::q - R::qk));
@@ -456,16 +460,16 @@ __device__ void issue_late(float* sm, uint64_t* bar, const ChunkSources& src, in
   bulk_copy_to_shared(sm + L::p, kh + R::qk, (R::q - R::qk) * sizeof(float), bar);
 }
 
-template <int DK, bool kPrecise>
+template <int DK, bool kPrecise, int SL>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_chunked_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
                        const float* scratch, float* out, int hk, int hv, int dv, int min_tokens) {
   pdl_prologue();
-  using L = ChunkLayout<DK>;
+  using L = ChunkLayout<DK, SL>;
   extern __shared__ float4 smem_f4[];
   float* sm = reinterpret_cast<float*>(smem_f4);
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::bars);  // early, late
-  const int s = blockIdx.z, h = blockIdx.y, c0 = blockIdx.x * kSlice;
+  const int s = blockIdx.z, h = blockIdx.y, c0 = blockIdx.x * SL;
   const int t_begin = seq_start[s], t_end = seq_start[s + 1];
   if (t_end - t_begin < min_tokens || t_end <= t_begin) return;  // the recurrent kernel takes it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -475,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          2 * int64_t(key_dim) + int64_t(hv) * dv,
                          chunk_record_floats<DK>(hk, hv),
                          2 * key_dim + h * dv + c0,
-                         min(kSlice, dv - c0),
+                         min(SL, dv - c0),
                          h / (hv / hk),
                          h,
                          hk};
@@ -490,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool state_team = warp < kTeamWarps;
   const int tw = warp % kTeamWarps, tid = threadIdx.x % kTeamThreads;  // indices within the team
   __syncthreads();
-  if (!state_team) issue_early<DK>(sm, &bars[0], src, first, t_begin, min(kChunk, t_end - t_begin), tid);
+  if (!state_team) issue_early<DK, SL>(sm, &bars[0], src, first, t_begin, min(kChunk, t_end - t_begin), tid);
 
   // Derived per-token scalars (double-buffered: the output team prepares chunk c+1's while the
   // state team still uses chunk c's) and A = beta_i e^{G_i - G_j} (K^K^^T)_ij below the diagonal
@@ -507,9 +511,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // The state slice in the state team's accumulators: a warp holds MS row tiles of 16 (of dk) from
-  // srow by 4 column tiles of 8 from scol (32 x 32 at dk 128: the fewest operand loads per mma).
-  constexpr int MS = DK / 64, NTS = 4;
-  const int srow = 16 * MS * (tw % 4), scol = 32 * (tw / 4);
+  // srow by 4 column tiles of 8 from scol (32 x 32 at dk 128 and 64 columns: the fewest operand
+  // loads per mma; 16 x 32 at 32 columns).
+  constexpr int kColGroups = SL / 32, kRowGroups = kTeamWarps / kColGroups;
+  constexpr int MS = DK / (16 * kRowGroups), NTS = 4;
+  static_assert(SL % 32 == 0 && MS >= 1 && MS * 16 * kRowGroups == DK, "the state team's tiles cover dk x SL");
+  const int srow = 16 * MS * (tw % kRowGroups), scol = 32 * (tw / kRowGroups);
   float* st_global = state + (int64_t(state_slot[s]) * hv + h) * DK * dv;
   float S[MS][NTS][4];
   // f(S element, its row d of dk, its column c of the slice) for each of the warp's accumulators.
@@ -533,8 +540,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tiles of the chunk-row products in either team: rows 16*mt, 32 columns from 32*half (DK/2
   // columns for W).
   const int mt = tw & 3, half = tw >> 2, r0 = 16 * mt;
-  constexpr int NT = kSlice / 8 / 2;
-  const int vc = half * (kSlice / 2);
+  constexpr int NT = SL / 8 / 2;
+  const int vc = half * (SL / 2);
 
 #pragma unroll 1
   for (int c = 0;; ++c) {
@@ -581,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
     } else {
-      if (tid == 0) issue_late<DK>(sm, &bars[1], src, first + c);
+      if (tid == 0) issue_late<DK, SL>(sm, &bars[1], src, first + c);
       {  // The output's first part: e^{G_i} (Q^ S)_i with the state before the chunk.
 #pragma unroll
         for (int nn = 0; nn < NT; ++nn)
@@ -616,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for_state([&](float& x, int d, int col) { sm[L::s_t + col * L::kLdK + d] = x; });
     } else {
       if (has_next)  // the next chunk's first inputs
-        issue_early<DK>(sm, &bars[0], src, first + c + 1, t0 + kChunk, min(kChunk, t_end - t0 - kChunk), tid);
+        issue_early<DK, SL>(sm, &bars[0], src, first + c + 1, t0 + kChunk, min(kChunk, t_end - t0 - kChunk), tid);
       {  // O += P Delta, to the output rows of the chunk's tokens.
         const float* const p_rows[1] = {sm + L::p + r0 * kLdC};
         warp_mma<true, false, kPrecise>(o, p_rows, kLdC, sm + L::delta_t + vc * kLdC, kLdC, nullptr, r0 + 16);
@@ -646,19 +653,53 @@ bool precise_from_env() {
 }
 bool g_chunked_precise = precise_from_env();
 
+// FATHOM_GDN_SLICE=64 or 32 pins the chunk kernel's state columns a block (A/B runs); unset, the
+// narrow slice is taken where twice the blocks fit one wave (dk 128 only).
+int slice_from_env() {
+  const char* e = std::getenv("FATHOM_GDN_SLICE");
+  return e ? std::atoi(e) : 0;
+}
+int g_slice = slice_from_env();
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    FATHOM_CUDA_CHECK(cudaGetDevice(&dev));
+    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  }();
+  return n;
+}
+
+template <int DK, int SL>
+void launch_chunk_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
+                         const float* scratch, float* out, int num_seqs, int hk, int hv, int dv, int min_tokens,
+                         cudaStream_t s) {
+  auto chunk = g_chunked_precise ? gdn_chunked_kernel<DK, true, SL> : gdn_chunked_kernel<DK, false, SL>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(chunk), int(ChunkLayout<DK, SL>::bytes));
+  launch(chunk, dim3((dv + SL - 1) / SL, hv, num_seqs), kThreads, ChunkLayout<DK, SL>::bytes, s, u, state, seq_start,
+         state_slot, scratch, out, hk, hv, dv, min_tokens);
+}
+
 template <int DK>
 void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                     const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
                     int num_seqs, int hk, int hv, int dv, int min_tokens, int max_seq_tokens, float* scratch,
                     cudaStream_t s) {
   auto prep = g_chunked_precise ? gdn_chunk_prep_kernel<DK, true> : gdn_chunk_prep_kernel<DK, false>;
-  auto chunk = g_chunked_precise ? gdn_chunked_kernel<DK, true> : gdn_chunked_kernel<DK, false>;
   allow_dynamic_smem(reinterpret_cast<const void*>(prep), int(PrepLayout<DK>::bytes));
-  allow_dynamic_smem(reinterpret_cast<const void*>(chunk), int(ChunkLayout<DK>::bytes));
   launch(prep, dim3((max_seq_tokens + kChunk - 1) / kChunk, hk, num_seqs), kPrepThreads, PrepLayout<DK>::bytes, s, u, b,
          a, ba_ld, a_log, dt_bias, seq_start, hk, hv, dv, min_tokens, scratch);
-  launch(chunk, dim3((dv + kSlice - 1) / kSlice, hv, num_seqs), kThreads, ChunkLayout<DK>::bytes, s, u, state,
-         seq_start, state_slot, static_cast<const float*>(scratch), out, hk, hv, dv, min_tokens);
+  const int64_t wide_blocks = int64_t((dv + kSlice - 1) / kSlice) * hv * num_seqs;
+  const bool narrow = DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= sm_count());
+  if constexpr (DK == 128) {
+    if (narrow) {
+      launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv,
+                                            min_tokens, s);
+      return;
+    }
+  }
+  launch_chunk_kernel<DK, kSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv, min_tokens, s);
 }
 
 }  // namespace
@@ -675,6 +716,7 @@ bool gdn_chunked_supported(int dk, int dv) {
 }
 
 void set_gdn_chunked_precise(bool precise) { g_chunked_precise = precise; }
+void set_gdn_chunked_slice(int columns) { g_slice = columns >= 0 ? columns : slice_from_env(); }
 
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk) {
   // Each chunked sequence (n >= min_tokens) has at most n/64 + 1 <= n/64 + n/min_tokens chunks.

@@ -387,6 +387,10 @@ constexpr int kGdnChunkedMinTokens = 64;
 // FATHOM_GDN_CHUNKED=0 turns the chunked form off (every sequence takes the recurrent one).
 bool gdn_chunked_supported(int dk, int dv);
 void set_gdn_chunked_precise(bool precise);
+// The chunk kernel's state columns a block: 64, or 32 (dk 128 only) where twice the blocks fit one
+// wave; the same bits either way. 64 or 32 pins it (tests, FATHOM_GDN_SLICE), 0 the rule, -1 back
+// to the environment's setting.
+void set_gdn_chunked_slice(int columns);
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk);
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                  const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
