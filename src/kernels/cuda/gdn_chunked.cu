@@ -15,10 +15,12 @@
 // Two kernels. The prep kernel, parallel over every chunk and key head, works out what the value
 // heads of a key head share (q^, k^ transposed, K^ K^^T, Q^ K^^T) and each value head's beta and G,
 // into a scratch record per chunk. The chunk kernel is sequential over a sequence's chunks: one
-// block (one per SM: 214 KB of shared memory) owns 64 state columns of one value head and runs as
-// two teams of 8 warps. The state team keeps the state slice in mma accumulators (and transposed in shared memory
-// as the B operand), solves T and computes W, Delta and the state update; the output team computes
-// Q^ S, P and the output, and masks the next chunk's A while the state team updates the state.
+// block (one per SM: up to 214 KB of shared memory) owns 64 state columns of one value head (32
+// where twice the blocks still fit one wave, dk 128; the same bits) and runs as two teams of 8
+// warps. The state team keeps the state slice in mma accumulators (and transposed in shared
+// memory as the B operand), solves T and computes W, Delta and the state update; the output team
+// computes Q^ S, P and the output, and masks the next chunk's A while the state team updates the
+// state.
 // Inputs arrive by bulk copies (one thread each) and cp.async, the next chunk's while this one
 // computes. Products are per-warp 16 x 8n tf32 tiles (ldmatrix where the operand is k-contiguous);
 // T is solved by doubling (solve_unit_lower). What bounds it is shared-memory traffic (fp32
