@@ -316,12 +316,7 @@ bool deep_decode_for(const dim3& grid) {
     const char* v = std::getenv("FATHOM_ATTENTION_DEEP");
     return !v || std::string(v) != "0";
   }();
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    FATHOM_CUDA_CHECK(cudaGetDevice(&dev));
-    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  static const int sms = multiprocessor_count();
   return enabled && int64_t(grid.x) * grid.y * grid.z <= sms;
 }
 

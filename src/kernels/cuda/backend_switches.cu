@@ -28,6 +28,13 @@ size_t shared_memory_limit() {
   return sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
 }
 
+int multiprocessor_count() {
+  int device = 0, sms = 0;
+  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
+  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 namespace {
 __global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }
 }  // namespace

@@ -663,16 +663,6 @@ int slice_from_env() {
 }
 int g_slice = slice_from_env();
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    FATHOM_CUDA_CHECK(cudaGetDevice(&dev));
-    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
-}
-
 template <int DK, int SL>
 void launch_chunk_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
                          const float* scratch, float* out, int num_seqs, int hk, int hv, int dv, int min_tokens,
@@ -693,7 +683,7 @@ void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_l
   launch(prep, dim3((max_seq_tokens + kChunk - 1) / kChunk, hk, num_seqs), kPrepThreads, PrepLayout<DK>::bytes, s, u, b,
          a, ba_ld, a_log, dt_bias, seq_start, hk, hv, dv, min_tokens, scratch);
   const int64_t wide_blocks = int64_t((dv + kSlice - 1) / kSlice) * hv * num_seqs;
-  const bool narrow = DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= sm_count());
+  const bool narrow = DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= multiprocessor_count());
   if constexpr (DK == 128) {
     if (narrow) {
       launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv,

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv.cuh"
@@ -99,10 +100,9 @@ bool gemv_takes_staged_form(const void* kernel, int blocks, size_t stage_bytes) 
   auto [it, fresh] = resident.try_emplace({kernel, stage_bytes, device}, 0);
   if (fresh) {
     allow_dynamic_smem(kernel, int(stage_bytes));
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     FATHOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvBlock, stage_bytes));
-    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    it->second = per_sm * sms;
+    it->second = per_sm * multiprocessor_count();
   }
   return blocks <= it->second;
 }
