@@ -683,7 +683,8 @@ void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_l
   launch(prep, dim3((max_seq_tokens + kChunk - 1) / kChunk, hk, num_seqs), kPrepThreads, PrepLayout<DK>::bytes, s, u, b,
          a, ba_ld, a_log, dt_bias, seq_start, hk, hv, dv, min_tokens, scratch);
   const int64_t wide_blocks = int64_t((dv + kSlice - 1) / kSlice) * hv * num_seqs;
-  const bool narrow = DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= multiprocessor_count());
+  const bool narrow =
+      DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= multiprocessor_count());
   if constexpr (DK == 128) {
     if (narrow) {
       launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv,
