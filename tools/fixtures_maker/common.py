@@ -1,0 +1,9 @@
+"""Constants shared by every fixture."""
+
+SEED = 20240611
+PROMPT_LENGTHS = [5, 24, 80]
+N_GREEDY = 16
+PROMPT_CANDIDATES = 12
+EOS_ID = 1
+VOCAB = 512
+SHARD = "200KB"
