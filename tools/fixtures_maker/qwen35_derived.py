@@ -2,6 +2,8 @@
 derived from the saved qwen35_moe folder (weights and mtp.safetensors read back from disk), so they
 can be made with --only without regenerating (or changing) any existing fixture."""
 
+import os
+import shutil
 from collections import OrderedDict
 
 import torch
@@ -39,6 +41,17 @@ def load_qwen35_base(base_dir, dev):
     mtp_sd = OrderedDict((k, v) for k, v in t.items() if k.startswith("mtp."))
     assert mtp_sd and all(v.dtype == torch.bfloat16 for v in mtp_sd.values())
     return model, mtp_sd
+
+
+def start_derived_fixture(out, name, base_dir, dev):
+    """A fixture derived from the bf16 qwen35_moe one: its folder made empty, the base's reference
+    model, mtp.* and every tensor as written."""
+    d = os.path.join(out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    model, mtp_sd = load_qwen35_base(base_dir, dev)
+    src, _ = read_dir_tensors(base_dir)
+    return d, model, mtp_sd, src
 
 
 @torch.no_grad()
@@ -90,18 +103,19 @@ def calibrate_qwen35(base_model, prompts, dev, fp8_modules):
     return amax
 
 
-def mtp_per_expert(mtp_sd, E, I, fn=None):
-    """mtp.* with the fused experts split per expert (e -> gate_proj/up_proj/down_proj).
+def per_expert(sd, E, I, fn=None):
+    """Tensors (mtp.*, or the main model's) with the fused experts split per expert (e -> gate_proj /
+    up_proj / down_proj).
     fn(name, 2-D tensor) -> OrderedDict of tensors replacing `name` (default: keep)."""
     out = OrderedDict()
     fn = fn or (lambda n, v: OrderedDict([(n, v)]))
-    for k, v in mtp_sd.items():
+    for k, v in sd.items():
         if k.endswith("experts.gate_up_proj"):
             base = k[: -len("gate_up_proj")]
             for e in range(E):
                 out.update(fn(f"{base}{e}.gate_proj.weight", v[e, :I].contiguous()))
                 out.update(fn(f"{base}{e}.up_proj.weight", v[e, I:].contiguous()))
-                out.update(fn(f"{base}{e}.down_proj.weight", mtp_sd[base + "down_proj"][e].contiguous()))
+                out.update(fn(f"{base}{e}.down_proj.weight", sd[base + "down_proj"][e].contiguous()))
         elif k.endswith("experts.down_proj"):
             continue
         else:
@@ -153,7 +167,7 @@ def check_goldens_weights(d, ref, mtp_used, E):
     assert set(main) == set(sd), (set(main) ^ set(sd))
     bad = [k for k in sd if not torch.equal(sd[k], main[k])]
     assert not bad, f"{d}: goldens weights differ from the written files: {bad[:5]}"
-    used = {k: v.float() for k, v in mtp_per_expert(mtp_used, E, ref.config.text_config.moe_intermediate_size).items()} \
+    used = {k: v.float() for k, v in per_expert(mtp_used, E, ref.config.text_config.moe_intermediate_size).items()} \
         if any(k.endswith("gate_up_proj") for k in mtp_used) else {k: v.float() for k, v in mtp_used.items()}
     assert set(used) == set(mtp), (set(used) ^ set(mtp))
     bad = [k for k in used if not torch.equal(used[k], mtp[k])]

@@ -13,19 +13,15 @@ from .fp8 import FP8_BLOCK, fp8_block_dequantize, fp8_block_quantize
 from .goldens import compute_goldens
 from .qwen35 import make_mtp_fn
 from .qwen35_derived import (FP8_COUNTING_RULE, WRAP, check_goldens_weights, dequantize_dir, load_qwen35_base,
-                             load_weights_, logit_gap, mtp_per_expert, q35_fp8_modules, rel_err)
-from .st_io import edit_json, pack_shards, read_dir_tensors, write_sharded
+                             load_weights_, logit_gap, per_expert, q35_fp8_modules, rel_err, start_derived_fixture)
+from .st_io import edit_json, pack_shards, write_sharded
 
 
 def fixture_qwen35_fp8_block(out, dev, prompts, base_dir, name="qwen35_moe_fp8_block"):
     """Qwen's own FP8 releases (quant_method fp8, 128x128 blocks, weight_scale_inv)."""
-    d = os.path.join(out, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    model, mtp_sd = load_qwen35_base(base_dir, dev)
+    d, model, mtp_sd, src = start_derived_fixture(out, name, base_dir, dev)
     tc = model.config.text_config
     E, I = tc.num_experts, tc.moe_intermediate_size
-    src, _ = read_dir_tensors(base_dir)
     dense_fp8 = set(q35_fp8_modules(tc)) | {f"mtp.layers.0.{m}" for m in (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj")}
@@ -41,21 +37,8 @@ def fixture_qwen35_fp8_block(out, dev, prompts, base_dir, name="qwen35_moe_fp8_b
             return OrderedDict([(k, q), (k + "_scale_inv", s)])
         return OrderedDict([(k, v)])
 
-    dst = OrderedDict()
-    for k, v in src.items():
-        if k.startswith("mtp."):
-            continue
-        if k.endswith("experts.gate_up_proj"):
-            lp = k[: -len("gate_up_proj")]
-            for e in range(E):
-                dst.update(conv(f"{lp}{e}.gate_proj.weight", v[e, :I].contiguous()))
-                dst.update(conv(f"{lp}{e}.up_proj.weight", v[e, I:].contiguous()))
-                dst.update(conv(f"{lp}{e}.down_proj.weight", src[lp + "down_proj"][e].contiguous()))
-        elif k.endswith("experts.down_proj"):
-            pass
-        else:
-            dst.update(conv(k, v))
-    mtp_dst = mtp_per_expert(mtp_sd, E, I, conv)
+    dst = per_expert(OrderedDict((k, v) for k, v in src.items() if not k.startswith("mtp.")), E, I, conv)
+    mtp_dst = per_expert(mtp_sd, E, I, conv)
     n_fp8 = sum(1 for k in list(dst) + list(mtp_dst) if k.endswith("_scale_inv"))
     shards = pack_shards(dst, 200 * 1000)
     shards.append(("mtp.safetensors", mtp_dst))

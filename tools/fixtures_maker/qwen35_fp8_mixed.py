@@ -15,9 +15,9 @@ from .goldens import compute_goldens
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from .qwen35 import make_mtp_fn
 from .qwen35_derived import (FP8_COUNTING_RULE, WRAP, calibrate_qwen35, check_goldens_weights, dequantize_dir,
-                             load_qwen35_base, load_weights_, logit_gap, mtp_per_expert, q35_fp8_modules, rel_err,
-                             w8a8_teacher_forced)
-from .st_io import edit_json, pack_shards, read_dir_tensors, write_sharded
+                             load_qwen35_base, load_weights_, logit_gap, per_expert, q35_fp8_modules, rel_err,
+                             start_derived_fixture, w8a8_teacher_forced)
+from .st_io import edit_json, pack_shards, write_sharded
 
 
 def fixture_qwen35_fp8_mixed(out, dev, prompts, base_dir, name="qwen35_moe_fp8_mixed", w4a16_head=False):
@@ -25,13 +25,9 @@ def fixture_qwen35_fp8_mixed(out, dev, prompts, base_dir, name="qwen35_moe_fp8_m
     expert, attention / GDN qkv,z,out / shared expert FP8 per tensor (W8A8, static input scale),
     FP8 KV cache scales on the full-attention layers; with w4a16_head the lm_head is W4A16 NVFP4
     (the Qwen3.6-35B-A3B-NVFP4 variant)."""
-    d = os.path.join(out, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    base_model, mtp_sd = load_qwen35_base(base_dir, dev)
+    d, base_model, mtp_sd, src = start_derived_fixture(out, name, base_dir, dev)
     tc = base_model.config.text_config
     E, I = tc.num_experts, tc.moe_intermediate_size
-    src, _ = read_dir_tensors(base_dir)
     fp8_mods = q35_fp8_modules(tc)
     cal = calibrate_qwen35(base_model, prompts, dev, fp8_mods)
     # bf16 reference logits on the golden prompts are computed later with this same model
@@ -77,7 +73,7 @@ def fixture_qwen35_fp8_mixed(out, dev, prompts, base_dir, name="qwen35_moe_fp8_m
             qlayers["lm_head"] = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
         else:
             dst[k] = v
-    mtp_dst = mtp_per_expert(mtp_sd, E, I)  # MTP: BF16, experts per expert (as the nvfp4 fixture)
+    mtp_dst = per_expert(mtp_sd, E, I)  # MTP: BF16, experts per expert (as the nvfp4 fixture)
     shards = pack_shards(dst, 200 * 1000)
     shards.append(("mtp.safetensors", mtp_dst))
     write_sharded(d, shards)
