@@ -29,10 +29,15 @@ size_t shared_memory_limit() {
 }
 
 int multiprocessor_count() {
-  int device = 0, sms = 0;
+  // Asked on launch paths (the chunk kernel's slice rule, each prefill layer): one query a device.
+  static std::mutex mu;
+  static std::map<int, int> counts;
+  int device = 0;
   FATHOM_CUDA_CHECK(cudaGetDevice(&device));
-  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = counts.try_emplace(device, 0);
+  if (fresh) FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrMultiProcessorCount, device));
+  return it->second;
 }
 
 namespace {

@@ -50,7 +50,7 @@ bool sm120_profile();
 inline constexpr size_t kSm120SharedBytes = 99 * 1024;
 // Dynamic shared memory a block may have on the current device (the profile's cap applied).
 size_t shared_memory_limit();
-// The current device's SMs (a wave of one-block-an-SM kernels).
+// The current device's SMs (a wave of one-block-an-SM kernels), queried once a device.
 int multiprocessor_count();
 
 // Whether FATHOM_BACKEND_FAULT is set at all (read once): callers that would build a candidate's
