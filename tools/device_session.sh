@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -486,6 +486,30 @@ for what in "${@:-all}"; do
             --load-format dummy $extra --batch 1 --input-len 4096 --output-len 8 2>&1 | grep -E "^prefill" \
             | sed "s/^/$spec slice $slice: /" | tee -a "$OUT/slice33.log"
         done
+      done ;;
+    wy33)
+      # Issue 33: the WY kernel (T, -W and U for every chunk in parallel, before the chunk kernel):
+      # CudaGdn.* (bits against the earlier form, the host reference), memcheck and racecheck over
+      # the bits test, the 4K prefill with FATHOM_GDN_WY=0 against 1, alternated twice on the 35B and
+      # once on the 397B cut, and the 35B's profile both ways (graphs off).
+      export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
+      timeout 200 "$BIN/test_cuda" --gtest_filter='CudaGdn.*' > "$OUT/wy33_tests.log" 2>&1
+      echo "wy33 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|WY" "$OUT/wy33_tests.log" | head -24
+      memcheck 200 wy33 'CudaGdn.ChunkedFormsHaveTheSameBits'
+      timeout 200 compute-sanitizer --tool racecheck "$BIN/test_cuda" --gtest_filter='CudaGdn.ChunkedFormsHaveTheSameBits' \
+        > "$OUT/wy33_racecheck.log" 2>&1
+      echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)"
+      for spec in qwen3.5-35b-a3b: qwen3.5-35b-a3b: qwen3.5-397b-a17b:${WY_397B_LAYERS:-28}; do
+        split_spec "$spec"
+        for wy in 0 1; do
+          FATHOM_GDN_WY=$wy timeout 200 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --batch 1 \
+            --input-len 4096 --output-len 8 2>&1 | grep -E "^prefill" | sed "s/^/$spec wy $wy: /" | tee -a "$OUT/wy33.log"
+        done
+      done
+      for wy in 0 1; do
+        FATHOM_GDN_WY=$wy timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1 \
+          --input-len 4096 --output-len 8 --profile > "$OUT/wy33_profile_$wy.log" 2>&1
+        grep -E "gdn|prefill" "$OUT/wy33_profile_$wy.log" | head -12 | sed "s/^/profile wy $wy: /"
       done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \

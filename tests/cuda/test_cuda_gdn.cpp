@@ -176,7 +176,7 @@ class GdnRig {
     if (chunked_from > 0) {
       int longest = 0;
       for (const StepSeq& q : seqs) longest = std::max(longest, q.count);
-      cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, chunked_from, sh_.hk, sh_.hv, sh_.dk));
+      cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, chunked_from, sh_.hk, sh_.hv, sh_.dk, sh_.dv));
       cuda::gdn_chunked(du.as<float>(), dba.as<float>(), dba.as<float>() + sh_.hv, ba_ld, a_log_.as<float>(),
                         dt_bias_.as<float>(), pool_.as<float>(), dstart.as<int32_t>(), dslot.as<int32_t>(),
                         out.as<float>(), int(seqs.size()), sh_.hk, sh_.hv, sh_.dk, sh_.dv, chunked_from, T, longest,
@@ -338,6 +338,53 @@ TEST(CudaGdn, ChunkedNarrowSlicesHaveTheSameBits) {
   cuda::set_gdn_chunked_precise(false);
 }
 
+// The WY kernel (T, -W and U solved for every chunk in parallel) against the earlier form, where
+// the chunk kernel solves them itself: the same outputs and states bit for bit (the same tiles,
+// operands and order; the chunk kernel's Delta starts from U), in both precisions and at both
+// slices, for shapes with U in one piece, two (dv 192: the second partial), a partial slice, dk 64
+// and a sequence of 10 chunks. The WY form is also checked against the double-precision recurrence.
+TEST(CudaGdn, ChunkedFormsHaveTheSameBits) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::gdn_chunked_supported(128, 128)) GTEST_SKIP() << "the chunked form needs more shared memory";
+  const GdnCase cases[] = {
+      {{16, 32, 128, 128}, {300, 1, 64}},  // Qwen3.5-35B-A3B's heads
+      {{4, 8, 128, 192}, {65, 5, 130}},    // U in two pieces, the second partial
+      {{1, 2, 128, 36}, {100, 31, 127}},   // a partial slice
+      {{2, 4, 64, 100}, {129, 70}},        // dk 64
+      {{2, 2, 128, 64}, {3, 640}},         // ten chunks
+  };
+  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
+  uint32_t seed = 91;
+  for (const bool precise : {true, false})
+    for (const int slice : {64, 32}) {
+      cuda::set_gdn_chunked_precise(precise);
+      cuda::set_gdn_chunked_slice(slice);
+      for (const GdnCase& c : cases) {
+        SCOPED_TRACE(describe(c.sh) + (precise ? " 3xtf32" : " tf32") + ", slice " + std::to_string(slice));
+        std::vector<StepSeq> seqs;
+        int total = 0;
+        for (size_t i = 0; i < c.lens.size(); ++i) seqs.push_back({slot_of_seq[i], total, c.lens[i]}), total += c.lens[i];
+        const GdnInputs in = random_inputs(c.sh, total, seed += 2);
+        const std::vector<float> init = random_states(c.sh, kSlots, seed + 1);
+        GdnRig earlier(c.sh, in, init), wy(c.sh, in, init);
+        cuda::set_gdn_chunked_wy(0);
+        const std::vector<float> out_earlier = earlier.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+        cuda::set_gdn_chunked_wy(1);
+        const std::vector<float> out_wy = wy.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+        ASSERT_EQ(out_earlier.size(), out_wy.size());
+        EXPECT_EQ(std::memcmp(out_earlier.data(), out_wy.data(), out_wy.size() * sizeof(float)), 0) << "outputs";
+        const std::vector<float> st_earlier = earlier.states(), st_wy = wy.states();
+        EXPECT_EQ(std::memcmp(st_earlier.data(), st_wy.data(), st_wy.size() * sizeof(float)), 0) << "states";
+        if (slice == 64)
+          expect_step_matches_reference(c.sh, c.lens, seed, precise ? kTol : 2e-2, cuda::kGdnChunkedMinTokens,
+                                        precise ? "WY 3xtf32" : "WY tf32");
+      }
+    }
+  cuda::set_gdn_chunked_wy(-1);
+  cuda::set_gdn_chunked_slice(-1);
+  cuda::set_gdn_chunked_precise(false);
+}
+
 // 12 tokens in one step, alone, in slot 1, against the same tokens in steps of 1, 2, 4 and 5
 // tokens, in slot 2, each step led by another sequence with 1-3 tokens: the same bits.
 TEST(CudaGdn, TokensPerStepDoNotChangeBits) {
@@ -456,7 +503,7 @@ TEST(CudaGdn, PrefillTime) {
   const auto dt_bias = cuda::DeviceBuffer::from_host(params.dt_bias);
   const auto start = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0, T});
   const auto slot = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0});
-  cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, cuda::kGdnChunkedMinTokens, sh.hk, sh.hv, sh.dk));
+  cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, cuda::kGdnChunkedMinTokens, sh.hk, sh.hv, sh.dk, sh.dv));
   enum Form { kRecurrent, kChunkedPrecise, kChunkedTf32 };
   auto call = [&](Form form) {
     if (form == kRecurrent) {

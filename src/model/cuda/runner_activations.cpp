@@ -56,7 +56,7 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   ubuf = f32(T * conv_dim);
   core = f32(T * hv * dv);
   if (linear_layers > 0 && gdn_chunked_supported(dk, dv) && T >= kGdnChunkedMinTokens)
-    gdn_scratch = DeviceBuffer(gdn_chunked_scratch_bytes(int(T), kGdnChunkedMinTokens, hk, hv, dk));
+    gdn_scratch = DeviceBuffer(gdn_chunked_scratch_bytes(int(T), kGdnChunkedMinTokens, hk, hv, dk, dv));
   normed = b16(T * std::max(hv * dv, nh * d));
   gdn_norm_counters = DeviceBuffer(size_t(std::max<int64_t>(T * hv, 1)) * 4);  // a step has at most T sequences
   FATHOM_CUDA_CHECK(cudaMemset(gdn_norm_counters.data(), 0, gdn_norm_counters.bytes()));
