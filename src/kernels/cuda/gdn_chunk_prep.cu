@@ -36,12 +36,11 @@ __global__ void __launch_bounds__(kPrepThreads)
   using R = KeyHeadRecord<DK>;
   extern __shared__ float4 smem_f4[];
   float* sm = reinterpret_cast<float*>(smem_f4);
-  const int s = blockIdx.z, j = blockIdx.y, c = blockIdx.x;
-  const int t_begin = seq_start[s], len = seq_start[s + 1] - t_begin;
-  if (len < min_tokens || c * kChunk >= len) return;
-  const int t0 = t_begin + c * kChunk, n = min(kChunk, len - c * kChunk);
+  ChunkPlace at;
+  if (!place_chunk(seq_start, blockIdx.z, blockIdx.x, min_tokens, at)) return;
+  const int j = blockIdx.y, t0 = at.t0, n = at.n;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  float* rec = scratch + int64_t(first_chunk(seq_start, s, min_tokens) + c) * chunk_record_floats<DK>(hk, hv, dv);
+  float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv, dv);
   float* kh = rec + int64_t(j) * R::floats;
   const int64_t ld = 2 * int64_t(hk) * DK + int64_t(hv) * dv;
 
@@ -184,12 +183,11 @@ __global__ void __launch_bounds__(kTeamThreads)
   using Wy = WyHeadRecord<DK>;
   extern __shared__ float4 smem_f4[];
   float* sm = reinterpret_cast<float*>(smem_f4);
-  const int s = blockIdx.z, h = blockIdx.y, c = blockIdx.x;
-  const int t_begin = seq_start[s], len = seq_start[s + 1] - t_begin;
-  if (len < min_tokens || c * kChunk >= len) return;
-  const int t0 = t_begin + c * kChunk, n = min(kChunk, len - c * kChunk);
+  ChunkPlace at;
+  if (!place_chunk(seq_start, blockIdx.z, blockIdx.x, min_tokens, at)) return;
+  const int h = blockIdx.y, t0 = at.t0, n = at.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  float* rec = scratch + int64_t(first_chunk(seq_start, s, min_tokens) + c) * chunk_record_floats<DK>(hk, hv, dv);
+  float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv, dv);
   const float* kh = rec + int64_t(h / (hv / hk)) * R::floats;
   const float* vh = rec + int64_t(hk) * R::floats + int64_t(h) * kValueHeadRecord;
   float* wy = rec + wy_head_offset<DK>(hk, hv, dv, h);

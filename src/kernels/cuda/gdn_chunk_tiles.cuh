@@ -55,6 +55,19 @@ __device__ inline int first_chunk(const int32_t* seq_start, int s, int min_token
   return c;
 }
 
+// Chunk c of sequence s: its first token, its tokens and its record's index. The parallel kernels'
+// blocks find theirs with place_chunk, false where the sequence is not chunked (fewer than
+// min_tokens tokens) or has no chunk c.
+struct ChunkPlace {
+  int t0, n, record;
+};
+__device__ inline bool place_chunk(const int32_t* seq_start, int s, int c, int min_tokens, ChunkPlace& at) {
+  const int t_begin = seq_start[s], len = seq_start[s + 1] - t_begin;
+  if (len < min_tokens || c * kChunk >= len) return false;
+  at = {t_begin + c * kChunk, min(kChunk, len - c * kChunk), first_chunk(seq_start, s, min_tokens) + c};
+  return true;
+}
+
 // An operand rounded to tf32 (the mma reads the top 19 bits of an fp32 register), by an integer add
 // and mask rather than a cvt per element; with kPrecise also the rounding error as a second tf32:
 // hi*hi + hi*lo + lo*hi ("3xTF32") is about as exact as an fp32 product, at three mma a tile.
@@ -141,7 +154,7 @@ __device__ __forceinline__ void team_sync(int id) {
 //   [L1 0; B L2]^{-1} = [T1 0; -T2 B T1, T2]
 // with the two products on tensor cores (3xTF32: T feeds every other product of the chunk).
 // T: [chunk][kLdC]; X: room for 32 x 40 floats. Run by the team of warps 0-7 (barrier `bar`).
-__device__ void solve_unit_lower(float* T, float* X, int bar) {
+__device__ inline void solve_unit_lower(float* T, float* X, int bar) {
   constexpr int ld = kLdC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   if (warp < 4) {

@@ -227,6 +227,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mt = tw & 3, half = tw >> 2, r0 = 16 * mt;
   constexpr int NT = SL / 8 / 2;
   const int vc = half * (SL / 2);
+  // A warp's tiles of Delta (rows from r0, columns from vc) into delta_t, transposed.
+  auto store_delta = [&](const float(&acc)[1][NT][4]) {
+#pragma unroll
+    for (int nn = 0; nn < NT; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + g + 8 * (e >> 1), cc = vc + 8 * nn + 2 * tq + (e & 1);
+        sm[L::delta_t + cc * kLdC + i] = acc[0][nn][e];
+      }
+  };
 
 #pragma unroll 1
   for (int c = 0;; ++c) {
@@ -249,13 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) acc[0][nn][e] = sm[L::v + (r0 + g + 8 * (e >> 1)) * L::kLdV + vc + 8 * nn + 2 * tq + (e & 1)];
       const float* const w_rows[1] = {sm + L::w + r0 * L::kLdK};
       warp_mma<true, false, kPrecise>(acc, w_rows, L::kLdK, sm + L::s_t + vc * L::kLdK, L::kLdK, nullptr, DK);
-#pragma unroll
-      for (int nn = 0; nn < NT; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = r0 + g + 8 * (e >> 1), cc = vc + 8 * nn + 2 * tq + (e & 1);
-          sm[L::delta_t + cc * kLdC + i] = acc[0][nn][e];
-        }
+      store_delta(acc);
     } else if (state_team) {
       mbarrier_wait(&bars[0], c & 1);  // (landed already: the output team waited)
       solve_unit_lower(sm + L::t, sm + L::solve, 1);
@@ -281,13 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         warp_mma<false, true, kPrecise>(acc, t_rows, kLdC, sm + L::v + vc, L::kLdV, beta, r0 + 16);
         const float* const w_rows[1] = {sm + L::w + r0 * L::kLdK};
         warp_mma<true, false, kPrecise>(acc, w_rows, L::kLdK, sm + L::s_t + vc * L::kLdK, L::kLdK, nullptr, DK);
-#pragma unroll
-        for (int nn = 0; nn < NT; ++nn)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = r0 + g + 8 * (e >> 1), cc = vc + 8 * nn + 2 * tq + (e & 1);
-            sm[L::delta_t + cc * kLdC + i] = acc[0][nn][e];
-          }
+        store_delta(acc);
       }
     } else {
       if (tid == 0) issue_late<DK, SL>(sm, &bars[1], src, first + c);
