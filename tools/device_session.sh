@@ -489,16 +489,14 @@ for what in "${@:-all}"; do
       done ;;
     wy33)
       # Issue 33: the WY kernel (T, -W and U for every chunk in parallel, before the chunk kernel):
-      # CudaGdn.* (bits against the earlier form, the host reference), memcheck and racecheck over
-      # the bits test, the 4K prefill with FATHOM_GDN_WY=0 against 1, alternated twice on the 35B and
-      # once on the 397B cut, and the 35B's profile both ways (graphs off).
+      # CudaGdn.* (bits against the earlier form, the host reference), memcheck over the bits test,
+      # the 4K prefill with FATHOM_GDN_WY=0 against 1, alternated twice on the 35B and once on the
+      # 397B cut (WY_397B_LAYERS, default 28), the 35B's profile both ways (graphs off), and last
+      # racecheck over the bits test (WY_RACECHECK_S seconds at most).
       export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
       timeout 200 "$BIN/test_cuda" --gtest_filter='CudaGdn.*' > "$OUT/wy33_tests.log" 2>&1
       echo "wy33 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|WY" "$OUT/wy33_tests.log" | head -24
       memcheck 200 wy33 'CudaGdn.ChunkedFormsHaveTheSameBits'
-      timeout 200 compute-sanitizer --tool racecheck "$BIN/test_cuda" --gtest_filter='CudaGdn.ChunkedFormsHaveTheSameBits' \
-        > "$OUT/wy33_racecheck.log" 2>&1
-      echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)"
       for spec in qwen3.5-35b-a3b: qwen3.5-35b-a3b: qwen3.5-397b-a17b:${WY_397B_LAYERS:-28}; do
         split_spec "$spec"
         for wy in 0 1; do
@@ -510,7 +508,10 @@ for what in "${@:-all}"; do
         FATHOM_GDN_WY=$wy timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --batch 1 \
           --input-len 4096 --output-len 8 --profile > "$OUT/wy33_profile_$wy.log" 2>&1
         grep -E "gdn|prefill" "$OUT/wy33_profile_$wy.log" | head -12 | sed "s/^/profile wy $wy: /"
-      done ;;
+      done
+      timeout "${WY_RACECHECK_S:-200}" compute-sanitizer --tool racecheck "$BIN/test_cuda" \
+        --gtest_filter='CudaGdn.ChunkedFormsHaveTheSameBits' > "$OUT/wy33_racecheck.log" 2>&1
+      echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)" ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;

@@ -391,8 +391,8 @@ void set_gdn_chunked_precise(bool precise);
 // wave; the same bits either way. 64 or 32 pins it (tests, FATHOM_GDN_SLICE), 0 the rule, -1 back
 // to the environment's setting.
 void set_gdn_chunked_slice(int columns);
-// Where T, W and U are solved: 1 in the WY kernel, parallel over chunks (the default), 0 inside the
-// chunk kernel (the earlier form; the same bits), -1 back to the environment's FATHOM_GDN_WY.
+// Where T, W and U are solved: 1 in the WY kernel, parallel over chunks, 0 inside the chunk kernel
+// (the earlier form and the default; the same bits), -1 back to the environment's FATHOM_GDN_WY.
 void set_gdn_chunked_wy(int on);
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk, int dv);
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
