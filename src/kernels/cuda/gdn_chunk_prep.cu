@@ -1,8 +1,8 @@
 // The Gated DeltaNet prefill's parallel kernels, over every chunk at once (the chunk kernel in
 // gdn_chunked.cu then walks each sequence's chunks in order): the prep kernel, per key head, and the
 // WY kernel, per value head, which takes the solve of T and the products T diag(beta e^G) K^ and
-// T diag(beta) V off the chunk kernel's sequential path. Both write the chunk's scratch record
-// (gdn_chunk_tiles.cuh). Their products are computed as the chunk kernel computed them before the
+// T diag(beta) V off the chunk kernel's sequential path. They write the chunk's scratch record and
+// its WY records (gdn_chunk_tiles.cuh). Their products are computed as the chunk kernel computed them before the
 // WY kernel (the same tiles, operands and order), so its outputs and states keep their bits.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   if (!place_chunk(seq_start, blockIdx.z, blockIdx.x, min_tokens, at)) return;
   const int j = blockIdx.y, t0 = at.t0, n = at.n;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv, dv);
+  float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv);
   float* kh = rec + int64_t(j) * R::floats;
   const int64_t ld = 2 * int64_t(hk) * DK + int64_t(hv) * dv;
 
@@ -176,21 +176,21 @@ struct WyLayout {
 template <int DK, bool kPrecise>
 __global__ void __launch_bounds__(kTeamThreads)
     gdn_chunk_wy_kernel(const float* u, const int32_t* seq_start, int hk, int hv, int dv, int min_tokens,
-                        float* scratch) {
+                        const float* scratch, float* wy_region) {
   pdl_prologue();
   using L = WyLayout<DK>;
   using R = KeyHeadRecord<DK>;
-  using Wy = WyHeadRecord<DK>;
+  using Wy = WyRecord<DK>;
   extern __shared__ float4 smem_f4[];
   float* sm = reinterpret_cast<float*>(smem_f4);
   ChunkPlace at;
   if (!place_chunk(seq_start, blockIdx.z, blockIdx.x, min_tokens, at)) return;
   const int h = blockIdx.y, t0 = at.t0, n = at.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv, dv);
+  const float* rec = scratch + int64_t(at.record) * chunk_record_floats<DK>(hk, hv);
   const float* kh = rec + int64_t(h / (hv / hk)) * R::floats;
   const float* vh = rec + int64_t(hk) * R::floats + int64_t(h) * kValueHeadRecord;
-  float* wy = rec + wy_head_offset<DK>(hk, hv, dv, h);
+  float* wy = wy_region + Wy::offset(at.record, hv, dv, h);
   const int64_t ld = 2 * int64_t(hk) * DK + int64_t(hv) * dv;
   const float* v_rows = u + 2 * int64_t(hk) * DK + int64_t(h) * dv;
 
@@ -273,11 +273,11 @@ void launch_prep(bool precise, const float* u, const float* b, const float* a, i
 
 template <int DK>
 void launch_wy(bool precise, const float* u, const int32_t* seq_start, int num_seqs, int hk, int hv, int dv,
-               int min_tokens, int max_seq_tokens, float* scratch, cudaStream_t s) {
+               int min_tokens, int max_seq_tokens, const float* scratch, float* wy_region, cudaStream_t s) {
   auto wy = precise ? gdn_chunk_wy_kernel<DK, true> : gdn_chunk_wy_kernel<DK, false>;
   allow_dynamic_smem(reinterpret_cast<const void*>(wy), int(WyLayout<DK>::bytes));
   launch(wy, dim3((max_seq_tokens + kChunk - 1) / kChunk, hv, num_seqs), kTeamThreads, WyLayout<DK>::bytes, s, u,
-         seq_start, hk, hv, dv, min_tokens, scratch);
+         seq_start, hk, hv, dv, min_tokens, scratch, wy_region);
 }
 
 }  // namespace
@@ -294,11 +294,11 @@ void launch_chunk_prep(int dk, bool precise, const float* u, const float* b, con
 }
 
 void launch_chunk_wy(int dk, bool precise, const float* u, const int32_t* seq_start, int num_seqs, int hk, int hv,
-                     int dv, int min_tokens, int max_seq_tokens, float* scratch, cudaStream_t s) {
+                     int dv, int min_tokens, int max_seq_tokens, const float* scratch, float* wy, cudaStream_t s) {
   if (dk == 64)
-    launch_wy<64>(precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, s);
+    launch_wy<64>(precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, wy, s);
   else
-    launch_wy<128>(precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, s);
+    launch_wy<128>(precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, wy, s);
 }
 
 }  // namespace fathom::cuda::gdn_chunk

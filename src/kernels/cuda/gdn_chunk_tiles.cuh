@@ -17,9 +17,7 @@ constexpr int kLdC = kChunk + 4;  // floats per row of [*][chunk] matrices
 
 // Per-chunk scratch, for each key head: k^ transposed [dk][chunk], K^ K^^T and Q^ K^^T
 // [chunk][chunk], q^ [chunk][dk] (rows as in shared memory, so one bulk copy moves each; q^ carries
-// the 1/sqrt(dk) of the scores); then for each value head: G and beta [chunk]; then for each value
-// head what the WY kernel works out for the chunk kernel: -W [chunk][dk] (rows as in shared memory)
-// and U = T diag(beta) V [chunk][dv].
+// the 1/sqrt(dk) of the scores); then for each value head: G and beta [chunk].
 template <int DK>
 struct KeyHeadRecord {
   static constexpr int kLdK = DK + 4;
@@ -29,21 +27,23 @@ struct KeyHeadRecord {
 constexpr int kValueHeadRecord = 2 * kChunk;  // G | beta
 
 template <int DK>
-struct WyHeadRecord {
+__host__ __device__ inline int64_t chunk_record_floats(int hk, int hv) {
+  return int64_t(hk) * KeyHeadRecord<DK>::floats + int64_t(hv) * kValueHeadRecord;
+}
+
+// What the WY kernel works out for the chunk kernel, per chunk and value head, in a region of the
+// scratch after the chunk records (only where the WY form runs): -W [chunk][dk] (rows as in shared
+// memory, so one bulk copy moves it) and U = T diag(beta) V [chunk][dv].
+template <int DK>
+struct WyRecord {
   static constexpr int kLdK = DK + 4;
   static constexpr int w = 0, u = kChunk * kLdK;
   __host__ __device__ static int64_t floats(int dv) { return u + int64_t(kChunk) * dv; }
+  // Offset of value head h's record for chunk record `record` from the region's start.
+  __host__ __device__ static int64_t offset(int record, int hv, int dv, int h) {
+    return (int64_t(record) * hv + h) * floats(dv);
+  }
 };
-
-template <int DK>
-__host__ __device__ inline int64_t chunk_record_floats(int hk, int hv, int dv) {
-  return int64_t(hk) * KeyHeadRecord<DK>::floats + int64_t(hv) * (kValueHeadRecord + WyHeadRecord<DK>::floats(dv));
-}
-// Offset of value head h's WY record in a chunk record.
-template <int DK>
-__host__ __device__ inline int64_t wy_head_offset(int hk, int hv, int dv, int h) {
-  return int64_t(hk) * KeyHeadRecord<DK>::floats + int64_t(hv) * kValueHeadRecord + h * WyHeadRecord<DK>::floats(dv);
-}
 
 // Index of sequence s's first chunk among the chunked sequences' (those with >= min_tokens).
 __device__ inline int first_chunk(const int32_t* seq_start, int s, int min_tokens) {
@@ -225,14 +225,13 @@ __device__ __forceinline__ void decay_lower(float* M, const float* G, const floa
   }
 }
 
-
 // Launches (gdn_chunk_prep.cu), on every chunk of the sequences with at least min_tokens tokens in
-// parallel. The prep kernel fills the key-head records and gates; the WY kernel, after it, solves
-// each value head's T and writes -W and U.
+// parallel. The prep kernel fills the chunk records (key heads and gates); the WY kernel, after it,
+// solves each value head's T and writes -W and U into the WY region `wy`.
 void launch_chunk_prep(int dk, bool precise, const float* u, const float* b, const float* a, int64_t ba_ld,
                        const float* a_log, const float* dt_bias, const int32_t* seq_start, int num_seqs, int hk,
                        int hv, int dv, int min_tokens, int max_seq_tokens, float* scratch, cudaStream_t s);
 void launch_chunk_wy(int dk, bool precise, const float* u, const int32_t* seq_start, int num_seqs, int hk, int hv,
-                     int dv, int min_tokens, int max_seq_tokens, float* scratch, cudaStream_t s);
+                     int dv, int min_tokens, int max_seq_tokens, const float* scratch, float* wy, cudaStream_t s);
 
 }  // namespace fathom::cuda::gdn_chunk

@@ -88,6 +88,7 @@ struct ChunkLayout {
 struct ChunkSources {
   const float* u;  // conv output rows [T, ld]: q | k | v
   const float* scratch;
+  const float* wy;  // the WY region
   int64_t ld, record;
   int v_off, v_cols, key_head, head, hk, hv, dv, col0;
 };
@@ -103,12 +104,12 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
   const float* rec = src.scratch + int64_t(first) * src.record;
   const float* kh = rec + int64_t(src.key_head) * R::floats;
   const float* vh = rec + int64_t(src.hk) * R::floats + int64_t(src.head) * kValueHeadRecord;
-  const float* wy = rec + wy_head_offset<DK>(src.hk, src.hv, src.dv, src.head);
+  const float* wy = src.wy + WyRecord<DK>::offset(first, src.hv, src.dv, src.head);
   if (tid == 0) {
     constexpr int first_floats = kWy ? kChunk * L::kLdK : kChunk * kLdC;
     mbarrier_expect_bytes(bar, uint32_t(sizeof(float)) * (first_floats + kChunk * L::kLdK + kValueHeadRecord));
     if (kWy)
-      bulk_copy_to_shared(sm + L::w, wy + WyHeadRecord<DK>::w, first_floats * sizeof(float), bar);
+      bulk_copy_to_shared(sm + L::w, wy + WyRecord<DK>::w, first_floats * sizeof(float), bar);
     else
       bulk_copy_to_shared(sm + L::t, kh + R::kk, first_floats * sizeof(float), bar);
   } else if (tid == 32) {
@@ -121,7 +122,7 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
     const int r = i / V4, c = 4 * (i % V4);
     float* v = sm + L::v + r * L::kLdV + c;
     if (kWy && c < src.v_cols)
-      cp_async16(smem_addr(v), wy + WyHeadRecord<DK>::u + int64_t(r) * src.dv + src.col0 + c);
+      cp_async16(smem_addr(v), wy + WyRecord<DK>::u + int64_t(r) * src.dv + src.col0 + c);
     else if (!kWy && r < n && c < src.v_cols)  // v_cols is a multiple of 4
       cp_async16(smem_addr(v), src.u + int64_t(t0 + r) * src.ld + src.v_off + c);
     else
@@ -145,7 +146,7 @@ __device__ void issue_late(float* sm, uint64_t* bar, const ChunkSources& src, in
 template <int DK, bool kPrecise, int SL, bool kWy>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_chunked_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
-                       const float* scratch, float* out, int hk, int hv, int dv, int min_tokens) {
+                       const float* scratch, const float* wy, float* out, int hk, int hv, int dv, int min_tokens) {
   pdl_prologue();
   using L = ChunkLayout<DK, SL>;
   extern __shared__ float4 smem_f4[];
@@ -158,8 +159,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int key_dim = hk * DK;
   const ChunkSources src{u,
                          scratch,
+                         wy,
                          2 * int64_t(key_dim) + int64_t(hv) * dv,
-                         chunk_record_floats<DK>(hk, hv, dv),
+                         chunk_record_floats<DK>(hk, hv),
                          2 * key_dim + h * dv + c0,
                          min(SL, dv - c0),
                          h / (hv / hk),
@@ -374,35 +376,39 @@ bool g_wy = wy_from_env();
 
 template <int DK, int SL>
 void launch_chunk_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
-                         const float* scratch, float* out, int num_seqs, int hk, int hv, int dv, int min_tokens,
-                         cudaStream_t s) {
-  auto chunk = g_chunked_precise ? (g_wy ? gdn_chunked_kernel<DK, true, SL, true> : gdn_chunked_kernel<DK, true, SL, false>)
-                                 : (g_wy ? gdn_chunked_kernel<DK, false, SL, true> : gdn_chunked_kernel<DK, false, SL, false>);
+                         const float* scratch, const float* wy, float* out, int num_seqs, int hk, int hv, int dv,
+                         int min_tokens, cudaStream_t s) {
+  const bool with_wy = wy != nullptr;
+  auto chunk = g_chunked_precise
+                   ? (with_wy ? gdn_chunked_kernel<DK, true, SL, true> : gdn_chunked_kernel<DK, true, SL, false>)
+                   : (with_wy ? gdn_chunked_kernel<DK, false, SL, true> : gdn_chunked_kernel<DK, false, SL, false>);
   allow_dynamic_smem(reinterpret_cast<const void*>(chunk), int(ChunkLayout<DK, SL>::bytes));
   launch(chunk, dim3((dv + SL - 1) / SL, hv, num_seqs), kThreads, ChunkLayout<DK, SL>::bytes, s, u, state, seq_start,
-         state_slot, scratch, out, hk, hv, dv, min_tokens);
+         state_slot, scratch, wy, out, hk, hv, dv, min_tokens);
 }
 
 template <int DK>
 void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
                     const float* dt_bias, float* state, const int32_t* seq_start, const int32_t* state_slot, float* out,
                     int num_seqs, int hk, int hv, int dv, int min_tokens, int max_seq_tokens, float* scratch,
-                    cudaStream_t s) {
+                    float* wy, cudaStream_t s) {
   launch_chunk_prep(DK, g_chunked_precise, u, b, a, ba_ld, a_log, dt_bias, seq_start, num_seqs, hk, hv, dv, min_tokens,
                     max_seq_tokens, scratch, s);
-  if (g_wy)
-    launch_chunk_wy(DK, g_chunked_precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, s);
+  if (wy)
+    launch_chunk_wy(DK, g_chunked_precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, wy,
+                    s);
   const int64_t wide_blocks = int64_t((dv + kSlice - 1) / kSlice) * hv * num_seqs;
   const bool narrow =
       DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= multiprocessor_count());
   if constexpr (DK == 128) {
     if (narrow) {
-      launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv,
+      launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, wy, out, num_seqs, hk, hv, dv,
                                             min_tokens, s);
       return;
     }
   }
-  launch_chunk_kernel<DK, kSlice>(u, state, seq_start, state_slot, scratch, out, num_seqs, hk, hv, dv, min_tokens, s);
+  launch_chunk_kernel<DK, kSlice>(u, state, seq_start, state_slot, scratch, wy, out, num_seqs, hk, hv, dv, min_tokens,
+                                  s);
 }
 
 }  // namespace
@@ -423,11 +429,19 @@ void set_gdn_chunked_precise(bool precise) { g_chunked_precise = precise; }
 void set_gdn_chunked_slice(int columns) { g_slice = columns >= 0 ? columns : slice_from_env(); }
 void set_gdn_chunked_wy(int on) { g_wy = on >= 0 ? on != 0 : wy_from_env(); }
 
+namespace {
+// Chunk records the scratch holds: each chunked sequence (n >= min_tokens) has at most
+// n/64 + 1 <= n/64 + n/min_tokens chunks.
+int64_t scratch_chunks(int tokens, int min_tokens) { return tokens / kChunk + tokens / std::max(1, min_tokens) + 1; }
+int64_t record_floats(int hk, int hv, int dk) {
+  return dk == 64 ? chunk_record_floats<64>(hk, hv) : chunk_record_floats<128>(hk, hv);
+}
+}  // namespace
+
+// The chunk records, then (the WY form) the WY region: a WY record per chunk record and value head.
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk, int dv) {
-  // Each chunked sequence (n >= min_tokens) has at most n/64 + 1 <= n/64 + n/min_tokens chunks.
-  const int64_t chunks = tokens / kChunk + tokens / std::max(1, min_tokens) + 1;
-  const int64_t record = dk == 64 ? chunk_record_floats<64>(hk, hv, dv) : chunk_record_floats<128>(hk, hv, dv);
-  return size_t(chunks * record) * sizeof(float);
+  const int64_t wy = g_wy ? int64_t(hv) * (dk == 64 ? WyRecord<64>::floats(dv) : WyRecord<128>::floats(dv)) : 0;
+  return size_t(scratch_chunks(tokens, min_tokens) * (record_floats(hk, hv, dk) + wy)) * sizeof(float);
 }
 
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
@@ -442,12 +456,13 @@ void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, 
   FATHOM_CHECK(scratch.size >= int64_t(gdn_chunked_scratch_bytes(tokens, min_tokens, hk, hv, dk, dv)),
                "gdn_chunked: scratch of ", scratch.size, " bytes is short for ", tokens, " tokens");
   float* sp = reinterpret_cast<float*>(scratch.data);
+  float* wy = g_wy ? sp + scratch_chunks(tokens, min_tokens) * record_floats(hk, hv, dk) : nullptr;
   if (dk == 64)
     launch_chunked<64>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dv,
-                       min_tokens, max_seq_tokens, sp, s);
+                       min_tokens, max_seq_tokens, sp, wy, s);
   else
     launch_chunked<128>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dv,
-                        min_tokens, max_seq_tokens, sp, s);
+                        min_tokens, max_seq_tokens, sp, wy, s);
   FATHOM_CUDA_LAUNCH_CHECK();
   inject_backend_fault(kGdnPrefillOp, kChunked, out, size_t(tokens) * hv * dv * sizeof(float), s);
 }
