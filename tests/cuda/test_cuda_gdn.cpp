@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -297,6 +298,27 @@ TEST(CudaGdn, ChunkedMatchesHostReference) {
   cuda::set_gdn_chunked_precise(false);
 }
 
+// Case c's sequences (slots 3, 0, 4) through two rigs from the same inputs and states, `first` and
+// then `second` setting the chunked form up before each: the same outputs and states bit for bit.
+void expect_forms_have_the_same_bits(const GdnCase& c, uint32_t seed, const std::function<void()>& first,
+                                     const std::function<void()>& second) {
+  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
+  std::vector<StepSeq> seqs;
+  int total = 0;
+  for (size_t i = 0; i < c.lens.size(); ++i) seqs.push_back({slot_of_seq[i], total, c.lens[i]}), total += c.lens[i];
+  const GdnInputs in = random_inputs(c.sh, total, seed);
+  const std::vector<float> init = random_states(c.sh, kSlots, seed + 1);
+  GdnRig a(c.sh, in, init), b(c.sh, in, init);
+  first();
+  const std::vector<float> out_a = a.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+  second();
+  const std::vector<float> out_b = b.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
+  ASSERT_EQ(out_a.size(), out_b.size());
+  EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)), 0) << "outputs";
+  const std::vector<float> st_a = a.states(), st_b = b.states();
+  EXPECT_EQ(std::memcmp(st_a.data(), st_b.data(), st_a.size() * sizeof(float)), 0) << "states";
+}
+
 // The chunk kernel's narrow slices (32 state columns a block, taken where twice the blocks fit
 // one wave) against the 64-column ones: the same outputs and states bit for bit (each column's
 // sums run in the same order; only the k side is repeated per block), in both precisions, for
@@ -310,26 +332,13 @@ TEST(CudaGdn, ChunkedNarrowSlicesHaveTheSameBits) {
       {{4, 8, 128, 192}, {65, 5, 130}},    // six narrow slices
       {{1, 2, 128, 36}, {100, 31, 127}},   // a partial narrow slice (36 = 32 + 4)
   };
-  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
   uint32_t seed = 71;
   for (const bool precise : {true, false}) {
     cuda::set_gdn_chunked_precise(precise);
     for (const GdnCase& c : cases) {
       SCOPED_TRACE(describe(c.sh) + (precise ? " 3xtf32" : " tf32"));
-      std::vector<StepSeq> seqs;
-      int total = 0;
-      for (size_t i = 0; i < c.lens.size(); ++i) seqs.push_back({slot_of_seq[i], total, c.lens[i]}), total += c.lens[i];
-      const GdnInputs in = random_inputs(c.sh, total, seed += 2);
-      const std::vector<float> init = random_states(c.sh, kSlots, seed + 1);
-      GdnRig wide(c.sh, in, init), narrow(c.sh, in, init);
-      cuda::set_gdn_chunked_slice(64);
-      const std::vector<float> out_wide = wide.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
-      cuda::set_gdn_chunked_slice(32);
-      const std::vector<float> out_narrow = narrow.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
-      ASSERT_EQ(out_wide.size(), out_narrow.size());
-      EXPECT_EQ(std::memcmp(out_wide.data(), out_narrow.data(), out_wide.size() * sizeof(float)), 0) << "outputs";
-      const std::vector<float> st_wide = wide.states(), st_narrow = narrow.states();
-      EXPECT_EQ(std::memcmp(st_wide.data(), st_narrow.data(), st_wide.size() * sizeof(float)), 0) << "states";
+      expect_forms_have_the_same_bits(
+          c, seed += 2, [] { cuda::set_gdn_chunked_slice(64); }, [] { cuda::set_gdn_chunked_slice(32); });
       expect_step_matches_reference(c.sh, c.lens, seed, precise ? kTol : 2e-2, cuda::kGdnChunkedMinTokens,
                                     precise ? "narrow 3xtf32" : "narrow tf32");
     }
@@ -353,7 +362,6 @@ TEST(CudaGdn, ChunkedFormsHaveTheSameBits) {
       {{2, 4, 64, 100}, {129, 70}},        // dk 64
       {{2, 2, 128, 64}, {3, 640}},         // ten chunks
   };
-  const int kSlots = 5, slot_of_seq[] = {3, 0, 4};
   uint32_t seed = 91;
   for (const bool precise : {true, false})
     for (const int slice : {64, 32}) {
@@ -361,20 +369,8 @@ TEST(CudaGdn, ChunkedFormsHaveTheSameBits) {
       cuda::set_gdn_chunked_slice(slice);
       for (const GdnCase& c : cases) {
         SCOPED_TRACE(describe(c.sh) + (precise ? " 3xtf32" : " tf32") + ", slice " + std::to_string(slice));
-        std::vector<StepSeq> seqs;
-        int total = 0;
-        for (size_t i = 0; i < c.lens.size(); ++i) seqs.push_back({slot_of_seq[i], total, c.lens[i]}), total += c.lens[i];
-        const GdnInputs in = random_inputs(c.sh, total, seed += 2);
-        const std::vector<float> init = random_states(c.sh, kSlots, seed + 1);
-        GdnRig earlier(c.sh, in, init), wy(c.sh, in, init);
-        cuda::set_gdn_chunked_wy(0);
-        const std::vector<float> out_earlier = earlier.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
-        cuda::set_gdn_chunked_wy(1);
-        const std::vector<float> out_wy = wy.step(seqs, nullptr, cuda::kGdnChunkedMinTokens);
-        ASSERT_EQ(out_earlier.size(), out_wy.size());
-        EXPECT_EQ(std::memcmp(out_earlier.data(), out_wy.data(), out_wy.size() * sizeof(float)), 0) << "outputs";
-        const std::vector<float> st_earlier = earlier.states(), st_wy = wy.states();
-        EXPECT_EQ(std::memcmp(st_earlier.data(), st_wy.data(), st_wy.size() * sizeof(float)), 0) << "states";
+        expect_forms_have_the_same_bits(
+            c, seed += 2, [] { cuda::set_gdn_chunked_wy(0); }, [] { cuda::set_gdn_chunked_wy(1); });
         if (slice == 64)
           expect_step_matches_reference(c.sh, c.lens, seed, precise ? kTol : 2e-2, cuda::kGdnChunkedMinTokens,
                                         precise ? "WY 3xtf32" : "WY tf32");
