@@ -21,8 +21,8 @@
 // and runs as two teams of 8 warps. The state team keeps the state slice in mma accumulators (and
 // transposed in shared memory as the B operand) and computes Delta = U - W S and the state update;
 // the output team computes Q^ S, P and the output. The earlier form, where the state team solves T
-// and computes W and U itself, has the same bits; it stays the default until the WY form has run on
-// a GPU (FATHOM_GDN_WY=1 opts in).
+// and computes W and U itself, has the same bits; it runs where the chunk kernel's blocks fill the
+// GPU (wy_form).
 // Inputs arrive by bulk copies (one thread each) and cp.async, the next chunk's while this one
 // computes. Products are per-warp 16 x 8n tf32 tiles (ldmatrix where the operand is k-contiguous);
 // T is solved by doubling (solve_unit_lower). What bounds it is shared-memory traffic (fp32
@@ -365,14 +365,21 @@ int slice_from_env() {
 }
 int g_slice = slice_from_env();
 
-// FATHOM_GDN_WY=1 runs the WY kernel; unset or 0, the earlier form (T, W and U solved inside the
-// chunk kernel). Opt-in until it has run on a GPU: built and checked on the CPU only (docs/perf.md,
-// stop 69).
-bool wy_from_env() {
+// Where T, W and U are solved: in the WY kernel (1), inside the chunk kernel (0), or by the shape
+// (2, FATHOM_GDN_WY unset): the WY kernel where one sequence's chunk kernel leaves half the GPU or
+// more idle (its narrow-slice case), where the chunk kernel's sequential path is the kernel's time;
+// where its blocks fill the GPU, moving the solve off that path saves nothing (measured: the 397B's
+// 64 value heads) and its records cost scratch. The same bits either way.
+enum WyMode { kWyOff = 0, kWyOn = 1, kWyByShape = 2 };
+int wy_from_env() {
   const char* e = std::getenv("FATHOM_GDN_WY");
-  return e && std::atoi(e) != 0;
+  return !e ? kWyByShape : std::atoi(e) != 0 ? kWyOn : kWyOff;
 }
-bool g_wy = wy_from_env();
+int g_wy = wy_from_env();
+bool wy_form(int hv, int dk, int dv) {
+  if (g_wy != kWyByShape) return g_wy == kWyOn;
+  return dk == 128 && 2 * int64_t((dv + kSlice - 1) / kSlice) * hv <= multiprocessor_count();
+}
 
 template <int DK, int SL>
 void launch_chunk_kernel(const float* u, float* state, const int32_t* seq_start, const int32_t* state_slot,
@@ -427,7 +434,7 @@ bool gdn_chunked_supported(int dk, int dv) {
 
 void set_gdn_chunked_precise(bool precise) { g_chunked_precise = precise; }
 void set_gdn_chunked_slice(int columns) { g_slice = columns >= 0 ? columns : slice_from_env(); }
-void set_gdn_chunked_wy(int on) { g_wy = on >= 0 ? on != 0 : wy_from_env(); }
+void set_gdn_chunked_wy(int on) { g_wy = on >= 0 ? (on != 0 ? kWyOn : kWyOff) : wy_from_env(); }
 
 namespace {
 // Chunk records the scratch holds: each chunked sequence (n >= min_tokens) has at most
@@ -440,7 +447,7 @@ int64_t record_floats(int hk, int hv, int dk) {
 
 // The chunk records, then (the WY form) the WY region: a WY record per chunk record and value head.
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk, int dv) {
-  const int64_t wy = g_wy ? int64_t(hv) * (dk == 64 ? WyRecord<64>::floats(dv) : WyRecord<128>::floats(dv)) : 0;
+  const int64_t wy = wy_form(hv, dk, dv) ? int64_t(hv) * (dk == 64 ? WyRecord<64>::floats(dv) : WyRecord<128>::floats(dv)) : 0;
   return size_t(scratch_chunks(tokens, min_tokens) * (record_floats(hk, hv, dk) + wy)) * sizeof(float);
 }
 
@@ -456,7 +463,7 @@ void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, 
   FATHOM_CHECK(scratch.size >= int64_t(gdn_chunked_scratch_bytes(tokens, min_tokens, hk, hv, dk, dv)),
                "gdn_chunked: scratch of ", scratch.size, " bytes is short for ", tokens, " tokens");
   float* sp = reinterpret_cast<float*>(scratch.data);
-  float* wy = g_wy ? sp + scratch_chunks(tokens, min_tokens) * record_floats(hk, hv, dk) : nullptr;
+  float* wy = wy_form(hv, dk, dv) ? sp + scratch_chunks(tokens, min_tokens) * record_floats(hk, hv, dk) : nullptr;
   if (dk == 64)
     launch_chunked<64>(u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, num_seqs, hk, hv, dv,
                        min_tokens, max_seq_tokens, sp, wy, s);

@@ -392,7 +392,8 @@ void set_gdn_chunked_precise(bool precise);
 // to the environment's setting.
 void set_gdn_chunked_slice(int columns);
 // Where T, W and U are solved: 1 in the WY kernel, parallel over chunks, 0 inside the chunk kernel
-// (the earlier form and the default; the same bits), -1 back to the environment's FATHOM_GDN_WY.
+// (the same bits), -1 back to the environment's FATHOM_GDN_WY (unset: the WY kernel where one
+// sequence's chunk kernel leaves half the GPU idle, as the 35B's 32 value heads do).
 void set_gdn_chunked_wy(int on);
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk, int dv);
 void gdn_chunked(const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log,
