@@ -499,7 +499,8 @@ TEST(CudaGdn, PrefillTime) {
   const auto dt_bias = cuda::DeviceBuffer::from_host(params.dt_bias);
   const auto start = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0, T});
   const auto slot = cuda::DeviceBuffer::from_host(std::vector<int32_t>{0});
-  cuda::DeviceBuffer scratch(cuda::gdn_chunked_scratch_bytes(T, cuda::kGdnChunkedMinTokens, sh.hk, sh.hv, sh.dk, sh.dv));
+  cuda::DeviceBuffer scratch(
+      cuda::gdn_chunked_scratch_bytes(T, cuda::kGdnChunkedMinTokens, sh.hk, sh.hv, sh.dk, sh.dv));
   enum Form { kRecurrent, kChunkedPrecise, kChunkedTf32 };
   auto call = [&](Form form) {
     if (form == kRecurrent) {

@@ -2,8 +2,8 @@
 // gdn_chunked.cu then walks each sequence's chunks in order): the prep kernel, per key head, and the
 // WY kernel, per value head, which takes the solve of T and the products T diag(beta e^G) K^ and
 // T diag(beta) V off the chunk kernel's sequential path. They write the chunk's scratch record and
-// its WY records (gdn_chunk_tiles.cuh). Their products are computed as the chunk kernel computed them before the
-// WY kernel (the same tiles, operands and order), so its outputs and states keep their bits.
+// its WY records (gdn_chunk_tiles.cuh). The WY kernel computes its products as the chunk kernel does
+// in the earlier form (the same tiles, operands and order), so outputs and states keep their bits.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_chunk_tiles.cuh"
@@ -206,8 +206,10 @@ __global__ void __launch_bounds__(kTeamThreads)
         *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  for (int i = tid; i < kChunk * kLdC / 4; i += kTeamThreads) cp_async16(smem_addr(sm + L::t + 4 * i), kh + R::kk + 4 * i);
-  for (int i = tid; i < DK * kLdC / 4; i += kTeamThreads) cp_async16(smem_addr(sm + L::kt + 4 * i), kh + R::kt + 4 * i);
+  for (int i = tid; i < kChunk * kLdC / 4; i += kTeamThreads)
+    cp_async16(smem_addr(sm + L::t + 4 * i), kh + R::kk + 4 * i);
+  for (int i = tid; i < DK * kLdC / 4; i += kTeamThreads)
+    cp_async16(smem_addr(sm + L::kt + 4 * i), kh + R::kt + 4 * i);
   if (tid < kValueHeadRecord / 4) cp_async16(smem_addr(sm + L::gates + 4 * tid), vh + 4 * tid);
   load_v(0);
   cp_async_commit();
@@ -256,7 +258,8 @@ __global__ void __launch_bounds__(kTeamThreads)
       for (int e = 0; e < 4; e += 2) {
         const int i = r0 + g + 8 * (e >> 1), col = c0 + vc + 8 * nn + 2 * tq;
         if (col < dv)  // and so col + 1 (dv is even)
-          *reinterpret_cast<float2*>(wy + Wy::u + int64_t(i) * dv + col) = make_float2(acc[0][nn][e], acc[0][nn][e + 1]);
+          *reinterpret_cast<float2*>(wy + Wy::u + int64_t(i) * dv + col) =
+              make_float2(acc[0][nn][e], acc[0][nn][e + 1]);
       }
   }
 }

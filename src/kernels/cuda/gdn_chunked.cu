@@ -104,7 +104,7 @@ __device__ void issue_early(float* sm, uint64_t* bar, const ChunkSources& src, i
   const float* rec = src.scratch + int64_t(first) * src.record;
   const float* kh = rec + int64_t(src.key_head) * R::floats;
   const float* vh = rec + int64_t(src.hk) * R::floats + int64_t(src.head) * kValueHeadRecord;
-  const float* wy = src.wy + WyRecord<DK>::offset(first, src.hv, src.dv, src.head);
+  const float* wy = kWy ? src.wy + WyRecord<DK>::offset(first, src.hv, src.dv, src.head) : nullptr;
   if (tid == 0) {
     constexpr int first_floats = kWy ? kChunk * L::kLdK : kChunk * kLdC;
     mbarrier_expect_bytes(bar, uint32_t(sizeof(float)) * (first_floats + kChunk * L::kLdK + kValueHeadRecord));
@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nn = 0; nn < NT; ++nn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[0][nn][e] = sm[L::v + (r0 + g + 8 * (e >> 1)) * L::kLdV + vc + 8 * nn + 2 * tq + (e & 1)];
+        for (int e = 0; e < 4; ++e)
+          acc[0][nn][e] = sm[L::v + (r0 + g + 8 * (e >> 1)) * L::kLdV + vc + 8 * nn + 2 * tq + (e & 1)];
       const float* const w_rows[1] = {sm + L::w + r0 * L::kLdK};
       warp_mma<true, false, kPrecise>(acc, w_rows, L::kLdK, sm + L::s_t + vc * L::kLdK, L::kLdK, nullptr, DK);
       store_delta(acc);
@@ -447,7 +448,8 @@ int64_t record_floats(int hk, int hv, int dk) {
 
 // The chunk records, then (the WY form) the WY region: a WY record per chunk record and value head.
 size_t gdn_chunked_scratch_bytes(int tokens, int min_tokens, int hk, int hv, int dk, int dv) {
-  const int64_t wy = wy_form(hv, dk, dv) ? int64_t(hv) * (dk == 64 ? WyRecord<64>::floats(dv) : WyRecord<128>::floats(dv)) : 0;
+  const int64_t wy_record = dk == 64 ? WyRecord<64>::floats(dv) : WyRecord<128>::floats(dv);
+  const int64_t wy = wy_form(hv, dk, dv) ? int64_t(hv) * wy_record : 0;
   return size_t(scratch_chunks(tokens, min_tokens) * (record_floats(hk, hv, dk) + wy)) * sizeof(float);
 }
 
