@@ -68,9 +68,9 @@ struct GdnRig {
     reset_state();
     dstart = &buffers.input("sequence starts", seq_start), dslot = &buffers.input("state slots", slot);
     out = &buffers.output("out", size_t(T) * h.hv * h.dv * 4);
-    scratch = &buffers.scratch("chunks", gdn_chunked_supported(h.dk, h.dv)
-                                             ? gdn_chunked_scratch_bytes(T, kGdnChunkedMinTokens, h.hk, h.hv, h.dk, h.dv)
-                                             : 0);
+    const bool chunked = gdn_chunked_supported(h.dk, h.dv);
+    scratch = &buffers.scratch(
+        "chunks", chunked ? gdn_chunked_scratch_bytes(T, kGdnChunkedMinTokens, h.hk, h.hv, h.dk, h.dv) : 0);
   }
   void reset_state() {
     if (!state_host.empty())
