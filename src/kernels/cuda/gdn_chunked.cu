@@ -366,6 +366,12 @@ int slice_from_env() {
 }
 int g_slice = slice_from_env();
 
+// Whether the chunk kernel's 64-column blocks for `seqs` sequences leave half the GPU or more idle
+// (dk 128): the rule for both the narrow slices and the WY form.
+bool leaves_half_idle(int dk, int dv, int hv, int seqs) {
+  return dk == 128 && 2 * int64_t((dv + kSlice - 1) / kSlice) * hv * seqs <= multiprocessor_count();
+}
+
 // Where T, W and U are solved: in the WY kernel (1), inside the chunk kernel (0), or by the shape
 // (2, FATHOM_GDN_WY unset): the WY kernel where one sequence's chunk kernel leaves half the GPU or
 // more idle (its narrow-slice case), where the chunk kernel's sequential path is the kernel's time;
@@ -379,7 +385,7 @@ int wy_from_env() {
 int g_wy = wy_from_env();
 bool wy_form(int hv, int dk, int dv) {
   if (g_wy != kWyByShape) return g_wy == kWyOn;
-  return dk == 128 && 2 * int64_t((dv + kSlice - 1) / kSlice) * hv <= multiprocessor_count();
+  return leaves_half_idle(dk, dv, hv, 1);
 }
 
 template <int DK, int SL>
@@ -405,9 +411,8 @@ void launch_chunked(const float* u, const float* b, const float* a, int64_t ba_l
   if (wy)
     launch_chunk_wy(DK, g_chunked_precise, u, seq_start, num_seqs, hk, hv, dv, min_tokens, max_seq_tokens, scratch, wy,
                     s);
-  const int64_t wide_blocks = int64_t((dv + kSlice - 1) / kSlice) * hv * num_seqs;
   const bool narrow =
-      DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || 2 * wide_blocks <= multiprocessor_count());
+      DK == 128 && g_slice != kSlice && (g_slice == kNarrowSlice || leaves_half_idle(DK, dv, hv, num_seqs));
   if constexpr (DK == 128) {
     if (narrow) {
       launch_chunk_kernel<DK, kNarrowSlice>(u, state, seq_start, state_slot, scratch, wy, out, num_seqs, hk, hv, dv,
