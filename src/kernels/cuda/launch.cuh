@@ -34,20 +34,37 @@ bool knocked_out(const void* kernel);
 
 inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// `cluster` (nullptr: none) groups the grid's blocks into thread-block clusters (SM90+), whose
+// blocks may read each other's shared memory.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+void launch_in_clusters(const dim3* cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (programmatic_launch_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster->x;
+    attr[n].val.clusterDim.y = cluster->y;
+    attr[n++].val.clusterDim.z = cluster->z;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   if (knockout_enabled() && knocked_out(reinterpret_cast<const void*>(kernel))) return;
   FATHOM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_in_clusters(nullptr, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace fathom::cuda
