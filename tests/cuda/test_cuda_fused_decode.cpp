@@ -252,8 +252,7 @@ TEST(CudaFusedDecode, InProjConvEqualsGemvThenConv) {
       cuda::StateHistory h{hist.as<float>(), nullptr, dkeep.as<int32_t>(), entries};
       // The plain GEMV against the fused kernel, staged on the first repeat (gemv.cuh).
       cuda::set_gemv_staging_mode(0);
-      cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), mixed_ref.as<float>(), T, N, c.H, nullptr,
-                      cuda::kGemvMaxTokens);
+      cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), mixed_ref.as<float>(), T, N, c.H, nullptr);
       cuda::set_gemv_staging_mode(rep == 0 ? 2 : 0);
       cuda::gdn_conv(mixed_ref.as<float>(), N, conv_w.as<float>(), state_ref.as<float>(), dstart.as<int32_t>(),
                      dslot.as<int32_t>(), u_ref.as<float>(), S, c.conv_dim, kc, nullptr, c.history ? &h_ref : nullptr,

@@ -14,6 +14,8 @@ namespace fathom::cuda {
 inline constexpr const char* kGemmBf16Op = "gemm.bf16";        // dense bf16 products of <= kGemvMaxTokens tokens:
 inline constexpr const char* kGemv = "gemv";                   //   the batch-invariant GEMV kernel
 inline constexpr const char* kCublasLt = "cublaslt";           //   or cuBLASLt
+inline constexpr const char* kGemmBf16BatchOp = "gemm.bf16.batch";  // dense bf16 products past kGemvMaxTokens, up to
+inline constexpr const char* kSkinny = "skinny";              //   kSkinnyMaxTokens: the skinny GEMM, or cuBLASLt
 inline constexpr const char* kGemmFp4Op = "gemm.fp4";          // NVFP4 dense products of <= kFp4GemvMaxTokens tokens:
 inline constexpr const char* kDequantCublasLt = "dequant-cublaslt";  //   "gemv", or dequantize, then cuBLASLt
 inline constexpr const char* kGemmFp8Op = "gemm.fp8";          // FP8 (E4M3) dense products of <= kFp8GemvMaxTokens tokens:

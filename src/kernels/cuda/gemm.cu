@@ -8,6 +8,7 @@
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_gemv_mma.h"
+#include "kernels/cuda/gemm_skinny.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -118,17 +119,23 @@ GemmContext* gemm_context() {
 }
 
 // Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel (up to the
-// plan's gemv_max_tokens) or cuBLASLt.
-void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s, int gemv_max_tokens) {
+// plan's gemv_max_tokens) or cuBLASLt. Past it, op gemm.bf16.batch: the skinny GEMM (up to the
+// plan's skinny_max_tokens, where it takes the shape) or cuBLASLt.
+void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s, const KernelPlan& plan) {
   if (T == 0) return;
-  const bool small = T <= kGemvMaxTokens;
+  const bool small = T <= kGemvMaxTokens, batch = !small && T <= kSkinnyMaxTokens;
   const size_t bytes = size_t(T) * N * sizeof(float);
-  if (T <= gemv_max_tokens && gemv_small_batch(x, w, y, T, N, K, s)) {
+  if (T <= plan.gemv_max_tokens && gemv_small_batch(x, w, y, T, N, K, s)) {
     inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
+    return;
+  }
+  if (batch && T <= plan.skinny_max_tokens && skinny_gemm_enabled() && gemm_skinny(x, w, y, T, N, K, s)) {
+    inject_backend_fault(kGemmBf16BatchOp, kSkinny, y, bytes, s);
     return;
   }
   gemm_context()->run(x, w, y, T, N, K, s);
   if (small) inject_backend_fault(kGemmBf16Op, kCublasLt, y, bytes, s);
+  if (batch) inject_backend_fault(kGemmBf16BatchOp, kCublasLt, y, bytes, s);
 }
 
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s) {
@@ -236,7 +243,7 @@ void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T,
   if (w.is_fp8()) {
     linear_fp8(w, x, y.data, T, scratch, s, plan);
   } else if (!w.is_fp4()) {
-    gemm_bf16(x, w.bf16, y.data, T, w.out, w.in, s, plan.gemv_max_tokens);
+    gemm_bf16(x, w.bf16, y.data, T, w.out, w.in, s, plan);
   } else if (T <= std::min(kFp4GemvMaxTokens, plan.fp4_gemv_max_tokens)) {  // op gemm.fp4
     nvfp4_gemv(w, x, y.data, T, s);
     inject_backend_fault(kGemmFp4Op, kGemv, y.data, size_t(T) * w.out * sizeof(float), s);

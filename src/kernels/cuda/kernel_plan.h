@@ -13,6 +13,8 @@ namespace fathom::cuda {
 inline constexpr int kGemvMaxTokens = 5;
 inline constexpr int kFp4GemvMaxTokens = 16;
 inline constexpr int kFp8GemvMaxTokens = 16;  // the FP8 GEMVs' (fp8_linear.cu, fp8_gemv_mma.cu)
+// The skinny GEMM's largest step (gemm_skinny.cu: bf16 products past kGemvMaxTokens tokens).
+inline constexpr int kSkinnyMaxTokens = 64;
 
 // The NVFP4 experts' kernel variants (moe_fp4.cu).
 struct MoeFp4Plan {
@@ -27,6 +29,7 @@ struct MoeFp4Plan {
 
 struct KernelPlan {
   int gemv_max_tokens = kGemvMaxTokens;          // gemm.bf16: the GEMV kernel up to this many tokens, then cuBLASLt
+  int skinny_max_tokens = kSkinnyMaxTokens;      // gemm.bf16.batch: past kGemvMaxTokens, the skinny GEMM up to this many
   int fp4_gemv_max_tokens = kFp4GemvMaxTokens;  // gemm.fp4: the NVFP4 GEMV up to this many, then dequant + cuBLASLt
   int fp8_gemv_max_tokens = kFp8GemvMaxTokens;  // gemm.fp8: the FP8 GEMV up to this many, then cuBLASLt (FP8 or dequant)
   bool attention_decode_tensor_core = true;   // attention.decode: else the CUDA-core split-K kernel

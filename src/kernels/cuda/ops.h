@@ -133,9 +133,10 @@ void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T,
 // beside FP8 projections), steps of FP8-GEMV size compute both in one launch.
 void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
                  DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan);
-// bf16 product: the GEMV up to gemv_max_tokens tokens (the plan's), else cuBLASLt.
+// bf16 product: the GEMV up to the plan's gemv_max_tokens, the skinny GEMM (gemm_skinny.h) past
+// kGemvMaxTokens up to the plan's skinny_max_tokens where it takes the shape, else cuBLASLt.
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s,
-               int gemv_max_tokens = kGemvMaxTokens);
+               const KernelPlan& plan = KernelPlan{});
 // Full fp32 product (no TF32) for fp32 weights: y[T, N] = x[T, K] * W^T (gemv_small_batch for
 // small T).
 void linear_f32(const DeviceLinear& w, const float* x, float* y, int T, cudaStream_t s);

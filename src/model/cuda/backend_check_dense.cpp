@@ -1,5 +1,7 @@
 // Dense products at decode sizes as backends: op "gemm.bf16" (bf16 weights, steps of up to
-// kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt), "gemm.fp4" (NVFP4 weights, up to
+// kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt), "gemm.bf16.batch" (bf16 weights, steps
+// past that up to kSkinnyMaxTokens: the skinny GEMM or cuBLASLt; lm_head left out, as the skinny
+// GEMM declines its width), "gemm.fp4" (NVFP4 weights, up to
 // kFp4GemvMaxTokens: the NVFP4 GEMV or dequantize-then-cuBLASLt) and "gemm.fp8" (FP8 weights, up
 // to kFp8GemvMaxTokens: the FP8 GEMV or cuBLASLt's FP8 product; checked as W8A8 per-tensor
 // projections, the case whose cuBLASLt candidate runs on FP8 tensor cores). Checked at the model's widest
@@ -184,17 +186,17 @@ const char* op_of(Weights kind) {
   return kind == Weights::Fp8 ? kGemmFp8Op : kind == Weights::Fp4 ? kGemmFp4Op : kGemmBf16Op;
 }
 
-std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseShape& s, Weights kind,
-                                          const std::vector<int>& buckets) {
-  KernelPlan plan;
-  if (kind == Weights::Fp8) plan.fp8_gemv_max_tokens = cand == kGemv ? kFp8GemvMaxTokens : 0;
-  else if (kind == Weights::Fp4) plan.fp4_gemv_max_tokens = cand == kGemv ? kFp4GemvMaxTokens : 0;
-  else plan.gemv_max_tokens = cand == kGemv ? kGemvMaxTokens : 0;
-  const std::string op = op_of(kind);
+// `op`'s candidate `cand` in `plan` (the caller's), at every bucket; lm_head too where `with_head`
+// (bf16 only).
+std::vector<BackendCheck> check_candidate(const std::string& op, const std::string& cand, const KernelPlan& plan,
+                                          const DenseShape& s, Weights kind, const std::vector<int>& buckets,
+                                          bool with_head) {
   const double bound = kind == Weights::Fp8 ? kFp8Bound : kind == Weights::Fp4 ? kFp4Bound : kBf16Bound;
   static std::unique_ptr<DenseRig> rig;  // shared by the candidates of one child
-  if (!rig || rig->kind != kind) rig = std::make_unique<DenseRig>(s, kind, buckets.back());
+  if (!rig || rig->kind != kind || rig->max_T < buckets.back())
+    rig = std::make_unique<DenseRig>(s, kind, buckets.back());
   rig->plan = plan;
+  const Projection* head = with_head ? rig->head.get() : nullptr;
   std::vector<BackendCheck> out;
   std::vector<float> first_token;
   for (int T : buckets) {
@@ -202,7 +204,7 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
     std::string bounds;  // the first write outside the buffers over the three products, if any
     const std::vector<float> got = rig->run(op, cand, rig->in, T, err_in, bounds);
     rig->run(op, cand, rig->out, T, err_out, bounds);
-    if (rig->head) rig->run(op, cand, *rig->head, T, err_head, bounds);
+    if (head) rig->run(op, cand, *head, T, err_head, bounds);
     BackendCheck c = checks_at({T}, "", std::max({err_in, err_out, err_head}), bound, "", nullptr)[0];
     c.failure = bounds.empty() ? error_failure(got.data(), got.size(), c.max_error, bound) : bounds;
     // Token 0's bits: the same at every size for a batch-invariant candidate.
@@ -212,7 +214,7 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const DenseSh
     c.passed = c.failure.empty();
     auto launch_all = [&] {
       rig->launch(rig->in, T, rig->timing_y), rig->launch(rig->out, T, rig->timing_y);
-      if (rig->head) rig->launch(*rig->head, T, rig->timing_y);
+      if (head) rig->launch(*head, T, rig->timing_y);
     };
     if (c.passed) {
       try {
@@ -239,7 +241,13 @@ TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
   op.per_bucket_without_speculation = true;
   op.fixed = [](int) { return std::string(kGemv); };
   op.shapes = shapes_key(s);
-  op.check = [s, kind, buckets = op.buckets](const std::string& c) { return check_candidate(c, s, kind, buckets); };
+  op.check = [s, kind, buckets = op.buckets](const std::string& c) {
+    KernelPlan plan;
+    if (kind == Weights::Fp8) plan.fp8_gemv_max_tokens = c == kGemv ? kFp8GemvMaxTokens : 0;
+    else if (kind == Weights::Fp4) plan.fp4_gemv_max_tokens = c == kGemv ? kFp4GemvMaxTokens : 0;
+    else plan.gemv_max_tokens = c == kGemv ? kGemvMaxTokens : 0;
+    return check_candidate(op_of(kind), c, plan, s, kind, buckets, /*with_head=*/true);
+  };
   op.apply = [kind](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
     // The GEMV up to the largest bucket that it and every smaller bucket chose.
     int limit = 0;
@@ -254,10 +262,38 @@ TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
   return op;
 }
 
+// Batches past the GEMV's sizes (decode at batch 6 to 64, batched verify steps): the skinny GEMM
+// up to the largest bucket that it and every smaller bucket chose, cuBLASLt past it.
+TunableOp dense_batch_op(const ModelConfig& cfg) {
+  const DenseShape s = shapes_of(cfg);
+  TunableOp op;
+  op.op = kGemmBf16BatchOp;
+  op.candidates = {kSkinny, kCublasLt};
+  op.buckets = {8, 16, kSkinnyMaxTokens};
+  op.consistent = true;
+  op.per_bucket_without_speculation = true;
+  op.fixed = [](int) { return std::string(kSkinny); };
+  op.shapes = shapes_key(s);
+  op.check = [s, buckets = op.buckets](const std::string& c) {
+    KernelPlan plan;
+    plan.skinny_max_tokens = c == kSkinny ? kSkinnyMaxTokens : 0;
+    return check_candidate(kGemmBf16BatchOp, c, plan, s, Weights::Bf16, buckets, /*with_head=*/false);
+  };
+  op.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
+    int limit = 0;
+    for (const BackendChoice& c : choices) {  // buckets ascending
+      if (c.candidate != kSkinny) break;
+      limit = c.bucket;
+    }
+    plan.skinny_max_tokens = limit;
+  };
+  return op;
+}
+
 }  // namespace
 
 std::vector<TunableOp> dense_gemm_ops(const ModelConfig& cfg, bool nvfp4, bool fp8) {
-  std::vector<TunableOp> ops = {dense_op(cfg, Weights::Bf16)};
+  std::vector<TunableOp> ops = {dense_op(cfg, Weights::Bf16), dense_batch_op(cfg)};
   if (nvfp4) ops.push_back(dense_op(cfg, Weights::Fp4));
   if (fp8) ops.push_back(dense_op(cfg, Weights::Fp8));
   return ops;

@@ -324,7 +324,7 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
     if (!grouped) {
       if (router_split(l, T)) {  // router_x3 from the norm before the block
         gemm_bf16(act.router_x3.as<bf16_t>(), l.router3.bf16, act.router_logits.as<float>(), T, E, 3 * H, s,
-                  opt.kernels.gemv_max_tokens);
+                  opt.kernels);
       } else {
         linear_f32(l.router, act.xn32.as<float>(), act.router_logits.as<float>(), T, s);
       }
@@ -420,12 +420,12 @@ void CudaRunner::Impl::head(const Plan& p, const float* norm, int32_t* argmax_ou
     head_in = act.xn.as<bf16_t>();
   }
   if (!tp.is_split()) {
-    gemm_bf16(head_in, w.lm_head, act.logits.as<float>(), p.RL, V, H, s, opt.kernels.gemv_max_tokens);
+    gemm_bf16(head_in, w.lm_head, act.logits.as<float>(), p.RL, V, H, s, opt.kernels);
   } else {
     // This rank's vocabulary slice, gathered from every rank as [rank][row][slice] and laid out
     // as [row][vocab]: every rank then holds the whole logits and samples the same tokens.
     const int Vr = tp.vocab_rows;
-    gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s, opt.kernels.gemv_max_tokens);
+    gemm_bf16(head_in, w.lm_head, act.logits_part.as<float>(), p.RL, Vr, H, s, opt.kernels);
     {
       Scope sg(profiler, "allgather");
       comm->all_gather(std::span<const float>(act.logits_part.as<float>(), size_t(p.RL) * Vr),

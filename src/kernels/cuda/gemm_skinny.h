@@ -1,0 +1,22 @@
+// The skinny GEMM (gemm_skinny.cu): bf16 products of a few dozen tokens on tensor cores, the
+// weights read once, one launch; gemm_bf16 takes it between the GEMV's and cuBLASLt's sizes.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/ops.h"
+
+namespace fathom::cuda {
+
+// kSkinnyMaxTokens (kernel_plan.h): 8 n8 tiles of accumulators a warp.
+inline constexpr int kSkinnyMaxRows = 16384;   // wider products (lm_head) keep cuBLASLt: see gemm_skinny.cu
+
+// y[T, N] = x[T, K] W^T, bf16 x and W, fp32 y. Rows bit-identical at every T (an order fixed by
+// N and K). False (nothing launched) past kSkinnyMaxTokens or kSkinnyMaxRows, K not a multiple
+// of 16 or past 8,192, x or W not 16-byte aligned, or a stage past the device's shared memory.
+bool gemm_skinny(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
+// Whether gemm_bf16 takes the skinny GEMM (FATHOM_SKINNY_GEMM=0 turns it off, for A/B runs);
+// set_skinny_gemm overrides the environment (tests; -1: back to it).
+bool skinny_gemm_enabled();
+void set_skinny_gemm(int on);
+
+}  // namespace fathom::cuda

@@ -1,0 +1,98 @@
+// The skinny GEMM (kernels/cuda/gemm_skinny.cu) against a double-precision host reference, at
+// shapes that fill its cluster, leave slices or row groups partial (N not a multiple of 128, K
+// not of 64, K of one step), and at every token tile: each token's row has the same bits at
+// every T (its order is fixed by N and K), rows past T are never written, gemm_bf16 takes it past
+// the GEMV's sizes, and shapes outside its limits are declined with nothing launched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/cuda/gemm_skinny.h"
+
+namespace fathom {
+namespace {
+
+using testing::from_bf16;
+using testing::to_bf16;
+
+std::vector<float> download_f32(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<float> v(n);
+  FATHOM_CUDA_CHECK(cudaMemcpy(v.data(), b.data(), n * 4, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int N, K;
+  };
+  const int T_max = cuda::kSkinnyMaxTokens;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // 2048x4096: 8 slices of 512 (the 35B's output projections); 1024x2048 and 2048x512: slices
+  // of 256 and 64; 300x528: 5 slices, the last one step of one lane quad; 12352x2048: 97 row
+  // groups (the 35B's DeltaNet input projection); 4099x8192: slices of 1,024 and a partial row
+  // group; 16384x16: a single step of 16 k.
+  for (const Shape sh : {Shape{2048, 4096}, Shape{1024, 2048}, Shape{2048, 512}, Shape{300, 528}, Shape{12352, 2048},
+                         Shape{4099, 8192}, Shape{16384, 16}}) {
+    const int N = sh.N, K = sh.K;
+    std::vector<uint16_t> wb(size_t(N) * K), xb(size_t(T_max) * K);
+    for (auto& v : wb) v = to_bf16(nd(rng));
+    for (auto& v : xb) v = to_bf16(nd(rng));
+    const auto w = cuda::DeviceBuffer::from_host(wb), x = cuda::DeviceBuffer::from_host(xb);
+    cuda::DeviceBuffer y(size_t(T_max) * N * 4);
+    ASSERT_TRUE(cuda::gemm_skinny(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T_max, N, K, nullptr))
+        << "N=" << N << " K=" << K;
+    const std::vector<float> full = download_f32(y, size_t(T_max) * N);
+    double worst = 0;
+    for (int t = 0; t < T_max; ++t)
+      for (int n = t % 7; n < N; n += 7) {
+        double ref = 0;
+        for (int k = 0; k < K; ++k)
+          ref += double(from_bf16(wb[size_t(n) * K + k])) * double(from_bf16(xb[size_t(t) * K + k]));
+        worst = std::max(worst, std::fabs(ref - double(full[size_t(t) * N + n])) / std::sqrt(double(K)));
+      }
+    EXPECT_LT(worst, 1e-4) << "N=" << N << " K=" << K;
+    for (const int T : {6, 7, 8, 9, 16, 17, 33, 63}) {
+      FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+      ASSERT_TRUE(cuda::gemm_skinny(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr));
+      const std::vector<float> got = download_f32(y, size_t(T_max) * N);
+      ASSERT_EQ(std::memcmp(got.data(), full.data(), size_t(T) * N * 4), 0) << "N=" << N << " K=" << K << " T=" << T;
+      const std::vector<unsigned char> untouched(size_t(T_max - T) * N * 4, 0xFF);
+      ASSERT_EQ(std::memcmp(got.data() + size_t(T) * N, untouched.data(), untouched.size()), 0)
+          << "rows past T written: N=" << N << " K=" << K << " T=" << T;
+      // gemm_bf16 past the GEMV's sizes is this kernel.
+      FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+      cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr);
+      const std::vector<float> via = download_f32(y, size_t(T) * N);
+      ASSERT_EQ(std::memcmp(via.data(), full.data(), via.size() * 4), 0) << "gemm_bf16, N=" << N << " T=" << T;
+    }
+  }
+}
+
+TEST(CudaGemmSkinny, DeclinesShapesOutsideItsLimits) {
+  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  const int N = 256, K = 8256;  // K: 129 steps of 64, past 8 slices of 1,024
+  cuda::DeviceBuffer w(size_t(cuda::kSkinnyMaxRows + 1) * 64 * 2), x(size_t(cuda::kSkinnyMaxTokens + 1) * K * 2);
+  cuda::DeviceBuffer y(size_t(cuda::kSkinnyMaxTokens + 1) * (cuda::kSkinnyMaxRows + 1) * 4);
+  FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+  const auto* xp = x.as<cuda::bf16_t>();
+  const auto* wp = w.as<cuda::bf16_t>();
+  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), cuda::kSkinnyMaxTokens + 1, 64, 64, nullptr));
+  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 0, 64, 64, nullptr));
+  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, cuda::kSkinnyMaxRows + 1, 64, nullptr));
+  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, 64, 24, nullptr));  // K % 16
+  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, N, K, nullptr));
+  EXPECT_FALSE(cuda::gemm_skinny(xp + 1, wp, y.as<float>(), 8, 64, 64, nullptr));  // x not 16-byte aligned
+  FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> after = download_f32(y, y.bytes() / 4);
+  const std::vector<unsigned char> untouched(y.bytes(), 0xFF);
+  EXPECT_EQ(std::memcmp(after.data(), untouched.data(), untouched.size()), 0) << "a declined call wrote its output";
+}
+
+}  // namespace
+}  // namespace fathom
