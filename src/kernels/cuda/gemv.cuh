@@ -18,19 +18,11 @@
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace fathom::cuda {
 
 constexpr int kGemvBlock = 256;  // 8 warps
-
-// 16 bytes of a staged row (shared memory).
-__device__ __forceinline__ uint4 load_staged(const void* p) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(smem_addr(p)));
-  return v;
-}
 
 // The V values of a 16-byte vector as floats (8 bf16 or 4 fp32).
 template <typename W>
@@ -140,7 +132,7 @@ __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __r
   // Row n's elements: in w, or at row n - first of the stage.
   int first = 0;
   auto load_w = [&](int n, int kk) {
-    if constexpr (kStaged) return load_staged(stage + int64_t(n - first) * K + kk);
+    if constexpr (kStaged) return load_shared16(stage + int64_t(n - first) * K + kk);
     else return load_stream(w + int64_t(n) * K + kk);
   };
   // The weights are constant during a forward: the first loads are issued before waiting for the
