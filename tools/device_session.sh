@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -512,6 +512,23 @@ for what in "${@:-all}"; do
       timeout "${WY_RACECHECK_S:-200}" compute-sanitizer --tool racecheck "$BIN/test_cuda" \
         --gtest_filter='CudaGdn.ChunkedFormsHaveTheSameBits' > "$OUT/wy33_racecheck.log" 2>&1
       echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)" ;;
+    skinny32)
+      # Issue 32: the skinny GEMM (bf16 products of 6 to 64 tokens, gemm_skinny.cu): its tests,
+      # memcheck over them, racecheck (SKINNY_RACECHECK_S seconds at most), then the 35B's profile at
+      # batch 64 (graphs off) with FATHOM_SKINNY_GEMM=0 and the default. The A/B steps:
+      # SIZES_BINS="fathom@FATHOM_SKINNY_GEMM=0 fathom" sizes32.
+      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaGemmSkinny.*' > "$OUT/skinny32_tests.log" 2>&1
+      echo "skinny32 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure" "$OUT/skinny32_tests.log" | head -12
+      memcheck 300 skinny32 'CudaGemmSkinny.*'
+      timeout "${SKINNY_RACECHECK_S:-200}" compute-sanitizer --tool racecheck "$BIN/test_cuda" \
+        --gtest_filter='CudaGemmSkinny.DeclinesShapesOutsideItsLimits:CudaGemmSkinny.MatchesReferenceAndIsBatchInvariant' \
+        > "$OUT/skinny32_racecheck.log" 2>&1
+      echo "skinny32 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/skinny32_racecheck.log" | tail -1)"
+      [ -n "${SKINNY_PROFILE:-}" ] && for on in 0 1; do
+        FATHOM_SKINNY_GEMM=$on timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy \
+          --batch 64 --input-len 4096 --output-len 16 --profile > "$OUT/skinny32_profile_$on.log" 2>&1
+        grep -E "proj|shared|router|decode" "$OUT/skinny32_profile_$on.log" | head -14 | sed "s/^/profile skinny $on: /"
+      done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \
         --gtest_filter='CudaMoeFp4.MatchesHostReference' 2>&1 | tail -6 | tee "$OUT/wgmma_memcheck.log" ;;
