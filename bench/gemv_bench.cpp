@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       const std::string tag = std::string(sh.name) + " [" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
                               "] T=" + std::to_string(T);
       report(tag + " bf16", double(elems) * 2, median_ms([&](int c) {
-               gemm_bf16(x.as<bf16_t>(), w16[c].as<bf16_t>(), y.as<float>(), T, sh.n, sh.k, nullptr, 16);
+               gemm_bf16(x.as<bf16_t>(), w16[c].as<bf16_t>(), y.as<float>(), T, sh.n, sh.k, nullptr);
              }), ceiling);
       const char* mode_names[] = {" fp8 W8A8", " fp8 weight-only", " fp8 weight-only block"};
       for (int mode = 0; mode < 3; ++mode) {

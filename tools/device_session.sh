@@ -514,20 +514,32 @@ for what in "${@:-all}"; do
       echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)" ;;
     skinny32)
       # Issue 32: the skinny GEMM (bf16 products of 6 to 64 tokens, gemm_skinny.cu): its tests,
-      # memcheck over them, racecheck (SKINNY_RACECHECK_S seconds at most), then the 35B's profile at
-      # batch 64 (graphs off) with FATHOM_SKINNY_GEMM=0 and the default. The A/B steps:
-      # SIZES_BINS="fathom@FATHOM_SKINNY_GEMM=0 fathom" sizes32.
+      # memcheck and racecheck over them (SKINNY_RACECHECK_S seconds at most), then issue 32's steps
+      # with --dense-gemm-backend cublaslt against skinny (no tune cache), alternated SKINNY_REPS
+      # times on SKINNY_SPECS (config:layers), and with SKINNY_PROFILE set the 35B's per-op profile
+      # at batch 8 and 64 (graphs off) both ways.
       timeout 300 "$BIN/test_cuda" --gtest_filter='CudaGemmSkinny.*' > "$OUT/skinny32_tests.log" 2>&1
       echo "skinny32 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure" "$OUT/skinny32_tests.log" | head -12
       memcheck 300 skinny32 'CudaGemmSkinny.*'
       timeout "${SKINNY_RACECHECK_S:-200}" compute-sanitizer --tool racecheck "$BIN/test_cuda" \
-        --gtest_filter='CudaGemmSkinny.DeclinesShapesOutsideItsLimits:CudaGemmSkinny.MatchesReferenceAndIsBatchInvariant' \
-        > "$OUT/skinny32_racecheck.log" 2>&1
+        --gtest_filter='CudaGemmSkinny.*' > "$OUT/skinny32_racecheck.log" 2>&1
       echo "skinny32 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/skinny32_racecheck.log" | tail -1)"
-      [ -n "${SKINNY_PROFILE:-}" ] && for on in 0 1; do
-        FATHOM_SKINNY_GEMM=$on timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy \
-          --batch 64 --input-len 4096 --output-len 16 --profile > "$OUT/skinny32_profile_$on.log" 2>&1
-        grep -E "proj|shared|router|decode" "$OUT/skinny32_profile_$on.log" | head -14 | sed "s/^/profile skinny $on: /"
+      for rep in $(seq "${SKINNY_REPS:-2}"); do
+        for spec in ${SKINNY_SPECS:-qwen3.5-35b-a3b: qwen3.5-122b-a10b:24 qwen3.5-397b-a17b:12}; do
+          split_spec "$spec"
+          for be in cublaslt skinny; do
+            timeout 200 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --dense-gemm-backend $be \
+              --no-backend-cache --batch 1,8,64 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
+              | sed "s/^/$spec $be rep $rep: /" | tee -a "$OUT/skinny32.log"
+          done
+        done
+      done
+      [ -n "${SKINNY_PROFILE:-}" ] && for be in cublaslt skinny; do
+        for b in 8 64; do
+          timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --dense-gemm-backend $be \
+            --batch $b --input-len 4096 --output-len 16 --profile > "$OUT/skinny32_profile_${be}_$b.log" 2>&1
+          grep -E "proj|moe.shared|^decode" "$OUT/skinny32_profile_${be}_$b.log" | sed "s/^/profile $be batch $b: /"
+        done
       done ;;
     wgmmacheck)
       timeout 500 compute-sanitizer --tool memcheck --padding 4096 "$BIN/test_cuda" \

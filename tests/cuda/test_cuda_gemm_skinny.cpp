@@ -65,9 +65,11 @@ TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
       const std::vector<unsigned char> untouched(size_t(T_max - T) * N * 4, 0xFF);
       ASSERT_EQ(std::memcmp(got.data() + size_t(T) * N, untouched.data(), untouched.size()), 0)
           << "rows past T written: N=" << N << " K=" << K << " T=" << T;
-      // gemm_bf16 past the GEMV's sizes is this kernel.
+      // gemm_bf16 past the GEMV's sizes is this kernel where the plan says so (the tuner's choice).
       FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
-      cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr);
+      cuda::KernelPlan plan;
+      plan.skinny_max_tokens = cuda::kSkinnyMaxTokens;
+      cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr, plan);
       const std::vector<float> via = download_f32(y, size_t(T) * N);
       ASSERT_EQ(std::memcmp(via.data(), full.data(), via.size() * 4), 0) << "gemm_bf16, N=" << N << " T=" << T;
     }

@@ -129,7 +129,7 @@ void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, 
     inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
     return;
   }
-  if (batch && T <= plan.skinny_max_tokens && skinny_gemm_enabled() && gemm_skinny(x, w, y, T, N, K, s)) {
+  if (batch && T <= plan.skinny_max_tokens && gemm_skinny(x, w, y, T, N, K, s)) {
     inject_backend_fault(kGemmBf16BatchOp, kSkinny, y, bytes, s);
     return;
   }

@@ -18,7 +18,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
@@ -163,20 +162,7 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny_kernel(const bf16_t* __r
   cluster.sync();  // no block leaves (its shared memory) while another still reads it
 }
 
-int env_mode() {
-  const char* v = std::getenv("FATHOM_SKINNY_GEMM");
-  return v ? std::atoi(v) : 1;
-}
-int g_override = -1;
-
 }  // namespace
-
-void set_skinny_gemm(int on) { g_override = on; }
-
-bool skinny_gemm_enabled() {
-  static const int from_env = env_mode();
-  return (g_override >= 0 ? g_override : from_env) != 0;
-}
 
 bool gemm_skinny(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
   if (T < 1 || T > kSkinnyMaxTokens || N < 1 || N > kSkinnyMaxRows || K < 16 || K % 16 != 0 || !is_aligned(x, 16) ||

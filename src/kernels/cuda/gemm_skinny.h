@@ -14,9 +14,5 @@ inline constexpr int kSkinnyMaxRows = 16384;   // wider products (lm_head) keep 
 // N and K). False (nothing launched) past kSkinnyMaxTokens or kSkinnyMaxRows, K not a multiple
 // of 16 or past 8,192, x or W not 16-byte aligned, or a stage past the device's shared memory.
 bool gemm_skinny(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
-// Whether gemm_bf16 takes the skinny GEMM (FATHOM_SKINNY_GEMM=0 turns it off, for A/B runs);
-// set_skinny_gemm overrides the environment (tests; -1: back to it).
-bool skinny_gemm_enabled();
-void set_skinny_gemm(int on);
 
 }  // namespace fathom::cuda

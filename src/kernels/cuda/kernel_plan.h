@@ -29,7 +29,7 @@ struct MoeFp4Plan {
 
 struct KernelPlan {
   int gemv_max_tokens = kGemvMaxTokens;          // gemm.bf16: the GEMV kernel up to this many tokens, then cuBLASLt
-  int skinny_max_tokens = kSkinnyMaxTokens;      // gemm.bf16.batch: past kGemvMaxTokens, the skinny GEMM up to this many
+  int skinny_max_tokens = 0;  // gemm.bf16.batch: past kGemvMaxTokens, the skinny GEMM up to this many, then cuBLASLt
   int fp4_gemv_max_tokens = kFp4GemvMaxTokens;  // gemm.fp4: the NVFP4 GEMV up to this many, then dequant + cuBLASLt
   int fp8_gemv_max_tokens = kFp8GemvMaxTokens;  // gemm.fp8: the FP8 GEMV up to this many, then cuBLASLt (FP8 or dequant)
   bool attention_decode_tensor_core = true;   // attention.decode: else the CUDA-core split-K kernel

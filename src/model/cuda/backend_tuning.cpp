@@ -150,6 +150,11 @@ TuneOptions tune_options(const BackendOptions& flags) {
                  fp4_gemm_backend, "' (", kGemv, " or ", kDequantCublasLt, ")");
     o.pinned[kGemmFp4Op] = fp4_gemm_backend;
   }
+  if (!flags.dense_gemm_backend.empty()) {
+    FATHOM_CHECK(flags.dense_gemm_backend == kSkinny || flags.dense_gemm_backend == kCublasLt,
+                 "--dense-gemm-backend: no candidate '", flags.dense_gemm_backend, "' (", kSkinny, " or ", kCublasLt, ")");
+    o.pinned[kGemmBf16BatchOp] = flags.dense_gemm_backend;
+  }
   return o;
 }
 
