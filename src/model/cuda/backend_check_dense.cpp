@@ -271,8 +271,9 @@ TunableOp dense_batch_op(const ModelConfig& cfg) {
   op.op = kGemmBf16BatchOp;
   op.candidates = {kSkinny, kCublasLt};
   op.buckets = {8, 16, kSkinnyMaxTokens};
-  op.consistent = true;
-  op.per_bucket_without_speculation = true;
+  // The fastest at each size, speculation or not: these sizes never kept a token's bits (cuBLASLt
+  // does not, and neither candidate has the GEMV's bits of the plain steps below 6 tokens).
+  op.consistent = false;
   op.fixed = [](int) { return std::string(kCublasLt); };  // measured faster in the engine at 64 tokens (perf.md, stop 70)
   op.shapes = shapes_key(s);
   op.check = [s, buckets = op.buckets](const std::string& c) {
