@@ -1,5 +1,7 @@
 // The skinny GEMM (gemm_skinny.cu): bf16 products of a few dozen tokens on tensor cores, the
-// weights read once, one launch; gemm_bf16 takes it between the GEMV's and cuBLASLt's sizes.
+// weights read once, one launch: candidate "skinny" of op gemm.bf16.batch, which gemm_bf16 takes
+// past the GEMV's sizes where the kernel plan says so (the tuner's choice; the fixed rule is
+// cuBLASLt, faster at 64 tokens on the H100: docs/perf.md, stop 70).
 #pragma once
 #include <cuda_runtime.h>
 
