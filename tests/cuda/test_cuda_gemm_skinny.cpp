@@ -2,7 +2,8 @@
 // shapes that fill its cluster, leave slices or row groups partial (N not a multiple of 128, K
 // not of 64, K of one step), and at every token tile: each token's row has the same bits at
 // every T (its order is fixed by N and K), rows past T are never written, gemm_bf16 takes it past
-// the GEMV's sizes, and shapes outside its limits are declined with nothing launched.
+// the GEMV's sizes where the plan says so, and shapes outside its limits are declined with nothing
+// launched.
 #include <gtest/gtest.h>
 
 #include <cmath>
