@@ -22,10 +22,19 @@ bool sm120_profile() {
 }
 
 size_t shared_memory_limit() {
-  int device = 0, optin = 0;
+  // Asked on launch paths (the skinny GEMM, the FP8 GEMV, the recurrent step's choice): one query a device.
+  static std::mutex mu;
+  static std::map<int, size_t> limits;
+  int device = 0;
   FATHOM_CUDA_CHECK(cudaGetDevice(&device));
-  FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = limits.try_emplace(device, 0);
+  if (fresh) {
+    int optin = 0;
+    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    it->second = sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
+  }
+  return it->second;
 }
 
 int multiprocessor_count() {

@@ -182,6 +182,17 @@ struct DenseRig {
   }
 };
 
+// The largest bucket that `candidate` and every smaller bucket chose (0: not the smallest's choice):
+// the candidate serves steps up to it, the other candidate the rest.
+int largest_prefix_bucket(const std::vector<BackendChoice>& choices, const char* candidate) {
+  int limit = 0;
+  for (const BackendChoice& c : choices) {  // buckets ascending
+    if (c.candidate != candidate) break;
+    limit = c.bucket;
+  }
+  return limit;
+}
+
 const char* op_of(Weights kind) {
   return kind == Weights::Fp8 ? kGemmFp8Op : kind == Weights::Fp4 ? kGemmFp4Op : kGemmBf16Op;
 }
@@ -249,12 +260,7 @@ TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
     return check_candidate(op_of(kind), c, plan, s, kind, buckets, /*with_head=*/true);
   };
   op.apply = [kind](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
-    // The GEMV up to the largest bucket that it and every smaller bucket chose.
-    int limit = 0;
-    for (const BackendChoice& c : choices) {  // buckets ascending
-      if (c.candidate != kGemv) break;
-      limit = c.bucket;
-    }
+    const int limit = largest_prefix_bucket(choices, kGemv);
     (kind == Weights::Fp8   ? plan.fp8_gemv_max_tokens
      : kind == Weights::Fp4 ? plan.fp4_gemv_max_tokens
                             : plan.gemv_max_tokens) = limit;
@@ -282,12 +288,7 @@ TunableOp dense_batch_op(const ModelConfig& cfg) {
     return check_candidate(kGemmBf16BatchOp, c, plan, s, Weights::Bf16, buckets, /*with_head=*/false);
   };
   op.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
-    int limit = 0;
-    for (const BackendChoice& c : choices) {  // buckets ascending
-      if (c.candidate != kSkinny) break;
-      limit = c.bucket;
-    }
-    plan.skinny_max_tokens = limit;
+    plan.skinny_max_tokens = largest_prefix_bucket(choices, kSkinny);
   };
   return op;
 }
