@@ -513,28 +513,34 @@ for what in "${@:-all}"; do
         --gtest_filter='CudaGdn.ChunkedFormsHaveTheSameBits' > "$OUT/wy33_racecheck.log" 2>&1
       echo "wy33 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/wy33_racecheck.log" | tail -1)" ;;
     skinny32)
-      # Issue 32: the skinny GEMM (bf16 products of 6 to 64 tokens, gemm_skinny.cu): its tests,
-      # memcheck and racecheck over them (SKINNY_RACECHECK_S seconds at most), then issue 32's steps
-      # with --dense-gemm-backend cublaslt against skinny (no tune cache), alternated SKINNY_REPS
-      # times on SKINNY_SPECS (config:layers), and with SKINNY_PROFILE set the 35B's per-op profile
-      # at batch 8 and 64 (graphs off) both ways.
-      timeout 300 "$BIN/test_cuda" --gtest_filter='CudaGemmSkinny.*' > "$OUT/skinny32_tests.log" 2>&1
+      # Issue 32: the skinny GEMM (bf16 products of 6 to 64 tokens, gemm_skinny.cu and
+      # gemm_skinny_wgmma.cu): its tests, memcheck and racecheck over them (SKINNY_RACECHECK_S
+      # seconds at most), then issue 32's steps with each --dense-gemm-backend of SKINNY_BACKENDS
+      # (no tune cache) and the default (tuned) path, alternated SKINNY_REPS times on SKINNY_SPECS
+      # (config:layers), and with SKINNY_PROFILE set the 35B's per-op profile at batch 8 and 64
+      # (graphs off) each way.
+      timeout 300 "$BIN/test_cuda" --gtest_filter='*CudaGemmSkinny*' > "$OUT/skinny32_tests.log" 2>&1
       echo "skinny32 tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure" "$OUT/skinny32_tests.log" | head -12
-      memcheck 300 skinny32 'CudaGemmSkinny.*'
+      memcheck 300 skinny32 '*CudaGemmSkinny*'
       timeout "${SKINNY_RACECHECK_S:-200}" compute-sanitizer --tool racecheck "$BIN/test_cuda" \
-        --gtest_filter='CudaGemmSkinny.*' > "$OUT/skinny32_racecheck.log" 2>&1
+        --gtest_filter='*CudaGemmSkinny*' > "$OUT/skinny32_racecheck.log" 2>&1
       echo "skinny32 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/skinny32_racecheck.log" | tail -1)"
       for rep in $(seq "${SKINNY_REPS:-2}"); do
         for spec in ${SKINNY_SPECS:-qwen3.5-35b-a3b: qwen3.5-122b-a10b:24 qwen3.5-397b-a17b:12}; do
           split_spec "$spec"
-          for be in cublaslt skinny; do
-            timeout 200 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra --dense-gemm-backend $be \
-              --no-backend-cache --batch 1,8,64 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
-              | sed "s/^/$spec $be rep $rep: /" | tee -a "$OUT/skinny32.log"
+          for be in ${SKINNY_BACKENDS:-cublaslt skinny skinny-wgmma} tuned; do
+            pin="--dense-gemm-backend $be"; [ $be = tuned ] && pin=""
+            json="$OUT/skinny32_${name}_${be}_$rep.json"
+            timeout 200 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra $pin \
+              --no-backend-cache --batch 1,8,64 --input-len 4096 --output-len 64 --json-out "$json" 2>&1 \
+              | grep -E "^decode" | sed "s/^/$spec $be rep $rep: /" | tee -a "$OUT/skinny32.log"
+            [ $be = tuned ] && python3 -c "import json,sys; print('$spec tuned rep $rep chose:', [(c['bucket'], c['candidate']) \
+              for c in json.load(open(sys.argv[1]))['backends'].get('choices', []) if c['op'] == 'gemm.bf16.batch'])" \
+              "$json" 2>&1 | tee -a "$OUT/skinny32.log"
           done
         done
       done
-      [ -n "${SKINNY_PROFILE:-}" ] && for be in cublaslt skinny; do
+      [ -n "${SKINNY_PROFILE:-}" ] && for be in ${SKINNY_BACKENDS:-cublaslt skinny skinny-wgmma}; do
         for b in 8 64; do
           timeout 200 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json --load-format dummy --dense-gemm-backend $be \
             --batch $b --input-len 4096 --output-len 16 --profile > "$OUT/skinny32_profile_${be}_$b.log" 2>&1

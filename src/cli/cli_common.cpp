@@ -80,8 +80,9 @@ void add_backend_options(CLI::App* sub, BackendOptions& b, bool allow_none) {
                   "Pin the NVFP4 dense products at decode sizes: gemv or dequant-cublaslt")
       ->check(CLI::IsMember({"gemv", "dequant-cublaslt"}));
   sub->add_option("--dense-gemm-backend", b.dense_gemm_backend,
-                  "Pin the bf16 dense products of 6 to 64 tokens (gemm.bf16.batch): skinny or cublaslt")
-      ->check(CLI::IsMember({"skinny", "cublaslt"}));
+                  "Pin the bf16 dense products of 6 to 64 tokens (gemm.bf16.batch): skinny, skinny-wgmma or "
+                  "cublaslt")
+      ->check(CLI::IsMember({"skinny", "skinny-wgmma", "cublaslt"}));
   sub->add_flag("!--no-backend-cache", b.cache, "Verify and time the backends again instead of reading the cache");
   sub->add_flag("--backend-speculative", b.speculative,
                 "Choose decode-side kernels for speculative decoding (one bit-consistent set over step sizes); "

@@ -277,7 +277,7 @@ struct BackendOptions {
   std::string moe_runner_backend;  // d<i> / p<i>
   std::string attention_backend;   // tensor-core / cuda-core
   std::string fp4_gemm_backend;    // gemv / dequant-cublaslt
-  std::string dense_gemm_backend;  // skinny / cublaslt (bf16 products of 6 to 64 tokens)
+  std::string dense_gemm_backend;  // skinny / skinny-wgmma / cublaslt (bf16 products of 6 to 64 tokens)
   bool cache = true;
   // Speculative decoding is on: decode-side kernels keep a token's bits the same in verify steps
   // of any size (else each step size gets its fastest kernel).

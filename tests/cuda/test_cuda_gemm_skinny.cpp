@@ -1,4 +1,5 @@
-// The skinny GEMM (kernels/cuda/gemm_skinny.cu) against a double-precision host reference, at
+// The skinny GEMM's two forms (kernels/cuda/gemm_skinny.cu on mma.sync, gemm_skinny_wgmma.cu on
+// wgmma, where the GPU runs it) against a double-precision host reference, at
 // shapes that fill its cluster, leave slices or row groups partial (N not a multiple of 128, K
 // not of 64, K of one step), and at every token tile: each token's row has the same bits at
 // every T (its order is fixed by N and K), rows past T are never written, gemm_bf16 takes it past
@@ -9,9 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/gemm_skinny.h"
 
 namespace fathom {
@@ -26,8 +29,22 @@ std::vector<float> download_f32(const cuda::DeviceBuffer& b, size_t n) {
   return v;
 }
 
-TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
+using SkinnyFn = bool (*)(const cuda::bf16_t*, const cuda::bf16_t*, float*, int, int, int, cudaStream_t);
+struct Form {
+  const char* name;  // the test's name suffix
+  SkinnyFn run;
+  cuda::DenseBatchKernel kernel;
+};
+const Form kForms[] = {{"mma_sync", cuda::gemm_skinny, cuda::DenseBatchKernel::Skinny},
+                       {"wgmma", cuda::gemm_skinny_wgmma, cuda::DenseBatchKernel::SkinnyWgmma}};
+
+class CudaGemmSkinnyForm : public ::testing::TestWithParam<Form> {};
+
+TEST_P(CudaGemmSkinnyForm, MatchesReferenceAndIsBatchInvariant) {
   if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  const Form form = GetParam();
+  if (form.kernel == cuda::DenseBatchKernel::SkinnyWgmma && !cuda::wgmma_available())
+    GTEST_SKIP() << "no wgmma here (an SM90 GPU with the binary's sm_90a code)";
   struct Shape {
     int N, K;
   };
@@ -46,7 +63,7 @@ TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
     for (auto& v : xb) v = to_bf16(nd(rng));
     const auto w = cuda::DeviceBuffer::from_host(wb), x = cuda::DeviceBuffer::from_host(xb);
     cuda::DeviceBuffer y(size_t(T_max) * N * 4);
-    ASSERT_TRUE(cuda::gemm_skinny(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T_max, N, K, nullptr))
+    ASSERT_TRUE(form.run(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T_max, N, K, nullptr))
         << "N=" << N << " K=" << K;
     const std::vector<float> full = download_f32(y, size_t(T_max) * N);
     double worst = 0;
@@ -60,7 +77,7 @@ TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
     EXPECT_LT(worst, 1e-4) << "N=" << N << " K=" << K;
     for (const int T : {6, 7, 8, 9, 16, 17, 33, 63}) {
       FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
-      ASSERT_TRUE(cuda::gemm_skinny(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr));
+      ASSERT_TRUE(form.run(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr));
       const std::vector<float> got = download_f32(y, size_t(T_max) * N);
       ASSERT_EQ(std::memcmp(got.data(), full.data(), size_t(T) * N * 4), 0) << "N=" << N << " K=" << K << " T=" << T;
       const std::vector<unsigned char> untouched(size_t(T_max - T) * N * 4, 0xFF);
@@ -69,13 +86,16 @@ TEST(CudaGemmSkinny, MatchesReferenceAndIsBatchInvariant) {
       // gemm_bf16 past the GEMV's sizes is this kernel where the plan says so (the tuner's choice).
       FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
       cuda::KernelPlan plan;
-      plan.skinny_max_tokens = cuda::kSkinnyMaxTokens;
+      plan.dense_batch = {{cuda::kSkinnyMaxTokens, form.kernel}};
       cuda::gemm_bf16(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr, plan);
       const std::vector<float> via = download_f32(y, size_t(T) * N);
       ASSERT_EQ(std::memcmp(via.data(), full.data(), via.size() * 4), 0) << "gemm_bf16, N=" << N << " T=" << T;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Forms, CudaGemmSkinnyForm, ::testing::ValuesIn(kForms),
+                         [](const ::testing::TestParamInfo<Form>& i) { return std::string(i.param.name); });
 
 TEST(CudaGemmSkinny, DeclinesShapesOutsideItsLimits) {
   if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
@@ -85,12 +105,15 @@ TEST(CudaGemmSkinny, DeclinesShapesOutsideItsLimits) {
   FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
   const auto* xp = x.as<cuda::bf16_t>();
   const auto* wp = w.as<cuda::bf16_t>();
-  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), cuda::kSkinnyMaxTokens + 1, 64, 64, nullptr));
-  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 0, 64, 64, nullptr));
-  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, cuda::kSkinnyMaxRows + 1, 64, nullptr));
-  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, 64, 24, nullptr));  // K % 16
-  EXPECT_FALSE(cuda::gemm_skinny(xp, wp, y.as<float>(), 8, N, K, nullptr));
-  EXPECT_FALSE(cuda::gemm_skinny(xp + 1, wp, y.as<float>(), 8, 64, 64, nullptr));  // x not 16-byte aligned
+  for (const Form& form : kForms) {  // the wgmma form declines every shape where the GPU lacks it
+    SCOPED_TRACE(form.name);
+    EXPECT_FALSE(form.run(xp, wp, y.as<float>(), cuda::kSkinnyMaxTokens + 1, 64, 64, nullptr));
+    EXPECT_FALSE(form.run(xp, wp, y.as<float>(), 0, 64, 64, nullptr));
+    EXPECT_FALSE(form.run(xp, wp, y.as<float>(), 8, cuda::kSkinnyMaxRows + 1, 64, nullptr));
+    EXPECT_FALSE(form.run(xp, wp, y.as<float>(), 8, 64, 24, nullptr));  // K % 16
+    EXPECT_FALSE(form.run(xp, wp, y.as<float>(), 8, N, K, nullptr));
+    EXPECT_FALSE(form.run(xp + 1, wp, y.as<float>(), 8, 64, 64, nullptr));  // x not 16-byte aligned
+  }
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> after = download_f32(y, y.bytes() / 4);
   const std::vector<unsigned char> untouched(y.bytes(), 0xFF);

@@ -15,7 +15,8 @@ inline constexpr const char* kGemmBf16Op = "gemm.bf16";        // dense bf16 pro
 inline constexpr const char* kGemv = "gemv";                   //   the batch-invariant GEMV kernel
 inline constexpr const char* kCublasLt = "cublaslt";           //   or cuBLASLt
 inline constexpr const char* kGemmBf16BatchOp = "gemm.bf16.batch";  // dense bf16 products past kGemvMaxTokens, up to
-inline constexpr const char* kSkinny = "skinny";              //   kSkinnyMaxTokens: the skinny GEMM, or cuBLASLt
+inline constexpr const char* kSkinny = "skinny";              //   kSkinnyMaxTokens: the skinny GEMM on mma.sync,
+inline constexpr const char* kSkinnyWgmma = "skinny-wgmma";   //   on wgmma (SM90), or cuBLASLt
 inline constexpr const char* kGemmFp4Op = "gemm.fp4";          // NVFP4 dense products of <= kFp4GemvMaxTokens tokens:
 inline constexpr const char* kDequantCublasLt = "dequant-cublaslt";  //   "gemv", or dequantize, then cuBLASLt
 inline constexpr const char* kGemmFp8Op = "gemm.fp8";          // FP8 (E4M3) dense products of <= kFp8GemvMaxTokens tokens:
@@ -54,6 +55,9 @@ inline constexpr size_t kSm120SharedBytes = 99 * 1024;
 size_t shared_memory_limit();
 // The current device's SMs (a wave of one-block-an-SM kernels), queried once a device.
 int multiprocessor_count();
+// Whether the current device runs the binary's wgmma kernels (wgmma.cuh): an SM90 GPU and sm_90a
+// code, asked once a device by a launch (call it outside stream capture first, as the checks do).
+bool wgmma_available();
 
 // Whether FATHOM_BACKEND_FAULT is set at all (read once): callers that would build a candidate's
 // name for inject_backend_fault on every call ask this first.

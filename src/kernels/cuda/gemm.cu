@@ -119,8 +119,8 @@ GemmContext* gemm_context() {
 }
 
 // Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel (up to the
-// plan's gemv_max_tokens) or cuBLASLt. Past it, op gemm.bf16.batch: the skinny GEMM (up to the
-// plan's skinny_max_tokens, where it takes the shape) or cuBLASLt.
+// plan's gemv_max_tokens) or cuBLASLt. Past it, op gemm.bf16.batch: the plan's kernel for the
+// step's size (either form of the skinny GEMM, where it takes the shape, or cuBLASLt).
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s, const KernelPlan& plan) {
   if (T == 0) return;
   const bool small = T <= kGemvMaxTokens, batch = !small && T <= kSkinnyMaxTokens;
@@ -129,9 +129,16 @@ void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, 
     inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
     return;
   }
-  if (batch && T <= plan.skinny_max_tokens && gemm_skinny(x, w, y, T, N, K, s)) {
-    inject_backend_fault(kGemmBf16BatchOp, kSkinny, y, bytes, s);
-    return;
+  if (batch) {
+    const DenseBatchKernel k = plan.dense_batch_kernel(T);
+    if (k == DenseBatchKernel::Skinny && gemm_skinny(x, w, y, T, N, K, s)) {
+      inject_backend_fault(kGemmBf16BatchOp, kSkinny, y, bytes, s);
+      return;
+    }
+    if (k == DenseBatchKernel::SkinnyWgmma && gemm_skinny_wgmma(x, w, y, T, N, K, s)) {
+      inject_backend_fault(kGemmBf16BatchOp, kSkinnyWgmma, y, bytes, s);
+      return;
+    }
   }
   gemm_context()->run(x, w, y, T, N, K, s);
   if (small) inject_backend_fault(kGemmBf16Op, kCublasLt, y, bytes, s);

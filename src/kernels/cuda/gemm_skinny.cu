@@ -15,56 +15,26 @@
 //
 // Bits: a token's sum runs in an order fixed by (N, K) alone (the slices from N and K, the mma's
 // sum per output element), never by T: a row is bit-identical at every T the kernel takes.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_skinny.h"
+#include "kernels/cuda/gemm_skinny.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace fathom::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
+using namespace skinny;
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRowsPerBlock = 16 * kWarps;
-constexpr int kStepK = 64;           // k a warp takes per step: 16 a lane quad position
-constexpr int kMaxSliceSteps = 16;   // slices of at most 1,024 k (the staged token rows)
-constexpr int kWideSliceSteps = 8;   // slices wider than 512 k only where the cluster is full
-constexpr int kTargetBlocks = 128;   // about a wave of an H100 / H200 (132 SMs), from (N, K) alone
-constexpr int kMaxCluster = 8;       // the portable cluster size
-constexpr int kStagePad = 8;         // bf16 after each staged token row: quads' 16-byte reads in distinct banks
-constexpr int kPartialStride = kRowsPerBlock + 4;  // floats a token's partial sums take: conflict-free stores
-
-struct SkinnyShape {
-  int row_groups = 0, slices = 0, slice_k = 0;
-};
-
-// The grid from (N, K) alone (the bits depend on it): enough slices to fill about a wave, slices
-// of at most 512 k while the cluster has room, K past 8 slices of 1,024 refused (cuBLASLt).
-SkinnyShape skinny_shape(int N, int K) {
-  SkinnyShape s;
-  s.row_groups = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int steps = (K + kStepK - 1) / kStepK;
-  const int wanted = std::max((kTargetBlocks + s.row_groups - 1) / s.row_groups,
-                              (steps + kWideSliceSteps - 1) / kWideSliceSteps);
-  const int slices = std::min({wanted, kMaxCluster, steps});
-  const int slice_steps = (steps + slices - 1) / slices;
-  if (slice_steps > kMaxSliceSteps) return {};
-  s.slices = (steps + slice_steps - 1) / slice_steps;  // no empty slice
-  s.slice_k = slice_steps * kStepK;
-  return s;
-}
+constexpr int kStagePad = 8;  // bf16 after each staged token row: quads' 16-byte reads in distinct banks
 
 size_t smem_bytes(int n_tiles, int slice_k) {
   const size_t stage = size_t(8 * n_tiles) * (slice_k + kStagePad) * sizeof(bf16_t);
-  const size_t partials = size_t(8 * n_tiles) * kPartialStride * sizeof(float);
-  return std::max(stage, partials);
+  return std::max(stage, partial_bytes(n_tiles));
 }
 
 // NT n8 tiles of tokens (T <= 8 NT). Grid (row groups, slices), clusters of (1, slices).
@@ -139,50 +109,21 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny_kernel(const bf16_t* __r
   }
 
   __syncthreads();  // every warp is done with the staged tokens before the partial sums overwrite them
-  const int r = warp * 16 + g;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int t = 8 * j + 2 * q;
-    partial[t * kPartialStride + r] = acc[j][0];
-    partial[(t + 1) * kPartialStride + r] = acc[j][1];
-    partial[t * kPartialStride + r + 8] = acc[j][2];
-    partial[(t + 1) * kPartialStride + r + 8] = acc[j][3];
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every slice's partial sums are parked
-  const int slices = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  const int total = T * kRowsPerBlock, share = (total + slices - 1) / slices;
-  const int end = min(total, (rank + 1) * share);
-  for (int e = rank * share + int(threadIdx.x); e < end; e += kThreads) {
-    const int t = e / kRowsPerBlock, rr = e % kRowsPerBlock, n = group_row + rr;
-    float sum = 0.f;
-    for (int b = 0; b < slices; ++b) sum += cluster.map_shared_rank(partial, b)[t * kPartialStride + rr];
-    if (n < N) y[int64_t(t) * N + n] = sum;
-  }
-  cluster.sync();  // no block leaves (its shared memory) while another still reads it
+  reduce_over_cluster<NT>(partial, acc, y, T, N);
 }
 
 }  // namespace
 
 bool gemm_skinny(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s) {
-  if (T < 1 || T > kSkinnyMaxTokens || N < 1 || N > kSkinnyMaxRows || K < 16 || K % 16 != 0 || !is_aligned(x, 16) ||
-      !is_aligned(w, 16))
-    return false;
-  const SkinnyShape sh = skinny_shape(N, K);
+  if (!skinny_takes(x, w, T, N, K)) return false;
+  const Shape sh = shape_of(N, K);
   if (sh.slices == 0) return false;
-  const int n_tiles = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  const int n_tiles = n_tiles_of(T);
   const size_t bytes = smem_bytes(n_tiles, sh.slice_k);
   if (bytes > shared_memory_limit()) return false;  // the SM120 profile's 99 KB at wide slices
-  const dim3 grid(sh.row_groups, sh.slices), cluster(1, sh.slices, 1);
-  auto run = [&](auto kernel) {
-    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(bytes));
-    launch_in_clusters(&cluster, kernel, grid, kThreads, bytes, s, w, x, y, T, N, K, sh.slice_k);
-  };
-  if (n_tiles == 1) run(gemm_skinny_kernel<1>);
-  else if (n_tiles == 2) run(gemm_skinny_kernel<2>);
-  else if (n_tiles == 4) run(gemm_skinny_kernel<4>);
-  else run(gemm_skinny_kernel<8>);
-  FATHOM_CUDA_CHECK(cudaGetLastError());
+  const SkinnyKernel kernels[] = {gemm_skinny_kernel<1>, gemm_skinny_kernel<2>, gemm_skinny_kernel<4>,
+                                  gemm_skinny_kernel<8>};
+  launch_skinny(kernels[tiles_index(n_tiles)], sh, bytes, s, w, x, y, T, N, K);
   return true;
 }
 

@@ -17,4 +17,8 @@ inline constexpr int kSkinnyMaxRows = 16384;   // wider products (lm_head) keep 
 // of 16 or past 8,192, x or W not 16-byte aligned, or a stage past the device's shared memory.
 bool gemm_skinny(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
 
+// The same product on wgmma (gemm_skinny_wgmma.cu: candidate "skinny-wgmma"), the same limits, and false
+// where wgmma_available() is not (other GPUs, a binary without sm_90a code).
+bool gemm_skinny_wgmma(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s);
+
 }  // namespace fathom::cuda

@@ -16,6 +16,9 @@ inline constexpr int kFp8GemvMaxTokens = 16;  // the FP8 GEMVs' (fp8_linear.cu, 
 // The skinny GEMM's largest step (gemm_skinny.cu: bf16 products past kGemvMaxTokens tokens).
 inline constexpr int kSkinnyMaxTokens = 64;
 
+// gemm.bf16.batch's kernels: the skinny GEMM's two forms (gemm_skinny.h) or cuBLASLt.
+enum class DenseBatchKernel { CublasLt, Skinny, SkinnyWgmma };
+
 // The NVFP4 experts' kernel variants (moe_fp4.cu).
 struct MoeFp4Plan {
   // moe.fp4.decode by step size: (largest T, variant) pairs, ascending, the last also serving
@@ -29,7 +32,9 @@ struct MoeFp4Plan {
 
 struct KernelPlan {
   int gemv_max_tokens = kGemvMaxTokens;          // gemm.bf16: the GEMV kernel up to this many tokens, then cuBLASLt
-  int skinny_max_tokens = 0;  // gemm.bf16.batch: past kGemvMaxTokens, the skinny GEMM up to this many, then cuBLASLt
+  // gemm.bf16.batch (past kGemvMaxTokens, up to kSkinnyMaxTokens) by step size: (largest T, kernel)
+  // pairs, ascending; a step past them all (or an empty table: the fixed rule) takes cuBLASLt.
+  std::vector<std::pair<int, DenseBatchKernel>> dense_batch;
   int fp4_gemv_max_tokens = kFp4GemvMaxTokens;  // gemm.fp4: the NVFP4 GEMV up to this many, then dequant + cuBLASLt
   int fp8_gemv_max_tokens = kFp8GemvMaxTokens;  // gemm.fp8: the FP8 GEMV up to this many, then cuBLASLt (FP8 or dequant)
   bool attention_decode_tensor_core = true;   // attention.decode: else the CUDA-core split-K kernel
@@ -38,6 +43,12 @@ struct KernelPlan {
   bool gdn_decode_smem = false;  // gdn.decode: the shared-memory kernel instead of the register-tiled one
   bool device_sampling = true;   // sampling: on the device, else the host sampler
   MoeFp4Plan moe;
+
+  DenseBatchKernel dense_batch_kernel(int T) const {
+    for (const auto& [largest, kernel] : dense_batch)
+      if (T <= largest) return kernel;
+    return DenseBatchKernel::CublasLt;
+  }
 };
 
 }  // namespace fathom::cuda

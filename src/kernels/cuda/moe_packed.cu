@@ -423,7 +423,7 @@ void launch_large(int variant, MoeFp4Args a, int gate_tiles, int down_tiles, int
                   cudaStream_t s) {
   LargeVariant v = kLargeVariantsOf<F>[variant];
   if (v.wgmma) {
-    FATHOM_CHECK(wgmma_experts_available(), "moe_fp4: prefill variant p", variant,
+    FATHOM_CHECK(wgmma_available(), "moe_fp4: prefill variant p", variant,
                  " needs an SM90 GPU and sm_90a code (wgmma)");
     const WgmmaExpertKernels k = wgmma_expert_kernels();
     v.gate_up = k.gate_up;
@@ -461,7 +461,6 @@ size_t moe_fp4_large_variant_smem(int v) {
   return kLargeVariants[v].wgmma ? wgmma_expert_kernels().smem : kLargeVariants[v].smem;
 }
 bool moe_fp4_large_variant_needs_wgmma(int v) { return kLargeVariants[v].wgmma; }
-bool moe_fp4_wgmma_available() { return wgmma_experts_available(); }
 std::string moe_fp4_large_variant_name(int v) {
   return std::string("prefill ") + (kLargeVariants[v].wgmma ? "wgmma " : "") + std::to_string(kLargeVariants[v].warps) +
          "w/" + std::to_string(kLargeVariants[v].stages) + "st/" + std::to_string(kLargeVariants[v].tile_tokens) +

@@ -212,9 +212,6 @@ struct WgmmaExpertKernels {
   void (*down)(MoeFp4Args);
   size_t smem;  // dynamic shared memory a block
 };
-WgmmaExpertKernels wgmma_expert_kernels();
-// An SM90 GPU and a binary with sm_90a code (asked once per device, by a launch: call it outside
-// stream capture first, as the backend checks do).
-bool wgmma_experts_available();
+WgmmaExpertKernels wgmma_expert_kernels();  // usable where wgmma_available() (backend_switches.h)
 
 }  // namespace fathom::cuda::packed

@@ -13,96 +13,16 @@
 // and the scale are those of the mma.sync kernels (moe_packed.cuh), done with multiplies where
 // those kernels shift (the integer multiply does not share the ALU pipe, which the decode keeps
 // busy: docs/perf.md, issue 33).
-#include <atomic>
-
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/moe_packed.cuh"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FATHOM_WGMMA 1
-#endif
+#include "kernels/cuda/wgmma.cuh"
 
 namespace fathom::cuda::packed {
 namespace {
 
 constexpr int kRowBytes = kSlabK * 2;  // a token's 64 k of one slab: one 128-byte swizzle row
 constexpr int kWarps = 8, kThreads = 32 * kWarps;  // two warpgroups (M = 128 rows a block)
-
-
-#ifdef FATHOM_WGMMA  // (the other targets' kernels trap; these would be unused there)
-template <int N>
-struct Wgmma;
-template <>
-struct Wgmma<32> {
-  __device__ __forceinline__ static void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <>
-struct Wgmma<64> {
-  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <>
-struct Wgmma<96> {
-  __device__ __forceinline__ static void mma(float (&d)[48], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-        "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-template <>
-struct Wgmma<128> {
-  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-  }
-};
-
-// The B descriptor of a K-major tile with 128-byte rows and the 128-byte swizzle: start address,
-// leading byte offset 16 (unused by this layout), 1024 bytes between groups of 8 rows.
-__device__ __forceinline__ uint64_t b_descriptor(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Shared-memory writes by ordinary stores, made visible to the tensor cores' (async proxy) reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Pins a register's value at this point of the program: the decode must be done before the
-// wgmma.fence, not sunk between the MMAs that read it (ptxas then serializes the MMAs, C7513).
-__device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ void pin(uint64_t& r) { asm volatile("" : "+l"(r)::"memory"); }
-__device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-#endif  // FATHOM_WGMMA
 
 // One pipeline stage in shared memory: the token tile (kTok rows of 128 bytes, 128-byte swizzle,
 // at the stage's 1024-aligned start), then per warp its slab's codes (8 row groups of 4 lanes'
@@ -259,7 +179,7 @@ __global__ __launch_bounds__(kThreads, 2) void moe_wgmma_kernel(MoeFp4Args a) {
       uint64_t desc[4];
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        desc[s] = b_descriptor(base + uint32_t((ks % S) * St::kBytes + 32 * s));
+        desc[s] = sw128_descriptor(base + uint32_t((ks % S) * St::kBytes + 32 * s));
         pin(desc[s]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) pin(A[s][i]);
@@ -319,44 +239,12 @@ __global__ __launch_bounds__(kThreads, 2) void moe_wgmma_kernel(MoeFp4Args a) {
   else if (ncol <= 96) run(std::integral_constant<int, 96>{});
   else run(std::integral_constant<int, 128>{});
 #else
-  __trap();  // built without sm_90a: wgmma_experts_available() keeps this kernel from being chosen
+  __trap();  // built without sm_90a: wgmma_available() keeps this kernel from being chosen
 #endif
 }
-
-__global__ void wgmma_probe_kernel(int* out) {
-#ifdef FATHOM_WGMMA
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_available[kMaxDevices] = {};  // 0 not asked, 1 no, 2 yes
 
 }  // namespace
 
 WgmmaExpertKernels wgmma_expert_kernels() { return {moe_wgmma_kernel<true>, moe_wgmma_kernel<false>, Stage::kSmem}; }
-
-bool wgmma_experts_available() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  if (const int known = g_available[dev].load()) return known == 2;
-  bool yes = false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-      minor == 0) {
-    // The binary's sm_90 code may lack the arch-specific features (built for sm_90, not sm_90a).
-    int* d = nullptr;
-    int h = 0;
-    if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
-      wgmma_probe_kernel<<<1, 1>>>(d);
-      yes = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1;
-      cudaFree(d);
-    }
-  }
-  g_available[dev].store(yes ? 2 : 1);
-  return yes;
-}
 
 }  // namespace fathom::cuda::packed

@@ -134,7 +134,7 @@ void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T,
 void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
                  DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan);
 // bf16 product: the GEMV up to the plan's gemv_max_tokens, the skinny GEMM (gemm_skinny.h) past
-// kGemvMaxTokens up to the plan's skinny_max_tokens where it takes the shape, else cuBLASLt.
+// kGemvMaxTokens where the plan says so and it takes the shape, else cuBLASLt.
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s,
                const KernelPlan& plan = KernelPlan{});
 // Full fp32 product (no TF32) for fp32 weights: y[T, N] = x[T, K] * W^T (gemv_small_batch for
@@ -548,7 +548,6 @@ std::string moe_fp4_small_variant_id(int variant);
 std::string moe_fp4_large_variant_id(int variant);
 size_t moe_fp4_large_variant_smem(int variant);  // dynamic shared memory a block (the decode-shaped: static, small)
 bool moe_fp4_large_variant_needs_wgmma(int variant);  // p4: sm_90a's wgmma (moe_packed_wgmma.cu)
-bool moe_fp4_wgmma_available();  // this GPU runs them (SM90, a binary with sm_90a code)
 int moe_fp4_fixed_small_variant(int T);  // the fixed rule's decode variant for T tokens
 // Throws naming the variant when `plan` names one that does not exist.
 void check_moe_fp4_plan(const MoeFp4Plan& plan);

@@ -1,7 +1,7 @@
 // Dense products at decode sizes as backends: op "gemm.bf16" (bf16 weights, steps of up to
 // kGemvMaxTokens tokens: the GEMV kernel or cuBLASLt), "gemm.bf16.batch" (bf16 weights, steps
-// past that up to kSkinnyMaxTokens: the skinny GEMM or cuBLASLt; lm_head left out, as the skinny
-// GEMM declines its width), "gemm.fp4" (NVFP4 weights, up to
+// past that up to kSkinnyMaxTokens: the skinny GEMM on mma.sync or wgmma, or cuBLASLt; lm_head
+// left out, as the skinny GEMM declines its width), "gemm.fp4" (NVFP4 weights, up to
 // kFp4GemvMaxTokens: the NVFP4 GEMV or dequantize-then-cuBLASLt) and "gemm.fp8" (FP8 weights, up
 // to kFp8GemvMaxTokens: the FP8 GEMV or cuBLASLt's FP8 product; checked as W8A8 per-tensor
 // projections, the case whose cuBLASLt candidate runs on FP8 tensor cores). Checked at the model's widest
@@ -268,14 +268,20 @@ TunableOp dense_op(const ModelConfig& cfg, Weights kind) {
   return op;
 }
 
-// Batches past the GEMV's sizes (decode at batch 6 to 64, batched verify steps): the skinny GEMM
-// up to the largest bucket that it and every smaller bucket chose, cuBLASLt past it. The fixed
-// rule is cuBLASLt everywhere.
+DenseBatchKernel dense_batch_kernel_of(const std::string& candidate) {
+  return candidate == kSkinny        ? DenseBatchKernel::Skinny
+         : candidate == kSkinnyWgmma ? DenseBatchKernel::SkinnyWgmma
+                                     : DenseBatchKernel::CublasLt;
+}
+
+// Batches past the GEMV's sizes (decode at batch 6 to 64, batched verify steps): each bucket's
+// choice serves the sizes up to it (either form of the skinny GEMM or cuBLASLt). The fixed rule
+// is cuBLASLt everywhere.
 TunableOp dense_batch_op(const ModelConfig& cfg) {
   const DenseShape s = shapes_of(cfg);
   TunableOp op;
   op.op = kGemmBf16BatchOp;
-  op.candidates = {kSkinny, kCublasLt};
+  op.candidates = {kSkinny, kSkinnyWgmma, kCublasLt};
   op.buckets = {8, 16, kSkinnyMaxTokens};
   // The fastest at each size, speculation or not: these sizes never kept a token's bits (cuBLASLt
   // does not, and neither candidate has the GEMV's bits of the plain steps below 6 tokens).
@@ -283,12 +289,15 @@ TunableOp dense_batch_op(const ModelConfig& cfg) {
   op.fixed = [](int) { return std::string(kCublasLt); };  // measured faster in the engine at 64 tokens (perf.md, stop 70)
   op.shapes = shapes_key(s);
   op.check = [s, buckets = op.buckets](const std::string& c) {
+    if (c == kSkinnyWgmma && !wgmma_available())
+      return checks_at(buckets, "unsupported: needs an SM90 GPU (wgmma, sm_90a code)", 0, kBf16Bound, "", nullptr);
     KernelPlan plan;
-    plan.skinny_max_tokens = c == kSkinny ? kSkinnyMaxTokens : 0;
+    plan.dense_batch = {{kSkinnyMaxTokens, dense_batch_kernel_of(c)}};
     return check_candidate(kGemmBf16BatchOp, c, plan, s, Weights::Bf16, buckets, /*with_head=*/false);
   };
   op.apply = [](const std::vector<BackendChoice>& choices, KernelPlan& plan) {
-    plan.skinny_max_tokens = largest_prefix_bucket(choices, kSkinny);
+    plan.dense_batch.clear();
+    for (const BackendChoice& c : choices) plan.dense_batch.emplace_back(c.bucket, dense_batch_kernel_of(c.candidate));
   };
   return op;
 }

@@ -163,7 +163,7 @@ std::vector<BackendCheck> check_candidate(const std::string& cand, const MoeShap
                          " KB of shared memory a block, " + std::to_string(shared_memory_limit() / 1024) + " KB allowed" +
                          (sm120_profile() ? " (SM120 profile)" : ""),
                      0, kBound, "", nullptr);
-  if (!decode && moe_fp4_large_variant_needs_wgmma(v) && !moe_fp4_wgmma_available())
+  if (!decode && moe_fp4_large_variant_needs_wgmma(v) && !wgmma_available())
     return checks_at(kPrefillBuckets, "unsupported: needs an SM90 GPU (wgmma, sm_90a code)", 0, kBound, "", nullptr);
   Rigs& r = rigs(s);
   const MoeFp4Plan plan = decode ? MoeFp4Plan::decode_variant(v) : MoeFp4Plan::prefill_variant(v);

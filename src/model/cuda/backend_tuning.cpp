@@ -151,8 +151,10 @@ TuneOptions tune_options(const BackendOptions& flags) {
     o.pinned[kGemmFp4Op] = fp4_gemm_backend;
   }
   if (!flags.dense_gemm_backend.empty()) {
-    FATHOM_CHECK(flags.dense_gemm_backend == kSkinny || flags.dense_gemm_backend == kCublasLt,
-                 "--dense-gemm-backend: no candidate '", flags.dense_gemm_backend, "' (", kSkinny, " or ", kCublasLt, ")");
+    FATHOM_CHECK(flags.dense_gemm_backend == kSkinny || flags.dense_gemm_backend == kSkinnyWgmma ||
+                     flags.dense_gemm_backend == kCublasLt,
+                 "--dense-gemm-backend: no candidate '", flags.dense_gemm_backend, "' (", kSkinny, ", ", kSkinnyWgmma,
+                 " or ", kCublasLt, ")");
     o.pinned[kGemmBf16BatchOp] = flags.dense_gemm_backend;
   }
   return o;
