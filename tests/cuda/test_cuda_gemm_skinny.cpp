@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,25 +39,17 @@ struct Form {
 const Form kForms[] = {{"mma_sync", cuda::gemm_skinny, cuda::DenseBatchKernel::Skinny},
                        {"wgmma", cuda::gemm_skinny_wgmma, cuda::DenseBatchKernel::SkinnyWgmma}};
 
-class CudaGemmSkinnyForm : public ::testing::TestWithParam<Form> {};
+struct Shape {
+  int N, K;
+};
 
-TEST_P(CudaGemmSkinnyForm, MatchesReferenceAndIsBatchInvariant) {
-  if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
-  const Form form = GetParam();
-  if (form.kernel == cuda::DenseBatchKernel::SkinnyWgmma && !cuda::wgmma_available())
-    GTEST_SKIP() << "no wgmma here (an SM90 GPU with the binary's sm_90a code)";
-  struct Shape {
-    int N, K;
-  };
+// `form` at each shape against the double reference at 64 tokens, then at each T of `Ts`: the same
+// bits as at 64, rows past T untouched, and the same through gemm_bf16 with the plan naming it.
+void check_form(const Form& form, std::initializer_list<Shape> shapes, std::initializer_list<int> Ts) {
   const int T_max = cuda::kSkinnyMaxTokens;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
-  // 2048x4096: 8 slices of 512 (the 35B's output projections); 1024x2048 and 2048x512: slices
-  // of 256 and 64; 300x528: 5 slices, the last one step of one lane quad; 12352x2048: 97 row
-  // groups (the 35B's DeltaNet input projection); 4099x8192: slices of 1,024 and a partial row
-  // group; 16384x16: a single step of 16 k.
-  for (const Shape sh : {Shape{2048, 4096}, Shape{1024, 2048}, Shape{2048, 512}, Shape{300, 528}, Shape{12352, 2048},
-                         Shape{4099, 8192}, Shape{16384, 16}}) {
+  for (const Shape sh : shapes) {
     const int N = sh.N, K = sh.K;
     std::vector<uint16_t> wb(size_t(N) * K), xb(size_t(T_max) * K);
     for (auto& v : wb) v = to_bf16(nd(rng));
@@ -75,7 +68,7 @@ TEST_P(CudaGemmSkinnyForm, MatchesReferenceAndIsBatchInvariant) {
         worst = std::max(worst, std::fabs(ref - double(full[size_t(t) * N + n])) / std::sqrt(double(K)));
       }
     EXPECT_LT(worst, 1e-4) << "N=" << N << " K=" << K;
-    for (const int T : {6, 7, 8, 9, 16, 17, 33, 63}) {
+    for (const int T : Ts) {
       FATHOM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
       ASSERT_TRUE(form.run(x.as<cuda::bf16_t>(), w.as<cuda::bf16_t>(), y.as<float>(), T, N, K, nullptr));
       const std::vector<float> got = download_f32(y, size_t(T_max) * N);
@@ -92,6 +85,33 @@ TEST_P(CudaGemmSkinnyForm, MatchesReferenceAndIsBatchInvariant) {
       ASSERT_EQ(std::memcmp(via.data(), full.data(), via.size() * 4), 0) << "gemm_bf16, N=" << N << " T=" << T;
     }
   }
+}
+
+class CudaGemmSkinnyForm : public ::testing::TestWithParam<Form> {
+ protected:
+  void SetUp() override {
+    if (!testing::gpu_available()) GTEST_SKIP() << "no CUDA device";
+    if (GetParam().kernel == cuda::DenseBatchKernel::SkinnyWgmma && !cuda::wgmma_available())
+      GTEST_SKIP() << "no wgmma here (an SM90 GPU with the binary's sm_90a code)";
+  }
+};
+
+// 2048x4096: 8 slices of 512 (the 35B's output projections); 1024x2048 and 2048x512: slices of
+// 256 and 64; 300x528: 5 slices, the last one step of one lane quad; 12352x2048: 97 row groups
+// (the 35B's DeltaNet input projection); 4099x8192: slices of 1,024 and a partial row group;
+// 16384x16: a single step of 16 k (the slices named are the mma.sync form's).
+TEST_P(CudaGemmSkinnyForm, MatchesReferenceAndIsBatchInvariant) {
+  check_form(GetParam(),
+             {Shape{2048, 4096}, Shape{1024, 2048}, Shape{2048, 512}, Shape{300, 528}, Shape{12352, 2048},
+              Shape{4099, 8192}, Shape{16384, 16}},
+             {6, 7, 8, 9, 16, 17, 33, 63});
+}
+
+// The same checks at a few small shapes and sizes, for the sanitizers (racecheck takes minutes over
+// the full set): full clusters of 8 slices, a partial row group with a partial last slice, every
+// token tiling.
+TEST_P(CudaGemmSkinnyForm, SmallShapesForSanitizers) {
+  check_form(GetParam(), {Shape{1024, 2048}, Shape{300, 528}}, {6, 9, 17, 63});
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, CudaGemmSkinnyForm, ::testing::ValuesIn(kForms),
