@@ -3,7 +3,7 @@
 // with blocks of 128 weight rows over one K slice and the same sum of the slices over a
 // thread-block cluster (gemm_skinny.cuh). Its slices may be 1,024 k wide wherever that fills the
 // wave (the token rows are staged a slab at a time, not a slice): fewer, longer blocks measured
-// faster on the H100 (docs/perf.md, stop 71).
+// faster at 8 tokens on the H100, the same at 64 (docs/perf.md, stop 71).
 //
 // Why a second form: the mma.sync form holds the weights in registers and issues 32 MMAs and 16
 // shared-memory loads a k64 step from the same warps that wait on HBM, which at 64 tokens is
