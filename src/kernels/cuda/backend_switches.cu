@@ -21,33 +21,29 @@ bool sm120_profile() {
   return on;
 }
 
-size_t shared_memory_limit() {
-  // Asked on launch paths (the skinny GEMM, the FP8 GEMV, the recurrent step's choice): one query a device.
+namespace {
+
+// The current device's `attr`, queried once a device: these are asked on launch paths (the skinny
+// GEMM, the FP8 GEMV, the recurrent step's choice, the chunk kernel's slice rule).
+int device_attribute(cudaDeviceAttr attr) {
   static std::mutex mu;
-  static std::map<int, size_t> limits;
+  static std::map<std::pair<int, int>, int> known;
   int device = 0;
   FATHOM_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = limits.try_emplace(device, 0);
-  if (fresh) {
-    int optin = 0;
-    FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    it->second = sm120_profile() ? std::min(size_t(optin), kSm120SharedBytes) : size_t(optin);
-  }
+  auto [it, fresh] = known.try_emplace({device, int(attr)}, 0);
+  if (fresh) FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, attr, device));
   return it->second;
 }
 
-int multiprocessor_count() {
-  // Asked on launch paths (the chunk kernel's slice rule, each prefill layer): one query a device.
-  static std::mutex mu;
-  static std::map<int, int> counts;
-  int device = 0;
-  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = counts.try_emplace(device, 0);
-  if (fresh) FATHOM_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrMultiProcessorCount, device));
-  return it->second;
+}  // namespace
+
+size_t shared_memory_limit() {
+  const size_t optin = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  return sm120_profile() ? std::min(optin, kSm120SharedBytes) : optin;
 }
+
+int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 namespace {
 __global__ void illegal_write_kernel(float* p) { p[threadIdx.x] = 1.f; }

@@ -129,16 +129,11 @@ void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, 
     inject_backend_fault(kGemmBf16Op, kGemv, y, bytes, s);
     return;
   }
-  if (batch) {
-    const DenseBatchKernel k = plan.dense_batch_kernel(T);
-    if (k == DenseBatchKernel::Skinny && gemm_skinny(x, w, y, T, N, K, s)) {
-      inject_backend_fault(kGemmBf16BatchOp, kSkinny, y, bytes, s);
-      return;
-    }
-    if (k == DenseBatchKernel::SkinnyWgmma && gemm_skinny_wgmma(x, w, y, T, N, K, s)) {
-      inject_backend_fault(kGemmBf16BatchOp, kSkinnyWgmma, y, bytes, s);
-      return;
-    }
+  const DenseBatchKernel k = batch ? plan.dense_batch_kernel(T) : DenseBatchKernel::CublasLt;
+  const bool skinny = k == DenseBatchKernel::Skinny && gemm_skinny(x, w, y, T, N, K, s);
+  if (skinny || (k == DenseBatchKernel::SkinnyWgmma && gemm_skinny_wgmma(x, w, y, T, N, K, s))) {
+    inject_backend_fault(kGemmBf16BatchOp, skinny ? kSkinny : kSkinnyWgmma, y, bytes, s);
+    return;
   }
   gemm_context()->run(x, w, y, T, N, K, s);
   if (small) inject_backend_fault(kGemmBf16Op, kCublasLt, y, bytes, s);
