@@ -9,6 +9,7 @@
 //   gdn_in_proj_conv      = gemm_bf16 (GEMV) + gdn_conv (with and without history)
 //   gdn_recurrent + norm  = gdn_recurrent + gated_rms_norm
 //   combine_add_rms_norm  = moe_combine_pairs + add_rms_norm
+//   moe_decode_fused      = moe_route + moe_experts_packed (one token)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/moe_fp4_rig.h"
 #include "kernels/cuda/ops.h"
 
 namespace fathom {
@@ -367,5 +369,97 @@ TEST(CudaFusedDecode, CombineNormEqualsCombineThenNorm) {
   }
 }
 
+
+// ---- moe_decode_fused
+
+struct MoeOneTokenCase {
+  cuda::MoeFp4Shape shape;
+  cuda::PackedFormat format;
+};
+
+// The one-token MoE launch against moe_route + moe_experts_packed on each case: logits, picks,
+// weights, h and pair_out bit for bit, for the warp splits it is built for (d0, d9), the router
+// staged or not. `reps` launches in a row on one scratch: the barrier's arrival count must be back
+// at zero after each. A variant it is not built for (d3: 16 warps a down item) is declined with
+// nothing written.
+void expect_moe_one_token_equals_chain(const std::vector<MoeOneTokenCase>& cases, int reps) {
+  std::mt19937 rng(2468);
+  for (const MoeOneTokenCase& c : cases) {
+    const cuda::MoeFp4Shape& sh = c.shape;
+    const int E = sh.E, K = sh.K, H = sh.H, I = sh.I, P = K;
+    cuda::MoeFp4Rig rig(sh, 1, 77, false, c.format);
+    const cuda::PackedExperts& ex = rig.experts();
+    const DeviceBuffer router = DeviceBuffer::from_host(normal(size_t(E) * H, rng, 0.05f));
+    const size_t scratch_ints = size_t(cuda::moe_group_scratch_ints(P, E));
+    DeviceBuffer g_ref_buf(scratch_ints * 4), g_buf(scratch_ints * 4);
+    FATHOM_CUDA_CHECK(cudaMemset(g_ref_buf.data(), 0, g_ref_buf.bytes()));
+    FATHOM_CUDA_CHECK(cudaMemset(g_buf.data(), 0, g_buf.bytes()));
+    const cuda::MoeGroupScratch g_ref = cuda::moe_group_scratch(g_ref_buf.as<int32_t>(), P, E);
+    const cuda::MoeGroupScratch g = cuda::moe_group_scratch(g_buf.as<int32_t>(), P, E);
+    for (const int variant : {0, 9})
+      for (int rep = 0; rep < reps; ++rep) {
+        SCOPED_TRACE("E=" + std::to_string(E) + " K=" + std::to_string(K) + " H=" + std::to_string(H) +
+                     " I=" + std::to_string(I) + " fp8 " + std::to_string(c.format == cuda::PackedFormat::Fp8) +
+                     " variant d" + std::to_string(variant) + " rep " + std::to_string(rep));
+        const cuda::MoeFp4Plan plan = cuda::MoeFp4Plan::decode_variant(variant);
+        const DeviceBuffer x32 = DeviceBuffer::from_host(normal(size_t(H), rng));
+        const DeviceBuffer xn = DeviceBuffer::from_host(normal_bf16(size_t(H), rng));
+        DeviceBuffer logits_ref = poisoned(size_t(E) * 4), logits = poisoned(size_t(E) * 4);
+        DeviceBuffer ids_ref = poisoned(size_t(P) * 4), ids = poisoned(size_t(P) * 4);
+        DeviceBuffer w_ref = poisoned(size_t(P) * 4), wts = poisoned(size_t(P) * 4);
+        DeviceBuffer h_ref = poisoned(size_t(P) * I * 2), h = poisoned(size_t(P) * I * 2);
+        DeviceBuffer out_ref = poisoned(size_t(P) * H * 4), out = poisoned(size_t(P) * H * 4);
+        cuda::set_gemv_staging_mode(0);
+        ASSERT_TRUE(cuda::moe_route(router.as<float>(), x32.as<float>(), logits_ref.as<float>(), 1, E, H, K, true,
+                                    ids_ref.as<int32_t>(), w_ref.as<float>(), g_ref, 8, nullptr));
+        cuda::moe_experts_packed(ex, xn.as<cuda::bf16_t>(), ids_ref.as<int32_t>(), w_ref.as<float>(),
+                                 h_ref.as<cuda::bf16_t>(), out_ref.as<float>(), nullptr, 1, K, nullptr, nullptr, 1, g_ref,
+                                 nullptr, plan, true);
+        cuda::set_gemv_staging_mode(rep % 2 == 0 ? 2 : 0);
+        ASSERT_TRUE(cuda::moe_decode_fused(router.as<float>(), x32.as<float>(), logits.as<float>(), E, H, K, true, ex,
+                                           xn.as<cuda::bf16_t>(), ids.as<int32_t>(), wts.as<float>(),
+                                           h.as<cuda::bf16_t>(), out.as<float>(), g, plan, nullptr));
+        FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+        expect_same_bits(host<float>(logits), host<float>(logits_ref), "router logits");
+        EXPECT_EQ(host<int32_t>(ids), host<int32_t>(ids_ref));
+        expect_same_bits(host<float>(wts), host<float>(w_ref), "routing weights");
+        EXPECT_EQ(host<uint16_t>(h), host<uint16_t>(h_ref)) << "h";
+        expect_same_bits(host<float>(out), host<float>(out_ref), "pair_out");
+        const auto all = host<int32_t>(g_buf), all_ref = host<int32_t>(g_ref_buf);
+        const size_t tiles = size_t(g.tiles - g.sorted_pairs), num = size_t(g.num_tiles - g.sorted_pairs);
+        EXPECT_EQ(all[num], all_ref[num]) << "tile count";
+        for (int i = 0; i < 4 * K; ++i) EXPECT_EQ(all[tiles + size_t(i)], all_ref[tiles + size_t(i)]) << "tile int " << i;
+        for (int i = 0; i < P; ++i) EXPECT_EQ(all[size_t(i)], all_ref[size_t(i)]) << "sorted pair " << i;
+        EXPECT_EQ(all[size_t(reinterpret_cast<int32_t*>(g.barrier) - g.sorted_pairs)], 0)
+            << "the barrier's arrival count must return to zero";
+      }
+    cuda::set_gemv_staging_mode(-1);
+    DeviceBuffer untouched = poisoned(size_t(P) * H * 4);
+    EXPECT_FALSE(cuda::moe_decode_fused(router.as<float>(), router.as<float>(), untouched.as<float>(), E, H, K, true, ex,
+                                        reinterpret_cast<const cuda::bf16_t*>(router.data()), untouched.as<int32_t>(),
+                                        untouched.as<float>(), untouched.as<cuda::bf16_t>(), untouched.as<float>(), g,
+                                        cuda::MoeFp4Plan::decode_variant(3), nullptr));
+    FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+    for (const uint32_t v : host<uint32_t>(untouched)) ASSERT_EQ(v, 0xFFFFFFFFu) << "a declined launch wrote";
+  }
+}
+
+// Both expert formats, the top-k's three register forms (up to 128, 256 and 1,024 experts),
+// sizes that leave partial row tiles, and a router of more GEMV blocks than the grid has (1,024
+// experts over 1,024 wide: its blocks take several each).
+TEST(CudaFusedDecode, MoeOneTokenEqualsRouteThenExperts) {
+  expect_moe_one_token_equals_chain({{{256, 8, 2048, 512}, cuda::PackedFormat::Nvfp4},  // the 35B-A3B's layer
+                                     {{512, 10, 1024, 256}, cuda::PackedFormat::Fp8},   // the 397B's top-k form
+                                     {{100, 3, 272, 144}, cuda::PackedFormat::Nvfp4},   // partial row tiles
+                                     {{1024, 32, 1024, 32}, cuda::PackedFormat::Nvfp4}},
+                                    3);
+}
+
+// Small shapes, one launch each, for compute-sanitizer (racecheck takes minutes over the full set).
+TEST(CudaFusedDecode, MoeOneTokenSmallShapesForSanitizers) {
+  expect_moe_one_token_equals_chain({{{100, 3, 272, 144}, cuda::PackedFormat::Nvfp4},
+                                     {{32, 4, 256, 128}, cuda::PackedFormat::Fp8}},
+                                    1);
+}
 }  // namespace
 }  // namespace fathom

@@ -87,11 +87,11 @@ __host__ __device__ inline int gemv_rows_per_block(int G, int R) { return kGemvB
 
 // The staged form's prologue: warp 0 copies the block's rows (contiguous in w, one bulk copy a
 // row) into `stage`, completing on `bar`; then the PDL wait, then every thread waits for the
-// copies. Returns the first row staged.
+// copies. Returns the first row staged. `block`: the block's index among the GEMV's blocks.
 template <typename W>
 __device__ __forceinline__ int stage_rows_then_wait(const W* __restrict__ w, W* stage, uint64_t* bar, int N, int K,
-                                                    int rows_per_block) {
-  const int first = blockIdx.x * rows_per_block;
+                                                    int rows_per_block, int block) {
+  const int first = block * rows_per_block;
   const int rows = min(rows_per_block, N - first);
   const uint32_t row_bytes = uint32_t(K) * sizeof(W);
   if (threadIdx.x < 32) {
@@ -112,15 +112,19 @@ __device__ __forceinline__ int stage_rows_then_wait(const W* __restrict__ w, W* 
 // R rows per warp group: each activation vector loaded is used for R rows (several tokens would
 // otherwise be bound by the activation loads). Per row the sum runs in the same order as R = 1.
 // kStaged: the rows come from `stage` (shared memory, filled by stage_rows_then_wait; `bar` its
-// barrier), read in the order the plain form reads them from `w`.
+// barrier), read in the order the plain form reads them from `w`. `block` (-1: blockIdx.x) is
+// which of the GEMV's gemv_blocks blocks this one computes (a fused kernel lays its grid out
+// otherwise).
 template <typename W, int MAX_T, int R, class Store, bool kStaged = false>
 __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __restrict__ x, const Store& store,
-                                           int T, int N, int K, int G, W* stage = nullptr, uint64_t* bar = nullptr) {
+                                           int T, int N, int K, int G, W* stage = nullptr, uint64_t* bar = nullptr,
+                                           int block = -1) {
+  if (block < 0) block = int(blockIdx.x);
   constexpr int V = Vec<W>::V;
   __shared__ float part[kGemvBlock / 32][R][MAX_T];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / G, g = warp % G;
-  const int n0 = (blockIdx.x * (kGemvBlock / 32 / G) + group) * R;
+  const int n0 = (block * (kGemvBlock / 32 / G) + group) * R;
   float acc[R][MAX_T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -140,7 +144,7 @@ __device__ __forceinline__ void gemv_block(const W* __restrict__ w, const W* __r
   uint4 first0 = make_uint4(0, 0, 0, 0), first1 = first0;
   const bool early = !kStaged && R == 1 && n0 < N && k + 32 * V < ke;
   if constexpr (kStaged) {
-    first = stage_rows_then_wait(w, stage, bar, N, K, gemv_rows_per_block(G, R));
+    first = stage_rows_then_wait(w, stage, bar, N, K, gemv_rows_per_block(G, R), block);
   } else {
     if (early) {
       first0 = load_w(n0, k);

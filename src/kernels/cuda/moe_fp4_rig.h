@@ -41,6 +41,7 @@ class MoeFp4Rig {
   // Host reference of token t: h rounded to bf16 as the kernels store it (cached).
   const std::vector<double>& reference(int t);
   int H() const { return shape_.H; }
+  const PackedExperts& experts() const { return ex_; }  // the packed weights on the device
   MoeFp4Plan plan;  // the kernel variants launch() runs (default: the fixed rule)
 
  private:

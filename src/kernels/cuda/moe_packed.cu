@@ -23,6 +23,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_packed.cuh"
+#include "kernels/cuda/moe_packed_small.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
@@ -31,22 +32,14 @@ namespace {
 
 constexpr int kSmallTile = 8;  // tokens per tile of the decode kernel (the mma's N)
 
-// ---- decode-shaped kernel: a block = one pair of row tiles x one tile of <= 8 tokens; its W
-// warps split k (warp w takes slabs w, w+W, ...) and their sums are added in warp order, so the
-// result of a token depends only on the shapes and W. Each warp has U slabs of loads in flight.
+// ---- decode-shaped kernel (moe_packed_small.cuh): a block = one work item, blockIdx.y its tile,
+// blockIdx.x its row tile.
 //
 // The down kernel issues its first U slabs' weight loads before waiting for the gate/up kernel
 // (programmatic dependent launch): only h comes from that kernel. The routing it reads was
 // written before: the gate/up kernel's blocks each waited for their predecessor before letting
 // this kernel start (pdl_prologue waits, then triggers), so the down weights stream while the
 // gate/up kernel finishes.
-template <class F, int U>
-struct SlabLoads {
-  uint4 w0[U][F::kWords], w1[U][F::kWords];
-  uint32_t s0[U], s1[U];  // NVFP4: the lane's scale words
-  float f0[U], f1[U];     // FP8: the slabs' scales
-};
-
 template <class F, bool kGateUp, int W, int U, int kMinBlocks>
 __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(MoeFp4Args a) {
   if constexpr (kGateUp) {
@@ -57,84 +50,15 @@ __global__ __launch_bounds__(W * 32, kMinBlocks) void moe_packed_small_kernel(Mo
   // weights stream; the grid's rows never pass the tile buffer, and a tile past the count is
   // not used).
   const int num_tiles = *a.num_tiles;
-  const int* td = a.tiles + 4 * blockIdx.y;
-  const int e = td[0], begin = td[1], count = td[2];
+  const SmallItem it = small_item<kGateUp>(a, blockIdx.y, blockIdx.x, true);
   if (int(blockIdx.y) >= num_tiles) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int rt0 = kGateUp ? blockIdx.x : 2 * blockIdx.x;
-  const WarpRows w = warp_rows<F, kGateUp>(a, e, rt0, lane);
-  const int KS = (kGateUp ? a.ex.gate[e] : a.ex.down[e]).k_slabs;
-  const int k = kGateUp ? a.ex.hidden : a.ex.inter;
-  const int32_t* pairs = a.sorted_pairs + begin;
-  const bool col_ok = g < count;
-  const int64_t x_offset = col_ok ? int64_t(kGateUp ? pairs[g] / a.K : pairs[g]) * a.x_ld : 0;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  constexpr int NW = F::kWords;
-  SlabLoads<F, U> L;
-  // The weights (and scales) of slabs base, base + W, ... (U of them; zeros past KS).
-  auto load_weights = [&](int base) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int ks = base + W * u;
-#pragma unroll
-      for (int i = 0; i < NW; ++i) L.w0[u][i] = L.w1[u][i] = zero;
-      L.s0[u] = L.s1[u] = 0;
-      L.f0[u] = L.f1[u] = 0.f;
-      if (ks < KS) {
-        if (w.ok0) {
-#pragma unroll
-          for (int i = 0; i < NW; ++i) L.w0[u][i] = load_stream(w.q0 + (ks * NW + i) * 32);
-          if constexpr (F::kSlabScale) L.f0[u] = w.f0[ks];
-          else L.s0[u] = w.s0[ks * 32];
-        }
-        if (w.ok1) {
-#pragma unroll
-          for (int i = 0; i < NW; ++i) L.w1[u][i] = load_stream(w.q1 + (ks * NW + i) * 32);
-          if constexpr (F::kSlabScale) L.f1[u] = w.f1[ks];
-          else L.s1[u] = w.s1[ks * 32];
-        }
-      }
-    }
-  };
-  load_weights(warp);
-  if constexpr (!kGateUp) pdl_prologue();
-  const bf16_t* xrow = a.x + x_offset;
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int base = warp; base < KS; base += W * U) {
-    if (base != warp) load_weights(base);
-    uint4 xa[U], xb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      xa[u] = xb[u] = zero;
-      const int ks = base + W * u, kx = ks * kSlabK + 16 * c;
-      if (ks < KS && col_ok && kx < k) {
-        xa[u] = *reinterpret_cast<const uint4*>(xrow + kx);
-        xb[u] = *reinterpret_cast<const uint4*>(xrow + kx + 8);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      uint32_t A[4][4];
-      F::decode(L.w0[u], L.s0[u], A);
-      accumulate_slab<F>(A, xa[u], xb[u], L.f0[u], acc0);
-      F::decode(L.w1[u], L.s1[u], A);
-      accumulate_slab<F>(A, xa[u], xb[u], L.f1[u], acc1);
-    }
-  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ float red[W][8][32];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc0[i], red[warp][4 + i][lane] = acc1[i];
+  small_item_partials<F, kGateUp, W, U>(a, it, warp, lane, red[warp], [] {
+    if constexpr (!kGateUp) pdl_prologue();
+  });
   __syncthreads();
-  if (warp != 0) return;
-  float v0[4], v1[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v0[i] = red[0][i][lane];
-    v1[i] = red[0][4 + i][lane];
-#pragma unroll
-    for (int ww = 1; ww < W; ++ww) v0[i] += red[ww][i][lane], v1[i] += red[ww][4 + i][lane];
-  }
-  store_tile<kGateUp>(a, e, rt0, 0, count, pairs, v0, v1, lane);
+  if (warp == 0) small_item_store<kGateUp, W>(a, it, red, lane);
 }
 
 // ---- prefill-shaped kernel: a block = W warps x (a pair of row tiles) x one tile of <= 64
@@ -365,6 +289,15 @@ int small_variant_for(const MoeFp4Plan& plan, int T) {
   if (!plan.small_table.empty()) return plan.small_table.back().second;
   return T <= 2 ? kFewTokensVariant : kManyTokensVariant;
 }
+
+}  // namespace
+
+SmallShapes packed::small_shapes_for(const MoeFp4Plan& plan, int T) {
+  const SmallVariant& v = kSmallVariants[small_variant_for(plan, T)];
+  return {v.gate_shape.warps, v.gate_shape.unroll, v.down_shape.warps, v.down_shape.unroll};
+}
+
+namespace {
 
 template <class F>
 void launch_small(int variant, MoeFp4Args a, dim3 gate_grid, dim3 down_grid, const bf16_t* h, int inter,

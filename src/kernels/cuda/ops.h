@@ -423,6 +423,9 @@ struct MoeGroupScratch {
   int32_t *sorted_pairs = nullptr, *expert_start = nullptr, *active = nullptr, *num_active = nullptr;
   int32_t *tiles = nullptr, *num_tiles = nullptr;
   int32_t* done = nullptr;  // moe_route's count of finished blocks (zero when the scratch is made)
+  // moe_decode_fused's grid barrier: [0] blocks arrived (zero when the scratch is made and
+  // between barriers), [1] barriers passed.
+  uint32_t* barrier = nullptr;
 };
 // moe_topk, then moe_group_pairs with tile_tokens, in one launch (the same results). False, with
 // nothing launched, past kTopkGroupMaxTokens tokens (one block groups them all) or without g.done.
@@ -513,7 +516,7 @@ inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pai
 // The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of
 // moe_group_scratch_ints(pairs, E) elements.
 inline int64_t moe_group_scratch_ints(int pairs, int E) {
-  return int64_t(pairs) + 2 * E + 4 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
+  return int64_t(pairs) + 2 * E + 6 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
 }
 // `buf` must be zeroed before the first moe_route on it (the caller's allocation does it).
 inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
@@ -524,7 +527,8 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   g.num_active = g.active + E;
   g.num_tiles = g.num_active + 1;
   g.done = g.num_tiles + 1;
-  g.tiles = g.done + 1;
+  g.barrier = reinterpret_cast<uint32_t*>(g.done + 1);
+  g.tiles = g.done + 3;
   return g;
 }
 // The routing of a decode-sized MoE step in one launch: logits = x router^T (fp32, the GEMV of
@@ -533,6 +537,15 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
 // read. False, with nothing launched, past the GEMV's sizes (T > kGemvMaxTokens) or without g.done.
 bool moe_route(const float* router, const float* x, float* logits, int T, int E, int H, int K, bool renorm,
                int32_t* topk_ids, float* topk_w, const MoeGroupScratch& g, int tile_tokens, cudaStream_t s);
+// A one-token MoE block in one launch (moe_decode_fused.cu): moe_route's router product and top-k,
+// then moe_experts_packed's decode kernels at one token (the plan's variant), each phase after a
+// grid-wide barrier instead of a kernel boundary; the same logits, ids, weights, tiles, h and
+// pair_out bits as those launches. False, with nothing launched, where it does not apply (more
+// than 32 experts a token, a variant whose warps do not fit its blocks, unaligned inputs, no
+// g.barrier).
+bool moe_decode_fused(const float* router, const float* x32, float* logits, int E, int H, int K, bool renorm,
+                      const PackedExperts& ex, const bf16_t* x, int32_t* topk_ids, float* topk_w, bf16_t* h,
+                      float* pair_out, const MoeGroupScratch& g, const MoeFp4Plan& plan, cudaStream_t s);
 // Implementations of the decode-shaped kernels (warps splitting k, loads in flight per warp),
 // chosen per call by a MoeFp4Plan (kernel_plan.h) so that the tuner and a benchmark can run them all.
 int moe_fp4_small_variants();

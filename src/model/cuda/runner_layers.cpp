@@ -23,6 +23,15 @@ bool decode_fusion(int T) {
   return on && T <= kGemvMaxTokens;
 }
 
+// A one-token MoE block as one launch (moe_decode_fused): FATHOM_MOE_FUSED=1 turns it on.
+bool moe_fused(int T) {
+  static const bool on = [] {
+    const char* v = std::getenv("FATHOM_MOE_FUSED");
+    return v && std::string_view(v) == "1";
+  }();
+  return on && T == 1 && decode_fusion(T);
+}
+
 }  // namespace
 
 // One decoder layer on the residual stream x: input norm (fused with adding the previous
@@ -314,7 +323,15 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   int64_t gate_ld = 1;
   if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
   bool grouped = false;  // the packed experts' pairs grouped by moe_route
-  {
+  bool fused = false;    // routing and experts in one launch
+  if (moe_fused(T) && l.packed && !tp.expert_parallel && !router_split(l, T)) {
+    Scope sc(profiler, "moe.experts");
+    fused = moe_decode_fused(l.router.f32, act.xn32.as<float>(), act.router_logits.as<float>(), E, H, K,
+                             cfg.norm_topk_prob, l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(),
+                             act.topk_w.as<float>(), act.pair_h.as<bf16_t>(), act.pair_out.as<float>(), act.group,
+                             opt.kernels.moe, s);
+  }
+  if (!fused) {
     Scope sc(profiler, "moe.router");
     // Decode sizes: router, top-k and the experts' grouping in one launch.
     if (decode_fusion(T) && l.packed && !tp.expert_parallel && !router_split(l, T))
@@ -343,9 +360,10 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
   Scope sc(profiler, "moe.experts");
   const float* shared = l.has_shared ? act.sh_out.as<float>() : nullptr;
   if (l.packed) {
-    moe_experts_packed(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(), act.pair_h.as<bf16_t>(),
-                    act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld, act.group, s, opt.kernels.moe,
-                    grouped);
+    if (!fused)
+      moe_experts_packed(l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(), act.topk_w.as<float>(),
+                         act.pair_h.as<bf16_t>(), act.pair_out.as<float>(), nullptr, T, K, shared, shared_gate, gate_ld,
+                         act.group, s, opt.kernels.moe, grouped);
     if (overlap) {
       FATHOM_CUDA_CHECK(cudaEventRecord(join_event, side_stream));
       FATHOM_CUDA_CHECK(cudaStreamWaitEvent(s, join_event));
