@@ -14,9 +14,15 @@
 //
 // Every block must be resident at once for the barriers: the grid is sized from the kernel's
 // occupancy (and nothing this kernel waits for needs the SMs it holds: the kernel before it has
-// started, and kernels after it start only once all its blocks have).
+// started, the shared expert's kernels on the side stream do not wait for it, and kernels after
+// it start only once all its blocks have).
+//
+// Measured slower than the chain on every Qwen3.5 shape (docs/perf.md, stop 72: +1.5-2% at the
+// 35B's batch 1, +10% at the 397B's), so the runner takes it only with FATHOM_MOE_FUSED=1: a
+// persistent block's round of items waits for its slowest item and holds its SM, where the
+// chain's grids start a block wherever one drains; and the 397B's router (512 GEMV blocks) and
+// expert phases take two and three rounds of the grid.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -43,24 +49,31 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ uint32_t add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
-// A barrier over the grid: bar[0] counts the blocks arrived; the last zeroes it and advances
-// bar[1], which the others wait for. The words are then ready for the next barrier, and for the
-// next launch whatever its grid.
+// A barrier over the grid: bar[0] counts the blocks arrived (release: the block's writes, ordered
+// before by the block barrier, go with it); the last to arrive zeroes it and advances
+// bar[kBarrierPassed], which the others poll (acquire; polling every 32 ns measured the same). The
+// words are then ready for the next barrier, and for the next launch whatever its grid.
 __device__ __forceinline__ void grid_barrier(uint32_t* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t passed = load_acquire(bar + 1);
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
+    uint32_t* passed_word = bar + MoeGroupScratch::kBarrierPassed;
+    const uint32_t passed = load_acquire(passed_word);
+    if (add_acq_rel(bar, 1u) == gridDim.x - 1) {
+      *reinterpret_cast<volatile uint32_t*>(bar) = 0u;
+      add_release(passed_word, 1u);
     } else {
-      while (load_acquire(bar + 1) == passed) {
+      while (load_acquire(passed_word) == passed) {
       }
     }
-    __threadfence();
   }
   __syncthreads();
 }
@@ -88,8 +101,10 @@ __device__ __forceinline__ void run_items(const MoeFp4Args& a, int K, float (*re
   for (int base = blockIdx.x * kAtOnce, first = 1; first || base < items; base += gridDim.x * kAtOnce, first = 0) {
     const int item = base + warp / W;
     const SmallItem it = small_item<kGateUp>(a, item / rts, item % rts, item < items);
-    if (first) small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], hook);
-    else small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], [] {});
+    if (first)
+      small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], hook);
+    else
+      small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], [] {});
     __syncthreads();
     if (warp % W == 0) small_item_store<kGateUp, W>(a, it, red + warp, lane);
     __syncthreads();
@@ -168,13 +183,9 @@ FusedKernel fused_kernel_for(const SmallShapes& s, int E) {
   });
 }
 
-// Blocks an SM: the kernel's occupancy (every block must be resident), at most
-// FATHOM_MOE_FUSED_BLOCKS_PER_SM (default 2).
+// Blocks an SM: the kernel's occupancy (every block must be resident), at most two (one
+// measured slower: the expert items then take two rounds).
 int blocks_per_sm(FusedKernel k, size_t smem) {
-  static const int cap = [] {
-    const char* v = std::getenv("FATHOM_MOE_FUSED_BLOCKS_PER_SM");
-    return v ? std::max(1, std::atoi(v)) : 2;
-  }();
   static std::mutex mu;
   static std::map<std::tuple<FusedKernel, size_t, int>, int> cache;
   int device = 0;
@@ -182,7 +193,7 @@ int blocks_per_sm(FusedKernel k, size_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = cache.try_emplace({k, smem, device}, 0);
   if (fresh) FATHOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, k, kFusedBlock, smem));
-  return std::min(it->second, cap);
+  return std::min(it->second, 2);
 }
 
 }  // namespace
@@ -190,14 +201,13 @@ int blocks_per_sm(FusedKernel k, size_t smem) {
 bool moe_decode_fused(const float* router, const float* x32, float* logits, int E, int H, int K, bool renorm,
                       const PackedExperts& ex, const bf16_t* x, int32_t* topk_ids, float* topk_w, bf16_t* h,
                       float* pair_out, const MoeGroupScratch& g, const MoeFp4Plan& plan, cudaStream_t s) {
-  if (router == nullptr || E > kMaxExperts || K < 1 || K > E || K > kMaxPicks || H % 4 != 0 || ex.hidden != H || ex.num != E ||
-      ex.hidden % 8 != 0 || ex.inter % 8 != 0 || !is_aligned(router, 16) || !is_aligned(x32, 16) ||
+  if (router == nullptr || E > kMaxExperts || K < 1 || K > E || K > kMaxPicks || H % 4 != 0 || ex.hidden != H ||
+      ex.num != E || ex.hidden % 8 != 0 || ex.inter % 8 != 0 || !is_aligned(router, 16) || !is_aligned(x32, 16) ||
       !is_aligned(x, 16) || g.barrier == nullptr)
     return false;
   const bool fp8 = ex.format == PackedFormat::Fp8;
   const SmallShapes shapes = small_shapes_for(plan, 1);
-  const FusedKernel kernel =
-      fp8 ? fused_kernel_for<Fp8Slabs>(shapes, E) : fused_kernel_for<Nvfp4Slabs>(shapes, E);
+  const FusedKernel kernel = fp8 ? fused_kernel_for<Fp8Slabs>(shapes, E) : fused_kernel_for<Nvfp4Slabs>(shapes, E);
   if (!kernel) return false;
   const int G = gemv_warps_per_row<float>(E, H);
   const int router_blocks = gemv_blocks(E, G, 1);

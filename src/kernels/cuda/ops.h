@@ -424,8 +424,10 @@ struct MoeGroupScratch {
   int32_t *tiles = nullptr, *num_tiles = nullptr;
   int32_t* done = nullptr;  // moe_route's count of finished blocks (zero when the scratch is made)
   // moe_decode_fused's grid barrier: [0] blocks arrived (zero when the scratch is made and
-  // between barriers), [1] barriers passed.
+  // between barriers), [kBarrierPassed] barriers passed (on another 128-byte line: the blocks
+  // waiting poll it while the others' arrivals count on the first).
   uint32_t* barrier = nullptr;
+  static constexpr int kBarrierPassed = 32, kBarrierInts = 2 * kBarrierPassed;
 };
 // moe_topk, then moe_group_pairs with tile_tokens, in one launch (the same results). False, with
 // nothing launched, past kTopkGroupMaxTokens tokens (one block groups them all) or without g.done.
@@ -516,7 +518,7 @@ inline int moe_fp4_max_tiles(int pairs, int E) { return std::min(E, pairs) + pai
 // The grouping scratch for up to `pairs` pairs over E experts, carved from one int32 buffer of
 // moe_group_scratch_ints(pairs, E) elements.
 inline int64_t moe_group_scratch_ints(int pairs, int E) {
-  return int64_t(pairs) + 2 * E + 6 + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
+  return int64_t(pairs) + 2 * E + 4 + MoeGroupScratch::kBarrierInts + 4 * int64_t(moe_fp4_max_tiles(pairs, E));
 }
 // `buf` must be zeroed before the first moe_route on it (the caller's allocation does it).
 inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
@@ -528,7 +530,7 @@ inline MoeGroupScratch moe_group_scratch(int32_t* buf, int pairs, int E) {
   g.num_tiles = g.num_active + 1;
   g.done = g.num_tiles + 1;
   g.barrier = reinterpret_cast<uint32_t*>(g.done + 1);
-  g.tiles = g.done + 3;
+  g.tiles = g.done + 1 + MoeGroupScratch::kBarrierInts;
   return g;
 }
 // The routing of a decode-sized MoE step in one launch: logits = x router^T (fp32, the GEMV of
