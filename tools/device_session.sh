@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|moefused32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -447,6 +447,26 @@ for what in "${@:-all}"; do
         FATHOM_KNOCKOUT=$names timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
           --batch "${KNOCK_BATCH:-1}" --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
           | sed "s/^/knockout ${names:-none}: /" | tee -a "$OUT/knockout32.log"
+      done ;;
+    moefused32)
+      # Issue 32, stop 72: the one-token MoE launch (FATHOM_MOE_FUSED=1) against the chain: its
+      # bit tests, memcheck and racecheck, then batch-1 steps alternated MOEFUSED_REPS times on
+      # MOEFUSED_SPECS (config:layers).
+      timeout 200 "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.*:CudaMoePacked.*' > "$OUT/moefused_tests.log" 2>&1
+      echo "moefused tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/moefused_tests.log" | head
+      memcheck 120 moefused "CudaFusedDecode.MoeOneToken*"
+      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BIN/test_cuda" \
+        --gtest_filter='CudaFusedDecode.MoeOneTokenSmall*' > "$OUT/moefused_racecheck.log" 2>&1
+      echo "moefused racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/moefused_racecheck.log")"
+      for rep in $(seq "${MOEFUSED_REPS:-2}"); do
+        for spec in ${MOEFUSED_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
+          split_spec "$spec"
+          for fused in 0 1; do
+            FATHOM_MOE_FUSED=$fused timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
+              --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
+              | sed "s/^/$spec fused=$fused rep $rep: /" | tee -a "$OUT/moefused32.log"
+          done
+        done
       done ;;
     sizes32)
       # Issue 32's table: `fathom bench` at SIZES_BATCH (default 1,8,64; 4K context) on SIZES_SPECS

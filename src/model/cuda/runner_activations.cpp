@@ -67,7 +67,8 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   topk_w = f32(T * K);
   pair_h = b16(int64_t(limits.pairs) * I);
   group_buf = DeviceBuffer(size_t(moe_group_scratch_ints(limits.pairs, E)) * 4);
-  FATHOM_CUDA_CHECK(cudaMemset(group_buf.data(), 0, group_buf.bytes()));  // moe_route's and the barrier's counts: zero
+  // moe_route's count and moe_decode_fused's barrier start at zero.
+  FATHOM_CUDA_CHECK(cudaMemset(group_buf.data(), 0, group_buf.bytes()));
   group = moe_group_scratch(group_buf.as<int32_t>(), limits.pairs, E);
   pair_out = f32(int64_t(limits.pairs) * H);
   const int S = std::max({1, cfg.shared_expert_intermediate_size, cfg.intermediate_size});

@@ -369,6 +369,10 @@ struct CudaRunner::Impl {
   static bool router_split(const DevLayer& l, int T) { return T > kSplitTokens && l.router3.bf16; }
   static_assert(kGemvChunkedMaxTokens >= kSplitTokens, "decode-sized routing past the chunked GEMV would leave its bits");
 
+  // How route() left a MoE layer's tokens: routed only, grouped for the packed experts too, or
+  // routed and run through the experts in one launch (moe_decode_fused).
+  enum class MoeRouting { Ungrouped, Grouped, FusedWithExperts };
+  MoeRouting route(const DevLayer& l, int T);
   void moe_block(const DevLayer& l, const Plan& p);
 
   // Final norm and lm_head over the selected rows; argmax on the device (none with a null argmax_out).

@@ -307,31 +307,23 @@ const float* CudaRunner::Impl::shared_expert(const DevLayer& l, int T, cudaStrea
   return nullptr;
 }
 
-void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
+// A MoE layer's routing of T tokens (ids and weights into topk_ids / topk_w): at one token,
+// with FATHOM_MOE_FUSED=1, the routed experts in the same launch; at decode sizes router, top-k
+// and the packed experts' grouping in one launch; else the router product, then top-k (grouped
+// where it fits).
+CudaRunner::Impl::MoeRouting CudaRunner::Impl::route(const DevLayer& l, int T) {
   const cudaStream_t s = stream;
-  const int T = p.T, H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
-  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
-  float* D = act.delta.as<float>();
-  // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
-  const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
-  const cudaStream_t shared_stream = overlap ? side_stream : s;
-  if (overlap) {
-    FATHOM_CUDA_CHECK(cudaEventRecord(fork_event, s));
-    FATHOM_CUDA_CHECK(cudaStreamWaitEvent(side_stream, fork_event));
-  }
-  const float* shared_gate = nullptr;
-  int64_t gate_ld = 1;
-  if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
+  const int H = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
   bool grouped = false;  // the packed experts' pairs grouped by moe_route
-  bool fused = false;    // routing and experts in one launch
   if (moe_fused(T) && l.packed && !tp.expert_parallel && !router_split(l, T)) {
     Scope sc(profiler, "moe.experts");
-    fused = moe_decode_fused(l.router.f32, act.xn32.as<float>(), act.router_logits.as<float>(), E, H, K,
-                             cfg.norm_topk_prob, l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(),
-                             act.topk_w.as<float>(), act.pair_h.as<bf16_t>(), act.pair_out.as<float>(), act.group,
-                             opt.kernels.moe, s);
+    if (moe_decode_fused(l.router.f32, act.xn32.as<float>(), act.router_logits.as<float>(), E, H, K,
+                         cfg.norm_topk_prob, l.pexperts, act.xn.as<bf16_t>(), act.topk_ids.as<int32_t>(),
+                         act.topk_w.as<float>(), act.pair_h.as<bf16_t>(), act.pair_out.as<float>(), act.group,
+                         opt.kernels.moe, s))
+      return MoeRouting::FusedWithExperts;
   }
-  if (!fused) {
+  {
     Scope sc(profiler, "moe.router");
     // Decode sizes: router, top-k and the experts' grouping in one launch.
     if (decode_fusion(T) && l.packed && !tp.expert_parallel && !router_split(l, T))
@@ -355,6 +347,26 @@ void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
       if (tp.expert_parallel) moe_localize_ids(act.topk_ids.as<int32_t>(), T * K, tp.experts.begin, tp.experts.size(), s);
     }
   }
+  return grouped ? MoeRouting::Grouped : MoeRouting::Ungrouped;
+}
+
+void CudaRunner::Impl::moe_block(const DevLayer& l, const Plan& p) {
+  const cudaStream_t s = stream;
+  const int T = p.T, H = cfg.hidden_size, K = cfg.num_experts_per_tok;
+  const DeviceArray<bf16_t> dq = act.dequant.array<bf16_t>();
+  float* D = act.delta.as<float>();
+  // Only at GEMV sizes: there no cuBLASLt call (one shared workspace) runs on either stream.
+  const bool overlap = l.packed && l.has_shared && l.s_fused.out > 0 && T <= kGemvMaxTokens && !opt.profile;
+  const cudaStream_t shared_stream = overlap ? side_stream : s;
+  if (overlap) {
+    FATHOM_CUDA_CHECK(cudaEventRecord(fork_event, s));
+    FATHOM_CUDA_CHECK(cudaStreamWaitEvent(side_stream, fork_event));
+  }
+  const float* shared_gate = nullptr;
+  int64_t gate_ld = 1;
+  if (overlap) shared_gate = shared_expert(l, T, shared_stream, &gate_ld);
+  const MoeRouting routing = route(l, T);
+  const bool fused = routing == MoeRouting::FusedWithExperts, grouped = routing != MoeRouting::Ungrouped;
   const int32_t* skip_ids = tp.expert_parallel ? act.topk_ids.as<int32_t>() : nullptr;  // other ranks' pairs
   if (!overlap) shared_gate = shared_expert(l, T, s, &gate_ld);
   Scope sc(profiler, "moe.experts");
