@@ -102,9 +102,9 @@ __device__ __forceinline__ void run_items(const MoeFp4Args& a, int K, float (*re
     const int item = base + warp / W;
     const SmallItem it = small_item<kGateUp>(a, item / rts, item % rts, item < items);
     if (first)
-      small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], hook);
+      small_item_partials<F, kGateUp, W, U, true>(a, it, warp % W, lane, red[warp], hook);
     else
-      small_item_partials<F, kGateUp, W, U>(a, it, warp % W, lane, red[warp], [] {});
+      small_item_partials<F, kGateUp, W, U, true>(a, it, warp % W, lane, red[warp], [] {});
     __syncthreads();
     if (warp % W == 0) small_item_store<kGateUp, W>(a, it, red + warp, lane);
     __syncthreads();

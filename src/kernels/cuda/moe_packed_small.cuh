@@ -40,8 +40,9 @@ __device__ __forceinline__ SmallItem small_item(const MoeFp4Args& a, int tile, i
 // Warp `warp` (of the item's W) of an item: its partial sums of both operands, into red[warp]
 // (8 x 32 floats: acc0 then acc1 by lane). `after_first_loads()` runs once the first U slabs'
 // weights are requested, before any activation is read (the down kernel waits for the gate/up
-// results there; every warp calls it, with or without work).
-template <class F, bool kGateUp, int W, int U, class Hook>
+// results there; every warp calls it, with or without work). kL2: the activations are read
+// through L2 only (ld.cg), for a launch whose other blocks wrote them (moe_decode_fused's h).
+template <class F, bool kGateUp, int W, int U, bool kL2 = false, class Hook>
 __device__ __forceinline__ void small_item_partials(const MoeFp4Args& a, const SmallItem& it, int warp, int lane,
                                                     float (*red)[32], Hook&& after_first_loads) {
   const int g = lane >> 2, c = lane & 3;
@@ -93,9 +94,14 @@ __device__ __forceinline__ void small_item_partials(const MoeFp4Args& a, const S
       xa[u] = xb[u] = zero;
       const int ks = base + W * u, kx = ks * kSlabK + 16 * c;
       if (ks < KS && col_ok && kx < k) {
-        // Through L2 (ld.cg): in the one-token launch other blocks of it wrote h.
-        xa[u] = __ldcg(reinterpret_cast<const uint4*>(xrow + kx));
-        xb[u] = __ldcg(reinterpret_cast<const uint4*>(xrow + kx + 8));
+        const uint4* xp = reinterpret_cast<const uint4*>(xrow + kx);
+        if constexpr (kL2) {
+          xa[u] = __ldcg(xp);
+          xb[u] = __ldcg(xp + 1);
+        } else {
+          xa[u] = xp[0];
+          xb[u] = xp[1];
+        }
       }
     }
 #pragma unroll
