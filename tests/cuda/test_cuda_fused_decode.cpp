@@ -369,7 +369,6 @@ TEST(CudaFusedDecode, CombineNormEqualsCombineThenNorm) {
   }
 }
 
-
 // ---- moe_decode_fused
 
 struct MoeOneTokenCase {
@@ -413,8 +412,8 @@ void expect_moe_one_token_equals_chain(const std::vector<MoeOneTokenCase>& cases
         ASSERT_TRUE(cuda::moe_route(router.as<float>(), x32.as<float>(), logits_ref.as<float>(), 1, E, H, K, true,
                                     ids_ref.as<int32_t>(), w_ref.as<float>(), g_ref, 8, nullptr));
         cuda::moe_experts_packed(ex, xn.as<cuda::bf16_t>(), ids_ref.as<int32_t>(), w_ref.as<float>(),
-                                 h_ref.as<cuda::bf16_t>(), out_ref.as<float>(), nullptr, 1, K, nullptr, nullptr, 1, g_ref,
-                                 nullptr, plan, true);
+                                 h_ref.as<cuda::bf16_t>(), out_ref.as<float>(), nullptr, 1, K, nullptr, nullptr, 1,
+                                 g_ref, nullptr, plan, true);
         cuda::set_gemv_staging_mode(rep % 2 == 0 ? 2 : 0);
         ASSERT_TRUE(cuda::moe_decode_fused(router.as<float>(), x32.as<float>(), logits.as<float>(), E, H, K, true, ex,
                                            xn.as<cuda::bf16_t>(), ids.as<int32_t>(), wts.as<float>(),
@@ -428,17 +427,18 @@ void expect_moe_one_token_equals_chain(const std::vector<MoeOneTokenCase>& cases
         const auto all = host<int32_t>(g_buf), all_ref = host<int32_t>(g_ref_buf);
         const size_t tiles = size_t(g.tiles - g.sorted_pairs), num = size_t(g.num_tiles - g.sorted_pairs);
         EXPECT_EQ(all[num], all_ref[num]) << "tile count";
-        for (int i = 0; i < 4 * K; ++i) EXPECT_EQ(all[tiles + size_t(i)], all_ref[tiles + size_t(i)]) << "tile int " << i;
+        for (int i = 0; i < 4 * K; ++i)
+          EXPECT_EQ(all[tiles + size_t(i)], all_ref[tiles + size_t(i)]) << "tile int " << i;
         for (int i = 0; i < P; ++i) EXPECT_EQ(all[size_t(i)], all_ref[size_t(i)]) << "sorted pair " << i;
         EXPECT_EQ(all[size_t(reinterpret_cast<int32_t*>(g.barrier) - g.sorted_pairs)], 0)
             << "the barrier's arrival count must return to zero";
       }
     cuda::set_gemv_staging_mode(-1);
     DeviceBuffer untouched = poisoned(size_t(P) * H * 4);
-    EXPECT_FALSE(cuda::moe_decode_fused(router.as<float>(), router.as<float>(), untouched.as<float>(), E, H, K, true, ex,
-                                        reinterpret_cast<const cuda::bf16_t*>(router.data()), untouched.as<int32_t>(),
-                                        untouched.as<float>(), untouched.as<cuda::bf16_t>(), untouched.as<float>(), g,
-                                        cuda::MoeFp4Plan::decode_variant(3), nullptr));
+    EXPECT_FALSE(cuda::moe_decode_fused(router.as<float>(), router.as<float>(), untouched.as<float>(), E, H, K, true,
+                                        ex, reinterpret_cast<const cuda::bf16_t*>(router.data()),
+                                        untouched.as<int32_t>(), untouched.as<float>(), untouched.as<cuda::bf16_t>(),
+                                        untouched.as<float>(), g, cuda::MoeFp4Plan::decode_variant(3), nullptr));
     FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
     for (const uint32_t v : host<uint32_t>(untouched)) ASSERT_EQ(v, 0xFFFFFFFFu) << "a declined launch wrote";
   }
