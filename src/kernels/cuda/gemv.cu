@@ -4,9 +4,6 @@
 // The kernel's body (layout, batch invariance, the staged form) is in gemv.cuh; which GEMVs take
 // the staged form is gemv_takes_staged_form's choice.
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
@@ -92,19 +89,7 @@ bool gemv_takes_staged_form(const void* kernel, int blocks, size_t stage_bytes) 
     allow_dynamic_smem(kernel, int(stage_bytes));
     return true;
   }
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, size_t, int>, int> resident;  // (kernel, bytes, device) -> blocks an SM
-  int device = 0;
-  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = resident.try_emplace({kernel, stage_bytes, device}, 0);
-  if (fresh) {
-    allow_dynamic_smem(kernel, int(stage_bytes));
-    int per_sm = 0;
-    FATHOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvBlock, stage_bytes));
-    it->second = per_sm * multiprocessor_count();
-  }
-  return blocks <= it->second;
+  return blocks <= resident_blocks_per_sm(kernel, kGemvBlock, stage_bytes) * multiprocessor_count();
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,18 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
                shared_memory_limit() / 1024, " KB allowed", sm120_profile() ? " (SM120 profile)" : "");
   FATHOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   have = bytes;
+}
+
+int resident_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  allow_dynamic_smem(kernel, int(smem));
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> known;  // (kernel, threads, smem, device)
+  int device = 0;
+  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({kernel, threads, smem, device}, 0);
+  if (fresh) FATHOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, smem));
+  return it->second;
 }
 
 }  // namespace fathom::cuda

@@ -25,6 +25,10 @@ bool programmatic_launch_enabled();
 // Opts `kernel` into `bytes` of dynamic shared memory on the current device (needed above the
 // default 48 KB; done once per kernel and device).
 void allow_dynamic_smem(const void* kernel, int bytes);
+// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that one SM holds at once
+// for `kernel` on the current device (the smem granted first), queried once per kernel, shape and
+// device: grids that must be resident in one wave are sized from it.
+int resident_blocks_per_sm(const void* kernel, int threads, size_t smem);
 
 // A profiling tool: with FATHOM_KNOCKOUT=name[,name...] set, launch() skips every kernel whose
 // name contains one of the names, so a step's time without them shows what they cost inside the

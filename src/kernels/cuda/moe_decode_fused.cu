@@ -23,9 +23,6 @@
 // chain's grids start a block wherever one drains; and the 397B's router (512 GEMV blocks) and
 // expert phases take two and three rounds of the grid.
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
@@ -183,19 +180,6 @@ FusedKernel fused_kernel_for(const SmallShapes& s, int E) {
   });
 }
 
-// Blocks an SM: the kernel's occupancy (every block must be resident), at most two (one
-// measured slower: the expert items then take two rounds).
-int blocks_per_sm(FusedKernel k, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<FusedKernel, size_t, int>, int> cache;
-  int device = 0;
-  FATHOM_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace({k, smem, device}, 0);
-  if (fresh) FATHOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, k, kFusedBlock, smem));
-  return std::min(it->second, 2);
-}
-
 }  // namespace
 
 bool moe_decode_fused(const float* router, const float* x32, float* logits, int E, int H, int K, bool renorm,
@@ -214,8 +198,9 @@ bool moe_decode_fused(const float* router, const float* x32, float* logits, int 
   const size_t stage = gemv_stage_bytes(G, 1, H, sizeof(float));
   const bool staged = gemv_staging_mode() >= 1 && stage <= kGemvStageMaxBytes;
   const size_t smem = staged ? stage : 0;
-  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem));
-  const int per_sm = blocks_per_sm(kernel, smem);
+  // Every block resident (the barriers), at most two an SM (one measured slower: the expert items
+  // then take two rounds).
+  const int per_sm = std::min(resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kFusedBlock, smem), 2);
   if (per_sm < 1) return false;
   const int blocks = per_sm * multiprocessor_count();
   FusedMoeArgs f{router, x32, logits, E, H, G, K, router_blocks, renorm, staged, topk_ids, topk_w, g, {}};
