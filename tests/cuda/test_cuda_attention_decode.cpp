@@ -1,10 +1,11 @@
 // paged_attention_decode (tensor cores, one mma row tile per GQA group) against paged_attention
 // with the same split (the CUDA-core kernel, the reference) on random inputs over a paged cache
-// with shuffled blocks: single decode tokens at contexts 1, 17, 1000 and 4096, speculative-verify
-// runs (consecutive positions of one sequence) and a batch of 64 tokens mixing both. Every cache
-// slot that no query may read holds NaN, so a stray read shows up in the result. A token's output
-// must not depend on the other tokens of the step: it is compared bit for bit with the token run
-// alone. Then the Qwen3.5-397B full-attention layer at context 4,096 is timed (printed only).
+// with shuffled blocks, in the runner's split shapes: single decode tokens at contexts 1,
+// 17, 1000, 4096 and 4097, speculative-verify runs (consecutive positions of one sequence) and a
+// batch of 64 tokens mixing both. Every cache slot that no query may read holds NaN, so a stray
+// read shows up in the result. A token's output must not depend on the other tokens of the step:
+// it is compared bit for bit with the token run alone. Then the Qwen3.5-397B full-attention layer
+// at context 4,096 is timed (printed only).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +32,12 @@ using namespace testing;  // fathom::testing: attention_test_util.h, cuda_test_u
 // Largest |decode - reference| over the largest |reference|: the errors come from bf16 rounding
 // of q and of the probabilities (both kernels round the output to bf16).
 constexpr double kTolerance = 2e-2;
-constexpr int kSplits = 16;
+// The split shapes: the runner's two for these heads on this GPU (ops.h), and the most ranges the
+// few-token shape takes.
+std::vector<cuda::AttentionSplitShape> split_shapes(Shape sh) {
+  return {cuda::kManyTokenSplit, cuda::attention_few_token_split(sh.nh, sh.nkv, sh.d),
+          {cuda::kFewTokenMaxSplits, cuda::kFewTokenMinKeys}};
+}
 
 // Cheap uniform values of standard deviation 1 (the caches of the batch cases hold ~10^8 of them).
 struct FastRandom {
@@ -54,12 +60,10 @@ AttentionStep make_step(Shape shape, const std::vector<SequenceChunk>& chunks, u
 struct SplitScratch {
   DeviceBuffer m, l, acc;
   cuda::AttentionSplit split;
-  SplitScratch(int T, int nh, int d, int splits)
-      : m(size_t(T) * nh * splits * sizeof(float)),
-        l(m.bytes()),
-        acc(m.bytes() * size_t(d)) {
+  SplitScratch(int T, int nh, int d, cuda::AttentionSplitShape shape)
+      : m(size_t(T) * nh * shape.splits * sizeof(float)), l(m.bytes()), acc(m.bytes() * size_t(d)) {
     for (DeviceBuffer* b : {&m, &l, &acc}) FATHOM_CUDA_CHECK(cudaMemset(b->data(), 0xFF, b->bytes()));
-    split = {splits, m.as<float>(), l.as<float>(), acc.as<float>()};
+    split = {shape.splits, m.as<float>(), l.as<float>(), acc.as<float>(), shape.min_keys};
   }
 };
 
@@ -105,6 +109,7 @@ TEST(CudaAttentionDecode, MatchesSplitKernel) {
       {"T 1, context 1", {{0, 1}}, false},
       {"T 1, context 17", {{16, 1}}, true},
       {"T 1, context 4096", {{4095, 1}}, true},
+      {"T 1, context 4097 (ranges of whole tiles)", {{4096, 1}}, false},
       {"T 5: contexts 1 and 17, verify 998..1000", {{0, 1}, {16, 1}, {997, 3}}, false},
       {"T 5: verify at 4092..4096", {{4091, 5}}, true},
       {"T 64: verify of 8 + 56 decode tokens", batch_of_64(), true},
@@ -117,40 +122,42 @@ TEST(CudaAttentionDecode, MatchesSplitKernel) {
   // 1 (no sharing) on the small ones.
   const ShapeCases shapes[] = {{{32, 2, 256}, cases.size()},
                                {{16, 4, 128}, cases.size()},
-                               {{64, 2, 128}, 4},
-                               {{12, 4, 256}, 4},
-                               {{8, 8, 128}, 4}};
+                               {{64, 2, 128}, 5},
+                               {{12, 4, 256}, 5},
+                               {{8, 8, 128}, 5}};
   for (const ShapeCases& sc : shapes) {
     const Shape sh = sc.shape;
     for (size_t ci = 0; ci < sc.num_cases; ++ci) {
-      const Case& cs = cases[ci];
-      const AttentionStep st = make_step(sh, cs.chunks, uint32_t(4321 + ci + 10 * sh.d + sh.nh));
-      const DeviceStep in = upload(st);
-      const size_t elems = size_t(st.T) * sh.nh * sh.d;
-      const TokenRange all{0, st.T};
-      DeviceBuffer ref = nan_output(elems), got = nan_output(elems);
-      SplitScratch ref_split(st.T, sh.nh, sh.d, kSplits), got_split(st.T, sh.nh, sh.d, kSplits);
-      run_reference(in, cs.gated, all, st.max_blocks, sh, ref.as<bf16_t>(), ref_split.split);
-      ASSERT_TRUE(run_decode(in, cs.gated, all, st.max_blocks, sh, got.as<bf16_t>(), got_split.split))
-          << "nh " << sh.nh << " nkv " << sh.nkv << " d " << sh.d;
-      FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
-      char what[200];
-      std::snprintf(what, sizeof what, "nh %d nkv %d d %d, %s%s", sh.nh, sh.nkv, sh.d, cs.name,
-                    cs.gated ? ", gated" : "");
-      const std::vector<bf16_t> got_host = download(got);
-      expect_close(got_host, download(ref), what, kTolerance);
+      for (const cuda::AttentionSplitShape split_shape : split_shapes(sh)) {
+        const Case& cs = cases[ci];
+        const AttentionStep st = make_step(sh, cs.chunks, uint32_t(4321 + ci + 10 * sh.d + sh.nh));
+        const DeviceStep in = upload(st);
+        const size_t elems = size_t(st.T) * sh.nh * sh.d;
+        const TokenRange all{0, st.T};
+        DeviceBuffer ref = nan_output(elems), got = nan_output(elems);
+        SplitScratch ref_split(st.T, sh.nh, sh.d, split_shape), got_split(st.T, sh.nh, sh.d, split_shape);
+        run_reference(in, cs.gated, all, st.max_blocks, sh, ref.as<bf16_t>(), ref_split.split);
+        ASSERT_TRUE(run_decode(in, cs.gated, all, st.max_blocks, sh, got.as<bf16_t>(), got_split.split))
+            << "nh " << sh.nh << " nkv " << sh.nkv << " d " << sh.d;
+        FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+        char what[200];
+        std::snprintf(what, sizeof what, "nh %d nkv %d d %d, %d splits of >= %d keys, %s%s", sh.nh, sh.nkv, sh.d,
+                      split_shape.splits, split_shape.min_keys, cs.name, cs.gated ? ", gated" : "");
+        const std::vector<bf16_t> got_host = download(got);
+        expect_close(got_host, download(ref), what, kTolerance);
 
-      // Tokens of the step run alone: bit-identical rows.
-      if (st.T > 1) {
-        const size_t row = size_t(sh.nh) * sh.d;
-        for (int t : {0, 3, 7, 8, 9, st.T - 1}) {
-          if (t >= st.T) continue;
-          DeviceBuffer alone = nan_output(row);
-          SplitScratch alone_split(1, sh.nh, sh.d, kSplits);
-          ASSERT_TRUE(run_decode(in, cs.gated, {t, 1}, st.max_blocks, sh, alone.as<bf16_t>(), alone_split.split));
-          const std::vector<bf16_t> alone_host = download(alone);
-          EXPECT_EQ(0, std::memcmp(alone_host.data(), got_host.data() + size_t(t) * row, row * sizeof(bf16_t)))
-              << what << ": token " << t << " differs when run alone";
+        // Tokens of the step run alone: bit-identical rows.
+        if (st.T > 1) {
+          const size_t row = size_t(sh.nh) * sh.d;
+          for (int t : {0, 3, 7, 8, 9, st.T - 1}) {
+            if (t >= st.T) continue;
+            DeviceBuffer alone = nan_output(row);
+            SplitScratch alone_split(1, sh.nh, sh.d, split_shape);
+            ASSERT_TRUE(run_decode(in, cs.gated, {t, 1}, st.max_blocks, sh, alone.as<bf16_t>(), alone_split.split));
+            const std::vector<bf16_t> alone_host = download(alone);
+            EXPECT_EQ(0, std::memcmp(alone_host.data(), got_host.data() + size_t(t) * row, row * sizeof(bf16_t)))
+                << what << ": token " << t << " differs when run alone";
+          }
         }
       }
     }
@@ -164,8 +171,8 @@ TEST(CudaAttentionDecode, MatchesSplitKernel) {
 }
 
 // The Qwen3.5-397B full-attention layer (nh 32, nkv 2, d 256) at context 4,096: one decode token,
-// and 64 tokens of 64 sequences. Both kernels are timed (median of 20 launches; printed only) at
-// the test's split count and at a larger one, and the results compared.
+// and 64 tokens of 64 sequences. Both kernels are timed (median of 20 launches; printed only) in
+// both of the runner's split shapes, and the results compared.
 TEST(CudaAttentionDecode, Speed) {
   const Shape sh{32, 2, 256};
   const int context = 4096, blocks_per_seq = context / kBlockSize;
@@ -197,9 +204,11 @@ TEST(CudaAttentionDecode, Speed) {
     const DeviceStep in = testing::random_device_step(q_elems, kv_elems, pos, seq_of_token, table);
     const double kv_bytes = 2.0 * double(kv_elems) * sizeof(bf16_t);
 
-    for (int splits : {kSplits, 64}) {
+    for (const cuda::AttentionSplitShape split_shape :
+         {cuda::kManyTokenSplit, cuda::attention_few_token_split(sh.nh, sh.nkv, sh.d)}) {
+      const int splits = split_shape.splits;
       DeviceBuffer ref = nan_output(q_elems), got = nan_output(q_elems);
-      SplitScratch ref_split(T, sh.nh, sh.d, splits), got_split(T, sh.nh, sh.d, splits);
+      SplitScratch ref_split(T, sh.nh, sh.d, split_shape), got_split(T, sh.nh, sh.d, split_shape);
       const TokenRange all{0, T};
       bool supported = true;
       const double decode_ms = median_ms([&] {

@@ -2,6 +2,7 @@
 // cache with an online softmax (one block per query token and head; works for prefill chunks
 // and decode alike).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/attention_split.cuh"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kv_cache.cuh"
@@ -168,12 +169,11 @@ __global__ void paged_attention_split_kernel(const float* q, const CacheT* k_cac
                                              float k_scale, float v_scale, const int32_t* pos,
                                              const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks,
                                              int block_size, int nh, int nkv, int d, float* part_m, float* part_l,
-                                             float* part_acc) {
+                                             float* part_acc, int min_keys) {
   pdl_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  const int n = pos[t] + 1;
-  const int chunk = max((n + splits - 1) / splits, kMinSplitKeys);  // as the tensor-core kernel
-  const int begin = min(n, split * chunk), end = min(n, begin + chunk);
+  const KeyRange range = split_key_range(pos[t] + 1, split, splits, min_keys);  // as the tensor-core kernel
+  const int begin = range.begin, end = range.end;
   const int64_t part = (int64_t(t) * nh + h) * splits + split;
   float M, L;
   attend_range(q + (int64_t(t) * nh + h) * d, k_cache, v_cache, k_scale, v_scale,
@@ -182,54 +182,68 @@ __global__ void paged_attention_split_kernel(const float* q, const CacheT* k_cac
   if (threadIdx.x == 0) part_m[part] = M, part_l[part] = L;
 }
 
-// Merges the splits' partials of (token t, head h). The splits' maxima and weights are worked
-// out once into shared memory; each thread then sums its columns over the splits in split order
-// with kCombineLoads loads in flight (the sums, and so the bits, of a one-at-a-time loop: at 16 to
-// 64 splits that loop was a chain of dependent L2 round trips, most of a batch-1 layer's attention
-// time, docs/perf.md issue 32).
+// Merges the splits' partials of (token t, head h), columns blockIdx.z * kCombineCols onwards.
+// Every block works out the splits' weights e^(m_s - M) (M = the largest maximum) and their sum
+// L itself; then warp w sums splits w, w + 8, ... of its lanes' two columns, all of a warp's
+// loads in flight at once (at one token a head's 64 splits were a chain of eight L2 round trips
+// in one thread's loop, docs/perf.md issue 32), and the warps' sums are added in warp order.
+// The order of every sum depends only on the split count: a token's bits do not depend on the
+// other tokens of its step. A split with weight 0 (empty, or negligible) is skipped, so the
+// partials of empty ranges are never read.
 constexpr int kCombineThreads = 256;
-constexpr int kCombineLoads = 8;
+constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kCombineCols = 64;  // two a lane
+constexpr int kCombineLoads = 8;  // split rows a lane has in flight
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const float* part_m, const float* part_l, const float* part_acc, const float* gate,
                              bf16_t* out, int nh, int d, int splits) {
   pdl_prologue();
-  __shared__ float weight[kMaxCombineSplits];  // exp(m_s - M); only read where valid
-  __shared__ unsigned char valid[kMaxCombineSplits];
-  __shared__ float total;
-  const int t = blockIdx.x, h = blockIdx.y;
+  __shared__ float weight[kMaxCombineSplits];
+  __shared__ float warp_max[kCombineWarps];
+  __shared__ float sums[kCombineWarps][kCombineCols];
+  const int t = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * kCombineCols;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (int64_t(t) * nh + h) * splits;
-  for (int s2 = threadIdx.x; s2 < splits; s2 += blockDim.x) weight[s2] = part_m[base + s2];
+  float M = -INFINITY;  // a max is exact in any order
+  for (int s2 = threadIdx.x; s2 < splits; s2 += kCombineThreads) M = fmaxf(M, weight[s2] = part_m[base + s2]);
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffff, M, o));
+  if (lane == 0) warp_max[warp] = M;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int s2 = 0; s2 < splits; ++s2) M = fmaxf(M, weight[s2]);
-    float L = 0.f;
-    for (int s2 = 0; s2 < splits; ++s2) {
-      valid[s2] = weight[s2] > -INFINITY;
-      if (valid[s2]) {
-        weight[s2] = __expf(weight[s2] - M);
-        L = __fmaf_rn(part_l[base + s2], weight[s2], L);
-      }
-    }
-    total = L;
+  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, warp_max[w]);
+  float l = 0.f;
+  for (int s2 = threadIdx.x; s2 < splits; s2 += kCombineThreads) {
+    const float f = weight[s2] > -INFINITY ? __expf(weight[s2] - M) : 0.f;
+    weight[s2] = f;
+    if (f != 0.f) l = __fmaf_rn(part_l[base + s2], f, l);
   }
+  const float L = block_sum(l);  // its barriers also publish the weights
+
+  const int c = c0 + 2 * lane;
+  float o0 = 0.f, o1 = 0.f;
+  for (int s0 = warp; s0 < splits; s0 += kCombineWarps * kCombineLoads) {
+    float a0[kCombineLoads], a1[kCombineLoads], f[kCombineLoads];
+#pragma unroll
+    for (int j = 0; j < kCombineLoads; ++j) {
+      const int s2 = s0 + j * kCombineWarps;
+      f[j] = s2 < splits ? weight[s2] : 0.f;
+      const float* row = part_acc + (base + s2) * d;
+      a0[j] = f[j] != 0.f && c < d ? row[c] : 0.f;
+      a1[j] = f[j] != 0.f && c + 1 < d ? row[c + 1] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineLoads; ++j)
+      if (f[j] != 0.f) o0 = __fmaf_rn(a0[j], f[j], o0), o1 = __fmaf_rn(a1[j], f[j], o1);
+  }
+  sums[warp][2 * lane] = o0;
+  sums[warp][2 * lane + 1] = o1;
   __syncthreads();
-  const float L = total;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    float o = 0.f;
-    for (int s0 = 0; s0 < splits; s0 += kCombineLoads) {
-      float a[kCombineLoads];
-#pragma unroll
-      for (int j = 0; j < kCombineLoads; ++j)
-        a[j] = s0 + j < splits && valid[s0 + j] ? part_acc[(base + s0 + j) * d + c] : 0.f;
-#pragma unroll
-      for (int j = 0; j < kCombineLoads; ++j)
-        if (s0 + j < splits && valid[s0 + j]) o = __fmaf_rn(a[j], weight[s0 + j], o);
-    }
-    o /= L;
-    if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + c]);
-    out[(int64_t(t) * nh + h) * d + c] = to_bf(o);
-  }
+  const int col = c0 + int(threadIdx.x);
+  if (threadIdx.x >= kCombineCols || col >= d) return;
+  float o = 0.f;
+  for (int w = 0; w < kCombineWarps; ++w) o += sums[w][threadIdx.x];
+  o /= L;
+  if (gate) o *= sigmoid_f(gate[(int64_t(t) * nh + h) * d + col]);
+  out[(int64_t(t) * nh + h) * d + col] = to_bf(o);
 }
 
 }  // namespace
@@ -258,8 +272,8 @@ void attention_combine(const AttentionSplit& split, const float* gate, bf16_t* o
   if (T == 0) return;
   FATHOM_CHECK(split.splits >= 1 && split.splits <= kMaxCombineSplits, "attention: ", split.splits,
                " key splits (at most ", kMaxCombineSplits, ")");
-  launch(attention_combine_kernel, dim3(T, nh), kCombineThreads, 0, s, split.part_m, split.part_l, split.part_acc, gate,
-         out, nh, d, split.splits);
+  launch(attention_combine_kernel, dim3(T, nh, (d + kCombineCols - 1) / kCombineCols), kCombineThreads, 0, s,
+         split.part_m, split.part_l, split.part_acc, gate, out, nh, d, split.splits);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -274,7 +288,7 @@ void launch_paged_attention(const float* q, const float* gate, const CacheT* k_c
     dim3 grid(T, nh, split->splits);
     launch(paged_attention_split_kernel<CacheT>, grid, kAttnWarps * 32, 0, s, q, k_cache, v_cache, k_scale, v_scale,
            pos, seq_of_token, block_tables, max_blocks, block_size, nh, nkv, d, split->part_m, split->part_l,
-           split->part_acc);
+           split->part_acc, split->min_keys);
     FATHOM_CUDA_LAUNCH_CHECK();
     attention_combine(*split, gate, out, T, nh, d, s);
   } else {

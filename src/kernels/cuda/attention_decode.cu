@@ -15,10 +15,12 @@
 // deep form keeps K and V of kDeepStages tiles in flight per block (one block an SM), instead
 // of one K or V tile. Both forms add the same products in the same order: the same bits.
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/attention_split.cuh"
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kv_cache.cuh"
@@ -34,6 +36,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16;                     // q heads per block: one mma row tile
 constexpr int kWarpKeys = 16;                 // keys per warp per tile: one k-step of P V
 constexpr int kTileK = kWarps * kWarpKeys;    // keys per tile
+static_assert(kTileK == kSplitTileKeys, "key ranges are whole tiles");
 constexpr int kMergePad = 8;                  // floats of padding per row of the merge buffer (banks)
 constexpr int kCopyUnroll = 8;                // K/V row copies unrolled together (all 16 spill at d = 256)
 
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
     paged_attention_decode_kernel(const float* q, const CacheT* k_cache, const CacheT* v_cache, float k_scale,
                                   float v_scale, const int32_t* pos, const int32_t* seq_of_token,
                                   const int32_t* block_tables, int max_blocks, int block_size, int nh, int nkv,
-                                  int group, int rows, float* part_m, float* part_l, float* part_acc) {
+                                  int group, int rows, float* part_m, float* part_l, float* part_acc, int min_keys) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16_t* sq = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sk = sq + kRows * D;
@@ -143,9 +146,8 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D, kDeep>())
   const int t = blockIdx.x, h0 = blockIdx.y * rows, kvh = h0 / group;
   const int split = blockIdx.z, splits = gridDim.z;
   // The key range: as paged_attention_split_kernel splits it.
-  const int n = pos[t] + 1;
-  const int chunk = max((n + splits - 1) / splits, kMinSplitKeys);
-  const int begin = min(n, split * chunk), end = min(n, begin + chunk);
+  const KeyRange range = split_key_range(pos[t] + 1, split, splits, min_keys);
+  const int begin = range.begin, end = range.end;
   const int tiles = (end - begin + kTileK - 1) / kTileK;
   if (tiles == 0) {  // an empty range: the combine reads only its max (skipped)
     pdl_prologue();
@@ -331,7 +333,7 @@ void launch_decode_form(const dim3& grid, const float* q, const CacheT* k_cache,
   allow_dynamic_smem(reinterpret_cast<const void*>(paged_attention_decode_kernel<D, CacheT, kDeep>), smem);
   launch(paged_attention_decode_kernel<D, CacheT, kDeep>, grid, kThreads, smem, s, q, k_cache, v_cache, k_scale,
          v_scale, pos, seq_of_token, block_tables, max_blocks, block_size, nh, nkv, group, rows, split.part_m,
-         split.part_l, split.part_acc);
+         split.part_l, split.part_acc, split.min_keys);
   FATHOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -377,13 +379,21 @@ bool paged_attention_decode_covers(int nh, int nkv, int d) {
   return group <= kRows || group % kRows == 0;
 }
 
+AttentionSplitShape attention_few_token_split(int nh, int nkv, int d) {
+  // Blocks of one token for one range: the tensor-core kernel's row tiles, else a block a q head.
+  const int per_range = paged_attention_decode_covers(nh, nkv, d) ? nh / std::min(nh / nkv, kRows) : nh;
+  int splits = kManyTokenSplit.splits;
+  while (splits < kFewTokenMaxSplits && 2 * splits * per_range <= multiprocessor_count()) splits *= 2;
+  return {splits, kFewTokenMinKeys};
+}
+
 bool paged_attention_decode(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
                             const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
                             bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit& split) {
   if (!paged_attention_decode_covers(nh, nkv, d)) return false;
   const int group = nh / nkv;
   const int rows = group < kRows ? group : kRows;
-  if (split.splits < 1 || split.splits > 65535 || nh / rows > 65535) return false;
+  if (split.splits < 1 || split.splits > kMaxCombineSplits || split.min_keys < 1 || nh / rows > 65535) return false;
   if (!split.part_m || !split.part_l || !split.part_acc) return false;
   // Vector accesses: 16-byte q reads, cache copies and accumulator writes.
   if (!is_aligned(q, 16) || !is_aligned(cache.k, 16) || !is_aligned(cache.v, 16) || !is_aligned(split.part_acc, 16))

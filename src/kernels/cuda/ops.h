@@ -209,18 +209,27 @@ inline void attention_prepare(const float* q_raw, const float* k_raw, const floa
 // Split-K over the keys for decode (few query tokens, long contexts): `splits` partial results
 // per (token, head) in the scratch arrays ([T*nh*splits] and [T*nh*splits*d]), then combined.
 inline constexpr int kMaxCombineSplits = 1024;  // key splits the combine merges at most
-// Split-K decode attention: a token's keys go to ceil(n / splits) keys a split, at least
-// kMinSplitKeys (short contexts use fewer splits; the rest are empty), over kAttentionDecodeSplits
-// splits whatever the step's size or the longest context, so a token's result never depends on
-// the other tokens of its step. 16 splits x >= 128 keys: the fastest of 4..128 splits at eight
-// 4K-context tokens, 20 against 16 us for 32 splits at one (bench/decode_ops_bench.cpp, docs/perf.md
-// issue 32).
-inline constexpr int kAttentionDecodeSplits = 16;
-inline constexpr int kMinSplitKeys = 128;
+// Split-K decode attention: a token's keys go to `splits` ranges of ceil(n / splits) keys, at
+// least `min_keys`, in whole 64-key tiles (attention_split.cuh; ranges past the keys are empty),
+// whatever the other tokens of the step, so a token's result depends only on its own inputs and
+// the split's shape.
 struct AttentionSplit {
   int splits = 1;
   float *part_m = nullptr, *part_l = nullptr, *part_acc = nullptr;
+  int min_keys = 128;
 };
+// The two shapes the runner takes, by the step's size class (the GEMV's: up to kGemvMaxTokens
+// tokens, or more; runner_activations.cpp), so a verify of up to that many tokens has a decode
+// token's bits. More tokens: 16 ranges of at least 128 keys (the fastest of 4..128 splits at
+// eight 4K-context tokens, docs/perf.md issue 32). Few tokens: ranges of at least 64 keys (one
+// tile), as many as one token's blocks fit the GPU's SMs, 16 to 64 (a power of two): at two KV
+// heads 64, where 16 left a 4K-context token's 32 blocks on 132 SMs.
+struct AttentionSplitShape {
+  int splits, min_keys;
+};
+inline constexpr AttentionSplitShape kManyTokenSplit{16, 128};
+inline constexpr int kFewTokenMaxSplits = 64, kFewTokenMinKeys = 64;
+AttentionSplitShape attention_few_token_split(int nh, int nkv, int d);  // on the current device
 void paged_attention(const float* q, const float* gate, const KvCacheView& cache, const int32_t* pos,
                      const int32_t* seq_of_token, const int32_t* block_tables, int max_blocks, int block_size,
                      bf16_t* out, int T, int nh, int nkv, int d, cudaStream_t s, const AttentionSplit* split = nullptr);

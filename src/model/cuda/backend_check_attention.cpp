@@ -18,6 +18,7 @@
 #include "kernels/cuda/guarded_buffer.h"
 #include "kernels/cuda/ops.h"
 #include "model/cuda/backend_op.h"
+#include "model/cuda/runner_activations.h"
 
 namespace fathom::cuda {
 
@@ -39,7 +40,8 @@ struct Heads {
 // seq_of_token[], over a cache of shuffled blocks filled with random bf16; all guarded.
 struct AttentionRig {
   Heads h;
-  int T = 0, max_blocks = 0, splits = 1;
+  int T = 0, max_blocks = 0;
+  AttentionSplitShape split_shape{1, 1};
   std::vector<int32_t> pos, seq_of_token, tables;
   std::vector<bf16_t> k_host, v_host;
   std::vector<float> q_host, gate_host;
@@ -91,8 +93,8 @@ struct AttentionRig {
     dpos = &buffers.input("positions", pos), dseq = &buffers.input("sequence of token", seq_of_token);
     dtables = &buffers.input("block tables", tables);
     out = &buffers.output("out", size_t(T) * h.nh * h.d * 2);
-    splits = kAttentionDecodeSplits;  // as the runner's memory plan
-    const size_t parts = size_t(T) * h.nh * splits;
+    split_shape = decode_split_shape(T, attention_few_token_split(h.nh, h.nkv, h.d));  // as the runner's
+    const size_t parts = size_t(T) * h.nh * split_shape.splits;
     pm = &buffers.scratch("split maxima", parts * 4), pl = &buffers.scratch("split sums", parts * 4);
     pacc = &buffers.scratch("split partials", parts * h.d * 4);
   }
@@ -102,7 +104,7 @@ struct AttentionRig {
     const int64_t o = int64_t(t0) * h.nh * h.d;
     const float* g = h.gated ? gate->as<float>() + o : nullptr;
     bf16_t* y = out->as<bf16_t>() + o;
-    AttentionSplit split{splits, pm->as<float>(), pl->as<float>(), pacc->as<float>()};
+    AttentionSplit split{split_shape.splits, pm->as<float>(), pl->as<float>(), pacc->as<float>(), split_shape.min_keys};
     auto args = [&](auto&& f) {
       return f(q->as<float>() + o, g, k->as<bf16_t>(), v->as<bf16_t>(), dpos->as<int32_t>() + t0,
                dseq->as<int32_t>() + t0, dtables->as<int32_t>(), max_blocks, kBlock, y, n, h.nh, h.nkv, h.d,

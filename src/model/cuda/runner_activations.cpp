@@ -1,7 +1,11 @@
 #include "model/cuda/runner_activations.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
+
+#include "kernels/cuda/kernel_plan.h"
 
 namespace fathom::cuda {
 namespace {
@@ -23,6 +27,14 @@ int64_t widest(const DeviceWeights& w, std::initializer_list<DeviceLinear DevLay
 
 }  // namespace
 
+AttentionSplitShape decode_split_shape(int step_tokens, AttentionSplitShape few) {
+  static const bool pinned_many = [] {
+    const char* v = std::getenv("FATHOM_ATTENTION_SPLITS");
+    return v && std::string(v) == std::to_string(kManyTokenSplit.splits);
+  }();
+  return step_tokens <= kGemvMaxTokens && !pinned_many ? few : kManyTokenSplit;
+}
+
 void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const TensorSplit& tp,
                            const StepLimits& limits, int linear_layers) {
   const int H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
@@ -35,14 +47,13 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   delta = f32(T * H);
   xn = b16(T * H);
   xn32 = f32(T * H);
-  // Split-K decode attention: up to kSplitTokens query tokens, one split per 512 keys (max 16).
-  split.splits = kAttentionDecodeSplits;
-  part_m = f32(int64_t(kSplitTokens) * nh * split.splits);
-  part_l = f32(int64_t(kSplitTokens) * nh * split.splits);
-  part_acc = f32(int64_t(kSplitTokens) * nh * split.splits * d);
-  split.part_m = part_m.as<float>();
-  split.part_l = part_l.as<float>();
-  split.part_acc = part_acc.as<float>();
+  // Split-K decode attention: the partials of kSplitTokens query tokens at a time, in either shape.
+  few_token_split = attention_few_token_split(nh, nkv, d);
+  const int64_t rows = std::max(int64_t(std::min(kSplitTokens, kGemvMaxTokens)) * few_token_split.splits,
+                                int64_t(kSplitTokens) * kManyTokenSplit.splits);
+  part_m = f32(rows * nh);
+  part_l = f32(rows * nh);
+  part_acc = f32(rows * nh * d);
   q_raw = f32(T * std::max<int64_t>({cfg.attention_q_rows() + 2 * nkv * d, widest(w, {&DevLayer::attn_qkv, &DevLayer::q})}));
   k_raw = f32(T * nkv * d);
   v_raw = f32(T * nkv * d);
@@ -105,6 +116,11 @@ void Activations::allocate(const ModelConfig& cfg, const DeviceWeights& w, const
   argmax = DeviceBuffer(size_t(R) * 4);
   argmax_scratch = DeviceBuffer(argmax_scratch_bytes(int(R)));
   FATHOM_CUDA_CHECK(cudaMemset(argmax_scratch.data(), 0, argmax_scratch.bytes()));  // argmax_rows' counts start at zero
+}
+
+AttentionSplit Activations::decode_split(int step_tokens) const {
+  const AttentionSplitShape shape = decode_split_shape(step_tokens, few_token_split);
+  return {shape.splits, part_m.as<float>(), part_l.as<float>(), part_acc.as<float>(), shape.min_keys};
 }
 
 }  // namespace fathom::cuda

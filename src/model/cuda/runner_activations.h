@@ -24,13 +24,19 @@ struct StepLimits {
 // Query tokens the split-K decode attention takes at a time.
 inline constexpr int kSplitTokens = 64;
 
+// The split-K decode attention's shape for a step of `step_tokens` tokens: `few` (the model's
+// attention_few_token_split) up to kGemvMaxTokens (the GEMV's class: a verify of that many tokens
+// has a decode token's bits), else kManyTokenSplit; FATHOM_ATTENTION_SPLITS=16 pins the latter at
+// every size (A/B runs).
+AttentionSplitShape decode_split_shape(int step_tokens, AttentionSplitShape few);
+
 struct Activations {
   // The residual stream and the normed layer input (bf16 for the projections; fp32 for the
   // router of decode steps).
   DeviceBuffer x, delta, xn, xn32;
   // Full attention: projections, rotated q, output gate, attention output, split-K partials.
   DeviceBuffer q_raw, k_raw, v_raw, q, gate, attn_out, part_m, part_l, part_acc;
-  AttentionSplit split;
+  AttentionSplitShape few_token_split{1, 1};
   // Gated DeltaNet: [qkv | z | b | a] projections, convolution output, core output, gated norm,
   // and the chunked kernel's per-chunk products (prefill-sized steps only).
   DeviceBuffer mixed, zbuf, bbuf, abuf, ubuf, core, normed, gdn_scratch;
@@ -56,6 +62,9 @@ struct Activations {
   // Sizes every buffer. `cfg` is this rank's; `linear_layers` > 0 when the model has DeltaNet.
   void allocate(const ModelConfig& cfg, const DeviceWeights& w, const TensorSplit& tp, const StepLimits& limits,
                 int linear_layers);
+  // The split-K decode attention's shape and partials for the decode tokens of a step of
+  // `step_tokens` tokens, taken kSplitTokens at a time.
+  AttentionSplit decode_split(int step_tokens) const;
 };
 
 }  // namespace fathom::cuda

@@ -145,6 +145,7 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
   const float* g = cfg.attn_output_gate ? act.gate.as<float>() : nullptr;
   const KvCacheView cache = kv.view(l.attn_index, l.k_scale, l.v_scale);
   const int32_t *pos = dmeta.pos, *seq_of = dmeta.seq_of_token;
+  const AttentionSplit split = act.decode_split(p.T);
   auto attend_tokens = [&](int t0, int n, bool prefill, bool tensor_core) {
     const int64_t o = int64_t(t0) * nh * d;
     const float* q = act.q.as<float>() + o;
@@ -156,11 +157,11 @@ void CudaRunner::Impl::attend(const DevLayer& l, const Plan& p) {
                    "the tensor-core prefill attention refused a step it was planned for");
     } else if (tensor_core) {
       FATHOM_CHECK(paged_attention_decode(q, gt, cache, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks,
-                                          opt.block_size, out, n, nh, nkv, d, s, act.split),
+                                          opt.block_size, out, n, nh, nkv, d, s, split),
                    "the tensor-core decode attention refused a step it was planned for");
     } else {
       paged_attention(q, gt, cache, pos + t0, seq_of + t0, dmeta.block_tables, max_blocks, opt.block_size, out, n, nh, nkv,
-                      d, s, prefill ? nullptr : &act.split);
+                      d, s, prefill ? nullptr : &split);
     }
   };
   for (const AttentionRun& r : p.attention_runs) {
