@@ -1,8 +1,11 @@
 // Gated DeltaNet: causal depthwise conv with carried state, the gated delta rule (recurrent
 // form, state columns split over lanes in registers) and the gated RMSNorm of its output.
 #include <algorithm>
+#include <cstdlib>
 #include <string_view>
 #include <type_traits>
+
+#include <cooperative_groups.h>
 
 #include "kernels/cuda/backend_switches.h"
 #include "kernels/cuda/common.cuh"
@@ -117,6 +120,20 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* z, int64_t z_
 // The same with 16-byte loads, a row's x and z held in registers (dv a multiple of 4, at most
 // 128 * kGatedNormMaxVec; rows 16-byte aligned): one pass over memory instead of two over x.
 constexpr int kGatedNormMaxVec = 4;
+// The pieces of a row's norm, written out (no contraction left to the compiler) so that the
+// recurrent kernel's cluster form (gated_norm_over_cluster) has the same bits: a float4's squares,
+// the scale from the row's sum, and a pair of outputs.
+__device__ __forceinline__ float sum_squares4(float4 v) {
+  return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+__device__ __forceinline__ float gated_norm_scale(float sum, int dv, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(sum, float(dv)), eps));
+}
+__device__ __forceinline__ uint2 gated_norm_out4(float4 w, float4 x, float4 z, float inv) {
+  return make_uint2(pack_bf16(w.x * (x.x * inv) * silu_f(z.x), w.y * (x.y * inv) * silu_f(z.y)),
+                    pack_bf16(w.z * (x.z * inv) * silu_f(z.z), w.w * (x.w * inv) * silu_f(z.w)));
+}
+
 // One warp a row; x is read through L2 (the fused recurrent kernel reads rows other blocks wrote).
 __device__ __forceinline__ void gated_norm_row_vec(const float* x, const float* z, int64_t z_ld, int heads,
                                                    const float* w, bf16_t* y, int row, int dv, float eps) {
@@ -132,20 +149,16 @@ __device__ __forceinline__ void gated_norm_row_vec(const float* x, const float* 
     if (i < n4) {
       xv[k] = __ldcg(xr + i);
       zv[k] = zr[i];
-      ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+      ss = __fadd_rn(ss, sum_squares4(xv[k]));
     }
   }
-  const float inv = rsqrtf(warp_sum(ss) / float(dv) + eps);
+  const float inv = gated_norm_scale(warp_sum(ss), dv, eps);
   uint2* yr = reinterpret_cast<uint2*>(y + int64_t(row) * dv);
   const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
   for (int k = 0; k < kGatedNormMaxVec; ++k) {
     const int i = lane + 32 * k;
-    if (i < n4) {
-      const float4 wv = w4[i], xk = xv[k], zk = zv[k];
-      yr[i] = make_uint2(pack_bf16(wv.x * (xk.x * inv) * silu_f(zk.x), wv.y * (xk.y * inv) * silu_f(zk.y)),
-                         pack_bf16(wv.z * (xk.z * inv) * silu_f(zk.z), wv.w * (xk.w * inv) * silu_f(zk.w)));
-    }
+    if (i < n4) yr[i] = gated_norm_out4(w4[i], xv[k], zv[k], inv);
   }
 }
 
@@ -276,13 +289,62 @@ __device__ __forceinline__ void gdn_store_column(const float (&S)[4 * F], float*
     for (int e = 0; e < 4; ++e, p += dv) *p = S[4 * i + e];
 }
 
+// The gated norm of rows t_begin..t_end-1 of head h (token t's row t * hv + h of `out`) by the
+// cluster of the head's column blocks (cluster rank = blockIdx.x, one kGdnCols slice each), in
+// place of the last-block tail: each block parks the squares of its float4s in shared memory,
+// every block reads all of the row's from the cluster and sums them as gated_norm_row_vec's lanes
+// and warp do (the same bits), then writes its own columns of y.
+constexpr int kClusterNormTokens = 16;  // rows a round
+constexpr int kSliceVec = kGdnCols / 4;  // float4s of a block's slice
+constexpr int kMaxNormCluster = 8;      // portable cluster size: dv up to 256
+__device__ void gated_norm_over_cluster(const float* out, const GatedNormFuse& gn, int t_begin, int t_end, int h,
+                                        int hv, int dv, int c0) {
+  namespace cg = cooperative_groups;
+  __shared__ float squares[kClusterNormTokens][kSliceVec];
+  __shared__ float scale[kClusterNormTokens];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int n4 = dv / 4, own = c0 / 4, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // this block's rows of `out` are written
+  for (int t0 = t_begin; t0 < t_end; t0 += kClusterNormTokens) {
+    const int n = min(kClusterNormTokens, t_end - t0);
+    for (int i = threadIdx.x; i < n * kSliceVec; i += kGdnThreads) {
+      const int tt = i / kSliceVec, j = i % kSliceVec;
+      const float* row = out + (int64_t(t0 + tt) * hv + h) * dv;
+      squares[tt][j] = own + j < n4 ? sum_squares4(*reinterpret_cast<const float4*>(row + 4 * (own + j))) : 0.f;
+    }
+    cluster.sync();  // every slice's squares are parked
+    for (int tt = warp; tt < n; tt += kGdnThreads / 32) {
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < kGatedNormMaxVec; ++k) {
+        const int i = lane + 32 * k;
+        if (i < n4) ss = __fadd_rn(ss, cluster.map_shared_rank(&squares[tt][0], i / kSliceVec)[i % kSliceVec]);
+      }
+      const float inv = gated_norm_scale(warp_sum(ss), dv, gn.eps);
+      if (lane == 0) scale[tt] = inv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * kSliceVec; i += kGdnThreads) {
+      const int tt = i / kSliceVec, j = own + i % kSliceVec;
+      if (j >= n4) continue;
+      const int t = t0 + tt;
+      const int64_t row = int64_t(t) * hv + h;
+      const float4 x = reinterpret_cast<const float4*>(out + row * dv)[j];
+      const float4 z = reinterpret_cast<const float4*>(gn.z + int64_t(t) * gn.z_ld + int64_t(h) * dv)[j];
+      reinterpret_cast<uint2*>(gn.y + row * dv)[j] = gated_norm_out4(reinterpret_cast<const float4*>(gn.w)[j], x, z,
+                                                                      scale[tt]);
+    }
+    cluster.sync();  // no block reuses or leaves its squares while another still reads them
+  }
+}
+
 // Grid: (column slices of kGdnCols, value heads, sequences). Lane l of warp w works on column
 // w*8 + l%8 of the slice and on rows 4*(l/8 + 4i) + 0..3 of it (float4 i of its quarter).
 template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     const float* u, const float* b, const float* a, int64_t ba_ld, const float* a_log, const float* dt_bias,
     float* state, const int32_t* seq_start, const int32_t* state_slot, float* out, int hk, int hv, int dv,
-    bool vec16, StateHistory hs, int long_from, int fault, GatedNormFuse gn) {
+    bool vec16, StateHistory hs, int long_from, int fault, GatedNormFuse gn, bool cluster_norm) {
   constexpr int F = DK / 16;  // float4s of the column per lane
   __shared__ GdnStage<DK> sm;
   const int g = (threadIdx.x & 31) >> 3, col = (threadIdx.x >> 5) * 8 + (threadIdx.x & 7);
@@ -375,6 +437,10 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(
     }
   }
   if (active) gdn_store_column<F>(S, st, dv);
+  if (cluster_norm) {
+    gated_norm_over_cluster(out, gn, t_begin, t_end, h, hv, dv, c0);
+    return;
+  }
   if (gn.counters == nullptr) return;
   // The gated norm of this sequence's rows of head h, by the last of the head's column blocks to
   // finish.
@@ -506,8 +572,17 @@ bool gdn_recurrent(const float* u, const float* b, const float* a, int64_t ba_ld
   const BackendFault fault = backend_fault_of(serves, kRecurrent);
   const bool fuse = norm && norm->counters && long_from == 0 && fault == BackendFault::None &&
                     gated_norm_vec_applies(out, norm->z, norm->z_ld, norm->w, norm->y, dv);
-  launch(kernel, grid, kGdnThreads, 0, s, u, b, a, ba_ld, a_log, dt_bias, state, seq_start, state_slot, out, hk, hv, dv,
-         vec16, hs, long_from, int(fault), fuse ? *norm : GatedNormFuse{});
+  // The norm by the head's cluster of column blocks where a cluster holds them (dv <= 256), else
+  // by the last of them to finish; FATHOM_GDN_CLUSTER_NORM=0 keeps the latter (A/B runs).
+  static const bool cluster_enabled = [] {
+    const char* v = std::getenv("FATHOM_GDN_CLUSTER_NORM");
+    return !v || std::string_view(v) != "0";
+  }();
+  const bool cluster_norm = fuse && cluster_enabled && int(grid.x) <= kMaxNormCluster;
+  const dim3 cluster(grid.x, 1, 1);
+  launch_in_clusters(cluster_norm ? &cluster : nullptr, kernel, grid, dim3(kGdnThreads), 0, s, u, b, a, ba_ld, a_log,
+                     dt_bias, state, seq_start, state_slot, out, hk, hv, dv, vec16, hs, long_from, int(fault),
+                     fuse ? *norm : GatedNormFuse{}, cluster_norm);
   FATHOM_CUDA_LAUNCH_CHECK();
   return fuse;
 }
