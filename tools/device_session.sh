@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|moefused32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|moefused32|splits32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -465,6 +465,32 @@ for what in "${@:-all}"; do
             FATHOM_MOE_FUSED=$fused timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
               --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
               | sed "s/^/$spec fused=$fused rep $rep: /" | tee -a "$OUT/moefused32.log"
+          done
+        done
+      done ;;
+    splits32)
+      # Issue 32, stop 73: the few-token split-K attention shape, the combine and the recurrent
+      # step's gated norm over the head's cluster: their tests (the cluster norm also switched off),
+      # memcheck, racecheck, then batch-1 steps with both on, each off (FATHOM_ATTENTION_SPLITS=16,
+      # FATHOM_GDN_CLUSTER_NORM=0), alternated SPLITS_REPS times on SPLITS_SPECS (config:layers).
+      timeout 200 "$BIN/test_cuda" --gtest_filter='CudaAttention*:CudaFusedDecode.Recurrent*:CudaGdn.*' \
+        > "$OUT/splits_tests.log" 2>&1
+      echo "splits tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|T (1|64), context" "$OUT/splits_tests.log"
+      FATHOM_GDN_CLUSTER_NORM=0 timeout 60 "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.Recurrent*' \
+        > "$OUT/splits_tail_tests.log" 2>&1
+      echo "tail-form tests rc=$?"
+      memcheck 120 splits_attn "CudaAttentionDecode.MatchesSplitKernel"
+      memcheck 60 splits_gdn "CudaFusedDecode.Recurrent*"
+      timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$BIN/test_cuda" \
+        --gtest_filter='CudaFusedDecode.Recurrent*' > "$OUT/splits_racecheck.log" 2>&1
+      echo "splits racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/splits_racecheck.log")"
+      for rep in $(seq "${SPLITS_REPS:-3}"); do
+        for spec in ${SPLITS_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
+          split_spec "$spec"
+          for env in "" FATHOM_ATTENTION_SPLITS=16 FATHOM_GDN_CLUSTER_NORM=0; do
+            env $env timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
+              --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
+              | sed "s/^/$spec ${env:-both on} rep $rep: /" | tee -a "$OUT/splits32.log"
           done
         done
       done ;;
