@@ -1,11 +1,15 @@
 // linear() on NVFP4 weights at every step size 1..40 (the GEMV up to 16 tokens, dequantize then
 // cuBLASLt past it) and widths that are multiples of 16 but not of 32, against a host reference;
 // and its buffer checks: an output or a dequantization scratch too small for the launch is
-// refused before anything is written.
+// refused before anything is written. And a bf16 product captured into a graph by a thread that
+// has not used cuBLASLt before (gemm_prepare).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -109,6 +113,52 @@ TEST(CudaLinear, RefusesLaunchesThatDoNotFitTheirBuffers) {
   // At GEMV sizes (16 tokens) no scratch is needed, and 16 rows fit.
   EXPECT_NO_THROW(cuda::linear(w, x.as<cuda::bf16_t>(), short_y, 16, cuda::DeviceArray<cuda::bf16_t>{}, nullptr, cuda::KernelPlan{}));
   FATHOM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// A thread's cuBLASLt context is made on its first product; made inside a stream capture it would
+// allocate there and invalidate the capture (a decode graph whose bucket first reaches cuBLASLt,
+// stop 73). gemm_prepare() before the capture: the captured product runs and is right.
+TEST(CudaLinear, CublasLtProductCapturedByAFreshThread) {
+  const int T = 64, N = 96, K = 128;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<cuda::bf16_t> x(size_t(T) * K), w(size_t(N) * K);
+  for (auto& v : x) v = to_bf16(normal(rng));
+  for (auto& v : w) v = to_bf16(normal(rng));
+  const cuda::DeviceBuffer dx = cuda::DeviceBuffer::from_host(x), dw = cuda::DeviceBuffer::from_host(w);
+  cuda::DeviceBuffer dy(size_t(T) * N * sizeof(float));
+  std::string failure;
+  std::thread([&] {
+    try {
+      cudaStream_t s;
+      FATHOM_CUDA_CHECK(cudaStreamCreate(&s));
+      cuda::gemm_prepare();
+      cudaGraph_t g;
+      FATHOM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      cuda::gemm_bf16(dx.as<cuda::bf16_t>(), dw.as<cuda::bf16_t>(), dy.as<float>(), T, N, K, s);  // cuBLASLt at 64
+      FATHOM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      cudaGraphExec_t exec;
+      FATHOM_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      FATHOM_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      FATHOM_CUDA_CHECK(cudaStreamSynchronize(s));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(g);
+      cudaStreamDestroy(s);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }).join();
+  ASSERT_EQ(failure, "");
+  std::vector<float> y(size_t(T) * N);
+  FATHOM_CUDA_CHECK(cudaMemcpy(y.data(), dy.data(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k) ref += double(from_bf16(x[size_t(t) * K + k])) * from_bf16(w[size_t(n) * K + k]);
+      worst = std::max(worst, std::abs(ref - y[size_t(t) * N + n]));
+    }
+  EXPECT_LT(worst, 1e-3) << "the captured product";
 }
 
 }  // namespace

@@ -118,6 +118,8 @@ GemmContext* gemm_context() {
   return ctx;
 }
 
+void gemm_prepare() { gemm_context(); }
+
 // Up to kGemvMaxTokens tokens: op gemm.bf16 (backend_switches.h), the GEMV kernel (up to the
 // plan's gemv_max_tokens) or cuBLASLt. Past it, op gemm.bf16.batch: the plan's kernel for the
 // step's size (either form of the skinny GEMM, where it takes the shape, or cuBLASLt).

@@ -133,6 +133,10 @@ void linear(const DeviceLinear& w, const bf16_t* x, DeviceArray<float> y, int T,
 // beside FP8 projections), steps of FP8-GEMV size compute both in one launch.
 void linear_pair(const DeviceLinear& main, const DeviceLinear& tail, const bf16_t* x, DeviceArray<float> y,
                  DeviceArray<float> tail_y, int T, DeviceArray<bf16_t> scratch, cudaStream_t s, const KernelPlan& plan);
+// Makes this thread's cuBLASLt context (handle and workspace) for the current device if it has
+// none: a context first made inside a stream capture would allocate there and invalidate the
+// capture (which bucket's graph first reaches cuBLASLt depends on the tuner's choices).
+void gemm_prepare();
 // bf16 product: the GEMV up to the plan's gemv_max_tokens, the skinny GEMM (gemm_skinny.h) past
 // kGemvMaxTokens where the plan says so and it takes the shape, else cuBLASLt.
 void gemm_bf16(const bf16_t* x, const bf16_t* w, float* y, int T, int N, int K, cudaStream_t s,
