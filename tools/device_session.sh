@@ -73,6 +73,12 @@ memcheck() {
     --gtest_filter="$3" > "$OUT/$2_memcheck.log" 2>&1
   echo "$2 memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/$2_memcheck.log" | tail -1)"
 }
+# The same with racecheck, logged to $OUT/$2_racecheck.log.
+racecheck() {
+  timeout "$1" compute-sanitizer --tool racecheck --error-exitcode 3 "$BIN/test_cuda" --gtest_filter="$3" \
+    > "$OUT/$2_racecheck.log" 2>&1
+  echo "$2 racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/$2_racecheck.log")"
+}
 # The held-out text's path: HELDOUT, or gzipped in .devcarry (tools/make_default_corpus.py's
 # heldout.txt, rebuilt from the Debian packages it names) or .traincarry/gz; fails without one.
 heldout_text() {
@@ -455,9 +461,7 @@ for what in "${@:-all}"; do
       timeout 200 "$BIN/test_cuda" --gtest_filter='CudaFusedDecode.*:CudaMoePacked.*' > "$OUT/moefused_tests.log" 2>&1
       echo "moefused tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/moefused_tests.log" | head
       memcheck 120 moefused "CudaFusedDecode.MoeOneToken*"
-      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BIN/test_cuda" \
-        --gtest_filter='CudaFusedDecode.MoeOneTokenSmall*' > "$OUT/moefused_racecheck.log" 2>&1
-      echo "moefused racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/moefused_racecheck.log")"
+      racecheck 120 moefused "CudaFusedDecode.MoeOneTokenSmall*"
       for rep in $(seq "${MOEFUSED_REPS:-2}"); do
         for spec in ${MOEFUSED_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
           split_spec "$spec"
@@ -481,9 +485,7 @@ for what in "${@:-all}"; do
       echo "tail-form tests rc=$?"
       memcheck 120 splits_attn "CudaAttentionDecode.MatchesSplitKernel"
       memcheck 60 splits_gdn "CudaFusedDecode.Recurrent*"
-      timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$BIN/test_cuda" \
-        --gtest_filter='CudaFusedDecode.Recurrent*' > "$OUT/splits_racecheck.log" 2>&1
-      echo "splits racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/splits_racecheck.log")"
+      racecheck 60 splits "CudaFusedDecode.Recurrent*"
       for rep in $(seq "${SPLITS_REPS:-3}"); do
         for spec in ${SPLITS_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
           split_spec "$spec"

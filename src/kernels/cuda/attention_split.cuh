@@ -15,7 +15,7 @@ struct KeyRange {
   int begin, end;
 };
 
-// Range `split` of a token of n keys: ceil(n / splits) keys, at least split.min_keys, rounded up
+// Range `split` of a token of n keys: ceil(n / splits) keys, at least min_keys, rounded up
 // to whole tiles; the ranges past the token's keys are empty (begin == end == n).
 __device__ __forceinline__ KeyRange split_key_range(int n, int split, int splits, int min_keys) {
   const int keys = max((n + splits - 1) / splits, min_keys);
