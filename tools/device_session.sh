@@ -79,6 +79,22 @@ racecheck() {
     > "$OUT/$2_racecheck.log" 2>&1
   echo "$2 racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/$2_racecheck.log")"
 }
+# Batch-1 steps of `fathom bench` (dummy weights, 4K context) on each of the specs $3
+# (config:layers), once per environment setting $4... ("" for none), alternated $2 times;
+# appended to $OUT/$1.log.
+batch1_by_env() {
+  local log=$1 reps=$2 specs=$3 rep spec env; shift 3
+  for rep in $(seq "$reps"); do
+    for spec in $specs; do
+      split_spec "$spec"
+      for env in "$@"; do
+        env $env timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
+          --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
+          | sed "s/^/$spec ${env:-defaults} rep $rep: /" | tee -a "$OUT/$log.log"
+      done
+    done
+  done
+}
 # The held-out text's path: HELDOUT, or gzipped in .devcarry (tools/make_default_corpus.py's
 # heldout.txt, rebuilt from the Debian packages it names) or .traincarry/gz; fails without one.
 heldout_text() {
@@ -462,16 +478,8 @@ for what in "${@:-all}"; do
       echo "moefused tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/moefused_tests.log" | head
       memcheck 120 moefused "CudaFusedDecode.MoeOneToken*"
       racecheck 120 moefused "CudaFusedDecode.MoeOneTokenSmall*"
-      for rep in $(seq "${MOEFUSED_REPS:-2}"); do
-        for spec in ${MOEFUSED_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
-          split_spec "$spec"
-          for fused in 0 1; do
-            FATHOM_MOE_FUSED=$fused timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
-              --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
-              | sed "s/^/$spec fused=$fused rep $rep: /" | tee -a "$OUT/moefused32.log"
-          done
-        done
-      done ;;
+      batch1_by_env moefused32 "${MOEFUSED_REPS:-2}" "${MOEFUSED_SPECS:-qwen3.5-35b-a3b: qwen3.5-397b-a17b:12}" \
+        FATHOM_MOE_FUSED=0 FATHOM_MOE_FUSED=1 ;;
     splits32)
       # Issue 32, stop 73: the few-token split-K attention shape, the combine and the recurrent
       # step's gated norm over the head's cluster: their tests (the cluster norm also switched off),
@@ -486,16 +494,8 @@ for what in "${@:-all}"; do
       memcheck 120 splits_attn "CudaAttentionDecode.MatchesSplitKernel"
       memcheck 60 splits_gdn "CudaFusedDecode.Recurrent*"
       racecheck 60 splits "CudaFusedDecode.Recurrent*"
-      for rep in $(seq "${SPLITS_REPS:-3}"); do
-        for spec in ${SPLITS_SPECS:-"qwen3.5-35b-a3b: qwen3.5-397b-a17b:12"}; do
-          split_spec "$spec"
-          for env in "" FATHOM_ATTENTION_SPLITS=16 FATHOM_GDN_CLUSTER_NORM=0; do
-            env $env timeout 300 "$BIN/fathom" bench configs/$name.json --load-format dummy $extra \
-              --batch 1 --input-len 4096 --output-len 64 2>&1 | grep -E "^decode" \
-              | sed "s/^/$spec ${env:-both on} rep $rep: /" | tee -a "$OUT/splits32.log"
-          done
-        done
-      done ;;
+      batch1_by_env splits32 "${SPLITS_REPS:-3}" "${SPLITS_SPECS:-qwen3.5-35b-a3b: qwen3.5-397b-a17b:12}" \
+        "" FATHOM_ATTENTION_SPLITS=16 FATHOM_GDN_CLUSTER_NORM=0 ;;
     sizes32)
       # Issue 32's table: `fathom bench` at SIZES_BATCH (default 1,8,64; 4K context) on SIZES_SPECS
       # (config:layers), with each of SIZES_BINS (carried binaries; BIN@VAR=VALUE runs BIN with

@@ -32,6 +32,9 @@ class GraphCache {
     seen_.clear();
   }
 
+  // Whether `key` has a graph (a run with it replays, never captures).
+  bool has(const Key& key) const { return graphs_.count(key) != 0; }
+
   // Runs `body` (the step's launches on `stream`) eagerly when `graphable` is false, else
   // replays the graph of `key`, capturing it from `body` first when there is none. Returns
   // whether `body` ran eagerly.
