@@ -1,6 +1,6 @@
 // CUDA graphs for the CUDA engine: decode steps replayed per batch-size bucket, the buckets
-// captured at start-up; verify steps and MTP draft steps captured per shape as they come; other
-// steps run eagerly.
+// captured at start-up; verify steps and MTP draft steps captured per shape as they come, each
+// shape on its second sight (the first runs eagerly); other steps run eagerly.
 #include "model/cuda/runner_impl.h"
 
 namespace fathom::cuda {
@@ -21,18 +21,12 @@ std::pair<int, int64_t> CudaRunner::Impl::capture_decode_graphs() {
   size_t free0 = 0, free1 = 0, total = 0;
   FATHOM_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
   const std::vector<int> buckets = graph_buckets();
-  // One uncaptured step first: lazily made resources (GEMM workspaces, kernel attributes)
-  // cannot be made while a stream is capturing.
-  for (int B : {buckets.front(), buckets.back()}) {
-    if (!fits_graph(B)) continue;
-    const Plan p = padding_plan(B);
-    set_programmatic_launch(p.T <= kSplitTokens);
-    run_layers(p);
-    head(p);
-  }
-  FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // Every bucket twice: its first run is eager (graphs capture on second sight) and makes the
+  // lazily made resources (GEMM workspaces, kernel attributes, cuBLASLt's state for the bucket's
+  // shapes) that cannot be made while a stream is capturing; the second captures its graph.
   for (int B : buckets)
-    if (fits_graph(B)) run(padding_plan(B));
+    if (fits_graph(B))
+      for (int sight = 0; sight < 2; ++sight) run(padding_plan(B));
   FATHOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   FATHOM_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   return {int(buckets.size()), int64_t(free0) - int64_t(free1)};

@@ -140,9 +140,10 @@ struct CudaRunner::Impl {
   // MTP draft layer (optional, in w): its own full-attention layer and KV pool (index n_attn).
   bool hist_step = false;  // the current forward records history
 
-  // Decode and verify steps replay CUDA graphs (graph_cache.h); MTP draft steps capture a shape
-  // the second time it is seen.
-  GraphCache graphs{false}, mtp_graphs{/*capture_on_second_sight=*/true};
+  // Decode and verify steps replay CUDA graphs (graph_cache.h), as do MTP draft steps; each shape
+  // is captured the second time it is seen, after an eager run has made what a capture cannot
+  // (buckets captured at first sight failed in cuBLASLt with status 13: docs/perf.md, stop 74).
+  GraphCache graphs{/*capture_on_second_sight=*/true}, mtp_graphs{/*capture_on_second_sight=*/true};
   float* mtp_hidden_host = nullptr;  // pinned: an MTP step's hidden rows go up without a wait
   OpProfiler profiler;  // --profile: per-op-group CUDA-event timings
 
