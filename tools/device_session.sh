@@ -2,7 +2,7 @@
 # One GPU-machine session (see docs/perf.md): regenerate the fixtures with transformers, run the
 # GPU tests and the CPU golden tests on them, and the roofline benchmark. Binaries are built on
 # the developer machine (-DFATHOM_PORTABLE=ON) and carried in .devcarry/{bin,lib}.
-# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|moefused32|splits32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32]...
+# usage: tools/device_session.sh [fixtures|tests|bench|serve|spec|load|all|sampling|throughput|itl|itl256|exactness|moe|overlap|tp|sanitize|sweep|ab|fp8|fp8serve|fp8experts|fp8gemv|fp8synth|decode|fused|deep|deepbench|wgmma|wgmmabench|wgmmaserve|wgmmacheck|ttft|prefix37|host37|host37bench|ncu32|ncudetail32|staged|serve32|sizes32|sampled32|knockout32|moefused32|splits32|spec34|specab34|drafts34|sampler34|samplercheck34|promptends37|slice33|wy33|skinny32|graphs32]...
 # (results under $OUT)
 set -uo pipefail
 # CUDA libraries: the toolkit's, else the ones PyTorch's wheels bring.
@@ -496,6 +496,18 @@ for what in "${@:-all}"; do
       racecheck 60 splits "CudaFusedDecode.Recurrent*"
       batch1_by_env splits32 "${SPLITS_REPS:-3}" "${SPLITS_SPECS:-qwen3.5-35b-a3b: qwen3.5-397b-a17b:12}" \
         "" FATHOM_ATTENTION_SPLITS=16 FATHOM_GDN_CLUSTER_NORM=0 ;;
+    graphs32)
+      # Issue 32, stop 74: decode graphs captured on their second sight. CudaGraphCache.* and
+      # CudaLinear.* (the cuBLASLt context before a capture), then the 35B as stop 74 ran it when
+      # it failed (--batch 8,64 stopped in cuBLASLt with status 13): batch 1 into a fresh tune
+      # cache, then 8 and 64 from it, then 1, 8 and 64 in one run.
+      timeout 60 "$BIN/test_cuda" --gtest_filter='CudaGraphCache.*:CudaLinear.*' > "$OUT/graphs_tests.log" 2>&1
+      echo "graph tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/graphs_tests.log"
+      for batches in 1 8,64 1,8,64; do
+        XDG_CACHE_HOME=/tmp/graphs32_cache timeout 300 "$BIN/fathom" bench configs/qwen3.5-35b-a3b.json \
+          --load-format dummy --batch $batches --input-len 4096 --output-len 64 2>&1 | grep -E "^decode|rror" \
+          | sed "s/^/--batch $batches: /" | tee -a "$OUT/graphs32.log"
+      done ;;
     sizes32)
       # Issue 32's table: `fathom bench` at SIZES_BATCH (default 1,8,64; 4K context) on SIZES_SPECS
       # (config:layers), with each of SIZES_BINS (carried binaries; BIN@VAR=VALUE runs BIN with
