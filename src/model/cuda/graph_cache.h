@@ -2,7 +2,8 @@
 // sequences, output rows, whether the step records state history): a step of a known key
 // replays its graph, a new key is captured (the first time it is seen, or the second when
 // `capture_on_second_sight`: the first, eager, run makes the lazy resources, such as GEMM
-// workspaces, that cannot be made while a stream is capturing).
+// workspaces, that cannot be made while a stream is capturing). Every capture first makes the
+// capturing thread's cuBLASLt context (gemm_prepare), whichever thread ran the eager step.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -11,6 +12,7 @@
 #include <tuple>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
 
 namespace fathom::cuda {
 
@@ -54,6 +56,7 @@ class GraphCache {
  private:
   template <class Body>
   static cudaGraphExec_t capture(cudaStream_t stream, Body& body) {
+    gemm_prepare();  // this thread's cuBLASLt context, which a capture cannot make
     cudaGraph_t g;
     FATHOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {

@@ -50,9 +50,7 @@ void CudaRunner::Impl::replay(GraphCache& cache, const Plan& p, Body&& body) {
   set_programmatic_launch(p.T <= kSplitTokens);
   const bool graphable = opt.cuda_graphs && !opt.profile && p.graphable &&
                          p.T * std::max(1, cfg.num_experts_per_tok) <= pair_limit;
-  const GraphCache::Key key{p.T, p.S, p.R, hist_step};
-  if (graphable && !cache.has(key)) gemm_prepare();  // before a capture that may be the first to reach cuBLASLt
-  if (cache.run(stream, key, graphable, body)) collect_profile();
+  if (cache.run(stream, GraphCache::Key{p.T, p.S, p.R, hist_step}, graphable, body)) collect_profile();
 }
 
 }  // namespace fathom::cuda
