@@ -22,13 +22,21 @@ sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3. -
 a flag to every server (the CPU engine's runner-side sampling: --serve-flag=--sampler
 --serve-flag=device).
 
+--interleave starts every mode's server at once (on CUDA each with an equal share of
+--gpu-memory-utilization) and alternates their passes, the order rotated each repeat: a drift of
+the machine's speed then reaches every mode alike, and repeat i of a mode and of plain give a
+paired ratio; the report adds the median of those ratios and their range (the check that a mode
+is never slower than plain, which unpaired medians of passes 5% apart cannot show).
+
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
                      [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]
                      [--concurrency 1]
                      [--modes plain mtp1 mtp1-unfused] [--serve-flag F ...] [--log-dir DIR] [--json-out F]
+                     [--interleave]
 """
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -74,44 +82,85 @@ def request(a, prompt, temp, i):
     return {"prompt": prompt, "max_tokens": a.new_tokens, "temperature": temp, "ignore_eos": True, "seed": 1000 + i}
 
 
-def run_mode(a, mode, prompts):
+def one_pass(a, port, prompts, temp):
+    """One pass of every prompt through the server on `port`: (completion tok/s, output texts)."""
+    if a.concurrency == 1:
+        tokens, seconds, texts = 0, 0.0, []
+        for i, p in enumerate(prompts):
+            t0 = time.perf_counter()
+            r = serve_proc.post(port, "/v1/completions", request(a, p, temp, i))
+            seconds += time.perf_counter() - t0
+            tokens += r["usage"]["completion_tokens"]
+            texts.append(r["choices"][0]["text"])
+        return tokens / seconds, texts
+    # `concurrency` clients, each sending the prompts in turn, `concurrency` x prompts in all
+    jobs = [(c, i) for c in range(a.concurrency) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
+        outs = list(pool.map(lambda j: serve_proc.post(port, "/v1/completions", request(a, prompts[j[1]], temp, j[1])),
+                             jobs))
+    seconds = time.perf_counter() - t0
+    return sum(r["usage"]["completion_tokens"] for r in outs) / seconds, [r["choices"][0]["text"] for r in outs]
+
+
+def add_pass(out, temp, rate, texts):
+    r = out.setdefault(temp, {"passes": [], "texts": None, "unstable": 0})
+    r["passes"].append(rate)
+    if r["texts"] is None:
+        r["texts"] = texts
+    elif texts != r["texts"]:  # batch composition changed a greedy choice (a near tie)
+        r["unstable"] += 1
+    r["tok_s"] = statistics.median(r["passes"])
+
+
+def spec_metrics(port):
+    m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {k: metric(m, "fathom:" + k) for k in (
+        "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+        "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
+
+
+def server_args(a, mode):
     flags, env_extra = MODES[mode]
-    env = dict(os.environ, **env_extra)
-    log = os.path.join(a.log_dir, f"serve_{mode}.log")
+    extra = []
+    if a.interleave and a.device == "cuda":  # every mode's server on the one GPU at once
+        extra = ["--gpu-memory-utilization", f"{0.85 / len(a.modes):.3f}"]
+    return ["--device", a.device, *a.serve_flag, *extra, *flags], dict(os.environ, **env_extra)
+
+
+def run_mode(a, mode, prompts):
+    """Every pass of one mode, its server up for them alone."""
+    args, env = server_args(a, mode)
     out = {}
-    with serve_proc.serving(a.fathom, a.model, ["--device", a.device, *a.serve_flag, *flags], env, log) as port:
+    with serve_proc.serving(a.fathom, a.model, args, env, os.path.join(a.log_dir, f"serve_{mode}.log")) as port:
         serve_proc.post(port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})  # warm-up
         for temp in a.temperatures:
-            rates, texts, unstable = [], None, 0
-            for rep in range(a.repeats):
-                if a.concurrency == 1:
-                    tokens, seconds, these = 0, 0.0, []
-                    for i, p in enumerate(prompts):
-                        t0 = time.perf_counter()
-                        r = serve_proc.post(port, "/v1/completions", request(a, p, temp, i))
-                        seconds += time.perf_counter() - t0
-                        tokens += r["usage"]["completion_tokens"]
-                        these.append(r["choices"][0]["text"])
-                else:  # `concurrency` clients, each sending the prompts in turn, `concurrency` x prompts in all
-                    jobs = [(c, i) for c in range(a.concurrency) for i in range(len(prompts))]
-                    t0 = time.perf_counter()
-                    with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
-                        outs = list(pool.map(lambda j: serve_proc.post(port, "/v1/completions",
-                                                                       request(a, prompts[j[1]], temp, j[1])), jobs))
-                    seconds = time.perf_counter() - t0
-                    tokens = sum(r["usage"]["completion_tokens"] for r in outs)
-                    these = [r["choices"][0]["text"] for r in outs]
-                rates.append(tokens / seconds)
-                if texts is None:
-                    texts = these
-                elif these != texts:  # batch composition changed a greedy choice (a near tie)
-                    unstable += 1
-            out[temp] = {"tok_s": statistics.median(rates), "passes": rates, "texts": texts, "unstable": unstable}
-        m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        out["metrics"] = {k: metric(m, "fathom:" + k) for k in (
-            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
-            "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
+            for _ in range(a.repeats):
+                add_pass(out, temp, *one_pass(a, port, prompts, temp))
+        out["metrics"] = spec_metrics(port)
     return out
+
+
+def run_interleaved(a, prompts):
+    """Every mode's server up at once and their passes alternated (the order rotated each
+    repeat), so that a drift of the machine's speed reaches every mode alike and each repeat
+    gives a paired ratio against plain."""
+    results = {m: {} for m in a.modes}
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for mode in a.modes:
+            args, env = server_args(a, mode)
+            ports[mode] = stack.enter_context(
+                serve_proc.serving(a.fathom, a.model, args, env, os.path.join(a.log_dir, f"serve_{mode}.log")))
+            serve_proc.post(ports[mode], "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})
+        for temp in a.temperatures:
+            for rep in range(a.repeats):
+                k = rep % len(a.modes)
+                for mode in a.modes[k:] + a.modes[:k]:
+                    add_pass(results[mode], temp, *one_pass(a, ports[mode], prompts, temp))
+        for mode in a.modes:
+            results[mode]["metrics"] = spec_metrics(ports[mode])
+    return results
 
 
 def main():
@@ -123,14 +172,19 @@ def main():
     ap.add_argument("--serve-flag", action="append", default=[], help="a flag for every server (repeatable)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--json-out")
+    ap.add_argument("--interleave", action="store_true",
+                    help="all servers up at once, passes alternated: each repeat's ratio to plain is paired")
     a = ap.parse_args()
     os.makedirs(a.log_dir, exist_ok=True)  # the servers' logs go there
     prompts, _ = prompts_from(a.heldout, os.path.join(a.model, "tokenizer.json"), a.prompts, a.prompt_tokens)
-    results = {mode: run_mode(a, mode, prompts) for mode in a.modes}
+    if a.interleave:
+        results = run_interleaved(a, prompts)
+    else:
+        results = {mode: run_mode(a, mode, prompts) for mode in a.modes}
     base = results.get("plain")
     print(f"{len(prompts)} prompts of {a.prompt_tokens} tokens, {a.new_tokens} new tokens, "
           f"{'one request at a time' if a.concurrency == 1 else f'{a.concurrency} clients at once'}, "
-          f"medians of {a.repeats} passes")
+          f"medians of {a.repeats} passes{' (interleaved: paired ratios to plain)' if a.interleave else ''}")
     lossless = True
     for temp in a.temperatures:
         print(f"temperature {temp}:")
@@ -140,6 +194,9 @@ def main():
             if base:
                 line += f"  {rate / base[temp]['tok_s']:.3f}x"
             line += f"  passes {[round(x, 1) for x in r[temp]['passes']]}"
+            if a.interleave and base and mode != "plain":  # repeat i of each mode ran side by side
+                paired = sorted(x / y for x, y in zip(r[temp]["passes"], base[temp]["passes"]))
+                line += f"  paired {statistics.median(paired):.3f}x [{paired[0]:.3f}, {paired[-1]:.3f}]"
             met = r["metrics"]
             drafts = met["spec_decode_num_draft_tokens_total"]
             if mode != "plain":
