@@ -22,8 +22,8 @@ sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3. -
 a flag to every server (the CPU engine's runner-side sampling: --serve-flag=--sampler
 --serve-flag=device).
 
---interleave starts every mode's server at once (on CUDA each with an equal share of
---gpu-memory-utilization) and alternates their passes, the order rotated each repeat: a drift of
+--interleave starts every mode's server at once (on CUDA each with an equal share of the
+memory: server_args) and alternates their passes, the order rotated each repeat: a drift of
 the machine's speed then reaches every mode alike, and repeat i of a mode and of plain give a
 paired ratio; the report adds the median of those ratios and their range (the check that a mode
 is never slower than plain, which unpaired medians of passes 5% apart cannot show).
@@ -120,11 +120,14 @@ def spec_metrics(port):
         "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
 
 
-def server_args(a, mode):
+def server_args(a, mode, index=None):
+    """A mode's server flags and environment. The index-th of several servers up at once on one
+    GPU gets (index + 1) / n of 0.85 as --gpu-memory-utilization: the flag's share counts the
+    memory the servers started before it already hold, so each gets 0.85 / n for itself."""
     flags, env_extra = MODES[mode]
     extra = []
-    if a.interleave and a.device == "cuda":  # every mode's server on the one GPU at once
-        extra = ["--gpu-memory-utilization", f"{0.85 / len(a.modes):.3f}"]
+    if index is not None and a.device == "cuda":
+        extra = ["--gpu-memory-utilization", f"{0.85 * (index + 1) / len(a.modes):.3f}"]
     return ["--device", a.device, *a.serve_flag, *extra, *flags], dict(os.environ, **env_extra)
 
 
@@ -148,8 +151,8 @@ def run_interleaved(a, prompts):
     results = {m: {} for m in a.modes}
     with contextlib.ExitStack() as stack:
         ports = {}
-        for mode in a.modes:
-            args, env = server_args(a, mode)
+        for index, mode in enumerate(a.modes):  # one after another: each sees the memory of those before
+            args, env = server_args(a, mode, index)
             ports[mode] = stack.enter_context(
                 serve_proc.serving(a.fathom, a.model, args, env, os.path.join(a.log_dir, f"serve_{mode}.log")))
             serve_proc.post(ports[mode], "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})
