@@ -11,7 +11,7 @@ the EAGLE / Medusa-2 way of training draft heads. The main model and the shared 
 change, so every plain-decoding output of the default model stays what it was.
 
 usage: tools/distill_default_mtp.py MODEL_DIR CORPUS_DIR OUT_DIR [--tokens 2000000] [--minutes 40]
-       [--seq 256] [--batch 16] [--lr 1e-3] [--chat-fraction 0.15] [--seed 0]
+       [--seq 256] [--batch 16] [--lr 1e-3] [--chat-fraction 0.15] [--seed 0] [--heldout-tokens N]
 
 CORPUS_DIR is tools/make_default_corpus.py's output (train.txt, heldout.txt). Seeded (torch and
 the window order); time-budgeted like tools/train_default_model.py. First the main model runs once
