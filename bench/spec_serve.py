@@ -120,48 +120,35 @@ def spec_metrics(port):
         "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
 
 
-def server_args(a, mode, index=None):
-    """A mode's server flags and environment. The index-th of several servers up at once on one
-    GPU gets (index + 1) / n of 0.85 as --gpu-memory-utilization: the flag's share counts the
-    memory the servers started before it already hold, so each gets 0.85 / n for itself."""
+def server_args(a, mode, index, count):
+    """A mode's server flags and environment. The index-th of `count` servers up at once on one
+    GPU gets (index + 1) / count of 0.85 as --gpu-memory-utilization: the flag's share counts the
+    memory the servers started before it already hold, so each gets 0.85 / count for itself."""
     flags, env_extra = MODES[mode]
     extra = []
-    if index is not None and a.device == "cuda":
-        extra = ["--gpu-memory-utilization", f"{0.85 * (index + 1) / len(a.modes):.3f}"]
+    if count > 1 and a.device == "cuda":
+        extra = ["--gpu-memory-utilization", f"{0.85 * (index + 1) / count:.3f}"]
     return ["--device", a.device, *a.serve_flag, *extra, *flags], dict(os.environ, **env_extra)
 
 
-def run_mode(a, mode, prompts):
-    """Every pass of one mode, its server up for them alone."""
-    args, env = server_args(a, mode)
-    out = {}
-    with serve_proc.serving(a.fathom, a.model, args, env, os.path.join(a.log_dir, f"serve_{mode}.log")) as port:
-        serve_proc.post(port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})  # warm-up
-        for temp in a.temperatures:
-            for _ in range(a.repeats):
-                add_pass(out, temp, *one_pass(a, port, prompts, temp))
-        out["metrics"] = spec_metrics(port)
-    return out
-
-
-def run_interleaved(a, prompts):
-    """Every mode's server up at once and their passes alternated (the order rotated each
-    repeat), so that a drift of the machine's speed reaches every mode alike and each repeat
-    gives a paired ratio against plain."""
-    results = {m: {} for m in a.modes}
+def run_modes(a, modes, prompts):
+    """The passes of `modes`, their servers up at once; with several, the passes alternate (the
+    order rotated each repeat), so that a drift of the machine's speed reaches every mode alike
+    and each repeat gives a paired ratio against plain."""
+    results = {m: {} for m in modes}
     with contextlib.ExitStack() as stack:
         ports = {}
-        for index, mode in enumerate(a.modes):  # one after another: each sees the memory of those before
-            args, env = server_args(a, mode, index)
+        for index, mode in enumerate(modes):  # one after another: each sees the memory of those before
+            args, env = server_args(a, mode, index, len(modes))
             ports[mode] = stack.enter_context(
                 serve_proc.serving(a.fathom, a.model, args, env, os.path.join(a.log_dir, f"serve_{mode}.log")))
             serve_proc.post(ports[mode], "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})
         for temp in a.temperatures:
             for rep in range(a.repeats):
-                k = rep % len(a.modes)
-                for mode in a.modes[k:] + a.modes[:k]:
+                k = rep % len(modes)
+                for mode in modes[k:] + modes[:k]:
                     add_pass(results[mode], temp, *one_pass(a, ports[mode], prompts, temp))
-        for mode in a.modes:
+        for mode in modes:
             results[mode]["metrics"] = spec_metrics(ports[mode])
     return results
 
@@ -181,9 +168,9 @@ def main():
     os.makedirs(a.log_dir, exist_ok=True)  # the servers' logs go there
     prompts, _ = prompts_from(a.heldout, os.path.join(a.model, "tokenizer.json"), a.prompts, a.prompt_tokens)
     if a.interleave:
-        results = run_interleaved(a, prompts)
-    else:
-        results = {mode: run_mode(a, mode, prompts) for mode in a.modes}
+        results = run_modes(a, a.modes, prompts)
+    else:  # each mode's server up for its own passes alone
+        results = {mode: run_modes(a, [mode], prompts)[mode] for mode in a.modes}
     base = results.get("plain")
     print(f"{len(prompts)} prompts of {a.prompt_tokens} tokens, {a.new_tokens} new tokens, "
           f"{'one request at a time' if a.concurrency == 1 else f'{a.concurrency} clients at once'}, "

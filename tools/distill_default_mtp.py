@@ -69,8 +69,9 @@ def hidden_rows(model, x, batch):
     return torch.cat(out)
 
 
-def losses_and_acceptance(model, mtp, x, h):
-    """x [B, S + 2] tokens, h [B, S + 1, H] hidden: the KL loss and the three acceptance sums."""
+def losses_and_acceptance(model, mtp, x, h, sums=True):
+    """x [B, S + 2] tokens, h [B, S + 1, H] hidden: the KL loss and (with `sums`, else None) the
+    three acceptance sums and the positions."""
     import torch
     import torch.nn.functional as F
     S = x.shape[1] - 2
@@ -80,6 +81,8 @@ def losses_and_acceptance(model, mtp, x, h):
     logp = F.log_softmax(p_logits, -1)
     logq = F.log_softmax(q_logits, -1)
     kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+    if not sums:
+        return kl, None
     with torch.no_grad():
         greedy = (q_logits.argmax(-1) == p_logits.argmax(-1)).float().sum().item()
         pt = F.softmax(p_logits / DRAW_TEMPERATURE, -1)
@@ -167,13 +170,14 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         i = (step * a.batch) % (len(x) - a.batch + 1)
-        kl, s = losses_and_acceptance(model, mtp, x[i:i + a.batch], h[i:i + a.batch])
+        report = (step + 1) % 20 == 0 or step == 0  # the acceptance sums only for the steps reported
+        kl, s = losses_and_acceptance(model, mtp, x[i:i + a.batch], h[i:i + a.batch], sums=report)
         opt.zero_grad(set_to_none=True)
         kl.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
-        if step % 20 == 0 or step == 1:
+        if report:
             print(f"step {step} (epoch {step * a.batch / len(x):.2f}) lr {lr:.2e} kl {kl.item():.4f} "
                   f"greedy {s[0] / s[3]:.3f} drawn {s[2] / s[3]:.3f} ({time.time() - t_train:.0f} s)", flush=True)
 
