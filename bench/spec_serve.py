@@ -18,12 +18,13 @@ read before the next is launched: FATHOM_CHAINED_ROUNDS=0); mtp1-limit2 (mtp1 wi
 mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h); mtp1-off (the MTP
 layer loaded and the speculator on, drafting off at any batch: --speculative-disable-by-batch-size
 1, what MTP costs a server that never drafts); mtp1-drawn (mtp1 with --speculative-sampled-drafts:
-sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3. --serve-flag adds
+sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3; plain-again
+(plain's server a second time: beside --interleave, the paired ratio of two identical servers). --serve-flag adds
 a flag to every server (the CPU engine's runner-side sampling: --serve-flag=--sampler
 --serve-flag=device).
 
---interleave starts every mode's server at once (on CUDA each with an equal share of the
-memory: server_args) and alternates their passes, the order rotated each repeat: a drift of
+--interleave starts every mode's server at once (on CUDA the index-th of n with (index + 1) / n
+of 0.85 as its memory share: server_args) and alternates their passes, the order rotated each repeat: a drift of
 the machine's speed then reaches every mode alike, and repeat i of a mode and of plain give a
 paired ratio; the report adds the median of those ratios and their range (the check that a mode
 is never slower than plain, which unpaired medians of passes 5% apart cannot show).
@@ -51,6 +52,8 @@ from spec_text import add_text_args, prompts_from  # noqa: E402
 
 MODES = {
     "plain": ([], {}),
+    # plain's server a second time: with --interleave, what two identical servers differ by.
+    "plain-again": ([], {}),
     "mtp1": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"], {}),
     "mtp1-unfused": (["--speculative-algorithm", "mtp", "--speculative-num-steps", "1", "--no-speculative-adaptive"],
                      {"FATHOM_FUSED_MTP": "0"}),
@@ -117,7 +120,8 @@ def spec_metrics(port):
     m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {k: metric(m, "fathom:" + k) for k in (
         "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
-        "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length")}
+        "spec_decode_fused_rounds_total", "spec_decode_chained_rounds_total", "spec_decode_mean_accepted_length",
+        "spec_decode_waiting_steps_total", "spec_decode_batch_limit")}
 
 
 def server_args(a, mode, index, count):
@@ -189,10 +193,11 @@ def main():
                 line += f"  paired {statistics.median(paired):.3f}x [{paired[0]:.3f}, {paired[-1]:.3f}]"
             met = r["metrics"]
             drafts = met["spec_decode_num_draft_tokens_total"]
-            if mode != "plain":
+            if not mode.startswith("plain"):
                 acc = met["spec_decode_num_accepted_tokens_total"] / drafts if drafts else 0.0
                 line += (f"  acceptance {acc:.3f} (whole run), fused rounds {met['spec_decode_fused_rounds_total']:.0f}"
-                         f" ({met['spec_decode_chained_rounds_total']:.0f} chained)")
+                         f" ({met['spec_decode_chained_rounds_total']:.0f} chained), waiting steps "
+                         f"{met['spec_decode_waiting_steps_total']:.0f}, batch limit {met['spec_decode_batch_limit']:.0f}")
             if temp == 0 and base and mode != "plain":
                 differ = sum(x != y for x, y in zip(r[temp]["texts"], base[temp]["texts"]))
                 lossless = lossless and (differ == 0 or a.concurrency > 1)

@@ -314,6 +314,7 @@ bool Engine::step() {
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.preemptions += plan.preempted.size();
+    metrics_.spec_waiting_steps += spec_ && !plan.chunks.empty() ? 1 : 0;
   }
   if (plan.chunks.empty()) return false;
   for (const ScheduledChunk& c : plan.chunks) {  // a budget-cut chunk verifies fewer drafts
@@ -428,6 +429,10 @@ void Engine::loop() {
     // Blocks first: a reader that sees a request's end in num_requests_running also sees its blocks freed.
     stat_blocks_free_ = blocks_.num_free();
     stat_running_ = int(sched_.num_running());
+    if (spec_) {
+      const int fixed = std::max(0, spec_->options().disable_by_batch_size);
+      stat_spec_limit_ = auto_batch_limit() ? batch_limit_.settled() : fixed;
+    }
     if (prefix_cache_) stat_prefix_bytes_ = prefix_cache_->bytes();
     if (host_cache_) stat_prefix_host_bytes_ = host_cache_->bytes();
     {

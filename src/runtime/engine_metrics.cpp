@@ -141,6 +141,12 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     counter("spec_decode_chained_rounds_total",
             "Fused rounds launched before the round before them was read (overlapped speculative rounds).",
             metrics_.spec_chained_rounds);
+    counter("spec_decode_waiting_steps_total",
+            "Steps that waited for the step before them because a sequence could draft (outside chained rounds).",
+            metrics_.spec_waiting_steps);
+    gauge("spec_decode_batch_limit",
+          "Running sequences from which steps run plain (disable-by-batch-size, auto as settled; 0: none).",
+          double(stat_spec_limit_.load()));
     auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
       os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";
       for (size_t i = 0; i < sp.drafted_at.size(); ++i)
