@@ -283,17 +283,19 @@ void Engine::forget_sequence(Request& r) {
 }
 
 // Speculative when some sequence may still draft (or a new one arrives: its prefill must feed
-// the MTP layer) and fewer than disable_by_batch_size sequences are running.
+// the MTP layer) and fewer than disable_by_batch_size sequences are running or waiting to (those
+// waiting join this step: counted, a newcomer beside a running sequence at limit 2 starts plain,
+// and at limit 1 no step is speculative, not even the first).
 bool Engine::speculative_step() const {
   if (!spec_) return false;
   const int limit = auto_batch_limit() ? batch_limit_.limit() : spec_->options().disable_by_batch_size;
-  int running = 0;
+  int live = 0;
   bool may_draft = false;
   for (const auto& [r, up] : live_) {
-    running += r->status == RequestStatus::Running;
+    live += r->status != RequestStatus::Finished;
     may_draft = may_draft || (!r->spec_off && !(r->seq && spec_->retired(r->seq)));
   }
-  return may_draft && (limit <= 0 || running < limit);
+  return may_draft && (limit <= 0 || live < limit);
 }
 
 bool Engine::step() {
@@ -314,7 +316,7 @@ bool Engine::step() {
   {
     std::lock_guard<std::mutex> l(metrics_mu_);
     metrics_.preemptions += plan.preempted.size();
-    metrics_.spec_waiting_steps += spec_ && !plan.chunks.empty() ? 1 : 0;
+    metrics_.spec_waiting_steps += spec_ && overlap_ && !plan.chunks.empty() ? 1 : 0;
   }
   if (plan.chunks.empty()) return false;
   for (const ScheduledChunk& c : plan.chunks) {  // a budget-cut chunk verifies fewer drafts

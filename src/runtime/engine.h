@@ -103,7 +103,7 @@ struct EngineMetrics {
   SpecStats spec;  // speculative decoding, all sequences
   uint64_t spec_fused_rounds = 0;  // verification steps run with their MTP draft in one launch
   uint64_t spec_chained_rounds = 0;  // fused rounds launched before the round before them was read
-  uint64_t spec_waiting_steps = 0;   // steps that waited for the one before them (speculative, not chained)
+  uint64_t spec_waiting_steps = 0;   // an overlapping engine's steps run one at a time (speculative, not chained)
   uint64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
   // The host tier: prompt tokens looked up there / found there (vLLM's external_prefix_cache_*),
   // snapshots moved down (evicted from the device) and back up (hits).

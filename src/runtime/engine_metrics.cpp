@@ -142,7 +142,8 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
             "Fused rounds launched before the round before them was read (overlapped speculative rounds).",
             metrics_.spec_chained_rounds);
     counter("spec_decode_waiting_steps_total",
-            "Steps that waited for the step before them because a sequence could draft (outside chained rounds).",
+            "Steps run one at a time in an engine that overlaps steps, because a sequence could draft (outside "
+            "chained rounds).",
             metrics_.spec_waiting_steps);
     gauge("spec_decode_batch_limit",
           "Running sequences from which steps run plain (disable-by-batch-size, auto as settled; 0: none).",

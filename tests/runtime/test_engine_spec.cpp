@@ -249,6 +249,8 @@ TEST(EngineSpec, DisableByBatchSize) {
         EXPECT_EQ(got[i].ids, plain[i].ids) << "K=" << k << " limit " << limit << " job " << i;
       const double drafts = metric(m, "fathom:spec_decode_num_draft_tokens_total");
       const double fused = metric(m, "fathom:spec_decode_fused_rounds_total");
+      EXPECT_EQ(metric(m, "fathom:spec_decode_batch_limit"), limit) << "K=" << k;
+      EXPECT_EQ(metric(m, "fathom:spec_decode_waiting_steps_total"), 0) << "K=" << k << ": this engine never overlaps";
       if (limit == 1) {
         EXPECT_EQ(drafts, 0) << "K=" << k;
         EXPECT_EQ(fused, 0) << "K=" << k;
@@ -257,6 +259,20 @@ TEST(EngineSpec, DisableByBatchSize) {
         if (k == 1) EXPECT_GT(fused, 0);
       }
     }
+  // The runner choosing tokens, so steps overlap: speculative steps run one at a time below the
+  // limit (counted), none from it on.
+  for (int limit : {1, 64}) {
+    EngineConfig cfg = base_config(2048);
+    cfg.spec.algorithm = SpecAlgorithm::Mtp;
+    cfg.spec.num_steps = 2;
+    cfg.spec.disable_by_batch_size = limit;
+    std::string m;
+    const auto got = run_engine(load_case({"qwen35_moe_mtp_oracle", SpecAlgorithm::Mtp, true}), cfg, jobs, &m);
+    for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(got[i].ids, plain[i].ids) << "limit " << limit << " job " << i;
+    const double waiting = metric(m, "fathom:spec_decode_waiting_steps_total");
+    if (limit == 1) EXPECT_EQ(waiting, 0);
+    else EXPECT_GT(waiting, 0);
+  }
 }
 
 // /metrics on the oracle (drafts always right): per-position acceptance 1, mean accepted
