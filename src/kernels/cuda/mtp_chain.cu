@@ -9,6 +9,9 @@
 namespace fathom::cuda {
 namespace {
 
+constexpr int kRowSampleWords = int(sizeof(RowSample) / 4);
+static_assert(sizeof(RowSample) % 4 == 0 && alignof(RowSample) == 4, "a RowSample is copied as 32-bit words");
+
 __global__ void round_outcome_kernel(const int32_t* fed, const int32_t* target, const int32_t* draft,
                                      const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
                                      int32_t* chain_a, int32_t* out) {
@@ -61,7 +64,11 @@ __global__ void round_outcome_sampled_kernel(const RowSample* chosen, const int3
     chain_tok[2 * slot + 1] = draft[r0 + a];
     chain_a[slot] = a;
     out[i] = a;
-    for (int j = r0; j < r0 + n; ++j) out[S + j] = chosen[j].token, out[S + T + j] = draft[j];
+    for (int j = r0; j < r0 + n; ++j) {
+      out[S + j] = chosen[j].token, out[S + T + j] = draft[j];
+      const int32_t* words = reinterpret_cast<const int32_t*>(chosen + j);  // the row's RowSample too
+      for (int k = 0; k < kRowSampleWords; ++k) out[S + 2 * T + kRowSampleWords * j + k] = words[k];
+    }
   }
   if (!q_drawn || !rows[r0].draw_draft) return;
   const float* src = q_drawn + int64_t(r0 + a) * vocab;

@@ -323,9 +323,11 @@ void mtp_round_outcome(const int32_t* fed, const int32_t* target, const int32_t*
                        const int32_t* state_slot, int S, int32_t* chain_tok, int32_t* chain_a, int32_t* out,
                        cudaStream_t s);
 // The same for a sampled round: a = the leading rows the sampler accepted (RowSample::accepted),
-// the targets the rows' chosen tokens. Where a sequence's rows draw their drafts (draw_draft of
-// its first row), the q its next draft came from (q_drawn row r0 + a, `vocab` floats) is copied
-// to q_kept[slot], which the next round's draft row verifies against (RowSampling::draft_q).
+// the targets the rows' chosen tokens; `out` also gets the T chosen RowSamples after its [S][T][T]
+// ints (sizeof(RowSample) / 4 ints each), so the round's outputs still reach the host in one copy.
+// Where a sequence's rows draw their drafts (draw_draft of its first row), the q its next draft
+// came from (q_drawn row r0 + a, `vocab` floats) is copied to q_kept[slot], which the next
+// round's draft row verifies against (RowSampling::draft_q).
 void mtp_round_outcome_sampled(const RowSample* chosen, const int32_t* draft, const RowSampling* rows,
                                const int32_t* seq_start, const int32_t* state_slot, int S, int32_t* chain_tok,
                                int32_t* chain_a, int32_t* out, const float* q_drawn, float* q_kept, int64_t vocab,

@@ -178,7 +178,8 @@ struct CudaRunner::Impl {
   // Chained MTP rounds (runner_mtp_round.cpp): each state slot's last round outcome on the device
   // (chain_tok: the next round's two tokens, chain_a: the drafts it accepted), the MTP layer's
   // drafts of the round being launched (chain_draft, T_max) and the round's outputs (round_out: S
-  // accepted counts, T targets, T drafts), copied to one of two pinned buffers per launched round.
+  // accepted counts, T targets, T drafts, then a sampled round's T chosen RowSamples), copied in
+  // one piece to one of two pinned buffers per launched round.
   DeviceBuffer chain_dev;
   // A sampled round's chosen tokens (chain_fed, T_max) are the MTP step's input.
   int32_t *chain_tok = nullptr, *chain_a = nullptr, *chain_draft = nullptr, *chain_fed = nullptr, *round_out = nullptr;

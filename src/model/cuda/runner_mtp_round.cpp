@@ -14,6 +14,7 @@
 // kept per state slot (SamplingBuffers::q_kept).
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 
 #include "model/cuda/runner_impl.h"
 
@@ -36,7 +37,8 @@ bool CudaRunner::supports_chained_rounds() const { return impl_->w.has_mtp && !i
 
 void CudaRunner::Impl::ensure_chain_buffers() {
   if (chain_tok) return;
-  const size_t out_ints = size_t(opt.max_seqs) + size_t(2) * T_max;  // a round's [S][T][T] outputs
+  // A round's outputs: [S][T][T] ints, then a sampled round's T RowSamples.
+  const size_t out_ints = size_t(opt.max_seqs) + size_t(2) * T_max + size_t(T_max) * (sizeof(RowSample) / 4);
   const size_t ints = size_t(3) * slots + size_t(2) * T_max + out_ints;
   chain_dev = DeviceBuffer(ints * 4);
   FATHOM_CUDA_CHECK(cudaMemsetAsync(chain_dev.data(), 0, ints * 4, stream));
@@ -124,14 +126,12 @@ void CudaRunner::launch_verify_draft(std::span<const ForwardStep> steps, std::sp
     lr.seqs.push_back(st.seq);
     offset += int(st.tokens.size());
   }
-  // The round's outputs (accepted counts, targets, drafts) to the host in one copy; a sampled
-  // round's chosen rows (and top logprobs) beside them.
+  // The round's outputs (accepted counts, targets, drafts; a sampled round's chosen rows after
+  // them) to the host in one copy, a sampled round's top logprobs beside them.
   m.round_buf ^= 1;
-  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.round_host[lr.buf], m.round_out, size_t(p.S + 2 * total) * 4,
-                                    cudaMemcpyDeviceToHost, s));
+  const size_t out_bytes = size_t(p.S + 2 * total) * 4 + (lr.sampled ? size_t(total) * sizeof(RowSample) : 0);
+  FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.round_host[lr.buf], m.round_out, out_bytes, cudaMemcpyDeviceToHost, s));
   if (lr.sampled) {
-    FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_out_host[lr.buf], m.sampling.row_out.data(),
-                                      size_t(total) * sizeof(RowSample), cudaMemcpyDeviceToHost, s));
     if (lr.any_logprobs) {
       FATHOM_CUDA_CHECK(cudaMemcpyAsync(m.sampling.row_top_ids_host[lr.buf], m.sampling.row_top_ids.data(),
                                         size_t(total) * kMaxTopLogprobs * 4, cudaMemcpyDeviceToHost, s));
@@ -291,13 +291,14 @@ VerifyDraftOutput CudaRunner::finish_verify_draft() {
   const Impl::LaunchedRound lr = std::move(m.rounds.front());
   m.rounds.pop_front();
   FATHOM_CUDA_CHECK(cudaEventSynchronize(m.round_done[lr.buf]));
-  const int32_t* host = m.round_host[lr.buf];  // [S accepted][T targets][T drafts]
+  const int32_t* host = m.round_host[lr.buf];  // [S accepted][T targets][T drafts], a sampled round's [T] rows
   VerifyDraftOutput out;
   out.row_begin = lr.row_begin;
   out.target.assign(host + lr.S, host + lr.S + lr.T);
   out.draft.assign(host + lr.S + lr.T, host + lr.S + 2 * lr.T);
   if (lr.sampled) {
-    out.samples.assign(m.sampling.row_out_host[lr.buf], m.sampling.row_out_host[lr.buf] + lr.T);
+    out.samples.resize(size_t(lr.T));
+    std::memcpy(out.samples.data(), host + lr.S + 2 * lr.T, size_t(lr.T) * sizeof(RowSample));
     if (lr.any_logprobs) {
       const size_t n = size_t(lr.T) * kMaxTopLogprobs;
       out.top_ids.assign(m.sampling.row_top_ids_host[lr.buf], m.sampling.row_top_ids_host[lr.buf] + n);
