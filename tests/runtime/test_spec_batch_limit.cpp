@@ -10,14 +10,17 @@ namespace {
 
 // A model whose speculative steps emit `gain` times the plain rate at batches below `pays_below`,
 // and 0.8 times it from there on; steps follow the engine's rule: speculative below the limit,
-// plain from it (the batch stays at `batch`).
-void run(SpecBatchLimit& lim, int batch, int pays_below, int steps) {
+// plain from it (the batch stays at `batch`). Returns the speculative steps.
+int run(SpecBatchLimit& lim, int batch, int pays_below, int steps) {
+  int speculative = 0;
   for (int i = 0; i < steps; ++i) {
     const bool spec = batch < lim.limit();
     const double plain_tok_s = 1000.0 * batch;
     const double rate = spec ? plain_tok_s * (batch < pays_below ? 1.4 : 0.8) : plain_tok_s;
     lim.record(spec, batch, double(batch), double(batch) / rate);
+    speculative += spec;
   }
+  return speculative;
 }
 
 TEST(SpecBatchLimit, StartsAtTwoAndStaysWhereDraftingStopsPaying) {
@@ -42,6 +45,20 @@ TEST(SpecBatchLimit, ProbesUpWhileDraftingPays) {
   SpecBatchLimit busy;
   run(busy, 16, 2, 5000);
   EXPECT_EQ(busy.settled(), 2);
+}
+
+// Probes that move nothing come less often (each runs its steps one at a time): at a steady
+// batch of 16 where drafting does not pay, 100,000 steps hold probes after 4,096, 8,192, 16,384
+// and 32,768 plain steps (4 x 16 speculative steps), not 24. Once drafting pays there, probes at
+// most 65,536 plain steps apart find it (the second: the first one's steps still carry the
+// decayed slow ones) and lift the limit.
+TEST(SpecBatchLimit, ProbesThatMoveNothingBackOff) {
+  using L = SpecBatchLimit;
+  SpecBatchLimit busy;
+  EXPECT_EQ(run(busy, 16, /*pays_below=*/2, 100000), 4 * L::kProbeSteps);
+  EXPECT_EQ(busy.settled(), 2);
+  run(busy, 16, /*pays_below=*/32, 2 * (L::kProbeEveryMax + L::kProbeSteps));
+  EXPECT_EQ(busy.settled(), 17);
 }
 
 TEST(SpecBatchLimit, ComesDownWhenPlainIsFasterBelow) {
