@@ -19,15 +19,16 @@ mtp1-auto (the limit chosen from the measured rates, spec_batch_limit.h); mtp1-o
 layer loaded and the speculator on, drafting off at any batch: --speculative-disable-by-batch-size
 1, what MTP costs a server that never drafts); mtp1-drawn (mtp1 with --speculative-sampled-drafts:
 sampled requests' drafts drawn from the MTP layer's distribution); mtp2, mtp3; plain-again
-(plain's server a second time: beside --interleave, the paired ratio of two identical servers). --serve-flag adds
-a flag to every server (the CPU engine's runner-side sampling: --serve-flag=--sampler
---serve-flag=device).
+(plain's server a second time: beside --interleave, the paired ratio of two identical servers).
+--serve-flag adds a flag to every server (the CPU engine's runner-side sampling:
+--serve-flag=--sampler --serve-flag=device).
 
 --interleave starts every mode's server at once (on CUDA the index-th of n with (index + 1) / n
-of 0.85 as its memory share: server_args) and alternates their passes, the order rotated each repeat: a drift of
-the machine's speed then reaches every mode alike, and repeat i of a mode and of plain give a
-paired ratio; the report adds the median of those ratios and their range (the check that a mode
-is never slower than plain, which unpaired medians of passes 5% apart cannot show).
+of 0.85 as its memory share: server_args) and alternates their passes, the order rotated each
+repeat: a drift of the machine's speed then reaches every mode alike, and repeat i of a mode and
+of plain give a paired ratio; the report adds the median of those ratios and their range (the
+check that a mode is never slower than plain, which unpaired medians of passes 5% apart cannot
+show).
 
 usage: spec_serve.py --fathom BIN --model DIR --heldout FILE [--device cuda] [--prompts 6]
                      [--prompt-tokens 64] [--new-tokens 128] [--temperatures 0 0.7] [--repeats 3]

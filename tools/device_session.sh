@@ -824,8 +824,10 @@ for what in "${@:-all}"; do
       # with 6 a pass lasts ~0.4 s and passes spread by 30%. Interleaved: the three servers up at
       # once, their passes alternated, so each repeat gives a paired ratio to plain (passes of
       # separate runs spread by 5%, more than the difference to show).
+      # plain-again: plain's server twice, what two identical servers differ by (stop 76: up to 0.5%).
       timeout 400 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
-        --heldout "$heldout" --device cuda --temperatures 0 0.7 --prompts 24 --repeats 7 --concurrency 16 --interleave --modes plain mtp1-auto mtp1-off \
+        --heldout "$heldout" --device cuda --temperatures 0 0.7 --prompts 24 --repeats 7 --concurrency 16 --interleave \
+        --modes plain mtp1-auto mtp1-off plain-again \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34_c16.json" 2>&1 | tee "$OUT/spec34_serve_c16.md" ;;
     sampler34)
       # Issue 34, the device sampler on its own: bench/sampling_bench for each build in

@@ -146,7 +146,8 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
             "chained rounds).",
             metrics_.spec_waiting_steps);
     gauge("spec_decode_batch_limit",
-          "Running sequences from which steps run plain (disable-by-batch-size, auto as settled; 0: none).",
+          "Sequences (running or waiting) from which steps run plain (disable-by-batch-size, auto as settled; "
+          "0: none).",
           double(stat_spec_limit_.load()));
     auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
       os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";

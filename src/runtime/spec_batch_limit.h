@@ -10,12 +10,13 @@
 // newcomer then drafts at that batch). A probe's steps run one at a time, not overlapped: a probe
 // that leaves the limit where it was doubles the wait before the next (up to kProbeEveryMax), and
 // a move of the limit brings it back to kProbeEvery (at 16 clients on the default model, probes
-// every 4,096 steps cost 0.5% of the served rate, docs/perf.md). Where speculative steps at a batch at or above the limit
-// measured faster than plain ones, the limit moves above it; where plain steps below the limit
-// (steps run plain there once nobody can draft) measured faster, it moves down to them. Trying
-// plain steps never costs drafting below the limit. Starts at kStart: drafting alone pays for any
-// model whose drafts are accepted at all (a sequence whose drafts fail retires by itself); with
-// more at once it depends on how far the model is from the memory roofline: the measurements say.
+// every 4,096 steps cost 0.5% of the served rate, docs/perf.md). Where speculative steps at a
+// batch at or above the limit measured faster than plain ones, the limit moves above it; where
+// plain steps below the limit (steps run plain there once nobody can draft) measured faster, it
+// moves down to them. Trying plain steps never costs drafting below the limit. Starts at kStart:
+// drafting alone pays for any model whose drafts are accepted at all (a sequence whose drafts
+// fail retires by itself); with more at once it depends on how far the model is from the memory
+// roofline: the measurements say.
 // (A probe at a steady full batch measures mostly sequences that no longer draft, so there the
 // limit rarely climbs: opt-in, docs/perf.md.)
 #pragma once
