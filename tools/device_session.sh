@@ -806,18 +806,19 @@ for what in "${@:-all}"; do
       # Issue 34: fused MTP rounds on the GPU. The engine tests (sampled jobs fuse, fused rounds
       # equal unfused ones, chained ones unchained ones, greedy stays lossless), the CPU row sampler
       # against the device sampler, memcheck over both; then the default model served plain / MTP
-      # K=1 fused (chained) / unchained / unfused at temperature 0 and 0.7, medians of 3, one
-      # request at a time, and plain / MTP with the
-      # automatic batch limit at 16 clients. (The default model, test_cuda and fathom together pass
-      # the device's 64 MiB tree: leave tests/fixtures/tokenizer* and the model's goldens behind.)
+      # K=1 with argmax drafts / with drawn drafts at temperature 0 and 0.7, one request at a time,
+      # interleaved (the servers up at once, paired ratios, 7 repeats: stop 76's table), and plain /
+      # MTP with the automatic batch limit at 16 clients. (The default model, test_cuda and fathom
+      # together pass the device's 64 MiB tree: leave tests/fixtures/tokenizer* and the model's
+      # goldens behind.)
       export FATHOM_FIXTURES_DIR=${FX:-$PWD/tests/fixtures}
       timeout 300 "$BIN/test_cuda" --gtest_filter='CudaSpeculative.*:CudaSampling.*' > "$OUT/spec34_tests.log" 2>&1
       echo "spec34 tests rc=$?"
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|rows drew|fused rounds" "$OUT/spec34_tests.log" | head -20
       memcheck 400 spec34 'CudaSpeculative.SampledFusedRoundsEqualUnfusedRounds:CudaSpeculative.ChainedRounds*:CudaSampling.CpuRowSampler*'
       heldout=$(heldout_text) || { echo "spec34: no held-out text (HELDOUT), served runs skipped"; continue; }
-      timeout 520 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
-        --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 3 --modes plain mtp1 mtp1-unchained mtp1-unfused \
+      timeout 300 python3 bench/spec_serve.py --fathom "$BIN/fathom" --model models/fathom-tiny-moe \
+        --heldout "$heldout" --device cuda --temperatures 0 0.7 --repeats 7 --interleave --modes plain mtp1 mtp1-drawn \
         --log-dir "$OUT/spec34_logs" --json-out "$OUT/spec34.json" 2>&1 | tee "$OUT/spec34_serve.md"
       # The issue's row at 16 clients: never slower than plain with the automatic limit (mtp1-off:
       # MTP loaded but never drafting, what the configuration costs by itself). 24 prompts a pass:
