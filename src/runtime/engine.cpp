@@ -431,10 +431,7 @@ void Engine::loop() {
     // Blocks first: a reader that sees a request's end in num_requests_running also sees its blocks freed.
     stat_blocks_free_ = blocks_.num_free();
     stat_running_ = int(sched_.num_running());
-    if (spec_) {
-      const int fixed = std::max(0, spec_->options().disable_by_batch_size);
-      stat_spec_limit_ = auto_batch_limit() ? batch_limit_.settled() : fixed;
-    }
+    if (auto_batch_limit()) stat_auto_limit_ = batch_limit_.settled();
     if (prefix_cache_) stat_prefix_bytes_ = prefix_cache_->bytes();
     if (host_cache_) stat_prefix_host_bytes_ = host_cache_->bytes();
     {

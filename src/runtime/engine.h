@@ -373,7 +373,7 @@ class Engine {
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;
   std::atomic<int> stat_running_{0}, stat_waiting_{0};
-  std::atomic<int> stat_spec_limit_{0};  // sequences (running or waiting) from which steps run plain (0: none)
+  std::atomic<int> stat_auto_limit_{SpecBatchLimit::kStart};  // batch_limit_.settled(), for /metrics
   std::atomic<int64_t> stat_blocks_free_{0};
   std::atomic<int64_t> stat_prefix_bytes_{0}, stat_prefix_host_bytes_{0};  // snapshot bytes held per tier
 };

@@ -148,7 +148,7 @@ std::string Engine::render_metrics(const std::string& prefix, const std::string&
     gauge("spec_decode_batch_limit",
           "Sequences (running or waiting) from which steps run plain (disable-by-batch-size, auto as settled; "
           "0: none).",
-          double(stat_spec_limit_.load()));
+          double(auto_batch_limit() ? stat_auto_limit_.load() : std::max(0, spec_->options().disable_by_batch_size)));
     auto per_pos = [&](const std::string& name, const std::string& type, const std::string& help, auto value) {
       os << "# HELP " << prefix << name << " " << help << "\n# TYPE " << prefix << name << " " << type << "\n";
       for (size_t i = 0; i < sp.drafted_at.size(); ++i)
